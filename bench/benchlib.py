@@ -131,9 +131,10 @@ def dim_args(sizes):
     return [f"--dim={name}={size}" for name, size in sizes.items()]
 
 
-def build_server(build_dir, work, meshc_args, class_name):
+def build_server(build_dir, work, meshc_args, class_name, extra_flags=()):
     """meshc --emit=cpp, then the class's timing server built as `meshc run` builds its runner
-    (-O3 -march=native -fno-math-errno, the same include directories and libraries)."""
+    (-O3 -march=native -fno-math-errno, the same include directories and libraries), plus
+    `extra_flags`."""
     os.makedirs(work, exist_ok=True)
     base = os.path.join(work, "lm")
     subprocess.run([meshc_path(build_dir), TRANSFORMER, "--emit=cpp", "-o", base] + meshc_args,
@@ -145,6 +146,7 @@ def build_server(build_dir, work, meshc_args, class_name):
     binary = source[:-4]
     cxx, includes, libraries = build_config(build_dir)
     command = [cxx, "-O3", "-march=native", "-fno-math-errno", "-std=c++20", "-w", "-I", work]
+    command += list(extra_flags)
     for include in includes:
         command += ["-I", include]
     subprocess.run(command + [source, "-o", binary] + libraries + ["-lpthread"], check=True)

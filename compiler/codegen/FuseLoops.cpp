@@ -3,6 +3,7 @@
 
 #include <llvm/ADT/STLExtras.h>
 
+#include <algorithm>
 #include <optional>
 
 namespace meshc::kir {
@@ -209,6 +210,8 @@ private:
 
     Stmt fused{.node = std::move(merged)};
     fused.sources = fn.body[p].sources;
+    // The later phase (an update fused with the gradient it reads is the update's work).
+    fused.phase = std::max(fn.body[p].phase, fn.body[c].phase);
     fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(), fn.body[c].sources.end());
     // The def-use tables: what p and c read is now read at c; p's dropped stores are gone.
     std::vector<BufferId> touched = readsOf(fn.body[p]);

@@ -218,6 +218,8 @@ struct Stmt {
   std::vector<std::string> sources;
   /// Zero the written buffer first (kernels that write part of it).
   bool zeroFirst = false;
+  /// The train step's part it belongs to (that of its first source): named in traces.
+  plan::Phase phase = plan::Phase::Forward;
 };
 
 /// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,

@@ -478,6 +478,7 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   std::string out = "\n";
   for (const std::string& source : stmt.sources)
     out += fmt::format("// {}\n", source);
+  if (traced) out += traceProbe(stmt);
   for (kir::BufferId id : kir::readsOf(stmt))
     out += declare(id, false);
   if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) return out + copy(*c);
@@ -511,6 +512,45 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
     }
   };
   return out + std::visit(Visitor{*this, index}, stmt.node);
+}
+
+namespace {
+
+/// "file:line:col" of a source comment ("layers.mesh:24:10 layer_norm -> n"), and its op.
+std::pair<std::string, std::string> locationAndOp(const std::string& source) {
+  size_t space = source.find(' ');
+  if (space == std::string::npos) return {source, ""};
+  size_t end = source.find(' ', space + 1);
+  return {source.substr(0, space), source.substr(space + 1, end - space - 1)};
+}
+
+} // namespace
+
+std::string StatementPrinter::traceProbe(const kir::Stmt& stmt) {
+  const kir::Stmt* first = &stmt;
+  if (const auto* invoke = std::get_if<kir::Invoke>(&stmt.node)) {
+    const kir::Subroutine& sub = fn.subroutines.at(size_t(invoke->subroutine));
+    if (!sub.body.empty()) first = &sub.body.front();
+  }
+  auto [where, op] = first->sources.empty() ? std::pair<std::string, std::string>()
+                                            : locationAndOp(first->sources.front());
+  // Collectives are recorded by meshrt, named by this site (a wait by its start's); a
+  // subroutine's statements by its own probes.
+  if (const auto* c = std::get_if<kir::Collective>(&stmt.node)) {
+    if (c->phase == kir::Collective::Phase::Start) startLocations[c->request] = where;
+    if (c->phase == kir::Collective::Phase::Wait && where.empty())
+      where = startLocations[c->request];
+  }
+  if (std::holds_alternative<kir::Collective>(stmt.node) ||
+      std::holds_alternative<kir::Invoke>(stmt.node))
+    return fmt::format("MESHRT_TRACE_SITE(\"{}\");\n", where);
+  std::string kind = std::holds_alternative<kir::Loop>(stmt.node)   ? "loop"
+                     : std::holds_alternative<kir::Gemm>(stmt.node) ? "gemm"
+                     : std::holds_alternative<kir::Copy>(stmt.node) ? "copy"
+                     : !op.empty()                                  ? op
+                                                                    : "call";
+  return fmt::format("MESHRT_TRACE(\"{}\", \"{}\", \"{}\");\n", kind, where,
+                     plan::phaseName(stmt.phase));
 }
 
 std::string StatementPrinter::copy(const kir::Copy& c) {

@@ -7,6 +7,7 @@
 #include "codegen/KernelIR.h"
 
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -79,6 +80,9 @@ public:
 
   /// The subgroups the printed statements use.
   std::set<std::vector<std::string>> groups;
+  /// Print a trace probe before each statement (meshrt/Trace.h): in run()'s parts and the
+  /// subroutines, which declare the Span `trace_`; not in the constructor.
+  bool traced = false;
 
 private:
   std::string statement(const kir::Stmt& stmt, size_t index);
@@ -86,6 +90,8 @@ private:
   std::string argument(const kir::Arg& arg, size_t index, size_t position);
   std::string collective(const kir::Collective& c);
   std::string copy(const kir::Copy& copy);
+  /// The trace probe of `stmt`: one line naming its kind, source location and phase.
+  std::string traceProbe(const kir::Stmt& stmt);
   /// Declares `id` when it is not yet (arena slots zeroed when `zero`).
   std::string declare(kir::BufferId id, bool zero);
   std::string name(kir::BufferId id) const { return fn.buffers[size_t(id)].name; }
@@ -95,6 +101,8 @@ private:
   std::vector<std::string> paramMembers, inputFields;
   std::vector<bool> declared;
   std::vector<int> writers;
+  /// Per started collective's request: its location, which names its wait's probe too.
+  std::map<int, std::string> startLocations;
 };
 
 } // namespace meshc::codegen

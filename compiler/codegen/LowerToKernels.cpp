@@ -255,6 +255,7 @@ private:
   }
   void emit(Stmt stmt) {
     stmt.sources.push_back(source(fn.ops[current]));
+    stmt.phase = fn.ops[current].phase;
     out.body.push_back(std::move(stmt));
   }
   void call(Callee callee, std::vector<Arg> args, BufferId result,

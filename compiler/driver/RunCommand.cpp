@@ -7,6 +7,7 @@
 // and built with nvcc instead, and runs on one GPU per rank.
 #include "driver/Driver.h"
 #include "driver/Pipeline.h"
+#include "driver/Profile.h"
 #include "driver/Toolchain.h"
 #include "interp/Tolerance.h"
 #include "meshc/TensorFile.h"
@@ -112,6 +113,14 @@ cl::opt<std::string> runCacheDir("cache-dir",
                                           "$MESHC_CACHE_DIR or ~/.cache/meshc)"),
                                  cl::value_desc("dir"), cl::sub(runSubcommand),
                                  cl::cat(runCategory));
+cl::opt<std::string> runTrace("trace",
+                              cl::desc("Write a Chrome trace (Perfetto, chrome://tracing) of "
+                                       "every rank's op groups and collectives to <file>"),
+                              cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<bool> runProfile("profile",
+                         cl::desc("Trace the run and print the predicted and measured time per "
+                                  "source line and collective, and by phase (docs/tool.md)"),
+                         cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runNoPlan("no-plan", cl::desc("Do not print the plan"), cl::sub(runSubcommand),
                         cl::cat(runCategory));
 
@@ -428,6 +437,19 @@ int runCommand(const char* argv0) {
   std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
   if (runData.getNumOccurrences()) run.push_back(dataPath);
   if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
+  // --profile traces into the work directory unless --trace names the file.
+  std::string tracePath;
+  if (runTrace.getNumOccurrences()) {
+    llvm::SmallString<256> absoluteTrace(runTrace);
+    llvm::sys::fs::make_absolute(absoluteTrace);
+    tracePath = absoluteTrace.str().str();
+  } else if (runProfile) {
+    tracePath = base + ".trace.json";
+  }
+  if (!tracePath.empty()) {
+    llvm::sys::fs::remove(tracePath); // no stale trace read if the run writes none
+    run.insert(run.end(), {"--trace", tracePath});
+  }
   std::vector<std::string> env;
   if (runBackend == Backend::Mpi) {
     // The generated runner chooses its communicator at run time (meshrt::launch, which reads
@@ -451,6 +473,14 @@ int runCommand(const char* argv0) {
                 fmt::format("the generated program failed ({})",
                             rc < 0 ? error : fmt::format("exit status {}", rc)));
   double runSeconds = secondsSince(start);
+  if (!tracePath.empty()) {
+    // Under MPI each process wrote its ranks' file (meshrt/Trace.h): one file again.
+    if (runBackend == Backend::Mpi && !mergeRankTraces(tracePath, rankCount(*planned), error))
+      return fail(kExitInternalError, error);
+    stage(fmt::format("trace written to {}", tracePath));
+  }
+  if (runProfile && !printProfile(planned->plans, tracePath, llvm::outs(), error))
+    return fail(kExitInternalError, error);
 
   // 4. check against the reference interpreter.
   double checkSeconds = 0;

@@ -200,6 +200,7 @@ void Communicator::wait(Request& request) {
   if (!request.owner_) return;
   checkOwner(*this, request);
   request.owner_ = nullptr; // finished whether it completes or fails
+  trace::Scope probe(*this, "wait", kCollective, 0);
   waitRaw(request.ticket_);
 }
 

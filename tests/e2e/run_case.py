@@ -8,7 +8,7 @@ compare_outputs.py (the rule of tolerance.py).
 Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR... --lib LIB...
        [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
        [--backend threads|mpi] [--expect-backend threads|mpi]
-       [--launcher "mpirun --oversubscribe -np 4"]
+       [--launcher "mpirun --oversubscribe -np 4"] [--trace FILE]
    or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
        (meshc, meshrt, meshrt_launch and the include paths taken from the build and source trees;
        OpenBLAS as -lopenblas).
@@ -50,6 +50,7 @@ def main():
                         help="the backend the runner must report (default: --backend)")
     parser.add_argument("--launcher", default="",
                         help="a command line the binary runs under, e.g. 'mpirun -np 4'")
+    parser.add_argument("--trace", help="the runner writes a Chrome trace to this file")
     args = parser.parse_args()
     if args.build_dir:
         root = os.path.dirname(os.path.dirname(HERE))
@@ -97,7 +98,8 @@ def main():
     actual, expected = base + ".actual", base + ".expected"
     start = time.time()
     backend = ["--backend", args.backend] if args.backend else []
-    output = run(shlex.split(args.launcher) + [binary] + backend + [actual, args.seed])
+    trace = ["--trace", args.trace] if args.trace else []
+    output = run(shlex.split(args.launcher) + [binary] + backend + trace + [actual, args.seed])
     print(output, end="")
     expect_backend = args.expect_backend or args.backend
     if expect_backend and f"; {expect_backend} backend)" not in output:

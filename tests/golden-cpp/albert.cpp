@@ -178,6 +178,7 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
 }
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "albert");
   // Arena: 16384 bytes for 209952 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
@@ -194,8 +195,10 @@ Albert::Outputs Albert::run(const Inputs &inputs) {
 
 void Albert::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:48:47 one_hot
+  MESHRT_TRACE("one_hot", "albert.mesh:48:47", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v8 = arena_.view(0, 1024);
   static const support::Shape shape0_1 = {2, 16, 32};
@@ -205,6 +208,7 @@ void Albert::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:48:40 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:48:40", "forward");
   const support::Buffer &v2 = param0_embedding;
   support::View v9 = arena_.view(4096, 512);
   // dims: batch, length, vocab, d_embed
@@ -213,9 +217,11 @@ void Albert::runPart0(const Inputs &inputs) {
   einsumPlan1.run(v8.data(), v2.data(), v9.data(), 1.0f, 0.0f);
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %9 over model for add at 49:40)
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   auto request0 = support::startAllReduce(group_model, {v9}, meshrt::ReduceOp::Sum);
 
   // albert.mesh:49:54 gather
+  MESHRT_TRACE("gather", "albert.mesh:49:54", "forward");
   const support::Buffer &v4 = param2_encoder_embed_segment_table;
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v12 = arena_.view(0, 512);
@@ -224,10 +230,12 @@ void Albert::runPart0(const Inputs &inputs) {
   static const support::Shape shape3_5 = {16, 1, 0};
   support::gather(v12.data(), shape3_1, v4.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
 
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
 
   // albert.mesh:49:40 add
   // albert.mesh:49:52 add -> e
+  MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   const support::Buffer &v3 = param1_encoder_embed_positions;
   support::View v13 = arena_.view(2048, 512);
   {
@@ -248,6 +256,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:50:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   support::View v14 = arena_.view(0, 512);
   static const support::Shape shape6_2 = {2, 16};
   static const support::Shape shape6_3 = {256, 16};
@@ -260,6 +269,7 @@ void Albert::runPart0(const Inputs &inputs) {
 
   // albert.mesh:50:43 mul
   // albert.mesh:50:50 add -> e
+  MESHRT_TRACE("loop", "albert.mesh:50:43", "forward");
   const support::Buffer &v5 = param3_encoder_embed_gain;
   const support::Buffer &v6 = param4_encoder_embed_bias;
   support::View v16 = arena_.view(4096, 512);
@@ -281,6 +291,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:51:10 einsum -> h
+  MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   const support::Buffer &v7 = param5_encoder_embed_projection;
   support::View v17 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
@@ -289,6 +300,7 @@ void Albert::runPart0(const Inputs &inputs) {
   einsumPlan8.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v18 = param6_encoder_albert_layer_self_attention_q;
   support::View v22 = arena_.view(8192, 512);
   const support::Buffer &v19 = param7_encoder_albert_layer_self_attention_k;
@@ -321,6 +333,7 @@ void Albert::runPart0(const Inputs &inputs) {
             v40, v44, v41, v46, v42, v47, v43, v50, v53, v51, v52, v55);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v56 = arena_.view(8192, 512);
   support::View v57 = arena_.view(10240, 512);
   support::View v59 = arena_.view(12288, 512);
@@ -341,6 +354,7 @@ void Albert::runPart0(const Inputs &inputs) {
             v40, v72, v41, v74, v42, v75, v43, v78, v79, v51, v52, v81);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v82 = arena_.view(8192, 512);
   support::View v83 = arena_.view(10240, 512);
   support::View v85 = arena_.view(12288, 512);
@@ -361,6 +375,7 @@ void Albert::runPart0(const Inputs &inputs) {
             v40, v98, v41, v100, v42, v101, v43, v104, v105, v51, v52, v107);
 
   // albert.mesh:71:9 transpose
+  MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
   support::View v112 = arena_.view(8192, 512);
   {
     float *__restrict v112p = v112.data();
@@ -375,6 +390,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:76:16 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   const support::Buffer &v108 = param18_heads_transform;
   support::View v117 = arena_.view(0, 512);
   // dims: batch, length, d_model, d_embed
@@ -384,6 +400,7 @@ void Albert::runPart0(const Inputs &inputs) {
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
+  MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
   const support::Buffer &v109 = param19_heads_transform_bias;
   support::View v119 = arena_.view(2048, 512);
   {
@@ -402,6 +419,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:77:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   support::View v120 = arena_.view(0, 512);
   static const support::Shape shape15_2 = {2, 16};
   static const support::Shape shape15_3 = {256, 16};
@@ -414,6 +432,7 @@ void Albert::runPart0(const Inputs &inputs) {
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "forward");
   const support::Buffer &v110 = param20_heads_gain;
   const support::Buffer &v111 = param21_heads_bias;
   support::View v122 = arena_.view(10240, 512);
@@ -435,6 +454,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:78:20 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   support::View v123 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan17(
@@ -442,6 +462,7 @@ void Albert::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
+  MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
   const support::Buffer &v113 = param22_heads_output_bias;
   support::View v124 = arena_.view(8192, 1024);
   {
@@ -459,6 +480,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:79:17 slice
+  MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
   support::View v125 = arena_.slot(0, 64);
   static const support::Shape shape19_2 = {2, 32};
   static const support::Shape shape19_3 = {32, 1};
@@ -467,6 +489,7 @@ void Albert::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
+  MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
   support::View v126 = arena_.view(256, 64);
   static const support::Shape shape20_1 = {2, 32};
   static const support::Shape shape20_3 = {32, 1};
@@ -476,6 +499,7 @@ void Albert::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   const support::Buffer &v114 = param23_heads_pooler;
   support::View v127 = arena_.view(0, 64);
   // dims: batch, d_model, d_out
@@ -485,6 +509,7 @@ void Albert::runPart0(const Inputs &inputs) {
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
+  MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   const support::Buffer &v115 = param24_heads_pooler_bias;
   support::View v129 = arena_.view(256, 64);
   {
@@ -503,6 +528,7 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:81:22 einsum -> sop_logits
+  MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   const support::Buffer &v116 = param25_heads_classifier;
   support::View v130 = arena_.view(0, 4);
   // dims: batch, d_out, orders
@@ -513,8 +539,10 @@ void Albert::runPart0(const Inputs &inputs) {
 
 void Albert::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:89:15 softmax -> sop_probs
+  MESHRT_TRACE("softmax", "albert.mesh:89:15", "forward");
   support::View v130 = arena_.view(0, 4);
   support::View v131 = arena_.view(64, 4);
   static const support::Shape shape0_2 = {2};
@@ -537,20 +565,24 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a22, support::ConstView a23, support::View a24,
                        support::View a25, support::ConstView a26, support::ConstView a27,
                        support::View a28) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -558,12 +590,14 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
+  MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
   static const support::Shape shape4_2 = {2, 2, 16};
   static const support::Shape shape4_3 = {512, 256, 16};
   static const support::Shape shape4_4 = {512, 256, 16};
@@ -574,21 +608,25 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // albert.mesh:34:18 all_reduce_sum (resolve the partial sum of %31 over model for add at 34:18)
+  MESHRT_TRACE_SITE("albert.mesh:34:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
   // albert.mesh:34:18 add
+  MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a0p = a0.data();
@@ -602,6 +640,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -613,6 +652,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a13p = a13.data();
@@ -631,6 +671,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -638,6 +679,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a18p = a18.data();
@@ -654,6 +696,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -661,10 +704,12 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %45 over model for add at
   // 46:50)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -683,6 +728,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape16_2 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {512, 32};
@@ -694,6 +740,7 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a25p = a25.data();
@@ -1216,6 +1263,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "albert_train");
   // Arena: 176896 bytes for 657020 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
@@ -1247,8 +1295,10 @@ AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
 
 void AlbertTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:48:47 one_hot
+  MESHRT_TRACE("one_hot", "albert.mesh:48:47", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v11 = arena_.view(0, 1024);
   static const support::Shape shape0_1 = {2, 16, 32};
@@ -1258,6 +1308,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:48:40 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:48:40", "forward");
   support::View v5(param0_embedding); // updated in place
   support::View v12 = arena_.view(4096, 512);
   // dims: batch, length, vocab, d_embed
@@ -1266,9 +1317,11 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   einsumPlan1.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %12 over model for add at 49:40)
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   auto request0 = support::startAllReduce(group_model, {v12}, meshrt::ReduceOp::Sum);
 
   // albert.mesh:49:54 gather
+  MESHRT_TRACE("gather", "albert.mesh:49:54", "forward");
   support::View v7(param2_encoder_embed_segment_table); // updated in place
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v15 = arena_.view(6144, 512);
@@ -1277,10 +1330,12 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   static const support::Shape shape3_5 = {16, 1, 0};
   support::gather(v15.data(), shape3_1, v7.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
 
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
 
   // albert.mesh:49:40 add
   // albert.mesh:49:52 add -> e
+  MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   support::View v6(param1_encoder_embed_positions); // updated in place
   support::View v16 = arena_.view(135168, 512);
   {
@@ -1301,6 +1356,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:50:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   support::View v17 = arena_.view(137216, 512);
   static const support::Shape shape6_2 = {2, 16};
   static const support::Shape shape6_3 = {256, 16};
@@ -1313,6 +1369,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:50:43 mul
   // albert.mesh:50:50 add -> e
+  MESHRT_TRACE("loop", "albert.mesh:50:43", "forward");
   support::View v8(param3_encoder_embed_gain); // updated in place
   support::View v9(param4_encoder_embed_bias); // updated in place
   support::View v19 = arena_.view(139264, 512);
@@ -1334,6 +1391,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:51:10 einsum -> h
+  MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   support::View v10(param5_encoder_embed_projection); // updated in place
   support::View v20 = arena_.view(4096, 1024);
   // dims: batch, length, d_embed, d_model
@@ -1342,6 +1400,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   einsumPlan8.run(v19.data(), v10.data(), v20.data(), 1.0f, 0.0f);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
   support::View v25 = arena_.view(141312, 512);
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
@@ -1375,6 +1434,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
             v43, v47, v44, v48, v49, v45, v50, v46, v53, v56, v54, v55, v58);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v59 = arena_.view(149504, 512);
   support::View v60 = arena_.view(151552, 512);
   support::View v62 = arena_.view(153600, 512);
@@ -1396,6 +1456,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
             v43, v75, v44, v76, v77, v45, v78, v46, v81, v82, v54, v55, v84);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v85 = arena_.view(157696, 512);
   support::View v86 = arena_.view(159744, 512);
   support::View v88 = arena_.view(161792, 512);
@@ -1417,6 +1478,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
             v43, v101, v44, v102, v103, v45, v104, v46, v107, v108, v54, v55, v110);
 
   // albert.mesh:71:9 transpose
+  MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
   support::View v115 = arena_.view(131072, 512);
   {
     float *__restrict v115p = v115.data();
@@ -1431,6 +1493,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:76:16 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   support::View v111(param18_heads_transform); // updated in place
   support::View v120 = arena_.view(118784, 512);
   // dims: batch, length, d_model, d_embed
@@ -1440,6 +1503,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
+  MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
   support::View v112(param19_heads_transform_bias); // updated in place
   support::View v121 = arena_.view(133120, 512);
   support::View v122 = arena_.view(165888, 512);
@@ -1461,6 +1525,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:77:7 layer_norm
+  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   support::View v123 = arena_.view(167936, 512);
   static const support::Shape shape15_2 = {2, 16};
   static const support::Shape shape15_3 = {256, 16};
@@ -1473,6 +1538,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "forward");
   support::View v113(param20_heads_gain); // updated in place
   support::View v114(param21_heads_bias); // updated in place
   support::View v125 = arena_.view(169984, 512);
@@ -1494,6 +1560,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:78:20 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   support::View v126 = arena_.view(118784, 1024);
   // dims: batch, length, d_embed, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan17(
@@ -1501,6 +1568,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
+  MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
   support::View v116(param22_heads_output_bias); // updated in place
   support::View v127 = arena_.view(122880, 1024);
   {
@@ -1518,6 +1586,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:79:17 slice
+  MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
   support::View v128 = arena_.slot(118784, 64);
   static const support::Shape shape19_2 = {2, 32};
   static const support::Shape shape19_3 = {32, 1};
@@ -1526,6 +1595,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
+  MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
   support::View v129 = arena_.view(172032, 64);
   static const support::Shape shape20_1 = {2, 32};
   static const support::Shape shape20_3 = {32, 1};
@@ -1535,6 +1605,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   support::View v117(param23_heads_pooler); // updated in place
   support::View v130 = arena_.view(118784, 64);
   // dims: batch, d_model, d_out
@@ -1544,6 +1615,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
+  MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v132 = arena_.view(172288, 64);
   {
@@ -1562,6 +1634,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:81:22 einsum -> sop_logits
+  MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   support::View v119(param25_heads_classifier); // updated in place
   support::View v133 = arena_.view(172800, 4);
   // dims: batch, d_out, orders
@@ -1572,8 +1645,10 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
 void AlbertTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:103:25 log_softmax
+  MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
   support::View v127 = arena_.view(122880, 1024);
   support::View v135 = arena_.view(118784, 1024);
   static const support::Shape shape0_2 = {2, 16};
@@ -1586,6 +1661,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                  shape0_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // albert.mesh:103:58 one_hot
+  MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
   const support::Buffer &v3 = inputs.targets.data;
   support::View v136 = arena_.view(122880, 1024);
   static const support::Shape shape1_1 = {2, 16, 32};
@@ -1595,6 +1671,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:103:56 mul
+  MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
   support::View v137 = arena_.view(126976, 1024);
   {
     float *__restrict v137p = v137.data();
@@ -1609,6 +1686,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:103:21 sum
+  MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
   support::View v138 = arena_.view(172672, 32);
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
@@ -1620,6 +1698,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:102:16 cast -> weight
   // albert.mesh:103:20 neg -> token_loss
   // albert.mesh:105:29 mul
+  MESHRT_TRACE("loop", "albert.mesh:102:16", "forward");
   const support::Buffer &v2 = inputs.masked.data;
   support::View v134 = arena_.view(172544, 32);
   support::View v140 = arena_.view(126976, 32);
@@ -1640,6 +1719,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:105:14 sum
+  MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
   support::View v141 = arena_.view(127232, 1);
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
@@ -1649,6 +1729,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:105:42 sum
+  MESHRT_TRACE("sum", "albert.mesh:105:42", "forward");
   support::View v142 = arena_.view(127296, 1);
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
@@ -1658,6 +1739,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:106:15 one_hot -> truth
+  MESHRT_TRACE("one_hot", "albert.mesh:106:15", "forward");
   const support::Buffer &v4 = inputs.order.data;
   support::View v147 = arena_.view(126976, 4);
   static const support::Shape shape7_1 = {2, 2};
@@ -1666,6 +1748,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   support::oneHot(v147.data(), shape7_1, v4.data(), shape7_3, shape7_4, 0);
 
   // albert.mesh:107:24 log_softmax
+  MESHRT_TRACE("log_softmax", "albert.mesh:107:24", "forward");
   support::View v133 = arena_.view(172800, 4);
   support::View v148 = arena_.view(127040, 4);
   static const support::Shape shape8_2 = {2};
@@ -1678,6 +1761,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                  shape8_7, support::Along::LogSoftmax, 1e-05, 2, nullptr);
 
   // albert.mesh:107:56 mul
+  MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
   support::View v149 = arena_.view(127104, 4);
   {
     float *__restrict v149p = v149.data();
@@ -1692,6 +1776,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:107:20 sum
+  MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
   support::View v150 = arena_.view(127168, 2);
   static const support::Shape shape10_1 = {2};
   static const support::Shape shape10_3 = {2};
@@ -1701,6 +1786,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:107:15 mean
+  MESHRT_TRACE("mean", "albert.mesh:107:15", "forward");
   support::View v151 = arena_.view(127104, 1);
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
@@ -1710,6 +1796,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:107:14 neg -> sop_loss
+  MESHRT_TRACE("loop", "albert.mesh:107:14", "forward");
   support::View v152 = arena_.view(176640, 1);
   {
     float *__restrict v152p = v152.data();
@@ -1720,6 +1807,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:108:46 max
+  MESHRT_TRACE("max", "albert.mesh:108:46", "forward");
   support::View v153 = arena_.view(127168, 2);
   static const support::Shape shape13_1 = {2};
   static const support::Shape shape13_3 = {2};
@@ -1731,6 +1819,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:108:43 ge
   // albert.mesh:108:27 cast
   // albert.mesh:108:76 mul
+  MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
   support::View v156 = arena_.view(127104, 4);
   {
     float *__restrict v156p = v156.data();
@@ -1751,6 +1840,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:108:23 sum
+  MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
   support::View v157 = arena_.view(127168, 2);
   static const support::Shape shape15_1 = {2};
   static const support::Shape shape15_3 = {2};
@@ -1760,6 +1850,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:108:18 mean -> sop_accuracy
+  MESHRT_TRACE("mean", "albert.mesh:108:18", "forward");
   support::View v158 = arena_.view(176704, 1);
   static const support::Shape shape16_1 = {};
   static const support::Shape shape16_3 = {};
@@ -1771,10 +1862,12 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:100:43 bucketed_all_reduce_sum -> sop_loss (2 partial sums (sop_loss, sop_accuracy)
   // over data resolved together, 8 B in one buffer; merged with 1 more partial sum over data
   // (%144): 12 B in one buffer)
+  MESHRT_TRACE_SITE("albert.mesh:100:43");
   support::allReduceBucket(group_data, {v152, v158, v142});
 
   // albert.mesh:105:54 add
   // albert.mesh:105:39 div -> mlm_loss
+  MESHRT_TRACE("loop", "albert.mesh:105:54", "forward");
   support::View v145 = arena_.view(172736, 1);
   support::View v146 = arena_.view(176768, 1);
   {
@@ -1793,9 +1886,11 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:109:21 all_reduce_sum -> mlm_loss (resolve the partial sum of mlm_loss over data,
   // model for add at 109:21)
+  MESHRT_TRACE_SITE("albert.mesh:109:21");
   group_data_model.allReduce(v146.data(), v146.size(), meshrt::ReduceOp::Sum);
 
   // albert.mesh:109:21 add
+  MESHRT_TRACE("loop", "albert.mesh:109:21", "forward");
   support::View v161 = arena_.view(176832, 1);
   {
     float *__restrict v161p = v161.data();
@@ -1808,6 +1903,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:107:56 mul
+  MESHRT_TRACE("loop", "albert.mesh:107:56", "backward");
   support::View v168 = arena_.view(127104, 4);
   {
     float *__restrict v168p = v168.data();
@@ -1821,6 +1917,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   }
 
   // albert.mesh:107:24 sum
+  MESHRT_TRACE("sum", "albert.mesh:107:24", "backward");
   support::View v169 = arena_.view(126976, 2);
   static const support::Shape shape22_1 = {2};
   static const support::Shape shape22_3 = {2};
@@ -1832,6 +1929,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:24 exp
   // albert.mesh:107:24 mul
   // albert.mesh:107:24 sub
+  MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
   support::View v172 = arena_.view(172672, 4);
   {
     float *__restrict v172p = v172.data();
@@ -1854,6 +1952,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
@@ -1861,6 +1960,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:103:20 neg
   // albert.mesh:103:21 broadcast
   // albert.mesh:103:56 mul
+  MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
   support::View v145 = arena_.view(172736, 1);
   support::View v134 = arena_.view(172544, 32);
   support::View v136 = arena_.view(122880, 1024);
@@ -1888,6 +1988,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:103:25 sum
+  MESHRT_TRACE("sum", "albert.mesh:103:25", "backward");
   support::View v179 = arena_.view(172544, 32);
   static const support::Shape shape1_1 = {2, 16};
   static const support::Shape shape1_3 = {512, 32};
@@ -1898,11 +1999,13 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:103:25 all_reduce_sum (resolve the partial sum of %169 over model for mul at
   // 103:25)
+  MESHRT_TRACE_SITE("albert.mesh:103:25");
   group_model.allReduce(v179.data(), v179.size(), meshrt::ReduceOp::Sum);
 
   // albert.mesh:103:25 exp
   // albert.mesh:103:25 mul
   // albert.mesh:103:25 sub
+  MESHRT_TRACE("loop", "albert.mesh:103:25", "backward");
   support::View v135 = arena_.view(118784, 1024);
   support::View v183 = arena_.view(122880, 1024);
   {
@@ -1924,6 +2027,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:81:22 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
   support::View v172 = arena_.view(172672, 4);
   support::View v119(param25_heads_classifier); // updated in place
   support::View v184 = arena_.view(118784, 64);
@@ -1933,6 +2037,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan4.run(v172.data(), v119.data(), v184.data(), 1.0f, 0.0f);
 
   // albert.mesh:81:22 einsum -> grad/heads/classifier
+  MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
   support::View v132 = arena_.view(172288, 64);
   support::View v185 = arena_.view(176128, 64);
   // dims: batch, orders, d_out
@@ -1943,6 +2048,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:80:16 square
   // albert.mesh:80:16 sub
   // albert.mesh:80:16 mul
+  MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
   support::View v188 = arena_.view(126976, 64);
   {
     float *__restrict v188p = v188.data();
@@ -1960,6 +2066,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
+  MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
   support::View v189 = arena_.view(176384, 32);
   static const support::Shape shape7_1 = {32};
   static const support::Shape shape7_3 = {1};
@@ -1969,6 +2076,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v117(param23_heads_pooler); // updated in place
   support::View v190 = arena_.view(127232, 64);
   // dims: batch, d_out, d_model
@@ -1977,6 +2085,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan8.run(v188.data(), v117.data(), v190.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:21 einsum -> grad/heads/pooler
+  MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v129 = arena_.view(172032, 64);
   support::View v191 = arena_.view(118784, 1024);
   // dims: batch, d_out, d_model
@@ -1985,6 +2094,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan9.run(v188.data(), v129.data(), v191.data(), 1.0f, 0.0f);
 
   // albert.mesh:79:13 broadcast
+  MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
   support::View v192 = arena_.view(172032, 64);
   {
     float *__restrict v192p = v192.data();
@@ -1997,6 +2107,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:79:17 pad
+  MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
   support::View v193 = arena_.slot(126976, 1024);
   static const support::Shape shape11_2 = {2, 32};
   static const support::Shape shape11_3 = {512, 1};
@@ -2005,6 +2116,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
                       int64_t(0));
 
   // albert.mesh:78:61 sum -> grad/heads/output_bias
+  MESHRT_TRACE("sum", "albert.mesh:78:61", "backward");
   support::View v194 = arena_.view(176512, 32);
   static const support::Shape shape12_1 = {32};
   static const support::Shape shape12_3 = {1};
@@ -2014,6 +2126,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:78:20 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
   support::View v115 = arena_.view(131072, 512);
   support::View v195 = arena_.view(172032, 512);
   // dims: batch, length, vocab, d_embed
@@ -2022,9 +2135,11 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan13.run(v183.data(), v115.data(), v195.data(), 1.0f, 0.0f);
 
   // albert.mesh:77:50 all_reduce_sum (resolve the partial sum of %184 over model for sum at 77:50)
+  MESHRT_TRACE_SITE("albert.mesh:77:50");
   auto request1 = support::startAllReduce(group_model, {v195}, meshrt::ReduceOp::Sum);
 
   // albert.mesh:78:20 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
   support::View v125 = arena_.view(169984, 512);
   support::View v196 = arena_.view(174080, 512);
   // dims: batch, length, vocab, d_embed
@@ -2032,9 +2147,11 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan15.run(v183.data(), v125.data(), v196.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
+  MESHRT_TRACE_SITE("albert.mesh:77:50");
   support::View v123 = arena_.view(167936, 512);
   support::View v200 = arena_.view(122880, 512);
   support::View v202 = arena_.view(124928, 32);
@@ -2073,6 +2190,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:77:7 sub
   // albert.mesh:77:7 mul
   // albert.mesh:76:11 mul
+  MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(133120, 512);
   support::View v237 = arena_.view(165888, 512);
   {
@@ -2129,6 +2247,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
+  MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
   support::View v238 = arena_.view(167936, 16);
   static const support::Shape shape19_1 = {16};
   static const support::Shape shape19_3 = {1};
@@ -2138,6 +2257,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v111(param18_heads_transform); // updated in place
   support::View v239 = arena_.view(122880, 1024);
   // dims: batch, length, d_embed, d_model
@@ -2146,6 +2266,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan20.run(v237.data(), v111.data(), v239.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:16 add
+  MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
   support::View v240 = arena_.view(131072, 1024);
   {
     float *__restrict v240p = v240.data();
@@ -2160,6 +2281,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   }
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
+  MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v110 = arena_.view(114688, 1024);
   support::View v241 = arena_.view(122880, 512);
   // dims: batch, length, d_embed, d_model
@@ -2168,6 +2290,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   einsumPlan22.run(v237.data(), v110.data(), v241.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v243 = arena_.view(124928, 32);
   static const support::Shape shape23_1 = {32};
   static const support::Shape shape23_3 = {1};
@@ -2179,8 +2302,10 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
   support::View v240 = arena_.view(131072, 1024);
   support::View v108 = arena_.view(98304, 1024);
   support::View v245 = arena_.view(114688, 1024);
@@ -2258,6 +2383,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
             v319, v21, v323, v84, v317, v322, v325, v326, v327);
 
   // 49 statements from encoder_layers.mesh:19:46 mul (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
   support::View v82 = arena_.view(61440, 1024);
   support::View v330 = arena_.view(77824, 1024);
   support::View v333 = arena_.view(84224, 32);
@@ -2326,6 +2452,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
             v413, v21, v418, v58, v410, v416, v420, v421, v423);
 
   // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v243 = arena_.view(124928, 32);
   support::View v56 = arena_.view(24576, 1024);
   support::View v426 = arena_.view(40960, 1024);
@@ -2346,6 +2473,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
             v434, v54, v425, v435, v436, v438, v441);
 
   // encoder_layers.mesh:46:50 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
   support::View v442 = arena_.view(24576, 32);
   static const support::Shape shape3_1 = {32};
   static const support::Shape shape3_3 = {1};
@@ -2356,6 +2484,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:46:50 add
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
   support::View v443 = arena_.view(47232, 32);
   {
     float *__restrict v443p = v443.data();
@@ -2373,6 +2502,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v444 = arena_.view(24576, 1024);
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan5(
@@ -2380,6 +2510,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   einsumPlan5.run(v441.data(), v45.data(), v444.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v49 = arena_.view(32768, 1024);
   support::View v445 = arena_.view(36864, 1024);
   // dims: batch, length, d_model, d_ff
@@ -2389,6 +2520,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
   support::View v446 = arena_.view(32768, 1024);
   {
     float *__restrict v446p = v446.data();
@@ -2422,6 +2554,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:11 mul
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   support::View v48 = arena_.view(28672, 1024);
   support::View v463 = arena_.view(36864, 1024);
   {
@@ -2464,6 +2597,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:45:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
   support::View v464 = arena_.view(24576, 32);
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {1};
@@ -2474,6 +2608,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:53 add -> grad/encoder/albert_layer/dense_relu_dense/bi
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "backward");
   support::View v465 = arena_.view(47488, 32);
   {
     float *__restrict v465p = v465.data();
@@ -2491,6 +2626,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v466 = arena_.view(24576, 1024);
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan11(
@@ -2499,9 +2635,11 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %446 over model for add at
   // 45:16)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(v466.data(), v466.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   support::View v468 = arena_.view(28672, 1024);
   {
     float *__restrict v468p = v468.data();
@@ -2516,6 +2654,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v42 = arena_.view(20480, 1024);
   support::View v469 = arena_.view(24576, 1024);
   // dims: batch, length, d_ff, d_model
@@ -2525,6 +2664,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:16 add
   // encoder_layers.mesh:45:16 add -> grad/encoder/albert_layer/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   support::View v470 = arena_.view(20480, 1024);
   {
     float *__restrict v470p = v470.data();
@@ -2542,6 +2682,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   support::View v471 = arena_.view(24576, 32);
   static const support::Shape shape16_1 = {32};
   static const support::Shape shape16_3 = {1};
@@ -2551,6 +2692,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v40 = arena_.view(8192, 1024);
   support::View v474 = arena_.view(24576, 1024);
   support::View v475 = arena_.view(36864, 32);
@@ -2570,6 +2712,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
             v482, v38, v473, v483, v484, v486, v489);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v490 = arena_.view(16384, 512);
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan18(
@@ -2577,6 +2720,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   einsumPlan18.run(v489.data(), v24.data(), v490.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v34 = arena_.view(147456, 512);
   support::View v491 = arena_.view(8192, 512);
   // dims: batch, length, d_model, heads, d_kv
@@ -2586,6 +2730,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:35:10 add
   // encoder_layers.mesh:35:10 add -> grad/encoder/albert_layer/self_attention/o
+  MESHRT_TRACE("loop", "encoder_layers.mesh:35:10", "backward");
   support::View v492 = arena_.view(36864, 512);
   {
     float *__restrict v492p = v492.data();
@@ -2603,6 +2748,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v28 = arena_.view(145408, 512);
   support::View v493 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, memory_length
@@ -2611,6 +2757,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   einsumPlan21.run(v490.data(), v28.data(), v493.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v33 = arena_.view(12288, 1024);
   support::View v494 = arena_.view(28672, 512);
   // dims: batch, length, heads, d_kv, memory_length
@@ -2619,6 +2766,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   einsumPlan22.run(v490.data(), v33.data(), v494.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v495 = arena_.view(16384, 1024);
   {
     float *__restrict v495p = v495.data();
@@ -2635,8 +2783,10 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
 void AlbertTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:33:17 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   support::View v495 = arena_.view(16384, 1024);
   support::View v496 = arena_.view(30720, 64);
   static const support::Shape shape0_1 = {2, 2, 16};
@@ -2649,6 +2799,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   support::View v493 = arena_.view(8192, 1024);
   support::View v33 = arena_.view(12288, 1024);
   support::View v499 = arena_.view(16384, 1024);
@@ -2672,6 +2823,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v26 = arena_.view(143360, 512);
   support::View v500 = arena_.view(38912, 512);
   // dims: batch, heads, length, memory_length, d_kv
@@ -2680,6 +2832,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan2.run(v499.data(), v26.data(), v500.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v25 = arena_.view(141312, 512);
   support::View v501 = arena_.view(30720, 512);
   // dims: batch, heads, length, memory_length, d_kv
@@ -2688,6 +2841,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan3.run(v499.data(), v25.data(), v501.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v494 = arena_.view(28672, 512);
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
   support::View v503 = arena_.view(8192, 1024);
@@ -2697,6 +2851,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan4.run(v494.data(), v23.data(), v503.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
   support::View v509 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
@@ -2705,6 +2860,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan5.run(v501.data(), v22.data(), v509.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
   support::View v514 = arena_.view(16384, 1024);
   // dims: batch, length, heads, d_kv, d_model
@@ -2715,9 +2871,11 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %482 over model
   // for add at 30:23; merged with 2 more partial sums over model (%510, %515): 12.0 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   auto request4 = support::startAllReduce(group_model, {v503, v509, v514}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v20 = arena_.view(4096, 1024);
   support::View v506 = arena_.view(40960, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2727,6 +2885,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:30:23 add -> grad/encoder/albert_layer/self_attention/v
+  MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v317 = arena_.view(114688, 512);
   support::View v410 = arena_.view(77824, 512);
   support::View v507 = arena_.view(43008, 512);
@@ -2746,6 +2905,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   support::View v512 = arena_.view(28672, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan10(
@@ -2754,6 +2914,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:29:21 add -> grad/encoder/albert_layer/self_attention/k
+  MESHRT_TRACE("loop", "encoder_layers.mesh:29:21", "backward");
   support::View v322 = arena_.view(116736, 512);
   support::View v416 = arena_.view(79872, 512);
   support::View v513 = arena_.view(40960, 512);
@@ -2772,11 +2933,13 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
     }
   }
 
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   support::View v489 = arena_.view(24576, 1024);
   support::View v516 = arena_.view(28672, 1024);
   {
@@ -2798,6 +2961,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   support::View v517 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
@@ -2806,6 +2970,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
   // encoder_layers.mesh:28:17 add
   // encoder_layers.mesh:28:17 add -> grad/encoder/albert_layer/self_attention/q
+  MESHRT_TRACE("loop", "encoder_layers.mesh:28:17", "backward");
   support::View v326 = arena_.view(81920, 512);
   support::View v421 = arena_.view(45056, 512);
   support::View v518 = arena_.view(4096, 512);
@@ -2825,6 +2990,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   }
 
   // albert.mesh:51:10 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v10(param5_encoder_embed_projection); // updated in place
   support::View v519 = arena_.view(6144, 512);
   // dims: batch, length, d_model, d_embed
@@ -2833,6 +2999,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan16.run(v516.data(), v10.data(), v519.data(), 1.0f, 0.0f);
 
   // albert.mesh:51:10 einsum -> grad/encoder/embed/projection
+  MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v19 = arena_.view(139264, 512);
   support::View v520 = arena_.view(8192, 512);
   // dims: batch, length, d_model, d_embed
@@ -2841,6 +3008,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan17.run(v516.data(), v19.data(), v520.data(), 1.0f, 0.0f);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
+  MESHRT_TRACE_SITE("albert.mesh:77:50");
   support::View v17 = arena_.view(137216, 512);
   support::View v523 = arena_.view(10240, 512);
   support::View v525 = arena_.view(12288, 32);
@@ -2861,6 +3029,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 sub
   // albert.mesh:50:7 sub
   // albert.mesh:50:7 mul
+  MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
   support::View v537 = arena_.view(6144, 512);
   {
     float *__restrict v537p = v537.data();
@@ -2886,6 +3055,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   }
 
   // albert.mesh:49:54 one_hot
+  MESHRT_TRACE("one_hot", "albert.mesh:49:54", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v538 = arena_.view(10240, 64);
   static const support::Shape shape20_1 = {2, 16, 2};
@@ -2894,6 +3064,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   support::oneHot(v538.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
+  MESHRT_TRACE("gemm", "albert.mesh:49:54", "backward");
   support::View v539 = arena_.view(13312, 32);
   // dims: batch, length, segments, d_embed
   static const meshrt::kernels::EinsumPlan einsumPlan21(
@@ -2901,6 +3072,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   einsumPlan21.run(v538.data(), v537.data(), v539.data(), 1.0f, 0.0f);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
+  MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
   support::View v540 = arena_.view(12288, 256);
   static const support::Shape shape22_1 = {16, 16};
   static const support::Shape shape22_3 = {16, 1};
@@ -2910,6 +3082,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
+  MESHRT_TRACE("gemm", "albert.mesh:48:40", "backward");
   support::View v11 = arena_.view(0, 1024);
   support::View v541 = arena_.view(10240, 512);
   // dims: batch, length, d_embed, vocab
@@ -2920,9 +3093,11 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
 void AlbertTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
+  MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
   support::View v196 = arena_.view(174080, 512);
   support::View v541 = arena_.view(10240, 512);
   support::View v542 = arena_.view(0, 512);
@@ -2944,6 +3119,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 bucketed_all_reduce_sum -> grad/heads/classifier (26 partial sums
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
   // together, 28.7 KiB in one buffer)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v185 = arena_.view(176128, 64);
   support::View v189 = arena_.view(176384, 32);
   support::View v191 = arena_.view(118784, 1024);
@@ -2990,6 +3166,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub
   // albert.mesh:109:3 pow
   // albert.mesh:109:3 sub
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v559 = arena_.view(2048, 1);
   support::View v575 = arena_.view(2112, 1);
   support::View v577 = arena_.view(2176, 1);
@@ -3031,6 +3208,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
     v577p[0] = s27;
   }
 
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   group_data.wait(request5);
 
   // albert.mesh:109:3 mul
@@ -3049,6 +3227,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/embedding
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v5(param0_embedding);      // updated in place
   support::View v561(param27_embedding_v); // updated in place
   support::View v560(param26_embedding_m); // updated in place
@@ -3114,6 +3293,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/positions
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v590(param29_encoder_embed_positions_v); // updated in place
   support::View v589(param28_encoder_embed_positions_m); // updated in place
@@ -3179,6 +3359,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/segment_table
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v611(param31_encoder_embed_segment_table_v); // updated in place
   support::View v610(param30_encoder_embed_segment_table_m); // updated in place
@@ -3229,12 +3410,14 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v8(param3_encoder_embed_gain);      // updated in place
   support::View v632(param33_encoder_embed_gain_v); // updated in place
   support::View v631(param32_encoder_embed_gain_m); // updated in place
   repeated3(v8, v524, v632, v577, v631, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v9(param4_encoder_embed_bias);      // updated in place
   support::View v653(param35_encoder_embed_bias_v); // updated in place
   support::View v652(param34_encoder_embed_bias_m); // updated in place
@@ -3256,6 +3439,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/projection
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v10(param5_encoder_embed_projection);     // updated in place
   support::View v674(param37_encoder_embed_projection_v); // updated in place
   support::View v673(param36_encoder_embed_projection_m); // updated in place
@@ -3306,18 +3490,21 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v21(param6_encoder_albert_layer_self_attention_q);     // updated in place
   support::View v695(param39_encoder_albert_layer_self_attention_q_v); // updated in place
   support::View v694(param38_encoder_albert_layer_self_attention_q_m); // updated in place
   repeated5(v21, v518, v695, v577, v694, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 3)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v22(param7_encoder_albert_layer_self_attention_k);     // updated in place
   support::View v716(param41_encoder_albert_layer_self_attention_k_v); // updated in place
   support::View v715(param40_encoder_albert_layer_self_attention_k_m); // updated in place
   repeated5(v22, v513, v716, v577, v715, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (3 of 3)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v23(param8_encoder_albert_layer_self_attention_v);     // updated in place
   support::View v737(param43_encoder_albert_layer_self_attention_v_v); // updated in place
   support::View v736(param42_encoder_albert_layer_self_attention_v_m); // updated in place
@@ -3339,6 +3526,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/o
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v24(param9_encoder_albert_layer_self_attention_o);     // updated in place
   support::View v758(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v757(param44_encoder_albert_layer_self_attention_o_m); // updated in place
@@ -3389,12 +3577,14 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v38(param10_encoder_albert_layer_norm_gain);    // updated in place
   support::View v779(param47_encoder_albert_layer_norm_gain_v); // updated in place
   support::View v778(param46_encoder_albert_layer_norm_gain_m); // updated in place
   repeated4(v38, v476, v779, v577, v778, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v39(param11_encoder_albert_layer_norm_bias);    // updated in place
   support::View v800(param49_encoder_albert_layer_norm_bias_v); // updated in place
   support::View v799(param48_encoder_albert_layer_norm_bias_m); // updated in place
@@ -3416,6 +3606,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi);    // updated in place
   support::View v821(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v820(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
@@ -3481,6 +3672,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/bi
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi);    // updated in place
   support::View v842(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v841(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
@@ -3546,6 +3738,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo);    // updated in place
   support::View v863(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v862(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
@@ -3596,18 +3789,21 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   }
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo);    // updated in place
   support::View v884(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
   support::View v883(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
   repeated4(v46, v443, v884, v577, v883, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v54(param16_encoder_albert_layer_norm_1_gain);    // updated in place
   support::View v905(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
   support::View v904(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
   repeated4(v54, v428, v905, v577, v904, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v55(param17_encoder_albert_layer_norm_1_bias);    // updated in place
   support::View v926(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
   support::View v925(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
@@ -3629,6 +3825,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/transform
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v111(param18_heads_transform);   // updated in place
   support::View v947(param63_heads_transform_v); // updated in place
   support::View v946(param62_heads_transform_m); // updated in place
@@ -3679,6 +3876,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   }
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v112(param19_heads_transform_bias);   // updated in place
   support::View v968(param65_heads_transform_bias_v); // updated in place
   support::View v967(param64_heads_transform_bias_m); // updated in place
@@ -3687,8 +3885,10 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
 
 void AlbertTrain::runPart6(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v113(param20_heads_gain); // updated in place
   support::View v201 = arena_.view(170048, 16);
   support::View v989(param67_heads_gain_v); // updated in place
@@ -3699,6 +3899,7 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   repeated3(v113, v201, v989, v577, v988, v575, v559);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v114(param21_heads_bias); // updated in place
   support::View v198 = arena_.view(169984, 16);
   support::View v1010(param69_heads_bias_v); // updated in place
@@ -3721,6 +3922,7 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/output_bias
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v116(param22_heads_output_bias); // updated in place
   support::View v194 = arena_.view(176512, 32);
   support::View v1031(param71_heads_output_bias_v); // updated in place
@@ -3787,6 +3989,7 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/pooler
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v117(param23_heads_pooler); // updated in place
   support::View v191 = arena_.view(118784, 1024);
   support::View v1052(param73_heads_pooler_v); // updated in place
@@ -3853,6 +4056,7 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/pooler_bias
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v118(param24_heads_pooler_bias); // updated in place
   support::View v189 = arena_.view(176384, 32);
   support::View v1073(param75_heads_pooler_bias_v); // updated in place
@@ -3919,6 +4123,7 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/classifier
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v119(param25_heads_classifier); // updated in place
   support::View v185 = arena_.view(176128, 64);
   support::View v1094(param77_heads_classifier_v); // updated in place
@@ -3988,8 +4193,10 @@ void AlbertTrain::repeated0(
     support::View a57, support::ConstView a58, support::View a59, support::ConstView a60,
     support::View a61, support::ConstView a62, support::View a63, support::ConstView a64,
     support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -4003,6 +4210,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:46 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 16};
@@ -4011,6 +4219,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape2_1 = {2, 16};
   static const support::Shape shape2_3 = {512, 32};
   static const support::Shape shape2_4 = {32};
@@ -4020,6 +4229,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -4036,6 +4246,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape4_1 = {2, 16};
   static const support::Shape shape4_3 = {512, 32};
   static const support::Shape shape4_4 = {32};
@@ -4045,6 +4256,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
@@ -4059,6 +4271,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -4079,6 +4292,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape7_1 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {32};
@@ -4087,6 +4301,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -4098,6 +4313,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a1p = a1.data();
@@ -4122,6 +4338,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:46:50 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {2, 16};
@@ -4130,12 +4347,14 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan11.run(a14.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -4158,6 +4377,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:45:11 mul
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -4198,6 +4418,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:45:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {1};
   static const support::Shape shape14_4 = {2, 16};
@@ -4206,6 +4427,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -4213,9 +4435,11 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %269 over model for add at
   // 45:16)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(a24.data(), a24.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a14p = a14.data();
@@ -4229,12 +4453,14 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan18.run(a21.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   static const support::Shape shape19_1 = {32};
   static const support::Shape shape19_3 = {1};
   static const support::Shape shape19_4 = {2, 16};
@@ -4243,6 +4469,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a25p = a25.data();
@@ -4256,6 +4483,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:46 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape21_1 = {32};
   static const support::Shape shape21_3 = {1};
   static const support::Shape shape21_4 = {2, 16};
@@ -4264,6 +4492,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
   static const support::Shape shape22_4 = {32};
@@ -4273,6 +4502,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -4289,6 +4519,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape24_1 = {2, 16};
   static const support::Shape shape24_3 = {512, 32};
   static const support::Shape shape24_4 = {32};
@@ -4298,6 +4529,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -4312,6 +4544,7 @@ void AlbertTrain::repeated0(
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -4332,6 +4565,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape27_1 = {2, 16};
   static const support::Shape shape27_3 = {512, 32};
   static const support::Shape shape27_4 = {32};
@@ -4340,6 +4574,7 @@ void AlbertTrain::repeated0(
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape28_1 = {2, 16};
   static const support::Shape shape28_3 = {512, 32};
   static const support::Shape shape28_4 = {32};
@@ -4351,6 +4586,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a29p = a29.data();
@@ -4375,30 +4611,35 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan30.run(a42.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan31.run(a42.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan32.run(a44.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan33.run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a48p = a48.data();
@@ -4412,6 +4653,7 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:33:17 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   static const support::Shape shape35_1 = {2, 2, 16};
   static const support::Shape shape35_3 = {512, 256, 16};
   static const support::Shape shape35_4 = {16};
@@ -4422,6 +4664,7 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a48p = a48.data();
@@ -4442,30 +4685,35 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan37.run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan38.run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan39.run(a50.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan40(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan40.run(a57.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan41(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -4474,25 +4722,30 @@ void AlbertTrain::repeated0(
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %301 over model
   // for add at 30:23; merged with 2 more partial sums over model (%320, %324): 12.0 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   auto request2 = support::startAllReduce(group_model, {a59, a61, a63}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan43(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan43.run(a50.data(), a64.data(), a65.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a57.data(), a64.data(), a66.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   {
     float *__restrict a67p = a67.data();
     const float *__restrict a42p = a42.data();
@@ -4512,12 +4765,14 @@ void AlbertTrain::repeated0(
   }
 
   // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan47(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan47.run(a55.data(), a64.data(), a68.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   static const support::Shape shape48_1 = {32};
   static const support::Shape shape48_3 = {1};
   static const support::Shape shape48_4 = {2, 16};
@@ -4536,20 +4791,24 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
                             support::ConstView a22, support::View a23, support::ConstView a24,
                             support::View a25, support::View a26, support::ConstView a27,
                             support::ConstView a28, support::View a29) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -4557,12 +4816,14 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
+  MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
   static const support::Shape shape4_2 = {2, 2, 16};
   static const support::Shape shape4_3 = {512, 256, 16};
   static const support::Shape shape4_4 = {512, 256, 16};
@@ -4573,21 +4834,25 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // albert.mesh:34:18 all_reduce_sum (resolve the partial sum of %34 over model for add at 34:18)
+  MESHRT_TRACE_SITE("albert.mesh:34:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
   // albert.mesh:34:18 add
+  MESHRT_TRACE("loop", "albert.mesh:34:18", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a0p = a0.data();
@@ -4601,6 +4866,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -4612,6 +4878,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a13p = a13.data();
@@ -4630,6 +4897,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4637,6 +4905,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
     float *__restrict a20p = a20.data();
     float *__restrict a21p = a21.data();
@@ -4655,6 +4924,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4662,10 +4932,12 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %48 over model for add at
   // 46:50)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a23p = a23.data();
@@ -4684,6 +4956,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape16_2 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {512, 32};
@@ -4695,6 +4968,7 @@ void AlbertTrain::repeated1(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a26p = a26.data();
@@ -4721,9 +4995,11 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
                             support::View a15, support::ConstView a16, support::View a17,
                             support::View a18, support::View a19, support::View a20,
                             support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:53 add
   // encoder_layers.mesh:19:53 add -> grad/encoder/albert_layer/norm#1/bias
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:53", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -4740,6 +5016,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a4p = a4.data();
@@ -4753,6 +5030,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:46 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -4762,6 +5040,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:46 add
   // encoder_layers.mesh:19:46 add -> grad/encoder/albert_layer/norm#1/gain
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a8p = a8.data();
@@ -4778,6 +5057,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape4_1 = {2, 16};
   static const support::Shape shape4_3 = {512, 32};
   static const support::Shape shape4_4 = {32};
@@ -4787,6 +5067,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -4803,6 +5084,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape6_1 = {2, 16};
   static const support::Shape shape6_3 = {512, 32};
   static const support::Shape shape6_4 = {32};
@@ -4812,6 +5094,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -4826,6 +5109,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -4846,6 +5130,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -4854,6 +5139,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape10_1 = {2, 16};
   static const support::Shape shape10_3 = {512, 32};
   static const support::Shape shape10_4 = {32};
@@ -4865,6 +5151,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a5p = a5.data();
@@ -4892,6 +5179,7 @@ void AlbertTrain::repeated2(support::ConstView a0, support::ConstView a1, suppor
 void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -4909,6 +5197,7 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/gain
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4959,6 +5248,7 @@ void AlbertTrain::repeated3(support::View a0, support::ConstView a1, support::Vi
 void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -4976,6 +5266,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/norm/gain
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -5026,6 +5317,7 @@ void AlbertTrain::repeated4(support::View a0, support::ConstView a1, support::Vi
 void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::View a2,
                             support::ConstView a3, support::View a4, support::ConstView a5,
                             support::ConstView a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -5043,6 +5335,7 @@ void AlbertTrain::repeated5(support::View a0, support::ConstView a1, support::Vi
   // albert.mesh:109:3 add
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/q
+  MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -5095,8 +5388,10 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
                             support::ConstView a6, support::View a7, support::View a8,
                             support::View a9, support::ConstView a10, support::View a11,
                             support::View a12, support::View a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:77:50 sum -> grad/heads/bias
+  MESHRT_TRACE("sum", "albert.mesh:77:50", "backward");
   static const support::Shape shape0_1 = {16};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5105,6 +5400,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:77:43 mul
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -5118,6 +5414,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   }
 
   // albert.mesh:77:43 sum -> grad/heads/gain
+  MESHRT_TRACE("sum", "albert.mesh:77:43", "backward");
   static const support::Shape shape2_1 = {16};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -5126,6 +5423,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:77:7 mean
+  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {256, 16};
   static const support::Shape shape3_4 = {16};
@@ -5135,6 +5433,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:7 sub
   // albert.mesh:77:7 square
+  MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5151,6 +5450,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   }
 
   // albert.mesh:77:7 mean
+  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {256, 16};
   static const support::Shape shape5_4 = {16};
@@ -5160,6 +5460,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:7 add
   // albert.mesh:77:7 rsqrt
+  MESHRT_TRACE("loop", "albert.mesh:77:7", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -5174,6 +5475,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:7 mul
+  MESHRT_TRACE("loop", "albert.mesh:77:43", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -5194,6 +5496,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
   }
 
   // albert.mesh:77:7 mean
+  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {256, 16};
   static const support::Shape shape8_4 = {16};
@@ -5202,6 +5505,7 @@ void AlbertTrain::repeated6(support::View a0, support::ConstView a1, support::Co
                   support::Reduce::Sum, 0.0625);
 
   // albert.mesh:77:7 mean
+  MESHRT_TRACE("mean", "albert.mesh:77:7", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {256, 16};
   static const support::Shape shape9_4 = {16};

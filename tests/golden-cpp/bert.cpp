@@ -231,6 +231,7 @@ void Mlm::computeInvariants() {
 }
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlm");
   // Arena: 77824 bytes for 524416 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
@@ -247,8 +248,10 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
 void Mlm::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:34:37 gather
+  MESHRT_TRACE("gather", "bert.mesh:34:37", "forward");
   const support::Buffer &v3 = param0_bert_token_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v7 = arena_.view(0, 2048);
@@ -258,6 +261,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::gather(v7.data(), shape0_1, v3.data(), shape0_3, v0.data(), shape0_5, 128, 64, 0);
 
   // bert.mesh:35:39 gather
+  MESHRT_TRACE("gather", "bert.mesh:35:39", "forward");
   const support::Buffer &v5 = param2_bert_segment_embedding;
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v9 = arena_.view(8192, 2048);
@@ -268,6 +272,7 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // bert.mesh:34:76 add
   // bert.mesh:35:37 add -> x
+  MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
   const support::Buffer &v4 = param1_bert_position_embedding;
   support::View v10 = arena_.view(16384, 2048);
   {
@@ -286,6 +291,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v13 = arena_.view(0, 2048);
   static const support::Shape shape3_2 = {1, 32};
   static const support::Shape shape3_3 = {2048, 64};
@@ -298,6 +304,7 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   const support::Buffer &v11 = param4_bert_norm_gain;
   const support::Buffer &v12 = param5_bert_norm_bias;
   support::View v15 = arena_.view(32768, 2048);
@@ -319,11 +326,13 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:40:26 rename
+  MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
   const support::Buffer &v2 = inputs.padding.data;
   support::View v16 = arena_.copy(0, v2);
 
   // bert.mesh:40:21 cast -> key_is_real
   // bert.mesh:41:51 mul
+  MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v21 = persistent_.view(320, 32);
   support::View v22 = arena_.view(49152, 1024);
   {
@@ -342,6 +351,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v24 = param6_bert_encoder_layer_0_attention_w_q;
   support::View v28 = arena_.view(16384, 2048);
   const support::Buffer &v25 = param7_bert_encoder_layer_0_attention_w_k;
@@ -354,6 +364,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   // bert.mesh:41:39 transpose -> allowed
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
+  MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v37 = arena_.view(73728, 1024);
   {
     float *__restrict v37p = v37.data();
@@ -370,6 +381,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // 13 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v39 = arena_.view(16384, 4096);
   support::View v40 = arena_.view(0, 4096);
   support::View v41 = arena_.view(16384, 2048);
@@ -396,6 +408,7 @@ void Mlm::runPart0(const Inputs &inputs) {
             v55, v51, v57, v52, v59, v62, v60, v61, v64);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v65 = param18_bert_encoder_layer_1_attention_w_q;
   support::View v69 = arena_.view(16384, 2048);
   const support::Buffer &v66 = param19_bert_encoder_layer_1_attention_w_k;
@@ -406,6 +419,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
   // 13 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v80 = arena_.view(16384, 4096);
   support::View v81 = arena_.view(0, 4096);
   support::View v82 = arena_.view(16384, 2048);
@@ -432,6 +446,7 @@ void Mlm::runPart0(const Inputs &inputs) {
             v96, v92, v98, v93, v100, v103, v101, v102, v105);
 
   // bert.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v106 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan12(
@@ -439,6 +454,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   einsumPlan12.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add -> logits
+  MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   const support::Buffer &v6 = param3_bert_output_bias;
   support::View v107 = arena_.view(16384, 4096);
   {
@@ -456,6 +472,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:53:11 softmax -> probs
+  MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
   support::View v108 = arena_.view(0, 4096);
   static const support::Shape shape14_2 = {1, 32};
   static const support::Shape shape14_3 = {4096, 128};
@@ -476,8 +493,10 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::ConstView a18, support::View a19, support::ConstView a20,
                     support::View a21, support::View a22, support::ConstView a23,
                     support::ConstView a24, support::View a25) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -494,6 +513,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // layers.mesh:43:17 softmax -> weights
+  MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
   static const support::Shape shape1_2 = {1, 4, 32};
   static const support::Shape shape1_3 = {4096, 1024, 32};
   static const support::Shape shape1_4 = {4096, 1024, 32};
@@ -504,18 +524,21 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                  support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
+  MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -529,6 +552,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape5_2 = {1, 32};
   static const support::Shape shape5_3 = {2048, 64};
   static const support::Shape shape5_4 = {2048, 64};
@@ -540,6 +564,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a10p = a10.data();
@@ -558,6 +583,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -565,6 +591,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a15p = a15.data();
@@ -581,6 +608,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -588,6 +616,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
+  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a19p = a19.data();
@@ -606,6 +635,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape11_2 = {1, 32};
   static const support::Shape shape11_3 = {2048, 64};
   static const support::Shape shape11_4 = {2048, 64};
@@ -617,6 +647,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a22p = a22.data();
@@ -638,20 +669,24 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -659,6 +694,7 @@ void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View 
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1301,6 +1337,7 @@ void MlmTrain::computeInvariants() {
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlm_train");
   // Arena: 541248 bytes for 1788956 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
@@ -1322,8 +1359,10 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
 void MlmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:34:37 gather
+  MESHRT_TRACE("gather", "bert.mesh:34:37", "forward");
   support::View v5(param0_bert_token_embedding); // updated in place
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v9 = arena_.view(0, 2048);
@@ -1333,6 +1372,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::gather(v9.data(), shape0_1, v5.data(), shape0_3, v0.data(), shape0_5, 128, 64, 0);
 
   // bert.mesh:35:39 gather
+  MESHRT_TRACE("gather", "bert.mesh:35:39", "forward");
   support::View v7(param2_bert_segment_embedding); // updated in place
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v11 = arena_.view(8192, 2048);
@@ -1343,6 +1383,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // bert.mesh:34:76 add
   // bert.mesh:35:37 add -> x
+  MESHRT_TRACE("loop", "bert.mesh:34:76", "forward");
   support::View v6(param1_bert_position_embedding); // updated in place
   support::View v12 = arena_.view(491520, 2048);
   {
@@ -1361,6 +1402,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v15 = arena_.view(499712, 2048);
   static const support::Shape shape3_2 = {1, 32};
   static const support::Shape shape3_3 = {2048, 64};
@@ -1373,6 +1415,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
   support::View v17 = arena_.view(507904, 2048);
@@ -1394,11 +1437,13 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:40:26 rename
+  MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
   const support::Buffer &v2 = inputs.padding.data;
   support::View v18 = arena_.copy(0, v2);
 
   // bert.mesh:40:21 cast -> key_is_real
   // bert.mesh:41:51 mul
+  MESHRT_TRACE("loop", "bert.mesh:40:21", "forward");
   support::View v23 = persistent_.view(320, 32);
   support::View v24 = arena_.view(16384, 1024);
   {
@@ -1417,6 +1462,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
   support::View v30 = arena_.view(458752, 2048);
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
@@ -1429,6 +1475,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:41:39 transpose -> allowed
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
+  MESHRT_TRACE("loop", "bert.mesh:41:39", "forward");
   support::View v39 = arena_.view(532480, 1024);
   {
     float *__restrict v39p = v39.data();
@@ -1445,6 +1492,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 13 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v41 = arena_.view(16384, 4096);
   support::View v42 = arena_.view(360448, 4096);
   support::View v43 = arena_.view(483328, 2048);
@@ -1473,6 +1521,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
             "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
   support::View v71 = arena_.view(335872, 2048);
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
@@ -1483,6 +1532,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   repeated4(v66, v67, v71, v68, v72, v69, v74, v76);
 
   // 13 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v82 = arena_.view(16384, 4096);
   support::View v83 = arena_.view(294912, 4096);
   support::View v84 = arena_.view(393216, 2048);
@@ -1511,6 +1561,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v108 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan12(
@@ -1518,6 +1569,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   einsumPlan12.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add
+  MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
   support::View v8(param3_bert_output_bias); // updated in place
   support::View v109 = arena_.view(16384, 4096);
   {
@@ -1535,6 +1587,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:60:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "bert.mesh:60:14", "forward");
   support::View v110 = arena_.view(0, 4096);
   static const support::Shape shape14_2 = {1, 32};
   static const support::Shape shape14_3 = {4096, 128};
@@ -1546,6 +1599,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                  shape14_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
+  MESHRT_TRACE("one_hot", "bert.mesh:61:32", "forward");
   const support::Buffer &v4 = inputs.targets.data;
   support::View v111 = arena_.view(16384, 4096);
   static const support::Shape shape15_1 = {1, 32, 128};
@@ -1554,6 +1608,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::oneHot(v111.data(), shape15_1, v4.data(), shape15_3, shape15_4, 0);
 
   // bert.mesh:61:30 mul
+  MESHRT_TRACE("loop", "bert.mesh:61:30", "forward");
   support::View v112 = arena_.view(32768, 4096);
   {
     float *__restrict v112p = v112.data();
@@ -1568,6 +1623,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:61:21 sum
+  MESHRT_TRACE("sum", "bert.mesh:61:21", "forward");
   support::View v113 = arena_.view(139264, 32);
   static const support::Shape shape17_1 = {1, 32};
   static const support::Shape shape17_3 = {4096, 128};
@@ -1580,6 +1636,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:62:16 cast -> weight
   // bert.mesh:61:20 neg -> token_loss
   // bert.mesh:64:29 mul
+  MESHRT_TRACE("loop", "bert.mesh:62:28", "forward");
   const support::Buffer &v3 = inputs.masked.data;
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
@@ -1603,6 +1660,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // bert.mesh:64:14 sum
+  MESHRT_TRACE("sum", "bert.mesh:64:14", "forward");
   support::View v118 = arena_.view(32896, 1);
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
@@ -1612,6 +1670,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
+  MESHRT_TRACE("sum", "bert.mesh:64:42", "forward");
   support::View v119 = arena_.view(32768, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
@@ -1622,11 +1681,13 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
   // 64:54)
+  MESHRT_TRACE_SITE("bert.mesh:64:54");
   group_data_model.allReduce(v119.data(), v119.size(), meshrt::ReduceOp::Sum);
 
   // bert.mesh:64:54 add
   // bert.mesh:64:39 div -> loss
   // bert.mesh:64:39 div
+  MESHRT_TRACE("loop", "bert.mesh:64:54", "backward");
   support::View v123 = arena_.view(541184, 1);
   support::View v125 = arena_.view(139264, 1);
   {
@@ -1650,6 +1711,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:61:20 neg
   // bert.mesh:61:21 broadcast
   // bert.mesh:61:30 mul
+  MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
   support::View v130 = arena_.view(32768, 4096);
   {
     float *__restrict v130p = v130.data();
@@ -1674,8 +1736,10 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:60:14 sum
+  MESHRT_TRACE("sum", "bert.mesh:60:14", "backward");
   support::View v130 = arena_.view(32768, 4096);
   support::View v131 = arena_.view(139264, 32);
   static const support::Shape shape0_1 = {1, 32};
@@ -1688,6 +1752,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // bert.mesh:60:14 exp
   // bert.mesh:60:14 mul
   // bert.mesh:60:14 sub
+  MESHRT_TRACE("loop", "bert.mesh:60:14", "backward");
   support::View v110 = arena_.view(0, 4096);
   support::View v134 = arena_.view(16384, 4096);
   {
@@ -1709,6 +1774,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
+  MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
   support::View v135 = arena_.view(538624, 128);
   static const support::Shape shape2_1 = {128};
   static const support::Shape shape2_3 = {1};
@@ -1718,6 +1784,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v136 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
@@ -1726,6 +1793,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan3.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v107 = arena_.view(131072, 2048);
   support::View v137 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
@@ -1734,6 +1802,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan4.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v138 = arena_.view(539136, 64);
   static const support::Shape shape5_1 = {64};
   static const support::Shape shape5_3 = {1};
@@ -1743,6 +1812,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
   support::View v140 = arena_.view(8192, 2048);
   {
@@ -1758,6 +1828,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v141 = arena_.view(539392, 64);
   static const support::Shape shape7_1 = {64};
   static const support::Shape shape7_3 = {1};
@@ -1767,6 +1838,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
   support::View v142 = arena_.view(16384, 32);
   static const support::Shape shape8_1 = {1, 32};
@@ -1778,6 +1850,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v144 = arena_.view(8192, 2048);
   {
     float *__restrict v144p = v144.data();
@@ -1795,6 +1868,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v145 = arena_.view(16384, 32);
   static const support::Shape shape10_1 = {1, 32};
   static const support::Shape shape10_3 = {2048, 64};
@@ -1805,6 +1879,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v148 = arena_.view(24576, 32);
   {
     float *__restrict v148p = v148.data();
@@ -1820,6 +1895,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v139 = arena_.view(8192, 2048);
   support::View v149 = arena_.view(16384, 2048);
@@ -1843,6 +1919,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(0, 32);
   static const support::Shape shape13_1 = {1, 32};
   static const support::Shape shape13_3 = {2048, 64};
@@ -1852,6 +1929,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(128, 32);
   static const support::Shape shape14_1 = {1, 32};
   static const support::Shape shape14_3 = {2048, 64};
@@ -1864,6 +1942,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v155 = arena_.view(409600, 2048);
   {
     float *__restrict v155p = v155.data();
@@ -1889,6 +1968,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v157 = arena_.view(131072, 8192);
   support::View v99 = arena_.view(98304, 8192);
@@ -1967,6 +2047,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v245 = arena_.view(294912, 8192);
   support::View v58 = arena_.view(229376, 8192);
@@ -2044,6 +2125,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             "bert/encoder_layer[0]/ffn/dropout#0");
 
   // bert.mesh:35:39 one_hot
+  MESHRT_TRACE("one_hot", "bert.mesh:35:39", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v326 = arena_.view(294912, 64);
   static const support::Shape shape18_1 = {1, 32, 2};
@@ -2052,6 +2134,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::oneHot(v326.data(), shape18_1, v1.data(), shape18_3, shape18_4, 0);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
+  MESHRT_TRACE("gemm", "bert.mesh:35:39", "backward");
   support::View v327 = arena_.view(499712, 128);
   // dims: batch, seq, segments, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
@@ -2059,6 +2142,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan19.run(v326.data(), v325.data(), v327.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
+  MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
   support::View v328 = arena_.view(491520, 2048);
   static const support::Shape shape20_1 = {32, 64};
   static const support::Shape shape20_3 = {64, 1};
@@ -2068,6 +2152,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 one_hot
+  MESHRT_TRACE("one_hot", "bert.mesh:34:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v329 = arena_.view(327680, 4096);
   static const support::Shape shape21_1 = {1, 32, 128};
@@ -2076,6 +2161,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::oneHot(v329.data(), shape21_1, v0.data(), shape21_3, shape21_4, 0);
 
   // bert.mesh:34:37 einsum
+  MESHRT_TRACE("gemm", "bert.mesh:34:37", "backward");
   support::View v330 = arena_.view(294912, 8192);
   // dims: batch, seq, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan22(
@@ -2083,6 +2169,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan22.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
+  MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
   support::View v331 = arena_.view(327680, 8192);
   {
     float *__restrict v331p = v331.data();
@@ -2099,10 +2186,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
 void MlmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v123 = arena_.view(541184, 1);
   support::View v135 = arena_.view(538624, 128);
   support::View v138 = arena_.view(539136, 64);
@@ -2156,6 +2245,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 sub
   // bert.mesh:65:3 pow
   // bert.mesh:65:3 sub
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v349 = arena_.view(262144, 1);
   support::View v365 = arena_.view(262208, 1);
   support::View v367 = arena_.view(262272, 1);
@@ -2197,6 +2287,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
     v367p[0] = s27;
   }
 
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   group_data_model.wait(request0);
 
   // bert.mesh:65:3 mul
@@ -2215,6 +2306,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/token_embedding
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v5(param0_bert_token_embedding);      // updated in place
   support::View v351(param31_bert_token_embedding_v); // updated in place
   support::View v350(param30_bert_token_embedding_m); // updated in place
@@ -2280,6 +2372,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/position_embedding
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v6(param1_bert_position_embedding);      // updated in place
   support::View v380(param33_bert_position_embedding_v); // updated in place
   support::View v379(param32_bert_position_embedding_m); // updated in place
@@ -2345,6 +2438,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/segment_embedding
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v7(param2_bert_segment_embedding);      // updated in place
   support::View v401(param35_bert_segment_embedding_v); // updated in place
   support::View v400(param34_bert_segment_embedding_m); // updated in place
@@ -2410,6 +2504,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/output_bias
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   support::View v8(param3_bert_output_bias);      // updated in place
   support::View v422(param37_bert_output_bias_v); // updated in place
   support::View v421(param36_bert_output_bias_m); // updated in place
@@ -2460,18 +2555,21 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   }
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v13(param4_bert_norm_gain);     // updated in place
   support::View v443(param39_bert_norm_gain_v); // updated in place
   support::View v442(param38_bert_norm_gain_m); // updated in place
   repeated3(v13, v312, v443, v367, v442, v365, v349);
 
   // 1 statements from bert.mesh:65:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v14(param5_bert_norm_bias);     // updated in place
   support::View v464(param41_bert_norm_bias_v); // updated in place
   support::View v463(param40_bert_norm_bias_m); // updated in place
   repeated3(v14, v309, v464, v367, v463, v365, v349);
 
   // 12 statements from bert.mesh:65:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v26(param6_bert_encoder_layer_0_attention_w_q);     // updated in place
   support::View v485(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
   support::View v484(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
@@ -2514,6 +2612,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
             v695, v694, v63, v227, v716, v715);
 
   // 12 statements from bert.mesh:65:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
   support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
   support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
@@ -2570,6 +2669,7 @@ void MlmTrain::repeated0(
     support::ConstView a40, support::View a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::ConstView a48, support::View a49, support::View a50) {
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2587,6 +2687,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2649,6 +2750,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2711,6 +2813,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2773,6 +2876,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -2835,6 +2939,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -2897,6 +3002,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -2959,6 +3065,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -3021,6 +3128,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -3083,6 +3191,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -3145,6 +3254,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -3207,6 +3317,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a45p = a45.data();
     float *__restrict a46p = a46.data();
@@ -3269,6 +3380,7 @@ void MlmTrain::repeated0(
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -3335,8 +3447,10 @@ void MlmTrain::repeated1(
     support::ConstView a61, support::View a62, support::View a63, support::View a64,
     support::ConstView a65, support::View a66, support::View a67, support::View a68,
     support::View a69, support::View a70, const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
+  MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
   static const support::Shape shape0_1 = {64};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {1, 32};
@@ -3345,12 +3459,14 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -3374,6 +3490,7 @@ void MlmTrain::repeated1(
   // layers.mesh:54:11 add
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
+  MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
@@ -3419,6 +3536,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
+  MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
   static const support::Shape shape4_1 = {256};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {1, 32};
@@ -3427,12 +3545,14 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:16 add
+  MESHRT_TRACE("loop", "layers.mesh:54:16", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a1p = a1.data();
@@ -3446,12 +3566,14 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   static const support::Shape shape8_1 = {64};
   static const support::Shape shape8_3 = {1};
   static const support::Shape shape8_4 = {1, 32};
@@ -3460,6 +3582,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a11p = a11.data();
@@ -3473,6 +3596,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   static const support::Shape shape10_1 = {64};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {1, 32};
@@ -3481,6 +3605,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape11_1 = {1, 32};
   static const support::Shape shape11_3 = {2048, 64};
   static const support::Shape shape11_4 = {64};
@@ -3490,6 +3615,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -3506,6 +3632,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape13_1 = {1, 32};
   static const support::Shape shape13_3 = {2048, 64};
   static const support::Shape shape13_4 = {64};
@@ -3515,6 +3642,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -3529,6 +3657,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
@@ -3549,6 +3678,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape16_1 = {1, 32};
   static const support::Shape shape16_3 = {2048, 64};
   static const support::Shape shape16_4 = {64};
@@ -3557,6 +3687,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape17_1 = {1, 32};
   static const support::Shape shape17_3 = {2048, 64};
   static const support::Shape shape17_4 = {64};
@@ -3568,6 +3699,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a15p = a15.data();
@@ -3592,30 +3724,35 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan19.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan20.run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan21.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan22.run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
+  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a34p = a34.data();
@@ -3629,6 +3766,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:43:17 sum
+  MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
   static const support::Shape shape24_1 = {1, 4, 32};
   static const support::Shape shape24_3 = {4096, 1024, 32};
   static const support::Shape shape24_4 = {32};
@@ -3640,6 +3778,7 @@ void MlmTrain::repeated1(
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
+  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
   {
     float *__restrict a40p = a40.data();
     const float *__restrict a34p = a34.data();
@@ -3666,42 +3805,49 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:41:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan26.run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan27.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan28.run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan29.run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan30.run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan31.run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -3710,6 +3856,7 @@ void MlmTrain::repeated1(
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
+  MESHRT_TRACE("loop", "layers.mesh:39:18", "backward");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a28p = a28.data();
@@ -3729,12 +3876,14 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan34.run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   static const support::Shape shape35_1 = {64};
   static const support::Shape shape35_3 = {1};
   static const support::Shape shape35_4 = {1, 32};
@@ -3743,6 +3892,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a58p = a58.data();
     const float *__restrict a54p = a54.data();
@@ -3756,6 +3906,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   static const support::Shape shape37_1 = {64};
   static const support::Shape shape37_3 = {1};
   static const support::Shape shape37_4 = {1, 32};
@@ -3764,6 +3915,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape38_1 = {1, 32};
   static const support::Shape shape38_3 = {2048, 64};
   static const support::Shape shape38_4 = {64};
@@ -3773,6 +3925,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a62p = a62.data();
     const float *__restrict a61p = a61.data();
@@ -3789,6 +3942,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape40_1 = {1, 32};
   static const support::Shape shape40_3 = {2048, 64};
   static const support::Shape shape40_4 = {64};
@@ -3798,6 +3952,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a63p = a63.data();
@@ -3812,6 +3967,7 @@ void MlmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a66p = a66.data();
     float *__restrict a67p = a67.data();
@@ -3832,6 +3988,7 @@ void MlmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape43_1 = {1, 32};
   static const support::Shape shape43_3 = {2048, 64};
   static const support::Shape shape43_4 = {64};
@@ -3840,6 +3997,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape44_1 = {1, 32};
   static const support::Shape shape44_3 = {2048, 64};
   static const support::Shape shape44_4 = {64};
@@ -3851,6 +4009,7 @@ void MlmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a70p = a70.data();
     const float *__restrict a57p = a57.data();
@@ -3885,8 +4044,10 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a21, support::View a22, support::View a23,
                          support::ConstView a24, support::ConstView a25, support::View a26,
                          const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3903,6 +4064,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // layers.mesh:43:17 softmax -> weights
+  MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
   static const support::Shape shape1_2 = {1, 4, 32};
   static const support::Shape shape1_3 = {4096, 1024, 32};
   static const support::Shape shape1_4 = {4096, 1024, 32};
@@ -3913,18 +4075,21 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
+  MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -3938,6 +4103,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape5_2 = {1, 32};
   static const support::Shape shape5_3 = {2048, 64};
   static const support::Shape shape5_4 = {2048, 64};
@@ -3949,6 +4115,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a10p = a10.data();
@@ -3967,6 +4134,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -3975,6 +4143,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   // layers.mesh:55:17 dropout
+  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
@@ -3998,6 +4167,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4005,6 +4175,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
+  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a20p = a20.data();
@@ -4023,6 +4194,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape11_2 = {1, 32};
   static const support::Shape shape11_3 = {2048, 64};
   static const support::Shape shape11_4 = {2048, 64};
@@ -4034,6 +4206,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -4055,6 +4228,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::ConstView a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -4072,6 +4246,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/norm/gain
+  MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4122,20 +4297,24 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
 void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -4143,6 +4322,7 @@ void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});

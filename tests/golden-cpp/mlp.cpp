@@ -46,6 +46,7 @@ Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlp");
   // Arena: 16384 bytes for 24576 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {16, 64});
   runPart0(inputs);
@@ -58,8 +59,10 @@ Mlp::Outputs Mlp::run(const Inputs &inputs) {
 
 void Mlp::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:27:16 einsum
+  MESHRT_TRACE("gemm", "mlp.mesh:27:16", "forward");
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_ffn_w_in;
   support::View v4 = arena_.view(0, 2048);
@@ -70,6 +73,7 @@ void Mlp::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
+  MESHRT_TRACE("loop", "mlp.mesh:27:47", "forward");
   const support::Buffer &v2 = param1_ffn_b_in;
   support::View v6 = arena_.view(8192, 2048);
   {
@@ -88,6 +92,7 @@ void Mlp::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:29:10 einsum
+  MESHRT_TRACE("gemm", "mlp.mesh:29:10", "forward");
   const support::Buffer &v3 = param2_ffn_w_out;
   support::View v8 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
@@ -96,9 +101,11 @@ void Mlp::runPart0(const Inputs &inputs) {
   einsumPlan2.run(v6.data(), v3.data(), v8.data(), 1.0f, 0.0f);
 
   // mlp.mesh:34:9 all_reduce_sum (resolve the partial sum of %8 over model for add at 34:9)
+  MESHRT_TRACE_SITE("mlp.mesh:34:9");
   group_model.allReduce(v8.data(), v8.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:34:9 add -> y
+  MESHRT_TRACE("loop", "mlp.mesh:34:9", "forward");
   support::View v10 = arena_.view(4096, 1024);
   {
     float *__restrict v10p = v10.data();
@@ -242,6 +249,7 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlp_train");
   // Arena: 99136 bytes for 197660 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {16, 64});
   support::checkShape("input", "target", inputs.target, {16, 64});
@@ -259,8 +267,10 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
 
 void MlpTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:40:19 random_normal
+  MESHRT_TRACE("random_normal", "mlp.mesh:40:19", "forward");
   support::View v2 = arena_.view(0, 1024);
   support::fillRandomNormal(
       v2.data(),
@@ -271,6 +281,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // mlp.mesh:40:17 add -> noisy
+  MESHRT_TRACE("loop", "mlp.mesh:40:17", "forward");
   const support::Buffer &v0 = inputs.x.data;
   support::View v3 = arena_.view(73728, 1024);
   {
@@ -286,6 +297,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:27:16 einsum
+  MESHRT_TRACE("gemm", "mlp.mesh:27:16", "forward");
   support::View v4(param0_ffn_w_in); // updated in place
   support::View v7 = arena_.view(0, 2048);
   // dims: batch, d_model, d_ff
@@ -296,6 +308,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
   // mlp.mesh:29:17 dropout
+  MESHRT_TRACE("loop", "mlp.mesh:27:47", "forward");
   support::View v5(param1_ffn_b_in); // updated in place
   support::View v8 = arena_.view(32768, 2048);
   support::View v10 = arena_.view(40960, 2048);
@@ -323,6 +336,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:29:10 einsum
+  MESHRT_TRACE("gemm", "mlp.mesh:29:10", "forward");
   support::View v6(param2_ffn_w_out); // updated in place
   support::View v11 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
@@ -331,11 +345,13 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   einsumPlan4.run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
 
   // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
+  MESHRT_TRACE_SITE("mlp.mesh:41:32");
   group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:41:32 add
   // mlp.mesh:41:45 sub
   // mlp.mesh:41:19 square
+  MESHRT_TRACE("loop", "mlp.mesh:41:32", "forward");
   const support::Buffer &v1 = inputs.target.data;
   support::View v14 = arena_.view(4096, 1024);
   support::View v15 = arena_.view(8192, 1024);
@@ -358,6 +374,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:41:14 mean -> loss
+  MESHRT_TRACE("mean", "mlp.mesh:41:14", "forward");
   support::View v16 = arena_.view(98816, 1);
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
@@ -368,6 +385,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:41:19 mul
   // mlp.mesh:41:19 mul
+  MESHRT_TRACE("loop", "mlp.mesh:41:19", "backward");
   support::View v23 = arena_.view(57344, 1024);
   {
     float *__restrict v23p = v23.data();
@@ -383,6 +401,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:29:10 einsum
+  MESHRT_TRACE("gemm", "mlp.mesh:29:10", "backward");
   support::View v24 = arena_.view(49152, 2048);
   // dims: batch, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan9(
@@ -390,6 +409,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   einsumPlan9.run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
 
   // mlp.mesh:29:10 einsum -> grad/ffn/w_out
+  MESHRT_TRACE("gemm", "mlp.mesh:29:10", "backward");
   support::View v25 = arena_.view(0, 8192);
   // dims: batch, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan10(
@@ -399,6 +419,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:29:17 dropout
   // mlp.mesh:27:11 gt
   // mlp.mesh:27:11 where
+  MESHRT_TRACE("loop", "mlp.mesh:29:17", "backward");
   support::View v29 = arena_.view(65536, 2048);
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, "ffn/dropout#0", uint64_t(step_));
@@ -424,6 +445,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:27:47 sum -> grad/ffn/b_in
+  MESHRT_TRACE("sum", "mlp.mesh:27:47", "backward");
   support::View v30 = arena_.view(98304, 128);
   static const support::Shape shape12_1 = {128};
   static const support::Shape shape12_3 = {1};
@@ -433,6 +455,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:27:16 einsum -> grad/ffn/w_in
+  MESHRT_TRACE("gemm", "mlp.mesh:27:16", "backward");
   support::View v31 = arena_.view(32768, 8192);
   // dims: batch, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
@@ -441,6 +464,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
   // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
+  MESHRT_TRACE_SITE("mlp.mesh:42:3");
   auto request0 = support::startAllReduce(group_data, {v16, v25, v30, v31}, meshrt::ReduceOp::Sum);
 
   // mlp.mesh:42:3 step
@@ -455,6 +479,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:42:3 minimum
   // mlp.mesh:42:3 sub
   // mlp.mesh:42:3 mul -> learning_rate
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v49 = arena_.view(98880, 1);
   {
     const float stepValue = float(step_);
@@ -482,9 +507,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     v49p[0] = s19;
   }
 
+  MESHRT_TRACE_SITE("mlp.mesh:42:3");
   group_data.wait(request0);
 
   // mlp.mesh:42:3 square
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v51 = arena_.view(65536, 8192);
   {
     float *__restrict v51p = v51.data();
@@ -497,6 +524,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:42:3 sum
+  MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v52 = arena_.view(98944, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
@@ -506,6 +534,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:42:3 square
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v54 = arena_.view(65536, 128);
   {
     float *__restrict v54p = v54.data();
@@ -518,6 +547,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:42:3 sum
+  MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v55 = arena_.view(99008, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
@@ -527,6 +557,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:42:3 square
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v58 = arena_.view(65536, 8192);
   {
     float *__restrict v58p = v58.data();
@@ -539,6 +570,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   }
 
   // mlp.mesh:42:3 sum
+  MESHRT_TRACE("sum", "mlp.mesh:42:3", "backward");
   support::View v59 = arena_.view(99072, 1);
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
@@ -549,6 +581,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 add
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v60 = arena_.view(65536, 1);
   {
     float *__restrict v60p = v60.data();
@@ -566,14 +599,17 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
 void MlpTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
+  MESHRT_TRACE_SITE("mlp.mesh:42:3");
   support::View v60 = arena_.view(65536, 1);
   group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:42:3 sqrt -> global_grad_norm
   // mlp.mesh:42:3 maximum
   // mlp.mesh:42:3 div
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
   support::View v64 = arena_.view(65600, 1);
   {
     float *__restrict v64p = v64.data();
@@ -594,6 +630,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/w_in
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v31 = arena_.view(32768, 8192);
   support::View v68(param3_ffn_w_in_momentum); // updated in place
   support::View v49 = arena_.view(98880, 1);
@@ -631,6 +668,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/b_in
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v30 = arena_.view(98304, 128);
   support::View v76(param4_ffn_b_in_momentum); // updated in place
   support::View v5(param1_ffn_b_in);           // updated in place
@@ -667,6 +705,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/w_out
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v25 = arena_.view(0, 8192);
   support::View v83(param5_ffn_w_out_momentum); // updated in place
   support::View v6(param2_ffn_w_out);           // updated in place

@@ -286,6 +286,7 @@ void Encode::computeInvariants() {
 }
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "encode");
   // Arena: 131584 bytes for 995848 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
@@ -298,20 +299,24 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
 
 void Encode::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:38:10 all_gather (reshard %9 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v9 = persistent_.view(3392, 512);
   support::View v11 = arena_.view(16384, 2048);
   static const support::Shape shape0_2 = {128, 4};
   support::allGatherDim(v11, v9, shape0_2, 1, group_data_model);
 
   // performer.mesh:38:10 all_gather (reshard %10 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v10 = persistent_.view(5440, 512);
   support::View v12 = arena_.view(24576, 2048);
   static const support::Shape shape1_2 = {128, 4};
   support::allGatherDim(v12, v10, shape1_2, 1, group_data_model);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v13 = arena_.slot(0, 4096);
   static const support::Shape shape2_2 = {128};
   static const support::Shape shape2_3 = {32};
@@ -320,6 +325,7 @@ void Encode::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   static const support::Shape shape3_2 = {128};
   static const support::Shape shape3_3 = {32};
   static const support::Shape shape3_4 = {16};
@@ -327,6 +333,7 @@ void Encode::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // performer.mesh:122:39 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:122:39", "forward");
   const support::Buffer &v0 = inputs.x.data;
   support::View v14 = arena_.view(98304, 4096);
   {
@@ -342,6 +349,7 @@ void Encode::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::View v18 = arena_.view(0, 4096);
   static const support::Shape shape5_2 = {1, 128};
   static const support::Shape shape5_3 = {4096, 32};
@@ -354,6 +362,7 @@ void Encode::runPart0(const Inputs &inputs) {
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   const support::Buffer &v16 = param1_encoder_layer_0_norm_gain;
   const support::Buffer &v17 = param2_encoder_layer_0_norm_bias;
   support::View v20 = arena_.view(114688, 4096);
@@ -375,6 +384,7 @@ void Encode::runPart0(const Inputs &inputs) {
   }
 
   // 32 statements from performer.mesh:45:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
   support::View v22 = arena_.view(32768, 2048);
   const support::Buffer &v15 = param0_encoder_layer_0_random_features;
@@ -421,6 +431,7 @@ void Encode::runPart0(const Inputs &inputs) {
             v71, v72, v70, v73, v75, v79, v77, v78, v81);
 
   // 32 statements from performer.mesh:45:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
   support::View v83 = arena_.view(32768, 2048);
   const support::Buffer &v76 = param11_encoder_layer_1_random_features;
@@ -480,21 +491,25 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a34, support::View a35, support::ConstView a36,
                        support::View a37, support::View a38, support::View a39,
                        support::ConstView a40, support::ConstView a41, support::View a42) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -506,6 +521,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape3_1 = {1, 128, 1};
   static const support::Shape shape3_3 = {2048, 16, 16};
   static const support::Shape shape3_4 = {16};
@@ -515,6 +531,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -532,6 +549,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:66:37 max
+  MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
   static const support::Shape shape5_1 = {1, 128, 1};
   static const support::Shape shape5_3 = {8192, 64, 64};
   static const support::Shape shape5_4 = {64};
@@ -543,6 +561,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
+  MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -563,18 +582,21 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a11p = a11.data();
@@ -586,6 +608,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape10_1 = {1, 128, 1};
   static const support::Shape shape10_3 = {2048, 16, 16};
   static const support::Shape shape10_4 = {16};
@@ -595,6 +618,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -612,6 +636,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:71:37 max
+  MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
   static const support::Shape shape12_1 = {1, 1};
   static const support::Shape shape12_3 = {8192, 64};
   static const support::Shape shape12_4 = {128, 64};
@@ -623,6 +648,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
+  MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -640,24 +666,28 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // performer.mesh:77:12 einsum -> kv
+  MESHRT_TRACE("gemm", "performer.mesh:77:12", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
   einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:78:19 einsum -> numerator
+  MESHRT_TRACE("gemm", "performer.mesh:78:19", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan16.run(a9.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:79:31 sum
+  MESHRT_TRACE("sum", "performer.mesh:79:31", "forward");
   static const support::Shape shape17_1 = {1, 1, 64};
   static const support::Shape shape17_3 = {8192, 64, 1};
   static const support::Shape shape17_4 = {128};
@@ -666,12 +696,14 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
+  MESHRT_TRACE("gemm", "performer.mesh:79:20", "forward");
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsumPlan18.run(a9.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // performer.mesh:80:20 div
+  MESHRT_TRACE("loop", "performer.mesh:80:20", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a21p = a21.data();
@@ -687,6 +719,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -694,9 +727,11 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %59 over model for add at
   // 107:13)
+  MESHRT_TRACE_SITE("performer.mesh:107:13");
   group_model.allReduce(a26.data(), a26.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:107:13", "forward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -710,6 +745,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape23_2 = {1, 128};
   static const support::Shape shape23_3 = {4096, 32};
   static const support::Shape shape23_4 = {4096, 32};
@@ -721,6 +757,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a29p = a29.data();
@@ -739,12 +776,14 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:96:22 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan25(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan25.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
+  MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
@@ -756,6 +795,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -763,9 +803,11 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
   // 108:12)
+  MESHRT_TRACE_SITE("performer.mesh:108:12");
   group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:108:12", "forward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a28p = a28.data();
@@ -779,6 +821,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape30_2 = {1, 128};
   static const support::Shape shape30_3 = {4096, 32};
   static const support::Shape shape30_4 = {4096, 32};
@@ -790,6 +833,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a39p = a39.data();
@@ -1272,6 +1316,7 @@ void Lm::computeInvariants() {
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "lm");
   // Arena: 1130496 bytes for 3182600 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
@@ -1284,8 +1329,10 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
 
 void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   const support::Buffer &v1 = param0_causal_lm_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v3 = arena_.view(0, 4096);
@@ -1296,18 +1343,21 @@ void Lm::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:38:10 all_gather (reshard %12 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v12 = persistent_.view(3392, 512);
   support::View v14 = arena_.view(32768, 2048);
   static const support::Shape shape1_2 = {128, 4};
   support::allGatherDim(v14, v12, shape1_2, 1, group_data_model);
 
   // performer.mesh:38:10 all_gather (reshard %13 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v13 = persistent_.view(5440, 512);
   support::View v15 = arena_.view(40960, 2048);
   static const support::Shape shape2_2 = {128, 4};
   support::allGatherDim(v15, v13, shape2_2, 1, group_data_model);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v16 = arena_.slot(16384, 4096);
   static const support::Shape shape3_2 = {128};
   static const support::Shape shape3_3 = {32};
@@ -1316,6 +1366,7 @@ void Lm::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   static const support::Shape shape4_2 = {128};
   static const support::Shape shape4_3 = {32};
   static const support::Shape shape4_4 = {16};
@@ -1324,9 +1375,11 @@ void Lm::runPart0(const Inputs &inputs) {
 
   // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %3 over model for add at
   // 133:70)
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
   group_model.allReduce(v3.data(), v3.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:133:70 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
   support::View v18 = arena_.view(1114112, 4096);
   {
     float *__restrict v18p = v18.data();
@@ -1341,6 +1394,7 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::View v22 = arena_.view(0, 4096);
   static const support::Shape shape7_2 = {1, 128};
   static const support::Shape shape7_3 = {4096, 32};
@@ -1353,6 +1407,7 @@ void Lm::runPart0(const Inputs &inputs) {
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   const support::Buffer &v20 = param3_causal_lm_decoder_layer_0_norm_gain;
   const support::Buffer &v21 = param4_causal_lm_decoder_layer_0_norm_bias;
   support::View v24 = arena_.view(65536, 4096);
@@ -1374,6 +1429,7 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // 33 statements from performer.mesh:45:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v26 = arena_.view(32768, 2048);
   const support::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
@@ -1421,6 +1477,7 @@ void Lm::runPart0(const Inputs &inputs) {
             v74, v76, v77, v75, v78, v80, v84, v82, v83, v86);
 
   // 33 statements from performer.mesh:45:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
   support::View v88 = arena_.view(32768, 2048);
   const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
@@ -1468,6 +1525,7 @@ void Lm::runPart0(const Inputs &inputs) {
             v131, v132, v135, v136, v138, v139, v137, v140, v142, v145, v143, v144, v147);
 
   // performer.mesh:137:10 einsum -> logits
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   const support::Buffer &v2 = param1_causal_lm_unembed;
   support::View v148 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
@@ -1488,21 +1546,25 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::ConstView a34, support::View a35, support::View a36,
                    support::ConstView a37, support::View a38, support::View a39, support::View a40,
                    support::ConstView a41, support::ConstView a42, support::View a43) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -1514,6 +1576,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape3_1 = {1, 128, 1};
   static const support::Shape shape3_3 = {2048, 16, 16};
   static const support::Shape shape3_4 = {16};
@@ -1523,6 +1586,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -1540,6 +1604,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:66:37 max
+  MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
   static const support::Shape shape5_1 = {1, 128, 1};
   static const support::Shape shape5_3 = {8192, 64, 64};
   static const support::Shape shape5_4 = {64};
@@ -1551,6 +1616,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
+  MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -1571,18 +1637,21 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a11p = a11.data();
@@ -1594,6 +1663,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape10_1 = {1, 128, 1};
   static const support::Shape shape10_3 = {2048, 16, 16};
   static const support::Shape shape10_4 = {16};
@@ -1603,6 +1673,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -1620,6 +1691,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:71:37 max
+  MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
   static const support::Shape shape12_1 = {1, 1};
   static const support::Shape shape12_3 = {8192, 64};
   static const support::Shape shape12_4 = {128, 64};
@@ -1631,6 +1703,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
+  MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -1648,18 +1721,21 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
+  MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
   static const support::Shape shape16_2 = {1, 1, 64, 16};
   static const support::Shape shape16_3 = {131072, 1024, 16, 1};
   static const support::Shape shape16_4 = {131072, 1024, 16, 1};
@@ -1670,12 +1746,14 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                  shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
+  MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan17.run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
+  MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
   static const support::Shape shape18_2 = {1, 1, 64};
   static const support::Shape shape18_3 = {8192, 64, 1};
   static const support::Shape shape18_4 = {8192, 64, 1};
@@ -1686,12 +1764,14 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                  shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
+  MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsumPlan19.run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
+  MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a22p = a22.data();
@@ -1707,6 +1787,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -1714,9 +1795,11 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
   // 116:13)
+  MESHRT_TRACE_SITE("performer.mesh:116:13");
   group_model.allReduce(a27.data(), a27.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a28p = a28.data();
@@ -1730,6 +1813,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape24_2 = {1, 128};
   static const support::Shape shape24_3 = {4096, 32};
   static const support::Shape shape24_4 = {4096, 32};
@@ -1741,6 +1825,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a30p = a30.data();
@@ -1759,12 +1844,14 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:96:22 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan26.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
+  MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -1776,6 +1863,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1783,9 +1871,11 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
   // 117:12)
+  MESHRT_TRACE_SITE("performer.mesh:117:12");
   group_model.allReduce(a38.data(), a38.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a29p = a29.data();
@@ -1799,6 +1889,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape31_2 = {1, 128};
   static const support::Shape shape31_3 = {4096, 32};
   static const support::Shape shape31_4 = {4096, 32};
@@ -1810,6 +1901,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a40p = a40.data();
@@ -2442,6 +2534,7 @@ void LmTrain::computeInvariants() {
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "lm_train");
   // Arena: 2284864 bytes for 8086048 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
@@ -2459,8 +2552,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
 void LmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:147:17 shift -> targets
+  MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(1933312, 128);
   static const support::Shape shape0_2 = {1, 128};
@@ -2468,6 +2563,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:148:36 ge
   // performer.mesh:148:24 cast
+  MESHRT_TRACE("loop", "performer.mesh:148:36", "forward");
   support::View v4 = arena_.view(0, 128);
   {
     float *__restrict v4p = v4.data();
@@ -2482,11 +2578,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:148:18 shift -> has_next
+  MESHRT_TRACE("shift", "performer.mesh:148:18", "forward");
   support::View v5 = arena_.view(1933824, 128);
   static const support::Shape shape2_2 = {1, 128};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
   // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
   static const support::Shape shape3_1 = {1, 128, 32};
@@ -2497,21 +2595,25 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
   // 133:70)
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
   auto request0 = support::startAllReduce(group_model, {v8}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:38:10 all_gather (reshard %17 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v17 = persistent_.view(3456, 512);
   support::View v19 = arena_.view(32768, 2048);
   static const support::Shape shape5_2 = {128, 4};
   support::allGatherDim(v19, v17, shape5_2, 1, group_data_model);
 
   // performer.mesh:38:10 all_gather (reshard %18 for concat at 38:10)
+  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
   support::View v18 = persistent_.view(5504, 512);
   support::View v20 = arena_.view(40960, 2048);
   static const support::Shape shape6_2 = {128, 4};
   support::allGatherDim(v20, v18, shape6_2, 1, group_data_model);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   support::View v21 = arena_.slot(16384, 4096);
   static const support::Shape shape7_2 = {128};
   static const support::Shape shape7_3 = {32};
@@ -2520,15 +2622,18 @@ void LmTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
   static const support::Shape shape8_2 = {128};
   static const support::Shape shape8_3 = {32};
   static const support::Shape shape8_4 = {16};
   support::copyWindow(v21.data(), v20.data(), shape8_2, shape8_3, shape8_4, 1, 1, 32, 16,
                       int64_t(16));
 
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
   group_model.wait(request0);
 
   // performer.mesh:133:70 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
   support::View v23 = arena_.view(2031616, 4096);
   {
     float *__restrict v23p = v23.data();
@@ -2543,6 +2648,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   support::View v27 = arena_.view(2048000, 4096);
   static const support::Shape shape11_2 = {1, 128};
   static const support::Shape shape11_3 = {4096, 32};
@@ -2555,6 +2661,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
   support::View v26(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(2064384, 4096);
@@ -2576,6 +2683,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 33 statements from performer.mesh:45:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
   support::View v31 = arena_.view(2195456, 2048);
   const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
@@ -2625,6 +2733,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
             v75, v78, v79, v81, v82, v80, v83, v85, v89, v87, v88, v91);
 
   // 33 statements from performer.mesh:45:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:45:10");
   support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
   support::View v93 = arena_.view(2228224, 2048);
   const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
@@ -2675,6 +2784,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
             v152);
 
   // performer.mesh:137:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v153 = arena_.view(196608, 4096);
   // dims: batch, seq, d_model, vocab
@@ -2683,6 +2793,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   einsumPlan15.run(v152.data(), v7.data(), v153.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
+  MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
   support::View v154 = arena_.view(212992, 4096);
   static const support::Shape shape16_2 = {1, 128};
   static const support::Shape shape16_3 = {4096, 32};
@@ -2694,6 +2805,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                  shape16_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // performer.mesh:149:65 one_hot
+  MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
   support::View v155 = arena_.view(196608, 4096);
   static const support::Shape shape17_1 = {1, 128, 32};
   static const support::Shape shape17_3 = {128, 1, 0};
@@ -2702,6 +2814,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:149:63 mul
+  MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
   support::View v156 = arena_.view(229376, 4096);
   {
     float *__restrict v156p = v156.data();
@@ -2716,6 +2829,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:149:21 sum
+  MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
   support::View v157 = arena_.view(254464, 128);
   static const support::Shape shape19_1 = {1, 128};
   static const support::Shape shape19_3 = {4096, 32};
@@ -2726,6 +2840,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
+  MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
   support::View v159 = arena_.view(229376, 128);
   {
     float *__restrict v159p = v159.data();
@@ -2741,6 +2856,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:150:14 sum
+  MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
   support::View v160 = arena_.view(229888, 1);
   static const support::Shape shape21_1 = {};
   static const support::Shape shape21_3 = {};
@@ -2750,11 +2866,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
+  MESHRT_TRACE("local_slice", "performer.mesh:150:43", "forward");
   support::View v161 = arena_.view(229376, 64);
   static const support::Shape shape22_2 = {1, 128};
   support::sliceDim(v161, v5, shape22_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
   support::View v162 = arena_.view(254464, 1);
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
@@ -2766,14 +2884,17 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
   // resolved together, 8 B in one buffer)
+  MESHRT_TRACE_SITE("performer.mesh:150:41");
   support::View v160 = arena_.view(229888, 1);
   support::View v162 = arena_.view(254464, 1);
   support::allReduceBucket(group_data_model, {v160, v162});
 
   // performer.mesh:150:41 div -> loss
+  MESHRT_TRACE("loop", "performer.mesh:150:41", "forward");
   support::View v165 = arena_.view(2284800, 1);
   {
     float *__restrict v165p = v165.data();
@@ -2791,6 +2912,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:149:20 neg
   // performer.mesh:149:21 broadcast
   // performer.mesh:149:63 mul
+  MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
   support::View v5 = arena_.view(1933824, 128);
   support::View v155 = arena_.view(196608, 4096);
   support::View v172 = arena_.view(229376, 4096);
@@ -2817,6 +2939,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // performer.mesh:149:25 sum
+  MESHRT_TRACE("sum", "performer.mesh:149:25", "backward");
   support::View v173 = arena_.view(254464, 128);
   static const support::Shape shape3_1 = {1, 128};
   static const support::Shape shape3_3 = {4096, 32};
@@ -2827,11 +2950,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
   // 149:25)
+  MESHRT_TRACE_SITE("performer.mesh:149:25");
   group_model.allReduce(v173.data(), v173.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:149:25 exp
   // performer.mesh:149:25 mul
   // performer.mesh:149:25 sub
+  MESHRT_TRACE("loop", "performer.mesh:149:25", "backward");
   support::View v154 = arena_.view(212992, 4096);
   support::View v177 = arena_.view(196608, 4096);
   {
@@ -2853,6 +2978,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // performer.mesh:137:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
   support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v178 = arena_.view(212992, 4096);
   // dims: batch, seq, vocab, d_model
@@ -2862,9 +2988,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
   // 29:40)
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   auto request1 = support::startAllReduce(group_model, {v178}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
   support::View v152 = arena_.view(180224, 4096);
   support::View v179 = arena_.view(2277376, 1024);
   // dims: batch, seq, vocab, d_model
@@ -2872,9 +3000,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan8.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request1);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
+  MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
   support::View v181 = arena_.view(2284288, 32);
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
@@ -2884,6 +3014,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v150 = arena_.view(98304, 4096);
   support::View v183 = arena_.view(180224, 4096);
   {
@@ -2899,6 +3030,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
+  MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
   support::View v184 = arena_.view(2284416, 32);
   static const support::Shape shape12_1 = {32};
   static const support::Shape shape12_3 = {1};
@@ -2908,6 +3040,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v147 = arena_.view(114688, 4096);
   support::View v185 = arena_.view(196608, 128);
   static const support::Shape shape13_1 = {1, 128};
@@ -2919,6 +3052,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v187 = arena_.view(180224, 4096);
   {
     float *__restrict v187p = v187.data();
@@ -2936,6 +3070,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v188 = arena_.view(114688, 128);
   static const support::Shape shape15_1 = {1, 128};
   static const support::Shape shape15_3 = {4096, 32};
@@ -2946,6 +3081,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v191 = arena_.view(196608, 128);
   {
     float *__restrict v191p = v191.data();
@@ -2961,6 +3097,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v148(param24_causal_lm_norm_gain); // updated in place
   support::View v182 = arena_.view(114688, 4096);
   support::View v192 = arena_.view(180224, 4096);
@@ -2984,6 +3121,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v193 = arena_.view(197120, 128);
   static const support::Shape shape18_1 = {1, 128};
   static const support::Shape shape18_3 = {4096, 32};
@@ -2993,6 +3131,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v195 = arena_.view(197632, 128);
   static const support::Shape shape19_1 = {1, 128};
   static const support::Shape shape19_3 = {4096, 32};
@@ -3005,6 +3144,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   support::View v198 = arena_.view(180224, 4096);
   {
     float *__restrict v198p = v198.data();
@@ -3030,6 +3170,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // 62 statements from performer.mesh:96:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
   support::View v199 = arena_.view(98304, 8192);
   support::View v144 = arena_.view(65536, 8192);
@@ -3129,6 +3270,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
             v309, v310, v312, v316);
 
   // 62 statements from performer.mesh:96:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
   support::View v317 = arena_.view(0, 8192);
   support::View v82 = arena_.view(1769472, 8192);
@@ -3227,6 +3369,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
             v411, v27, v413, v414, v415, v23, v417, v418, v420, v25, v412, v421, v422, v424, v428);
 
   // performer.mesh:133:37 one_hot
+  MESHRT_TRACE("one_hot", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v429 = arena_.view(0, 4096);
   static const support::Shape shape23_1 = {1, 128, 32};
@@ -3238,8 +3381,10 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
+  MESHRT_TRACE("gemm", "performer.mesh:133:37", "backward");
   support::View v429 = arena_.view(0, 4096);
   support::View v428 = arena_.view(16384, 4096);
   support::View v430 = arena_.view(32768, 1024);
@@ -3251,6 +3396,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
   // resolved together, 57.2 KiB in one buffer)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v179 = arena_.view(2277376, 1024);
   support::View v181 = arena_.view(2284288, 32);
   support::View v184 = arena_.view(2284416, 32);
@@ -3294,6 +3440,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 sub
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v446 = arena_.view(0, 1);
   support::View v462 = arena_.view(64, 1);
   support::View v464 = arena_.view(128, 1);
@@ -3330,6 +3477,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
     v464p[0] = s22;
   }
 
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   group_data.wait(request6);
 
   // performer.mesh:151:3 mul
@@ -3348,6 +3496,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
   support::View v448(param27_causal_lm_embedding_v); // updated in place
   support::View v447(param26_causal_lm_embedding_m); // updated in place
@@ -3413,6 +3562,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v7(param1_causal_lm_unembed);      // updated in place
   support::View v476(param29_causal_lm_unembed_v); // updated in place
   support::View v475(param28_causal_lm_unembed_m); // updated in place
@@ -3463,18 +3613,21 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v25(param3_causal_lm_decoder_layer_0_norm_gain);     // updated in place
   support::View v497(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
   support::View v496(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
   repeated3(v25, v414, v497, v464, v496, v462, v446);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v26(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
   support::View v518(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
   support::View v517(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
   repeated3(v26, v411, v518, v464, v517, v462, v446);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w);       // updated in place
   support::View v539(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
   support::View v538(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
@@ -3510,6 +3663,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
             v664, v80, v318, v686, v685, v87, v302, v707, v706, v88, v299, v728, v727);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w);      // updated in place
   support::View v749(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
   support::View v748(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
@@ -3569,14 +3723,17 @@ void LmTrain::repeated0(
     support::View a80, support::ConstView a81, support::View a82, support::View a83,
     support::View a84, support::ConstView a85, support::View a86, support::View a87,
     support::View a88, support::View a89, support::View a90) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
+  MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -3599,6 +3756,7 @@ void LmTrain::repeated0(
   // performer.mesh:96:17 mul
   // performer.mesh:96:17 add
   // performer.mesh:96:17 mul
+  MESHRT_TRACE("loop", "performer.mesh:96:17", "backward");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -3639,6 +3797,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:96:22 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -3646,17 +3805,21 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
   // 29:40)
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
+  MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan5.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request2);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
   static const support::Shape shape7_1 = {32};
   static const support::Shape shape7_3 = {1};
   static const support::Shape shape7_4 = {1, 128};
@@ -3665,6 +3828,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a8p = a8.data();
@@ -3678,6 +3842,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {1};
   static const support::Shape shape9_4 = {1, 128};
@@ -3686,6 +3851,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape10_1 = {1, 128};
   static const support::Shape shape10_3 = {4096, 32};
   static const support::Shape shape10_4 = {32};
@@ -3695,6 +3861,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -3711,6 +3878,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape12_1 = {1, 128};
   static const support::Shape shape12_3 = {4096, 32};
   static const support::Shape shape12_4 = {32};
@@ -3720,6 +3888,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -3734,6 +3903,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -3754,6 +3924,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape15_1 = {1, 128};
   static const support::Shape shape15_3 = {4096, 32};
   static const support::Shape shape15_4 = {32};
@@ -3762,6 +3933,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape16_1 = {1, 128};
   static const support::Shape shape16_3 = {4096, 32};
   static const support::Shape shape16_4 = {32};
@@ -3774,6 +3946,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a12p = a12.data();
@@ -3801,18 +3974,21 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan18.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
+  MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan19.run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
+  MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a27p = a27.data();
@@ -3830,6 +4006,7 @@ void LmTrain::repeated0(
   // performer.mesh:90:20 div
   // performer.mesh:90:20 mul
   // performer.mesh:90:20 neg
+  MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a28p = a28.data();
@@ -3849,6 +4026,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:90:20 sum
+  MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
   static const support::Shape shape22_1 = {1, 128, 1};
   static const support::Shape shape22_3 = {2048, 16, 16};
   static const support::Shape shape22_4 = {16};
@@ -3857,18 +4035,21 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:20 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
   einsumPlan23.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:20 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
   einsumPlan24.run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 sum
+  MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
   static const support::Shape shape25_1 = {1, 1, 64};
   static const support::Shape shape25_3 = {8192, 64, 1};
   static const support::Shape shape25_4 = {128};
@@ -3877,6 +4058,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:31 cumsum
+  MESHRT_TRACE("cumsum", "performer.mesh:89:31", "backward");
   static const support::Shape shape26_2 = {1, 1, 64};
   static const support::Shape shape26_3 = {8192, 64, 1};
   static const support::Shape shape26_4 = {8192, 64, 1};
@@ -3887,18 +4069,21 @@ void LmTrain::repeated0(
                  shape26_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan27.run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
   einsumPlan28.run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 sum
+  MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
   static const support::Shape shape29_1 = {1, 1, 64, 16};
   static const support::Shape shape29_3 = {131072, 1024, 16, 1};
   static const support::Shape shape29_4 = {128};
@@ -3907,6 +4092,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:87:12 cumsum
+  MESHRT_TRACE("cumsum", "performer.mesh:87:12", "backward");
   static const support::Shape shape30_2 = {1, 1, 64, 16};
   static const support::Shape shape30_3 = {131072, 1024, 16, 1};
   static const support::Shape shape30_4 = {131072, 1024, 16, 1};
@@ -3918,6 +4104,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:87:12 broadcast
   // performer.mesh:87:12 sub
+  MESHRT_TRACE("loop", "performer.mesh:87:12", "backward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a43p = a43.data();
@@ -3934,24 +4121,28 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:87:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
   einsumPlan32.run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan33.run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan34.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -3963,6 +4154,7 @@ void LmTrain::repeated0(
   // performer.mesh:71:66 mul
   // performer.mesh:71:10 mul
   // performer.mesh:57:59 neg
+  MESHRT_TRACE("loop", "performer.mesh:89:31", "backward");
   {
     float *__restrict a55p = a55.data();
     float *__restrict a56p = a56.data();
@@ -3990,6 +4182,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:57:59 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
   static const support::Shape shape37_1 = {1, 128, 1};
   static const support::Shape shape37_3 = {8192, 64, 64};
   static const support::Shape shape37_4 = {64};
@@ -3998,6 +4191,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
@@ -4009,6 +4203,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:65 mul
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a60p = a60.data();
@@ -4034,12 +4229,14 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan40(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan40.run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan41(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -4049,6 +4246,7 @@ void LmTrain::repeated0(
   // performer.mesh:66:61 mul
   // performer.mesh:66:10 mul
   // performer.mesh:57:59 neg
+  MESHRT_TRACE("loop", "performer.mesh:88:19", "backward");
   {
     float *__restrict a66p = a66.data();
     float *__restrict a67p = a67.data();
@@ -4070,6 +4268,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:57:59 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
   static const support::Shape shape43_1 = {1, 128, 1};
   static const support::Shape shape43_3 = {8192, 64, 64};
   static const support::Shape shape43_4 = {64};
@@ -4078,6 +4277,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
@@ -4089,6 +4289,7 @@ void LmTrain::repeated0(
   // performer.mesh:57:65 mul
   // performer.mesh:57:10 add
   // performer.mesh:56:18 mul
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "backward");
   {
     float *__restrict a71p = a71.data();
     const float *__restrict a70p = a70.data();
@@ -4114,6 +4315,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan46(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -4121,6 +4323,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
+  MESHRT_TRACE("loop", "performer.mesh:45:10", "backward");
   {
     float *__restrict a74p = a74.data();
     const float *__restrict a51p = a51.data();
@@ -4138,17 +4341,21 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
   // 29:40)
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   auto request3 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan49(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan49.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request3);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
   static const support::Shape shape51_1 = {32};
   static const support::Shape shape51_3 = {1};
   static const support::Shape shape51_4 = {1, 128};
@@ -4157,6 +4364,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a74p = a74.data();
@@ -4170,6 +4378,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
   static const support::Shape shape53_1 = {32};
   static const support::Shape shape53_3 = {1};
   static const support::Shape shape53_4 = {1, 128};
@@ -4178,6 +4387,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape54_1 = {1, 128};
   static const support::Shape shape54_3 = {4096, 32};
   static const support::Shape shape54_4 = {32};
@@ -4187,6 +4397,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
@@ -4203,6 +4414,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape56_1 = {1, 128};
   static const support::Shape shape56_3 = {4096, 32};
   static const support::Shape shape56_4 = {32};
@@ -4212,6 +4424,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a84p = a84.data();
     const float *__restrict a83p = a83.data();
@@ -4226,6 +4439,7 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   {
     float *__restrict a86p = a86.data();
     float *__restrict a87p = a87.data();
@@ -4246,6 +4460,7 @@ void LmTrain::repeated0(
   }
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape59_1 = {1, 128};
   static const support::Shape shape59_3 = {4096, 32};
   static const support::Shape shape59_4 = {32};
@@ -4254,6 +4469,7 @@ void LmTrain::repeated0(
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
+  MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   static const support::Shape shape60_1 = {1, 128};
   static const support::Shape shape60_3 = {4096, 32};
   static const support::Shape shape60_4 = {32};
@@ -4266,6 +4482,7 @@ void LmTrain::repeated0(
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
   // performer.mesh:29:10 add
+  MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
   {
     float *__restrict a90p = a90.data();
     const float *__restrict a77p = a77.data();
@@ -4305,6 +4522,7 @@ void LmTrain::repeated1(
     support::ConstView a32, support::View a33, support::View a34, support::View a35,
     support::ConstView a36, support::View a37, support::View a38, support::View a39,
     support::ConstView a40, support::View a41, support::View a42) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -4322,6 +4540,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4384,6 +4603,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -4446,6 +4666,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -4508,6 +4729,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -4570,6 +4792,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -4632,6 +4855,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -4694,6 +4918,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -4756,6 +4981,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -4818,6 +5044,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -4880,6 +5107,7 @@ void LmTrain::repeated1(
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -4941,21 +5169,25 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
                         support::View a37, support::View a38, support::ConstView a39,
                         support::View a40, support::View a41, support::View a42,
                         support::ConstView a43, support::ConstView a44, support::View a45) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -4967,6 +5199,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape3_1 = {1, 128, 1};
   static const support::Shape shape3_3 = {2048, 16, 16};
   static const support::Shape shape3_4 = {16};
@@ -4976,6 +5209,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -4993,6 +5227,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:66:37 max
+  MESHRT_TRACE("max", "performer.mesh:66:37", "forward");
   static const support::Shape shape5_1 = {1, 128, 1};
   static const support::Shape shape5_3 = {8192, 64, 64};
   static const support::Shape shape5_4 = {64};
@@ -5004,6 +5239,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
   // performer.mesh:66:61 mul -> qf
+  MESHRT_TRACE("loop", "performer.mesh:66:23", "forward");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -5026,18 +5262,21 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:45:10 einsum
   // performer.mesh:56:18 mul -> scaled
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan7.run(a0.data(), a11.data(), a12.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:57:10", "forward");
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan8.run(a12.data(), a3.data(), a13.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
+  MESHRT_TRACE("loop", "performer.mesh:57:65", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -5049,6 +5288,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:57:61 sum
+  MESHRT_TRACE("sum", "performer.mesh:57:61", "forward");
   static const support::Shape shape10_1 = {1, 128, 1};
   static const support::Shape shape10_3 = {2048, 16, 16};
   static const support::Shape shape10_4 = {16};
@@ -5058,6 +5298,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
+  MESHRT_TRACE("loop", "performer.mesh:57:89", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -5075,6 +5316,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:71:37 max
+  MESHRT_TRACE("max", "performer.mesh:71:37", "forward");
   static const support::Shape shape12_1 = {1, 1};
   static const support::Shape shape12_3 = {8192, 64};
   static const support::Shape shape12_4 = {128, 64};
@@ -5086,6 +5328,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
   // performer.mesh:71:66 mul -> kf
+  MESHRT_TRACE("loop", "performer.mesh:71:23", "forward");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -5105,18 +5348,21 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:45:10", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan14.run(a0.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:87:19", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsumPlan15.run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
+  MESHRT_TRACE("cumsum", "performer.mesh:87:12", "forward");
   static const support::Shape shape16_2 = {1, 1, 64, 16};
   static const support::Shape shape16_3 = {131072, 1024, 16, 1};
   static const support::Shape shape16_4 = {131072, 1024, 16, 1};
@@ -5127,12 +5373,14 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
                  shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
+  MESHRT_TRACE("gemm", "performer.mesh:88:19", "forward");
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan17.run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
+  MESHRT_TRACE("cumsum", "performer.mesh:89:31", "forward");
   static const support::Shape shape18_2 = {1, 1, 64};
   static const support::Shape shape18_3 = {8192, 64, 1};
   static const support::Shape shape18_4 = {8192, 64, 1};
@@ -5143,12 +5391,14 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
                  shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
+  MESHRT_TRACE("gemm", "performer.mesh:89:20", "forward");
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsumPlan19.run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
+  MESHRT_TRACE("loop", "performer.mesh:90:20", "forward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a24p = a24.data();
@@ -5164,6 +5414,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:50:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -5171,9 +5422,11 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
   // 116:13)
+  MESHRT_TRACE_SITE("performer.mesh:116:13");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:116:13", "forward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a30p = a30.data();
@@ -5187,6 +5440,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape24_2 = {1, 128};
   static const support::Shape shape24_3 = {4096, 32};
   static const support::Shape shape24_4 = {4096, 32};
@@ -5198,6 +5452,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a32p = a32.data();
@@ -5216,12 +5471,14 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:96:22 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan26.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
+  MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a37p = a37.data();
@@ -5233,6 +5490,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -5240,9 +5498,11 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
   // 117:12)
+  MESHRT_TRACE_SITE("performer.mesh:117:12");
   group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
+  MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
   {
     float *__restrict a41p = a41.data();
     const float *__restrict a31p = a31.data();
@@ -5256,6 +5516,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // performer.mesh:29:10 layer_norm
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   static const support::Shape shape31_2 = {1, 128};
   static const support::Shape shape31_3 = {4096, 32};
   static const support::Shape shape31_4 = {4096, 32};
@@ -5267,6 +5528,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
+  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a42p = a42.data();
@@ -5288,6 +5550,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
                         support::ConstView a3, support::View a4, support::ConstView a5,
                         support::ConstView a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -5305,6 +5568,7 @@ void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();

@@ -219,6 +219,7 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 }
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlm");
   // Arena: 16384 bytes for 163840 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
@@ -231,8 +232,10 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
 void Mlm::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:31:47 one_hot
+  MESHRT_TRACE("one_hot", "roberta.mesh:31:47", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v3 = arena_.view(0, 1024);
   static const support::Shape shape0_1 = {2, 16, 32};
@@ -242,6 +245,7 @@ void Mlm::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:31:40 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "forward");
   const support::Buffer &v1 = param0_embedding;
   support::View v4 = arena_.view(4096, 1024);
   // dims: batch, length, vocab, d_model
@@ -250,9 +254,11 @@ void Mlm::runPart0(const Inputs &inputs) {
   einsumPlan1.run(v3.data(), v1.data(), v4.data(), 1.0f, 0.0f);
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %4 over model for add at 32:40)
+  MESHRT_TRACE_SITE("roberta.mesh:32:40");
   group_model.allReduce(v4.data(), v4.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:32:40 add -> x
+  MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   const support::Buffer &v2 = param1_roberta_positions;
   support::View v6 = arena_.view(0, 1024);
   {
@@ -270,6 +276,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v9 = arena_.view(4096, 1024);
   static const support::Shape shape4_2 = {2, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -282,6 +289,7 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
   support::View v11 = arena_.view(0, 1024);
@@ -303,6 +311,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
   support::View v16 = arena_.view(8192, 512);
   const support::Buffer &v13 = param5_roberta_encoder_layer_0_self_attention_k;
@@ -335,6 +344,7 @@ void Mlm::runPart0(const Inputs &inputs) {
             v34, v38, v35, v40, v36, v41, v37, v44, v47, v45, v46, v49);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
   support::View v54 = arena_.view(8192, 512);
   const support::Buffer &v51 = param17_roberta_encoder_layer_1_self_attention_k;
@@ -367,6 +377,7 @@ void Mlm::runPart0(const Inputs &inputs) {
             v72, v76, v73, v78, v74, v79, v75, v82, v85, v83, v84, v87);
 
   // roberta.mesh:43:9 transpose
+  MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
   support::View v90 = arena_.view(0, 1024);
   {
     float *__restrict v90p = v90.data();
@@ -381,6 +392,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:46:23 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   const support::Buffer &v88 = param28_roberta_lm_head_dense;
   support::View v92 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, d_out
@@ -390,6 +402,7 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
+  MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
   support::View v94 = arena_.view(4096, 1024);
   {
@@ -408,6 +421,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v98 = arena_.view(8192, 1024);
   static const support::Shape shape11_2 = {2, 16};
   static const support::Shape shape11_3 = {512, 32};
@@ -420,6 +434,7 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
   support::View v100 = arena_.view(4096, 1024);
@@ -441,6 +456,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:47:10 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   support::View v101 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan13(
@@ -448,6 +464,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   einsumPlan13.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add -> logits
+  MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
   support::View v102 = arena_.view(0, 1024);
   {
@@ -474,20 +491,24 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::View a20, support::ConstView a21, support::View a22,
                     support::ConstView a23, support::View a24, support::View a25,
                     support::ConstView a26, support::ConstView a27, support::View a28) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -495,12 +516,14 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
+  MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
   static const support::Shape shape4_2 = {2, 2, 16};
   static const support::Shape shape4_3 = {512, 256, 16};
   static const support::Shape shape4_4 = {512, 256, 16};
@@ -511,21 +534,25 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %25 over model for add at 22:18)
+  MESHRT_TRACE_SITE("roberta.mesh:22:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:22:18 add
+  MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a0p = a0.data();
@@ -539,6 +566,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -550,6 +578,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a13p = a13.data();
@@ -568,6 +597,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -575,6 +605,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a18p = a18.data();
@@ -591,6 +622,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -598,10 +630,12 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %39 over model for add at
   // 46:50)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -620,6 +654,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape16_2 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {512, 32};
@@ -631,6 +666,7 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a25p = a25.data();
@@ -1238,6 +1274,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "mlm_train");
   // Arena: 139584 bytes for 493088 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
@@ -1256,8 +1293,10 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
 void MlmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:59:16 random_uniform
+  MESHRT_TRACE("random_uniform", "roberta.mesh:59:16", "forward");
   support::View v1 = arena_.view(0, 32);
   support::fillRandomUniform(
       v1.data(),
@@ -1268,6 +1307,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // roberta.mesh:60:16 random_uniform -> action
+  MESHRT_TRACE("random_uniform", "roberta.mesh:60:16", "forward");
   support::View v4 = arena_.view(128, 32);
   support::fillRandomUniform(
       v4.data(),
@@ -1278,6 +1318,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // roberta.mesh:61:22 random_int -> random_token
+  MESHRT_TRACE("random_int", "roberta.mesh:61:22", "forward");
   support::View v5 = arena_.view(256, 32);
   support::fillRandomInt(
       v5.data(),
@@ -1296,6 +1337,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:64:25 where
   // roberta.mesh:63:19 where -> corrupted
   // roberta.mesh:65:16 cast -> weight
+  MESHRT_TRACE("loop", "roberta.mesh:63:57", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v17 = arena_.view(4096, 32);
   support::View v18 = arena_.view(139264, 32);
@@ -1334,6 +1376,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:31:47 one_hot
+  MESHRT_TRACE("one_hot", "roberta.mesh:31:47", "forward");
   support::View v21 = arena_.view(0, 1024);
   static const support::Shape shape4_1 = {2, 16, 32};
   static const support::Shape shape4_3 = {16, 1, 0};
@@ -1342,6 +1385,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:31:40 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "forward");
   support::View v19(param0_embedding); // updated in place
   support::View v22 = arena_.view(4096, 1024);
   // dims: batch, length, vocab, d_model
@@ -1350,9 +1394,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   einsumPlan5.run(v21.data(), v19.data(), v22.data(), 1.0f, 0.0f);
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %22 over model for add at 32:40)
+  MESHRT_TRACE_SITE("roberta.mesh:32:40");
   group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:32:40 add -> x
+  MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   support::View v20(param1_roberta_positions); // updated in place
   support::View v24 = arena_.view(8192, 1024);
   {
@@ -1370,6 +1416,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v27 = arena_.view(4096, 1024);
   static const support::Shape shape8_2 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
@@ -1382,6 +1429,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
   support::View v29 = arena_.view(12288, 1024);
@@ -1403,6 +1451,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
   support::View v34 = arena_.view(122880, 512);
   support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
@@ -1436,6 +1485,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
             v52, v56, v53, v57, v58, v54, v59, v55, v62, v65, v63, v64, v67);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
   support::View v72 = arena_.view(131072, 512);
   support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
@@ -1469,6 +1519,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
             v90, v94, v91, v95, v96, v92, v97, v93, v100, v103, v101, v102, v105);
 
   // roberta.mesh:43:9 transpose
+  MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
   support::View v108 = arena_.view(90112, 1024);
   {
     float *__restrict v108p = v108.data();
@@ -1483,6 +1534,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:46:23 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
   support::View v110 = arena_.view(94208, 1024);
   // dims: batch, length, d_model, d_out
@@ -1492,6 +1544,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
+  MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
   support::View v111 = arena_.view(98304, 1024);
   support::View v112 = arena_.view(102400, 1024);
@@ -1513,6 +1566,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v116 = arena_.view(94208, 1024);
   static const support::Shape shape15_2 = {2, 16};
   static const support::Shape shape15_3 = {512, 32};
@@ -1525,6 +1579,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
   support::View v118 = arena_.view(106496, 1024);
@@ -1546,6 +1601,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:47:10 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   support::View v119 = arena_.view(110592, 1024);
   // dims: batch, length, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan17(
@@ -1553,6 +1609,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add
+  MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   support::View v109(param30_roberta_lm_head_output_bias); // updated in place
   support::View v120 = arena_.view(114688, 1024);
   {
@@ -1570,6 +1627,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:66:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
   support::View v121 = arena_.view(110592, 1024);
   static const support::Shape shape19_2 = {2, 16};
   static const support::Shape shape19_3 = {512, 32};
@@ -1581,6 +1639,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                  shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
+  MESHRT_TRACE("one_hot", "roberta.mesh:67:32", "forward");
   support::View v122 = arena_.view(114688, 1024);
   static const support::Shape shape20_1 = {2, 16, 32};
   static const support::Shape shape20_3 = {16, 1, 0};
@@ -1589,6 +1648,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:67:30 mul
+  MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
   support::View v123 = arena_.view(118784, 1024);
   {
     float *__restrict v123p = v123.data();
@@ -1603,6 +1663,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // roberta.mesh:67:21 sum
+  MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
   support::View v124 = arena_.view(139392, 32);
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
@@ -1612,6 +1673,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
+  MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
   support::View v126 = arena_.view(139520, 1);
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
@@ -1623,9 +1685,11 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:67:20 neg -> token_loss
   // roberta.mesh:70:29 mul
+  MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
   support::View v124 = arena_.view(139392, 32);
   support::View v18 = arena_.view(139264, 32);
   support::View v127 = arena_.view(118784, 32);
@@ -1643,6 +1707,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // roberta.mesh:70:14 sum
+  MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
   support::View v128 = arena_.view(118912, 1);
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
@@ -1652,6 +1717,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:42 sum
+  MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
   support::View v129 = arena_.view(118784, 1);
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
@@ -1662,11 +1728,13 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
   // %124) over data resolved together, 8 B in one buffer)
+  MESHRT_TRACE_SITE("roberta.mesh:70:54");
   support::View v126 = arena_.view(139520, 1);
   support::allReduceBucket(group_data, {v126, v129});
 
   // roberta.mesh:70:54 add
   // roberta.mesh:70:39 div -> loss
+  MESHRT_TRACE("loop", "roberta.mesh:70:54", "forward");
   support::View v132 = arena_.view(139392, 1);
   support::View v133 = arena_.view(139456, 1);
   {
@@ -1684,6 +1752,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // roberta.mesh:71:3 all_reduce_sum -> loss (resolve output 'loss')
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   auto request0 = support::startAllReduce(group_data_model, {v133}, meshrt::ReduceOp::Sum);
 
   // roberta.mesh:70:39 div
@@ -1692,6 +1761,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:67:20 neg
   // roberta.mesh:67:21 broadcast
   // roberta.mesh:67:30 mul
+  MESHRT_TRACE("loop", "roberta.mesh:70:39", "backward");
   support::View v122 = arena_.view(114688, 1024);
   support::View v140 = arena_.view(118784, 1024);
   {
@@ -1717,6 +1787,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // roberta.mesh:66:14 sum
+  MESHRT_TRACE("sum", "roberta.mesh:66:14", "backward");
   support::View v141 = arena_.view(139264, 32);
   static const support::Shape shape7_1 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
@@ -1726,11 +1797,13 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:66:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at 66:14)
+  MESHRT_TRACE_SITE("roberta.mesh:66:14");
   group_model.allReduce(v141.data(), v141.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:66:14 exp
   // roberta.mesh:66:14 mul
   // roberta.mesh:66:14 sub
+  MESHRT_TRACE("loop", "roberta.mesh:66:14", "backward");
   support::View v121 = arena_.view(110592, 1024);
   support::View v145 = arena_.view(114688, 1024);
   {
@@ -1752,6 +1825,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
+  MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
   support::View v146 = arena_.view(118784, 32);
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
@@ -1761,6 +1835,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
   support::View v108 = arena_.view(90112, 1024);
   support::View v147 = arena_.view(110592, 1024);
   // dims: batch, length, vocab, d_model
@@ -1770,9 +1845,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %140 over model for sum at
   // 19:53)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   auto request1 = support::startAllReduce(group_model, {v147}, meshrt::ReduceOp::Sum);
 
   // roberta.mesh:47:10 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
   support::View v118 = arena_.view(106496, 1024);
   support::View v148 = arena_.view(90112, 1024);
   // dims: batch, length, vocab, d_model
@@ -1780,9 +1857,11 @@ void MlmTrain::runPart1(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan13.run(v145.data(), v118.data(), v148.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v116 = arena_.view(94208, 1024);
   support::View v152 = arena_.view(106496, 1024);
   support::View v154 = arena_.view(114944, 32);
@@ -1821,6 +1900,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   // roberta.mesh:46:18 mul
+  MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(98304, 1024);
   support::View v190 = arena_.view(106496, 1024);
   {
@@ -1877,6 +1957,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
+  MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
   support::View v191 = arena_.view(102400, 32);
   static const support::Shape shape17_1 = {32};
   static const support::Shape shape17_3 = {1};
@@ -1886,6 +1967,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
   support::View v192 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
@@ -1894,6 +1976,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan18.run(v190.data(), v106.data(), v192.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
+  MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v105 = arena_.view(86016, 1024);
   support::View v193 = arena_.view(98304, 1024);
   // dims: batch, length, d_out, d_model
@@ -1902,6 +1985,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   einsumPlan19.run(v190.data(), v105.data(), v193.data(), 1.0f, 0.0f);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v103 = arena_.view(69632, 1024);
   support::View v197 = arena_.view(86016, 1024);
   support::View v199 = arena_.view(102784, 32);
@@ -1923,6 +2007,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   support::View v211 = arena_.view(86016, 1024);
   {
     float *__restrict v211p = v211.data();
@@ -1949,6 +2034,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
   support::View v213 = arena_.view(69632, 1024);
   support::View v96 = arena_.view(77824, 1024);
@@ -2026,6 +2112,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
   support::View v297 = arena_.view(32768, 1024);
   support::View v58 = arena_.view(40960, 1024);
@@ -2102,6 +2189,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             v24, v369, v370, v372, v25, v364, v373, v374, v376, v379);
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
+  MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
   support::View v380 = arena_.view(8192, 512);
   static const support::Shape shape24_1 = {16, 32};
   static const support::Shape shape24_3 = {32, 1};
@@ -2111,6 +2199,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
+  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "backward");
   support::View v21 = arena_.view(0, 1024);
   support::View v381 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
@@ -2120,6 +2209,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
+  MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
   support::View v382 = arena_.view(0, 1024);
   {
     float *__restrict v382p = v382.data();
@@ -2139,6 +2229,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
   // grad/roberta/lm_head/norm/gain, ...) over data resolved together, 44.2 KiB in one buffer)
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   auto request4 = support::startAllReduce(
       group_data, {v146, v150, v153, v191, v193, v195, v198, v212, v214, v232, v236,
                    v237, v240, v255, v269, v274, v278, v279, v282, v296, v298, v316,
@@ -2161,6 +2252,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub
   // roberta.mesh:71:3 pow
   // roberta.mesh:71:3 sub
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v399 = arena_.view(4096, 1);
   support::View v415 = arena_.view(4160, 1);
   support::View v417 = arena_.view(4224, 1);
@@ -2202,6 +2294,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     v417p[0] = s27;
   }
 
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data.wait(request4);
 
   // roberta.mesh:71:3 mul
@@ -2220,6 +2313,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/embedding
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v19(param0_embedding);     // updated in place
   support::View v401(param34_embedding_v); // updated in place
   support::View v400(param33_embedding_m); // updated in place
@@ -2285,6 +2379,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/positions
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v20(param1_roberta_positions);     // updated in place
   support::View v430(param36_roberta_positions_v); // updated in place
   support::View v429(param35_roberta_positions_m); // updated in place
@@ -2335,6 +2430,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   support::View v451(param38_roberta_norm_gain_v); // updated in place
   support::View v450(param37_roberta_norm_gain_m); // updated in place
   support::View v26(param3_roberta_norm_bias);     // updated in place
@@ -2343,6 +2439,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   repeated3(v25, v366, v451, v417, v450, v415, v399, v26, v363, v472, v471);
 
   // 12 statements from roberta.mesh:71:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   support::View v493(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
   support::View v492(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
   support::View v514(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
@@ -2377,6 +2474,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             v703, v702, v64, v279, v724, v723);
 
   // 12 statements from roberta.mesh:71:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   support::View v745(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
   support::View v744(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
   support::View v766(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
@@ -2426,6 +2524,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v997(param90_roberta_lm_head_dense_v); // updated in place
   support::View v996(param89_roberta_lm_head_dense_m); // updated in place
   {
@@ -2490,6 +2589,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense_bias
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
   support::View v1018(param92_roberta_lm_head_dense_bias_v); // updated in place
   support::View v1017(param91_roberta_lm_head_dense_bias_m); // updated in place
@@ -2555,6 +2655,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/output_bias
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
   support::View v1039(param94_roberta_lm_head_output_bias_v); // updated in place
   support::View v1038(param93_roberta_lm_head_output_bias_m); // updated in place
@@ -2605,6 +2706,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   support::View v1060(param96_roberta_lm_head_norm_gain_v); // updated in place
   support::View v1059(param95_roberta_lm_head_norm_gain_m); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias);    // updated in place
@@ -2612,6 +2714,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v1080(param97_roberta_lm_head_norm_bias_m); // updated in place
   repeated3(v114, v153, v1060, v417, v1059, v415, v399, v115, v150, v1081, v1080);
 
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data_model.wait(request0);
 }
 
@@ -2629,6 +2732,7 @@ void MlmTrain::repeated0(
     support::ConstView a40, support::View a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::ConstView a48, support::View a49, support::View a50) {
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2646,6 +2750,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2708,6 +2813,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2770,6 +2876,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2832,6 +2939,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -2894,6 +3002,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -2956,6 +3065,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -3018,6 +3128,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -3080,6 +3191,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -3142,6 +3254,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -3204,6 +3317,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -3266,6 +3380,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a45p = a45.data();
     float *__restrict a46p = a46.data();
@@ -3328,6 +3443,7 @@ void MlmTrain::repeated0(
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -3393,8 +3509,10 @@ void MlmTrain::repeated1(
     support::View a57, support::View a58, support::View a59, support::ConstView a60,
     support::View a61, support::View a62, support::View a63, support::ConstView a64,
     support::View a65, support::View a66, support::View a67, support::View a68, support::View a69) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:46:50 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bo
+  MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -3403,12 +3521,14 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wo
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -3431,6 +3551,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:45:11 mul
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3471,6 +3592,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:45:53 sum -> grad/roberta/encoder_layer[1]/dense_relu_dense/bi
+  MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {2, 16};
@@ -3479,6 +3601,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -3486,9 +3609,11 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %225 over model for add at
   // 45:16)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a1p = a1.data();
@@ -3502,12 +3627,14 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:45:16 einsum -> grad/roberta/encoder_layer[1]/dense_relu_dense/wi
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan8.run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {1};
   static const support::Shape shape9_4 = {2, 16};
@@ -3516,6 +3643,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a11p = a11.data();
@@ -3529,6 +3657,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape11_1 = {32};
   static const support::Shape shape11_3 = {1};
   static const support::Shape shape11_4 = {2, 16};
@@ -3537,6 +3666,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape12_1 = {2, 16};
   static const support::Shape shape12_3 = {512, 32};
   static const support::Shape shape12_4 = {32};
@@ -3546,6 +3676,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -3562,6 +3693,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape14_1 = {2, 16};
   static const support::Shape shape14_3 = {512, 32};
   static const support::Shape shape14_4 = {32};
@@ -3571,6 +3703,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -3585,6 +3718,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
@@ -3605,6 +3739,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape17_1 = {2, 16};
   static const support::Shape shape17_3 = {512, 32};
   static const support::Shape shape17_4 = {32};
@@ -3613,6 +3748,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape18_1 = {2, 16};
   static const support::Shape shape18_3 = {512, 32};
   static const support::Shape shape18_4 = {32};
@@ -3624,6 +3760,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a15p = a15.data();
@@ -3648,30 +3785,35 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan20.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum -> grad/roberta/encoder_layer[1]/self_attention/o
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan21.run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan22.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan23.run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a34p = a34.data();
@@ -3685,6 +3827,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:33:17 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
   static const support::Shape shape25_1 = {2, 2, 16};
   static const support::Shape shape25_3 = {512, 256, 16};
   static const support::Shape shape25_4 = {16};
@@ -3695,6 +3838,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a34p = a34.data();
@@ -3715,30 +3859,35 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan27.run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan28.run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan29.run(a36.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan30.run(a43.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -3747,25 +3896,30 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %257 over model
   // for add at 30:23; merged with 2 more partial sums over model (%272, %276): 12.0 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   auto request2 = support::startAllReduce(group_model, {a45, a47, a49}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum -> grad/roberta/encoder_layer[1]/self_attention/v
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan33.run(a36.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum -> grad/roberta/encoder_layer[1]/self_attention/k
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan34.run(a43.data(), a50.data(), a52.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a28p = a28.data();
@@ -3785,12 +3939,14 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:28:17 einsum -> grad/roberta/encoder_layer[1]/self_attention/q
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan37.run(a41.data(), a50.data(), a54.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/encoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   static const support::Shape shape38_1 = {32};
   static const support::Shape shape38_3 = {1};
   static const support::Shape shape38_4 = {2, 16};
@@ -3799,6 +3955,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a57p = a57.data();
     const float *__restrict a53p = a53.data();
@@ -3812,6 +3969,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/encoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape40_1 = {32};
   static const support::Shape shape40_3 = {1};
   static const support::Shape shape40_4 = {2, 16};
@@ -3820,6 +3978,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape41_1 = {2, 16};
   static const support::Shape shape41_3 = {512, 32};
   static const support::Shape shape41_4 = {32};
@@ -3829,6 +3988,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a60p = a60.data();
@@ -3845,6 +4005,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape43_1 = {2, 16};
   static const support::Shape shape43_3 = {512, 32};
   static const support::Shape shape43_4 = {32};
@@ -3854,6 +4015,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -3868,6 +4030,7 @@ void MlmTrain::repeated1(
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a65p = a65.data();
     float *__restrict a66p = a66.data();
@@ -3888,6 +4051,7 @@ void MlmTrain::repeated1(
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape46_1 = {2, 16};
   static const support::Shape shape46_3 = {512, 32};
   static const support::Shape shape46_4 = {32};
@@ -3896,6 +4060,7 @@ void MlmTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape47_1 = {2, 16};
   static const support::Shape shape47_3 = {512, 32};
   static const support::Shape shape47_4 = {32};
@@ -3907,6 +4072,7 @@ void MlmTrain::repeated1(
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a56p = a56.data();
@@ -3941,20 +4107,24 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a22, support::View a23, support::ConstView a24,
                          support::View a25, support::View a26, support::ConstView a27,
                          support::ConstView a28, support::View a29) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -3962,12 +4132,14 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:32:16 einsum
   // encoder_layers.mesh:32:77 mul -> logits
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "forward");
   // dims: batch, length, heads, d_kv, memory_length
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.35355f, 0.0f);
 
   // encoder_layers.mesh:33:17 softmax -> weights
+  MESHRT_TRACE("softmax", "encoder_layers.mesh:33:17", "forward");
   static const support::Shape shape4_2 = {2, 2, 16};
   static const support::Shape shape4_3 = {512, 256, 16};
   static const support::Shape shape4_4 = {512, 256, 16};
@@ -3978,21 +4150,25 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // encoder_layers.mesh:34:17 einsum -> context
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "forward");
   // dims: batch, heads, length, memory_length, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a8.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "forward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %43 over model for add at 22:18)
+  MESHRT_TRACE_SITE("roberta.mesh:22:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:22:18 add
+  MESHRT_TRACE("loop", "roberta.mesh:22:18", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a0p = a0.data();
@@ -4006,6 +4182,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -4017,6 +4194,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a13p = a13.data();
@@ -4035,6 +4213,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // encoder_layers.mesh:45:16 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4042,6 +4221,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
+  MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
     float *__restrict a20p = a20.data();
     float *__restrict a21p = a21.data();
@@ -4060,6 +4240,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4067,10 +4248,12 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %57 over model for add at
   // 46:50)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a23p = a23.data();
@@ -4089,6 +4272,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // encoder_layers.mesh:19:10 layer_norm
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   static const support::Shape shape16_2 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {512, 32};
@@ -4100,6 +4284,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a26p = a26.data();
@@ -4122,6 +4307,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::ConstView a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10) {
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -4139,6 +4325,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/gain
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4201,6 +4388,7 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
   // roberta.mesh:71:3 add
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/norm/bias
+  MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -4253,8 +4441,10 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
                          support::ConstView a6, support::View a7, support::View a8,
                          support::View a9, support::ConstView a10, support::View a11,
                          support::View a12, support::View a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -4263,6 +4453,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:46 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -4276,6 +4467,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   }
 
   // encoder_layers.mesh:19:46 sum -> grad/roberta/lm_head/norm/gain
+  MESHRT_TRACE("sum", "encoder_layers.mesh:19:46", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -4284,6 +4476,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -4293,6 +4486,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 square
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -4309,6 +4503,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {512, 32};
   static const support::Shape shape5_4 = {32};
@@ -4318,6 +4513,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:10 add
   // encoder_layers.mesh:19:10 rsqrt
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -4332,6 +4528,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:10 mul
+  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -4352,6 +4549,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
   }
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -4360,6 +4558,7 @@ void MlmTrain::repeated4(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Sum, 0.03125);
 
   // encoder_layers.mesh:19:10 mean
+  MESHRT_TRACE("mean", "encoder_layers.mesh:19:10", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};

@@ -62,6 +62,7 @@ SwishMlp::SwishMlp(meshrt::Communicator &world, uint64_t seed)
 }
 
 SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "swish_mlp");
   // Arena: 8192 bytes for 16384 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {16, 64});
   runPart0(inputs);
@@ -74,8 +75,10 @@ SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
 
 void SwishMlp::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // swish_mlp.mesh:23:17 einsum
+  MESHRT_TRACE("gemm", "swish_mlp.mesh:23:17", "forward");
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v2 = param1_swish_ffn_w_in;
   support::View v5 = arena_.view(0, 1024);
@@ -86,6 +89,7 @@ void SwishMlp::runPart0(const Inputs &inputs) {
 
   // swish_mlp.mesh:23:48 add
   // swish_mlp.mesh:23:11 call -> h
+  MESHRT_TRACE("loop", "swish_mlp.mesh:23:48", "forward");
   const support::Buffer &v3 = param2_swish_ffn_b_in;
   support::View v7 = arena_.view(4096, 1024);
   {
@@ -104,6 +108,7 @@ void SwishMlp::runPart0(const Inputs &inputs) {
   }
 
   // swish_mlp.mesh:24:10 einsum
+  MESHRT_TRACE("gemm", "swish_mlp.mesh:24:10", "forward");
   const support::Buffer &v4 = param3_swish_ffn_w_out;
   support::View v8 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
@@ -112,10 +117,12 @@ void SwishMlp::runPart0(const Inputs &inputs) {
   einsumPlan2.run(v7.data(), v4.data(), v8.data(), 1.0f, 0.0f);
 
   // swish_mlp.mesh:30:19 all_reduce_sum (resolve the partial sum of %8 over model for add at 30:19)
+  MESHRT_TRACE_SITE("swish_mlp.mesh:30:19");
   group_model.allReduce(v8.data(), v8.size(), meshrt::ReduceOp::Sum);
 
   // swish_mlp.mesh:30:19 add
   // swish_mlp.mesh:30:7 call -> y
+  MESHRT_TRACE("loop", "swish_mlp.mesh:30:19", "forward");
   const support::Buffer &v1 = param0_limit;
   support::View v11 = arena_.view(4096, 1024);
   {

@@ -975,6 +975,7 @@ void Translate::computeInvariants() {
 }
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "translate");
   // Arena: 20992 bytes for 286016 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
@@ -991,8 +992,10 @@ Translate::Outputs Translate::run(const Inputs &inputs) {
 
 void Translate::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v32 = param0_encoder_relative_bias_table;
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -1002,6 +1005,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(12288, 512);
   {
     float *__restrict v34p = v34.data();
@@ -1016,6 +1020,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -1025,6 +1030,7 @@ void Translate::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -1033,12 +1039,14 @@ void Translate::runPart0(const Inputs &inputs) {
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
   // t5.mesh:118:17 shift
+  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v174 = arena_.view(2048, 16);
   static const support::Shape shape4_2 = {2, 8};
   support::shift(v174, v1, shape4_2, 1, 1, nullptr);
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   support::View v175 = arena_.view(0, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -1047,6 +1055,7 @@ void Translate::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v176 = arena_.view(14336, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -1056,6 +1065,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // 12 statements from t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x
   // over model for square at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one
   // buffer) (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::View v39 = arena_.view(0, 1024);
   support::View v178 = arena_.view(16384, 512);
   support::View v40 = arena_.view(8192, 1024);
@@ -1071,6 +1081,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated1(v39, v37, v178, v176, v40, v41, v44, v38, v46, v179, v180, v183, v177, v185);
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v47 = param3_encoder_attention_0_q;
   support::View v52 = arena_.view(8192, 512);
   const support::Buffer &v48 = param4_encoder_attention_0_k;
@@ -1086,6 +1097,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated4(v46, v47, v52, v48, v53, v49, v55, v57, v34, v58, v59, v50, v60, v37, v61);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v158 = param19_decoder_relative_bias_table;
   support::View v157 = persistent_.view(23296, 64);
   support::View v159 = arena_.view(4096, 128);
@@ -1096,6 +1108,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v164 = persistent_.view(23936, 64);
   support::View v165 = arena_.view(20480, 128);
   {
@@ -1114,6 +1127,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v186 = param21_decoder_attention_0_q;
   support::View v191 = arena_.view(4096, 256);
   const support::Buffer &v187 = param22_decoder_attention_0_k;
@@ -1132,6 +1146,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // 12 statements from t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x
   // over model for square at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one
   // buffer) (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::View v63 = arena_.view(4096, 1024);
   support::View v202 = arena_.view(14336, 512);
   support::View v64 = arena_.view(8192, 1024);
@@ -1147,6 +1162,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated1(v63, v61, v202, v200, v64, v65, v68, v62, v70, v203, v204, v207, v201, v209);
 
   // 10 statements from t5.mesh:91:22 einsum (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   const support::Buffer &v71 = param8_encoder_dense_relu_dense_0_wi;
   support::View v74 = arena_.view(8192, 1024);
   support::View v75 = arena_.view(4096, 1024);
@@ -1162,9 +1178,11 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated2(v70, v71, v74, v75, v72, v76, v61, v77, v79, v80, v81, v84, v78, v86);
 
   // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   group_model.allReduce(v86.data(), v86.size(), meshrt::ReduceOp::Sum);
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v87 = param11_encoder_attention_1_q;
   support::View v92 = arena_.view(8192, 512);
   const support::Buffer &v88 = param12_encoder_attention_1_k;
@@ -1180,12 +1198,15 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated4(v86, v87, v92, v88, v93, v89, v95, v97, v34, v98, v99, v90, v100, v77, v101);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::View v103 = arena_.copy(4096, v101);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v104 = arena_.view(8192, 1024);
   {
     float *__restrict v104p = v104.data();
@@ -1198,6 +1219,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v105 = arena_.view(4096, 32);
   static const support::Shape shape19_1 = {2, 16};
   static const support::Shape shape19_3 = {512, 32};
@@ -1208,6 +1230,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v108 = arena_.view(8192, 32);
   {
     float *__restrict v108p = v108.data();
@@ -1223,6 +1246,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v102 = param15_encoder_rms_norm_1_1_scale;
   support::View v110 = arena_.view(4096, 1024);
   {
@@ -1243,9 +1267,11 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %103 over model for einsum at 91:22)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   group_model.allReduce(v110.data(), v110.size(), meshrt::ReduceOp::Sum);
 
   // 10 statements from t5.mesh:91:22 einsum (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   const support::Buffer &v111 = param16_encoder_dense_relu_dense_1_wi;
   support::View v114 = arena_.view(8192, 1024);
   support::View v115 = arena_.view(4096, 1024);
@@ -1263,8 +1289,10 @@ void Translate::runPart0(const Inputs &inputs) {
 
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:113:9 transpose
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v127 = arena_.view(4096, 1024);
   {
@@ -1280,6 +1308,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   support::View v209 = arena_.view(14336, 512);
   const support::Buffer &v210 = param26_decoder_attention_1_0_q;
   support::View v215 = arena_.view(18432, 256);
@@ -1289,10 +1318,12 @@ void Translate::runPart1(const Inputs &inputs) {
   einsumPlan1.run(v209.data(), v210.data(), v215.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 all_reduce_sum (resolve the partial sum of %117 over model for einsum at 81:21)
+  MESHRT_TRACE_SITE("t5.mesh:81:21");
   support::View v126 = arena_.view(0, 1024);
   group_model.allReduce(v126.data(), v126.size(), meshrt::ReduceOp::Sum);
 
   // 23 statements from t5.mesh:81:21 einsum (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:81:21");
   const support::Buffer &v211 = param27_decoder_attention_1_0_k;
   support::View v217 = arena_.view(8192, 512);
   const support::Buffer &v212 = param28_decoder_attention_1_0_v;
@@ -1327,6 +1358,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v242 = param33_decoder_rms_norm_1_scale;
   support::View v250 = arena_.view(10240, 512);
   {
@@ -1347,9 +1379,11 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   group_model.allReduce(v250.data(), v250.size(), meshrt::ReduceOp::Sum);
 
   // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v251 = param34_decoder_attention_1_q;
   support::View v256 = arena_.view(12288, 256);
   const support::Buffer &v252 = param35_decoder_attention_1_k;
@@ -1367,12 +1401,15 @@ void Translate::runPart1(const Inputs &inputs) {
             v265);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::View v267 = arena_.copy(8192, v265);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(v267.data(), v267.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v268 = arena_.view(10240, 512);
   {
     float *__restrict v268p = v268.data();
@@ -1385,6 +1422,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v269 = arena_.view(8192, 16);
   static const support::Shape shape10_1 = {2, 8};
   static const support::Shape shape10_3 = {256, 32};
@@ -1395,6 +1433,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v272 = arena_.view(10240, 16);
   {
     float *__restrict v272p = v272.data();
@@ -1410,6 +1449,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v266 = param38_decoder_rms_norm_1_1_scale;
   support::View v274 = arena_.view(8192, 512);
   {
@@ -1430,9 +1470,11 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:80:17 all_reduce_sum (resolve the partial sum of %255 over model for einsum at 80:17)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   group_model.allReduce(v274.data(), v274.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   const support::Buffer &v275 = param39_decoder_attention_1_1_q;
   support::View v280 = arena_.view(14336, 256);
   // dims: batch, targets, d_model, heads, d_kv
@@ -1441,6 +1483,7 @@ void Translate::runPart1(const Inputs &inputs) {
   einsumPlan14.run(v274.data(), v275.data(), v280.data(), 1.0f, 0.0f);
 
   // 23 statements from t5.mesh:81:21 einsum (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:81:21");
   const support::Buffer &v276 = param40_decoder_attention_1_1_k;
   support::View v281 = arena_.view(8192, 512);
   const support::Buffer &v277 = param41_decoder_attention_1_1_v;
@@ -1474,6 +1517,7 @@ void Translate::runPart1(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v306 = param46_decoder_rms_norm_scale;
   support::View v316 = arena_.view(0, 512);
   {
@@ -1496,9 +1540,11 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:125:10 all_reduce_sum (resolve the partial sum of %293 over model for einsum at 125:10)
+  MESHRT_TRACE_SITE("t5.mesh:125:10");
   group_model.allReduce(v316.data(), v316.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:125:10 einsum -> logits
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v318 = arena_.view(2048, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan18(
@@ -1506,6 +1552,7 @@ void Translate::runPart1(const Inputs &inputs) {
   einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
+  MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
   support::View v319 = arena_.view(4096, 16);
   static const support::Shape shape19_1 = {2, 8};
   static const support::Shape shape19_3 = {256, 32};
@@ -1515,12 +1562,14 @@ void Translate::runPart1(const Inputs &inputs) {
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("t5.mesh:133:17");
   group_model.allReduce(v319.data(), v319.size(), meshrt::ReduceOp::Max);
 
   // t5.mesh:133:17 ne
   // t5.mesh:133:17 eq
   // t5.mesh:133:17 maximum
   // t5.mesh:133:17 where
+  MESHRT_TRACE("loop", "t5.mesh:133:17", "forward");
   support::View v323 = persistent_.view(27520, 32);
   support::View v325 = arena_.view(0, 512);
   {
@@ -1546,6 +1595,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:133:17 min -> predictions
+  MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
   support::View v326 = arena_.view(4096, 16);
   static const support::Shape shape22_1 = {2, 8};
   static const support::Shape shape22_3 = {256, 32};
@@ -1556,6 +1606,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
   // minima)
+  MESHRT_TRACE_SITE("t5.mesh:133:17");
   group_model.allReduce(v326.data(), v326.size(), meshrt::ReduceOp::Min);
 }
 
@@ -1569,26 +1620,31 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
                           support::View a21, support::View a22, support::ConstView a23,
                           support::View a24, support::View a25, support::View a26,
                           support::View a27, support::View a28, support::View a29) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -1604,6 +1660,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape4_2 = {2, 2, 8};
   static const support::Shape shape4_3 = {256, 128, 16};
   static const support::Shape shape4_4 = {256, 128, 16};
@@ -1614,6 +1671,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 8, 16, 8, 32},
@@ -1623,6 +1681,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   einsumPlan5.run(einsumPlan5Operands, a11.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -1636,12 +1695,15 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a14, a13);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -1653,6 +1715,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape10_1 = {2, 8};
   static const support::Shape shape10_3 = {256, 32};
   static const support::Shape shape10_4 = {32};
@@ -1662,6 +1725,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -1676,6 +1740,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a13p = a13.data();
@@ -1694,15 +1759,18 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %219 over model for einsum at 91:22)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan14.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -1714,12 +1782,14 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan16.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a13p = a13.data();
@@ -1733,12 +1803,15 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a26, a25);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a26.data(), a26.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -1750,6 +1823,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -1759,6 +1833,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a28p = a28.data();
@@ -1777,20 +1852,25 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
                           support::View a6, support::ConstView a7, support::View a8,
                           support::View a9, support::View a10, support::View a11,
                           support::ConstView a12, support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a0, a1);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a2, a3);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model, {a0, a2});
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -1802,6 +1882,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape4_1 = {2, 16};
   static const support::Shape shape4_3 = {512, 32};
   static const support::Shape shape4_4 = {32};
@@ -1811,6 +1892,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -1825,6 +1907,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a1p = a1.data();
@@ -1843,6 +1926,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
   }
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a2p = a2.data();
@@ -1854,6 +1938,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape8_1 = {2, 8};
   static const support::Shape shape8_3 = {256, 32};
   static const support::Shape shape8_4 = {32};
@@ -1863,6 +1948,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -1877,6 +1963,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a3p = a3.data();
@@ -1896,6 +1983,7 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
 
   // t5.mesh:80:17 bucketed_all_reduce_sum -> n (resolve the partial sum of n over model for einsum
   // at 80:17; merged with 1 more partial sum over model (n): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::allReduceBucket(group_model, {a8, a13});
 }
 
@@ -1904,14 +1992,17 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                           support::ConstView a6, support::View a7, support::View a8,
                           support::View a9, support::View a10, support::View a11,
                           support::ConstView a12, support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -1923,12 +2014,14 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -1942,12 +2035,15 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a8, a7);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -1959,6 +2055,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape7_1 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {32};
@@ -1968,6 +2065,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -1982,6 +2080,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a7p = a7.data();
@@ -2005,32 +2104,38 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                           support::View a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::ConstView a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2046,6 +2151,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 8};
   static const support::Shape shape5_3 = {128, 64, 8};
   static const support::Shape shape5_4 = {128, 64, 8};
@@ -2056,6 +2162,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 8, 8, 8, 32},
@@ -2065,6 +2172,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:121:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -2083,32 +2191,38 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
                           support::View a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::ConstView a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2124,6 +2238,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 16};
   static const support::Shape shape5_3 = {512, 256, 16};
   static const support::Shape shape5_4 = {512, 256, 16};
@@ -2134,6 +2249,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 16, 16, 8, 32},
@@ -2143,6 +2259,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:104:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -2825,6 +2942,7 @@ void PositionBuckets::computeInvariants() {
 }
 
 PositionBuckets::Outputs PositionBuckets::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "position_buckets");
   // Arena: 0 bytes for 0 bytes of temporaries (placed by liveness).
   support::View v29 = persistent_.view(17856, 256);
   support::View v55 = persistent_.view(22720, 64);
@@ -4059,6 +4177,7 @@ void T5Train::computeInvariants() {
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "t5_train");
   // Arena: 194624 bytes for 1169540 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
@@ -4079,8 +4198,10 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
 
 void T5Train::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -4090,6 +4211,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(65536, 512);
   {
     float *__restrict v34p = v34.data();
@@ -4104,6 +4226,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -4113,6 +4236,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -4121,6 +4245,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:53 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v320 = arena_.view(94208, 512);
   static const support::Shape shape4_1 = {2, 8, 32};
@@ -4130,6 +4255,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
+  MESHRT_TRACE("loop", "t5.mesh:149:51", "backward");
   support::View v334 = arena_.view(96256, 512);
   {
     float *__restrict v334p = v334.data();
@@ -4143,6 +4269,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:149:24 sum
+  MESHRT_TRACE("sum", "t5.mesh:149:24", "backward");
   support::View v335 = arena_.view(190464, 16);
   static const support::Shape shape6_1 = {2, 8};
   static const support::Shape shape6_3 = {256, 32};
@@ -4152,6 +4279,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v764 = arena_.view(8192, 16);
   {
     float *__restrict v764p = v764.data();
@@ -4164,6 +4292,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v765 = arena_.view(192256, 1);
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
@@ -4173,6 +4302,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v802 = arena_.view(8192, 1024);
   {
     float *__restrict v802p = v802.data();
@@ -4185,6 +4315,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v803 = arena_.view(192320, 1);
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
@@ -4194,6 +4325,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v863 = arena_.view(8192, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
@@ -4216,6 +4348,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v72, v1073, v1074);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v87(param11_encoder_attention_1_q); // updated in place
   support::View v1134 = arena_.view(8192, 512);
   support::View v88(param12_encoder_attention_1_k); // updated in place
@@ -4238,6 +4371,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v1306, v1307, v112, v1344, v1345);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v158(param19_decoder_relative_bias_table); // updated in place
   support::View v1404 = arena_.view(8192, 16);
   {
@@ -4251,6 +4385,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v1405 = arena_.view(193152, 1);
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
@@ -4260,6 +4395,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v186(param21_decoder_attention_0_q); // updated in place
   support::View v1465 = arena_.view(8192, 512);
   support::View v187(param22_decoder_attention_0_k); // updated in place
@@ -4295,6 +4431,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v1811, v236, v1848, v1849);
 
   // 20 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v251(param34_decoder_attention_1_q); // updated in place
   support::View v1909 = arena_.view(8192, 512);
   support::View v252(param35_decoder_attention_1_k); // updated in place
@@ -4332,11 +4469,13 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 36 more partial sums over model (%337, %766, %804, ...): 4.2 KiB in one
   // buffer)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::View v39 = arena_.copy(8192, v37);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 36 more partial sums over model (%337, %766, %804, ...): 4.2 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model,
                            {v39,   v335,  v765,  v803,  v864,  v902,  v940,  v976,  v1036, v1074,
                             v1135, v1173, v1211, v1247, v1307, v1345, v1405, v1466, v1504, v1542,
@@ -4344,6 +4483,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                             v2022, v2083, v2121, v2159, v2195, v2255, v2293});
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v40 = arena_.view(12288, 1024);
   {
     float *__restrict v40p = v40.data();
@@ -4356,6 +4496,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(16384, 32);
   static const support::Shape shape20_1 = {2, 16};
   static const support::Shape shape20_3 = {512, 32};
@@ -4366,6 +4507,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(190976, 32);
   {
     float *__restrict v44p = v44.data();
@@ -4380,6 +4522,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v45 = arena_.view(12288, 1024);
   {
     float *__restrict v45p = v45.data();
@@ -4396,6 +4539,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
   support::View v46 = arena_.view(16384, 1024);
   {
@@ -4415,9 +4559,11 @@ void T5Train::runPart0(const Inputs &inputs) {
 
 void T5Train::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
   // resolved together, 8.0 KiB in one buffer) (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v45 = arena_.view(12288, 1024);
   support::View v46 = arena_.view(16384, 1024);
   support::View v47(param3_encoder_attention_0_q); // updated in place
@@ -4460,6 +4606,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
   // resolved together, 8.0 KiB in one buffer) (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v87(param11_encoder_attention_1_q); // updated in place
   support::View v92 = arena_.view(137216, 512);
   support::View v88(param12_encoder_attention_1_k); // updated in place
@@ -4497,6 +4644,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v121, v124, v125, v118, v126);
 
   // t5.mesh:113:9 transpose
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v127 = arena_.view(90112, 1024);
   {
@@ -4512,6 +4660,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v158(param19_decoder_relative_bias_table); // updated in place
   support::View v157 = persistent_.view(25664, 64);
   support::View v159 = arena_.view(98304, 128);
@@ -4522,6 +4671,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v164 = persistent_.view(26240, 64);
   support::View v165 = arena_.view(104448, 128);
   {
@@ -4540,12 +4690,14 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:118:17 shift
+  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v174 = arena_.view(98304, 16);
   static const support::Shape shape5_2 = {2, 8};
   support::shift(v174, v1, shape5_2, 1, 1, nullptr);
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   support::View v175 = arena_.view(143360, 512);
   static const support::Shape shape6_1 = {2, 8, 32};
   static const support::Shape shape6_3 = {8, 1, 0};
@@ -4554,6 +4706,7 @@ void T5Train::runPart1(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v176 = arena_.view(98304, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
@@ -4562,13 +4715,16 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:25 bucketed_all_reduce_sum (3 partial sums (%116, %117, x) over model resolved
   // together, 10.0 KiB in one buffer)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::View v178 = arena_.copy(145408, v176);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum (3 partial sums (%116, %117, x) over model resolved
   // together, 10.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model, {v125, v126, v178});
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v179 = arena_.view(100352, 512);
   {
     float *__restrict v179p = v179.data();
@@ -4581,6 +4737,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v180 = arena_.view(102400, 16);
   static const support::Shape shape11_1 = {2, 8};
   static const support::Shape shape11_3 = {256, 32};
@@ -4591,6 +4748,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v183 = arena_.view(192000, 16);
   {
     float *__restrict v183p = v183.data();
@@ -4605,6 +4763,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v184 = arena_.view(147456, 512);
   {
     float *__restrict v184p = v184.data();
@@ -4621,6 +4780,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // 44 statements from t5.mesh:40:53 mul -> n (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v177(param20_decoder_rms_norm_0_scale); // updated in place
   support::View v185 = arena_.view(149504, 512);
   support::View v186(param21_decoder_attention_0_q); // updated in place
@@ -4679,6 +4839,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v233, v226, v234, v235, v238, v239, v236, v240, v241, v243, v244, v245, v248, v249);
 
   // 44 statements from t5.mesh:40:53 mul -> n (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v242(param33_decoder_rms_norm_1_scale); // updated in place
   support::View v250 = arena_.view(157696, 512);
   support::View v251(param34_decoder_attention_1_q); // updated in place
@@ -4737,6 +4898,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   support::View v306(param46_decoder_rms_norm_scale); // updated in place
   support::View v316 = arena_.view(174080, 512);
   {
@@ -4757,9 +4919,11 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 bucketed_all_reduce_sum (2 partial sums (%290, %293) over model resolved
   // together, 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:125:10");
   support::allReduceBucket(group_model, {v313, v316});
 
   // t5.mesh:125:10 einsum -> logits
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v318 = arena_.view(176128, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan18(
@@ -4767,6 +4931,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
+  MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
   support::View v319 = arena_.view(178176, 512);
   static const support::Shape shape19_2 = {2, 8};
   static const support::Shape shape19_3 = {256, 32};
@@ -4778,6 +4943,7 @@ void T5Train::runPart1(const Inputs &inputs) {
                  shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:51 mul
+  MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
   support::View v320 = arena_.view(94208, 512);
   support::View v321 = arena_.view(176128, 512);
   {
@@ -4793,6 +4959,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:149:20 sum -> token_logp
+  MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
   support::View v322 = arena_.view(190720, 16);
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
@@ -4804,6 +4971,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:149:24 exp
   // t5.mesh:149:24 mul
   // t5.mesh:149:24 sub
+  MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
   support::View v335 = arena_.view(190464, 16);
   support::View v334 = arena_.view(96256, 512);
   support::View v339 = arena_.view(94208, 512);
@@ -4827,6 +4995,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
   support::View v340 = arena_.view(96256, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
@@ -4836,18 +5005,22 @@ void T5Train::runPart1(const Inputs &inputs) {
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
+  MESHRT_TRACE("copy", "t5.mesh:40:53", "backward");
   support::View v322 = arena_.view(190720, 16);
   support::View v323 = arena_.copy(90112, v322);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v340 = arena_.view(96256, 512);
   support::allReduceBucket(group_model, {v340, v323});
 
   // t5.mesh:150:29 exp
+  MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
   support::View v324 = arena_.view(90176, 16);
   {
     float *__restrict v324p = v324.data();
@@ -4860,6 +5033,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:150:24 mean -> target_probability
+  MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
   support::View v325 = arena_.view(194496, 1);
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
@@ -4869,6 +5043,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:15 mean
+  MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
   support::View v326 = arena_.view(90112, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
@@ -4878,6 +5053,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
+  MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
   support::View v327 = arena_.view(194560, 1);
   {
     float *__restrict v327p = v327.data();
@@ -4888,9 +5064,11 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 all_reduce_sum -> loss (resolve output 'loss')
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   auto request0 = support::startAllReduce(group_data_model, {v327}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:125:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
   support::View v339 = arena_.view(94208, 512);
   support::View v316 = arena_.view(174080, 512);
   support::View v341 = arena_.view(90112, 1024);
@@ -4900,6 +5078,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan7.run(v339.data(), v316.data(), v341.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v313 = arena_.view(172032, 512);
   support::View v346 = arena_.view(94208, 512);
   {
@@ -4915,6 +5094,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v347 = arena_.view(191616, 32);
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {1};
@@ -4926,6 +5106,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v306(param46_decoder_rms_norm_scale); // updated in place
   support::View v312 = arena_.view(190656, 16);
   support::View v307 = arena_.view(106496, 512);
@@ -4954,6 +5135,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v350 = arena_.view(96256, 16);
   support::View v361 = arena_.view(172032, 512);
   support::View v300(param45_decoder_dense_relu_dense_1_wo); // updated in place
@@ -5001,6 +5183,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v398, v276, v400);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v402 = arena_.view(165888, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan12(
@@ -5008,6 +5191,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan12.run(v395.data(), v126.data(), v402.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v275(param39_decoder_attention_1_1_q); // updated in place
   support::View v403 = arena_.view(172032, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -5016,9 +5200,11 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan13.run(v394.data(), v275.data(), v403.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request2 = support::startAllReduce(group_model, {v403}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v274 = arena_.view(163840, 512);
   support::View v404 = arena_.view(176128, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -5026,9 +5212,11 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(v394.data(), v274.data(), v404.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v273 = arena_.view(161792, 512);
   support::View v408 = arena_.view(163840, 512);
   support::View v266(param38_decoder_rms_norm_1_1_scale); // updated in place
@@ -5068,18 +5256,22 @@ void T5Train::runPart2(const Inputs &inputs) {
             v250, v435, v252, v437, v439, v251, v440, v441);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %409 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request3 = support::startAllReduce(group_model, {v441}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v442 = arena_.view(161792, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan19.run(v431.data(), v250.data(), v442.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request3);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v249 = arena_.view(112640, 512);
   support::View v446 = arena_.view(157696, 512);
   support::View v242(param33_decoder_rms_norm_1_scale); // updated in place
@@ -5091,6 +5283,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated17(v441, v249, v446, v447, v242, v248, v422, v243, v449, v450);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v451 = arena_.view(163840, 16);
   support::View v460 = arena_.view(157696, 512);
   support::View v236(param32_decoder_dense_relu_dense_0_wo); // updated in place
@@ -5139,6 +5332,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   support::View v500 = arena_.view(126976, 1024);
   {
     float *__restrict v500p = v500.data();
@@ -5159,6 +5353,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v501 = arena_.view(118784, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
@@ -5166,6 +5361,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan24.run(v493.data(), v126.data(), v501.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v210(param26_decoder_attention_1_0_q); // updated in place
   support::View v502 = arena_.view(86016, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -5175,9 +5371,11 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
   // together, 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request5 = support::startAllReduce(group_model, {v500, v502}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v209 = arena_.view(155648, 512);
   support::View v503 = arena_.view(120832, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -5185,9 +5383,11 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan27.run(v492.data(), v209.data(), v503.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
 
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v208 = arena_.view(153600, 512);
   support::View v507 = arena_.view(88064, 512);
   support::View v201(param25_decoder_rms_norm_1_0_scale); // updated in place
@@ -5227,6 +5427,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v185, v535, v187, v537, v539, v186, v540, v541);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v542 = arena_.view(153600, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan30(
@@ -5236,6 +5437,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v118(param18_encoder_rms_norm_scale); // updated in place
   support::View v124 = arena_.view(191488, 32);
   support::View v119 = arena_.view(65536, 1024);
@@ -5264,6 +5466,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v574 = arena_.view(149504, 32);
   static const support::Shape shape32_1 = {2, 16};
   static const support::Shape shape32_3 = {512, 32};
@@ -5281,6 +5484,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v583 = arena_.view(102400, 1024);
   {
     float *__restrict v583p = v583.data();
@@ -5313,6 +5517,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v112(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v584 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5322,6 +5527,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v114 = arena_.view(73728, 1024);
   support::View v587 = arena_.view(86016, 1024);
   {
@@ -5340,6 +5546,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v111(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v588 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5349,9 +5556,11 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %546 over model for mul at
   // 40:53; merged with 1 more partial sum over model (%543): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::allReduceBucket(group_model, {v588, v541});
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v184 = arena_.view(147456, 512);
   support::View v546 = arena_.view(73728, 512);
   support::View v177(param20_decoder_rms_norm_0_scale); // updated in place
@@ -5363,6 +5572,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated17(v541, v184, v546, v547, v177, v183, v521, v178, v549, v550);
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v551 = arena_.view(108544, 16);
   static const support::Shape shape39_1 = {2, 8};
   static const support::Shape shape39_3 = {256, 32};
@@ -5380,6 +5590,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v560 = arena_.view(106496, 512);
   {
     float *__restrict v560p = v560.data();
@@ -5412,6 +5623,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v175 = arena_.view(143360, 512);
   support::View v561 = arena_.view(73728, 1024);
   // dims: batch, targets, d_model, vocab
@@ -5421,6 +5633,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v562 = arena_.view(106496, 128);
   {
     float *__restrict v562p = v562.data();
@@ -5438,6 +5651,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
+  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
   support::View v563 = persistent_.view(29888, 512);
   support::View v564 = arena_.view(143360, 16);
   // dims: targets, targets_keys, buckets, heads
@@ -5446,6 +5660,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan43.run(v563.data(), v562.data(), v564.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v125 = arena_.view(81920, 1024);
   support::View v570 = arena_.view(106496, 1024);
   {
@@ -5461,6 +5676,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v571 = arena_.view(126976, 32);
   static const support::Shape shape45_1 = {32};
   static const support::Shape shape45_3 = {1};
@@ -5470,6 +5686,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v115 = arena_.view(77824, 1024);
   support::View v585 = arena_.view(81920, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5478,6 +5695,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan46.run(v583.data(), v115.data(), v585.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v110 = arena_.view(69632, 1024);
   support::View v589 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5486,6 +5704,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan47.run(v587.data(), v110.data(), v589.data(), 1.0f, 0.0f);
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v109 = arena_.view(61440, 1024);
   support::View v593 = arena_.view(69632, 1024);
   support::View v102(param15_encoder_rms_norm_1_1_scale); // updated in place
@@ -5537,6 +5756,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v636, v645);
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v72(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v646 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5545,6 +5765,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan49.run(v645.data(), v72.data(), v646.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v75 = arena_.view(40960, 1024);
   support::View v647 = arena_.view(45056, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5554,6 +5775,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v74 = arena_.view(36864, 1024);
   support::View v649 = arena_.view(40960, 1024);
   {
@@ -5572,6 +5794,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v71(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v650 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5580,9 +5803,11 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan52.run(v649.data(), v71.data(), v650.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request7 = support::startAllReduce(group_model, {v650}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70 = arena_.view(32768, 1024);
   support::View v651 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5590,9 +5815,11 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan54.run(v649.data(), v70.data(), v651.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request7);
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v69 = arena_.view(24576, 1024);
   support::View v655 = arena_.view(32768, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
@@ -5644,6 +5871,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v708);
 
   // t5.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v36 = arena_.view(0, 1024);
   support::View v709 = arena_.view(4096, 1024);
   // dims: batch, inputs, d_model, vocab
@@ -5654,6 +5882,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
   support::View v710 = arena_.view(0, 1024);
   {
     float *__restrict v710p = v710.data();
@@ -5675,6 +5904,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v711 = arena_.view(4096, 512);
   {
     float *__restrict v711p = v711.data();
@@ -5692,6 +5922,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
+  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
   support::View v712 = persistent_.view(31936, 2048);
   support::View v713 = arena_.view(24832, 16);
   // dims: inputs, inputs_keys, buckets, heads
@@ -5702,6 +5933,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (48 partial sums
   // (target_probability, grad/decoder/rms_norm/scale, grad/decoder/dense_relu_dense[1]/wo, ...)
   // over data resolved together, 85.6 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_data, {v325, v347, v363, v368, v373, v389, v398, v402, v404, v409,
                                         v425, v435, v439, v442, v447, v462, v466, v471, v487, v497,
                                         v501, v503, v508, v524, v535, v539, v542, v547, v564, v571,
@@ -5710,6 +5942,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v736 = arena_.view(24896, 16);
   {
     float *__restrict v736p = v736.data();
@@ -5724,6 +5957,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v739 = arena_.view(24960, 8);
   static const support::Shape shape63_1 = {8};
   static const support::Shape shape63_3 = {2};
@@ -5827,6 +6061,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v729 = arena_.view(93568, 1);
   support::View v732 = arena_.view(93632, 1);
   support::View v740 = arena_.view(93696, 1);
@@ -5863,6 +6098,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v774 = arena_.view(4096, 1024);
   {
     float *__restrict v774p = v774.data();
@@ -5877,6 +6113,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v782 = arena_.view(24576, 32);
   static const support::Shape shape66_1 = {32};
   static const support::Shape shape66_3 = {1};
@@ -5886,6 +6123,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v777 = arena_.view(8192, 32);
   static const support::Shape shape67_1 = {32};
   static const support::Shape shape67_3 = {32};
@@ -5897,6 +6135,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v775(param49_shared_embedding_vr); // updated in place
   {
     float *__restrict v775p = v775.data();
@@ -5916,6 +6155,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v788 = arena_.view(25024, 1);
   static const support::Shape shape69_1 = {};
   static const support::Shape shape69_3 = {};
@@ -5925,6 +6165,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v835 = arena_.view(4096, 512);
   support::View v838 = arena_.view(6144, 64);
   support::View v836(param52_encoder_attention_0_q_vr); // updated in place
@@ -5963,6 +6204,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v965, v967, v968, v969, v651, v1008, v1011, v647, v1045, v1053, v1048, v1046, v1059);
 
   // 31 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1106 = arena_.view(8192, 512);
   support::View v1109 = arena_.view(10240, 64);
   support::View v1107(param66_encoder_attention_1_q_vr); // updated in place
@@ -6003,6 +6245,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v1377 = arena_.view(68992, 16);
   {
     float *__restrict v1377p = v1377.data();
@@ -6017,6 +6260,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v1380 = arena_.view(69056, 8);
   static const support::Shape shape73_1 = {8};
   static const support::Shape shape73_3 = {2};
@@ -6026,6 +6270,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.25);
 
   // 55 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1437 = arena_.view(12288, 512);
   support::View v1440 = arena_.view(14336, 64);
   support::View v1438(param83_decoder_attention_0_q_vr); // updated in place
@@ -6093,6 +6338,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1786, v462, v1820, v1828, v1823, v1821, v1834);
 
   // 55 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1881 = arena_.view(16384, 512);
   support::View v1884 = arena_.view(18432, 64);
   support::View v1882(param106_decoder_attention_1_q_vr); // updated in place
@@ -6162,6 +6408,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
   // 152:3; merged with 57 more partial sums over model (%741, %784, %789, ...): 21.5 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_model,
                            {v843,  v739,  v782,  v788,  v849,  v881,  v887,  v919,  v925,  v969,
                             v1011, v1053, v1059, v1114, v1120, v1152, v1158, v1190, v1196, v1240,
@@ -6171,6 +6418,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                             v2100, v2106, v2138, v2144, v2188, v2230, v2272, v2278});
 
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v737(param47_encoder_relative_bias_table_vr); // updated in place
   support::View v745 = arena_.view(20480, 2);
   support::View v750 = arena_.view(20608, 1);
@@ -6184,6 +6432,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v791 = arena_.view(65664, 32);
   {
     float *__restrict v791p = v791.data();
@@ -6202,6 +6451,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v776(param50_shared_embedding_vc); // updated in place
   support::View v792 = arena_.view(65792, 32);
   {
@@ -6227,6 +6477,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v794 = arena_.view(20480, 1024);
   support::View v795 = arena_.view(24576, 1024);
   {
@@ -6250,6 +6501,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v796 = arena_.view(102912, 1);
   static const support::Shape shape81_1 = {};
   static const support::Shape shape81_3 = {};
@@ -6259,6 +6511,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.00048828125);
 
   // 23 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v852 = arena_.view(3072, 64);
   support::View v837(param53_encoder_attention_0_q_vc); // updated in place
   support::View v853 = arena_.view(2048, 256);
@@ -6299,6 +6552,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1067);
 
   // 23 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1123 = arena_.view(27648, 64);
   support::View v1108(param67_encoder_attention_1_q_vc); // updated in place
   support::View v1124 = arena_.view(26624, 256);
@@ -6339,6 +6593,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1334, v585, v1336, v1337, v1338);
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1378(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1386 = arena_.view(28672, 2);
   support::View v1391 = arena_.view(28800, 1);
@@ -6352,6 +6607,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v1398);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1454 = arena_.view(31744, 64);
   support::View v1439(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1455 = arena_.view(30720, 256);
@@ -6412,6 +6668,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1821, v1834, v1837, v1828, v1822, v1838, v462, v1840, v1841, v1842);
 
   // 35 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1898 = arena_.view(35840, 64);
   support::View v1883(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1899 = arena_.view(34816, 256);
@@ -6474,12 +6731,14 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
   // 152:3; merged with 28 more partial sums over model (%797, %858, %896, ...): 116 B in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_model,
                            {v757,  v796,  v857,  v895,  v933,  v1029, v1067, v1128, v1166, v1204,
                             v1300, v1338, v1398, v1459, v1497, v1535, v1632, v1670, v1708, v1804,
                             v1842, v1903, v1941, v1979, v2076, v2114, v2152, v2248, v2286});
 
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v761 = arena_.view(36864, 1);
   support::View v765 = arena_.view(192256, 1);
   support::View v769 = arena_.view(36928, 1);
@@ -6489,6 +6748,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v800 = arena_.view(36864, 1);
   {
     float *__restrict v800p = v800.data();
@@ -6505,6 +6765,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v803 = arena_.view(192320, 1);
   support::View v807 = arena_.view(36928, 1);
   {
@@ -6523,6 +6784,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/shared/embedding
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
@@ -6542,6 +6804,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v813(param51_encoder_rms_norm_0_scale_v); // updated in place
   support::View v819 = arena_.view(20480, 32);
   support::View v820 = arena_.view(20608, 32);
@@ -6617,6 +6880,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1265, v1268, v102, v1270, v1271, v1274, v1300, v1304, v1307, v1311);
 
   // 11 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1342 = arena_.view(0, 1);
   support::View v1345 = arena_.view(193088, 1);
   support::View v1349 = arena_.view(64, 1);
@@ -6632,6 +6896,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v1355, v732, v1361, v1362, v1363, v1366, v118, v1368, v1369, v1372);
 
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1402 = arena_.view(0, 1);
   support::View v1405 = arena_.view(193152, 1);
   support::View v1409 = arena_.view(64, 1);
@@ -6639,6 +6904,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated16(v1398, v1402, v1405, v729, v1409, v1396, v158);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1415(param82_decoder_rms_norm_0_scale_v); // updated in place
   support::View v1421 = arena_.view(0, 32);
   support::View v1422 = arena_.view(128, 32);
@@ -6654,6 +6920,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v1459, v1463, v1466, v1470);
 
   // 10 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1501 = arena_.view(0, 1);
   support::View v1504 = arena_.view(193280, 1);
   support::View v1508 = arena_.view(64, 1);
@@ -6667,6 +6934,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v1542, v1546, v1533, v188, v1571, v1575, v1578, v1582, v1569, v189);
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1588(param91_decoder_rms_norm_1_0_scale_v); // updated in place
   support::View v1594 = arena_.view(0, 32);
   support::View v1595 = arena_.view(128, 32);
@@ -6743,6 +7011,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v2076, v2080, v2083, v2087);
 
   // 10 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v2118 = arena_.view(0, 1);
   support::View v2121 = arena_.view(194176, 1);
   support::View v2125 = arena_.view(64, 1);
@@ -6756,6 +7025,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v2159, v2163, v2150, v277, v2188, v2192, v2195, v2199, v2186, v278);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v2205(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2211 = arena_.view(0, 32);
   support::View v2212 = arena_.view(128, 32);
@@ -6771,6 +7041,7 @@ void T5Train::runPart2(const Inputs &inputs) {
              v2248, v2252, v2255, v2259);
 
   // 11 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v2290 = arena_.view(0, 1);
   support::View v2293 = arena_.view(194432, 1);
   support::View v2297 = arena_.view(64, 1);
@@ -6785,6 +7056,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated10(v2246, v2252, v2259, v299, v2286, v2290, v2293, v729, v2297, v2284, v300, v347, v740,
              v2303, v732, v2309, v2310, v2311, v2314, v306, v2316, v2317, v2320);
 
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   group_data_model.wait(request0);
 }
 
@@ -6815,6 +7087,7 @@ void T5Train::repeated0(
     support::View a95, support::View a96, support::View a97, support::View a98, support::View a99,
     support::View a100, support::View a101, support::View a102, support::ConstView a103,
     support::View a104, support::ConstView a105, support::View a106) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -6824,6 +7097,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -6853,6 +7127,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -6863,6 +7138,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -6876,6 +7152,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -6887,6 +7164,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -6897,6 +7175,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -6913,6 +7192,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -6933,6 +7213,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -6948,6 +7229,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -6964,6 +7246,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -6984,6 +7267,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -6999,6 +7283,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -7015,6 +7300,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -7035,6 +7321,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -7050,6 +7337,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -7066,6 +7354,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -7086,6 +7375,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a31p = a31.data();
@@ -7101,6 +7391,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -7117,6 +7408,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -7142,6 +7434,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -7171,6 +7464,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {32};
@@ -7181,6 +7475,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -7194,6 +7489,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a43p = a43.data();
@@ -7205,6 +7501,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32};
@@ -7215,6 +7512,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a45p = a45.data();
@@ -7231,6 +7529,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -7251,6 +7550,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -7266,6 +7566,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a49p = a49.data();
@@ -7282,6 +7583,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a52p = a52.data();
     const float *__restrict a51p = a51.data();
@@ -7302,6 +7604,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a53p = a53.data();
@@ -7317,6 +7620,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a55p = a55.data();
@@ -7333,6 +7637,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a58p = a58.data();
     const float *__restrict a57p = a57.data();
@@ -7358,6 +7663,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a60p = a60.data();
     float *__restrict a61p = a61.data();
@@ -7387,6 +7693,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {};
   static const support::Shape shape33_3 = {};
   static const support::Shape shape33_4 = {32};
@@ -7397,6 +7704,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a63p = a63.data();
@@ -7410,6 +7718,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -7421,6 +7730,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape36_1 = {};
   static const support::Shape shape36_3 = {};
   static const support::Shape shape36_4 = {32};
@@ -7431,6 +7741,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     const float *__restrict a67p = a67.data();
@@ -7447,6 +7758,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a65p = a65.data();
     const float *__restrict a61p = a61.data();
@@ -7467,6 +7779,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a70p = a70.data();
     const float *__restrict a69p = a69.data();
@@ -7482,6 +7795,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a72p = a72.data();
     const float *__restrict a71p = a71.data();
@@ -7498,6 +7812,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a74p = a74.data();
     const float *__restrict a73p = a73.data();
@@ -7518,6 +7833,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a75p = a75.data();
@@ -7533,6 +7849,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a77p = a77.data();
@@ -7549,6 +7866,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a80p = a80.data();
     const float *__restrict a79p = a79.data();
@@ -7569,6 +7887,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
@@ -7584,6 +7903,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a84p = a84.data();
     const float *__restrict a83p = a83.data();
@@ -7600,6 +7920,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a86p = a86.data();
     const float *__restrict a85p = a85.data();
@@ -7620,6 +7941,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a88p = a88.data();
     const float *__restrict a87p = a87.data();
@@ -7635,6 +7957,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a90p = a90.data();
     const float *__restrict a89p = a89.data();
@@ -7651,6 +7974,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a92p = a92.data();
     const float *__restrict a91p = a91.data();
@@ -7676,6 +8000,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
@@ -7705,6 +8030,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape52_1 = {};
   static const support::Shape shape52_3 = {};
   static const support::Shape shape52_4 = {32};
@@ -7715,6 +8041,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a98p = a98.data();
     const float *__restrict a97p = a97.data();
@@ -7728,6 +8055,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a100p = a100.data();
     const float *__restrict a99p = a99.data();
@@ -7739,6 +8067,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape55_1 = {};
   static const support::Shape shape55_3 = {};
   static const support::Shape shape55_4 = {32};
@@ -7749,6 +8078,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a102p = a102.data();
     const float *__restrict a101p = a101.data();
@@ -7765,6 +8095,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a99p = a99.data();
     const float *__restrict a95p = a95.data();
@@ -7785,6 +8116,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a104p = a104.data();
     const float *__restrict a103p = a103.data();
@@ -7800,6 +8132,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a106p = a106.data();
     const float *__restrict a105p = a105.data();
@@ -7832,9 +8165,11 @@ void T5Train::repeated1(
     support::View a59, support::View a60, support::View a61, support::ConstView a62,
     support::View a63, support::View a64, support::ConstView a65, support::View a66,
     support::View a67, support::View a68, support::View a69, support::View a70) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -7848,6 +8183,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -7856,6 +8192,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -7866,6 +8203,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -7884,6 +8222,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -7893,6 +8232,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -7906,6 +8246,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -7914,6 +8255,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -7924,6 +8266,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -7942,6 +8285,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -7951,6 +8295,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -7964,6 +8309,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -7972,6 +8318,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -7982,6 +8329,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -8000,6 +8348,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -8009,6 +8358,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -8022,6 +8372,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -8032,6 +8383,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -8050,6 +8402,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -8058,6 +8411,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -8067,6 +8421,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -8086,6 +8441,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -8109,6 +8465,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8132,6 +8489,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -8141,6 +8499,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -8154,6 +8513,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32, 8};
   static const support::Shape shape25_3 = {16, 1};
   static const support::Shape shape25_4 = {2};
@@ -8162,6 +8522,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape26_1 = {32, 2};
   static const support::Shape shape26_3 = {16, 8};
   static const support::Shape shape26_4 = {8};
@@ -8172,6 +8533,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -8190,6 +8552,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {2};
   static const support::Shape shape28_4 = {2};
@@ -8199,6 +8562,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -8212,6 +8576,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape30_1 = {32, 8};
   static const support::Shape shape30_3 = {16, 1};
   static const support::Shape shape30_4 = {2};
@@ -8220,6 +8585,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape31_1 = {32, 2};
   static const support::Shape shape31_3 = {16, 8};
   static const support::Shape shape31_4 = {8};
@@ -8230,6 +8596,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -8248,6 +8615,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {32};
   static const support::Shape shape33_3 = {2};
   static const support::Shape shape33_4 = {2};
@@ -8257,6 +8625,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a44p = a44.data();
@@ -8270,6 +8639,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape35_1 = {32, 8};
   static const support::Shape shape35_3 = {16, 1};
   static const support::Shape shape35_4 = {2};
@@ -8278,6 +8648,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape36_1 = {32, 2};
   static const support::Shape shape36_3 = {16, 8};
   static const support::Shape shape36_4 = {8};
@@ -8288,6 +8659,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -8306,6 +8678,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape38_1 = {32};
   static const support::Shape shape38_3 = {2};
   static const support::Shape shape38_4 = {2};
@@ -8315,6 +8688,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a50p = a50.data();
@@ -8328,6 +8702,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape40_1 = {2, 8};
   static const support::Shape shape40_3 = {256, 32};
   static const support::Shape shape40_4 = {32};
@@ -8338,6 +8713,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a52p = a52.data();
@@ -8356,6 +8732,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape42_1 = {2, 32};
   static const support::Shape shape42_3 = {256, 1};
   static const support::Shape shape42_4 = {8};
@@ -8364,6 +8741,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape43_1 = {2};
   static const support::Shape shape43_3 = {8};
   static const support::Shape shape43_4 = {8};
@@ -8373,6 +8751,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a53p = a53.data();
@@ -8392,6 +8771,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -8415,6 +8795,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -8438,6 +8819,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape47_1 = {};
   static const support::Shape shape47_3 = {};
   static const support::Shape shape47_4 = {2, 8, 32};
@@ -8447,6 +8829,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -8460,6 +8843,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape49_1 = {32};
   static const support::Shape shape49_3 = {32};
   static const support::Shape shape49_4 = {32};
@@ -8469,6 +8853,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -8482,6 +8867,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape51_1 = {32};
   static const support::Shape shape51_3 = {1};
   static const support::Shape shape51_4 = {32};
@@ -8490,6 +8876,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape52_1 = {32};
   static const support::Shape shape52_3 = {32};
   static const support::Shape shape52_4 = {32};
@@ -8500,6 +8887,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a68p = a68.data();
@@ -8518,6 +8906,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape54_1 = {};
   static const support::Shape shape54_3 = {};
   static const support::Shape shape54_4 = {32};
@@ -8548,9 +8937,11 @@ void T5Train::repeated2(
     support::View a72, support::View a73, support::ConstView a74, support::ConstView a75,
     support::View a76, support::ConstView a77, support::View a78, support::View a79,
     support::ConstView a80, support::View a81, support::View a82, support::View a83) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -8570,6 +8961,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -8593,6 +8985,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -8616,6 +9009,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -8625,6 +9019,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -8644,6 +9039,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -8667,6 +9063,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -8690,6 +9087,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -8699,6 +9097,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -8718,6 +9117,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -8741,6 +9141,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8764,6 +9165,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -8773,6 +9175,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a32p = a32.data();
@@ -8792,6 +9195,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     float *__restrict a37p = a37.data();
@@ -8815,6 +9219,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     float *__restrict a40p = a40.data();
@@ -8838,6 +9243,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {32, 2, 8};
@@ -8847,6 +9253,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a42p = a42.data();
@@ -8866,6 +9273,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -8889,6 +9297,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -8912,6 +9321,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 2, 8};
@@ -8921,6 +9331,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a52p = a52.data();
@@ -8940,6 +9351,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     float *__restrict a57p = a57.data();
@@ -8963,6 +9375,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -8986,6 +9399,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 2, 8};
@@ -8996,6 +9410,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -9014,6 +9429,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {1};
   static const support::Shape shape25_4 = {32};
@@ -9022,6 +9438,7 @@ void T5Train::repeated2(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {32};
@@ -9031,6 +9448,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a67p = a67.data();
     const float *__restrict a63p = a63.data();
@@ -9048,6 +9466,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     float *__restrict a69p = a69.data();
@@ -9071,6 +9490,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a71p = a71.data();
     float *__restrict a72p = a72.data();
@@ -9092,6 +9512,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32, 32};
@@ -9101,6 +9522,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a74p = a74.data();
@@ -9118,6 +9540,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     float *__restrict a79p = a79.data();
@@ -9141,6 +9564,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a81p = a81.data();
     float *__restrict a82p = a82.data();
@@ -9162,6 +9586,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape34_1 = {};
   static const support::Shape shape34_3 = {};
   static const support::Shape shape34_4 = {32, 32};
@@ -9185,8 +9610,10 @@ void T5Train::repeated3(
     support::View a46, support::View a47, support::ConstView a48, support::View a49,
     support::View a50, support::View a51, support::View a52, support::View a53, support::View a54,
     support::View a55) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -9203,33 +9630,39 @@ void T5Train::repeated3(
 
   // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%174, n) over model resolved
   // together, 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::allReduceBucket(group_model, {a0, a2});
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a2.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a2.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a4.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a9p = a9.data();
@@ -9245,6 +9678,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape7_2 = {2, 2, 8};
   static const support::Shape shape7_3 = {128, 64, 8};
   static const support::Shape shape7_4 = {128, 64, 8};
@@ -9255,6 +9689,7 @@ void T5Train::repeated3(
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 2, 8, 8, 8, 32},
@@ -9264,6 +9699,7 @@ void T5Train::repeated3(
   einsumPlan8.run(einsumPlan8Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:121:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -9277,12 +9713,15 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a17, a16);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -9294,6 +9733,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape13_1 = {2, 8};
   static const support::Shape shape13_3 = {256, 32};
   static const support::Shape shape13_4 = {32};
@@ -9303,6 +9743,7 @@ void T5Train::repeated3(
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -9316,6 +9757,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a16p = a16.data();
@@ -9331,6 +9773,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a21p = a21.data();
@@ -9347,33 +9790,39 @@ void T5Train::repeated3(
 
   // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%196, %197) over model resolved
   // together, 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::allReduceBucket(group_model, {a21, a23});
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan18.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan19.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan20.run(a26.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan21.run(a25.data(), a28.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a31p = a31.data();
@@ -9389,6 +9838,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape23_2 = {2, 2, 8};
   static const support::Shape shape23_3 = {256, 128, 16};
   static const support::Shape shape23_4 = {256, 128, 16};
@@ -9399,6 +9849,7 @@ void T5Train::repeated3(
                  shape23_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 2, 8, 16, 8, 32},
@@ -9408,6 +9859,7 @@ void T5Train::repeated3(
   einsumPlan24.run(einsumPlan24Operands, a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a16p = a16.data();
@@ -9421,12 +9873,15 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a38, a37);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a38.data(), a38.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -9438,6 +9893,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape29_1 = {2, 8};
   static const support::Shape shape29_3 = {256, 32};
   static const support::Shape shape29_4 = {32};
@@ -9447,6 +9903,7 @@ void T5Train::repeated3(
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a41p = a41.data();
     const float *__restrict a40p = a40.data();
@@ -9460,6 +9917,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a37p = a37.data();
@@ -9475,6 +9933,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a42p = a42.data();
@@ -9491,15 +9950,18 @@ void T5Train::repeated3(
 
   // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%218, %219) over model resolved
   // together, 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   support::allReduceBucket(group_model, {a42, a44});
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan34.run(a44.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a47p = a47.data();
     const float *__restrict a46p = a46.data();
@@ -9511,12 +9973,14 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan36.run(a47.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a37p = a37.data();
@@ -9530,12 +9994,15 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a51, a50);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a51.data(), a51.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a52p = a52.data();
     const float *__restrict a51p = a51.data();
@@ -9547,6 +10014,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape41_1 = {2, 8};
   static const support::Shape shape41_3 = {256, 32};
   static const support::Shape shape41_4 = {32};
@@ -9556,6 +10024,7 @@ void T5Train::repeated3(
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a53p = a53.data();
@@ -9569,6 +10038,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a55p = a55.data();
     const float *__restrict a50p = a50.data();
@@ -9597,8 +10067,10 @@ void T5Train::repeated4(
     support::ConstView a37, support::View a38, support::View a39, support::ConstView a40,
     support::ConstView a41, support::ConstView a42, support::View a43, support::View a44,
     support::View a45, support::View a46) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -9612,6 +10084,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 16};
@@ -9623,6 +10096,7 @@ void T5Train::repeated4(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -9649,6 +10123,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -9665,6 +10140,7 @@ void T5Train::repeated4(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -9696,6 +10172,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, inputs_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 16, 2, 8},
@@ -9705,6 +10182,7 @@ void T5Train::repeated4(
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 16, 8},
@@ -9714,6 +10192,7 @@ void T5Train::repeated4(
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 2, 16, 8},
@@ -9723,6 +10202,7 @@ void T5Train::repeated4(
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -9736,6 +10216,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 16};
   static const support::Shape shape9_3 = {512, 256, 16};
   static const support::Shape shape9_4 = {16};
@@ -9745,6 +10226,7 @@ void T5Train::repeated4(
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -9763,6 +10245,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:83:60 sum
+  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 16, 16};
   static const support::Shape shape11_3 = {256, 16, 1};
   static const support::Shape shape11_4 = {2};
@@ -9771,42 +10254,49 @@ void T5Train::repeated4(
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -9814,6 +10304,7 @@ void T5Train::repeated4(
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -9830,17 +10321,21 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %582 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request6 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan21.run(a23.data(), a28.data(), a36.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
@@ -9854,6 +10349,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {2, 16};
@@ -9865,6 +10361,7 @@ void T5Train::repeated4(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a43p = a43.data();
     float *__restrict a44p = a44.data();
@@ -9891,6 +10388,7 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape26_1 = {2, 16};
   static const support::Shape shape26_3 = {512, 32};
   static const support::Shape shape26_4 = {32};
@@ -9907,6 +10405,7 @@ void T5Train::repeated4(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a42p = a42.data();
@@ -9953,8 +10452,10 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
                         support::ConstView a37, support::View a38, support::ConstView a39,
                         support::View a40, support::ConstView a41, support::View a42,
                         support::ConstView a43, support::View a44) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape0_1 = {2, 8};
   static const support::Shape shape0_3 = {256, 32};
   static const support::Shape shape0_4 = {32};
@@ -9971,6 +10472,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -10002,12 +10504,14 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -10015,6 +10519,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -10031,23 +10536,28 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %339 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request1 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a13p = a13.data();
@@ -10061,6 +10571,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {2, 8};
@@ -10072,6 +10583,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -10098,6 +10610,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape12_1 = {2, 8};
   static const support::Shape shape12_3 = {256, 32};
   static const support::Shape shape12_4 = {32};
@@ -10114,6 +10627,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a21p = a21.data();
@@ -10145,6 +10659,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, inputs, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 16, 2, 8},
@@ -10154,6 +10669,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan14.run(einsumPlan14Operands, a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 32, 2, 16, 8},
@@ -10163,6 +10679,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan15.run(einsumPlan15Operands, a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 2, 16, 8},
@@ -10172,6 +10689,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan16.run(einsumPlan16Operands, a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a28p = a28.data();
@@ -10185,6 +10703,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape18_1 = {2, 2, 8};
   static const support::Shape shape18_3 = {256, 128, 16};
   static const support::Shape shape18_4 = {16};
@@ -10194,6 +10713,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a28p = a28.data();
@@ -10212,30 +10732,35 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan20.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan21.run(a34.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan22.run(a30.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan23.run(a30.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -10255,9 +10780,11 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                         support::View a34, support::ConstView a35, support::View a36,
                         support::View a37, support::View a38, support::View a39,
                         support::View a40) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -10271,6 +10798,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -10279,6 +10807,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -10289,6 +10818,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -10307,6 +10837,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -10316,6 +10847,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -10329,6 +10861,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -10337,6 +10870,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -10347,6 +10881,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -10365,6 +10900,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -10374,6 +10910,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -10387,6 +10924,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -10395,6 +10933,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -10405,6 +10944,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -10423,6 +10963,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -10432,6 +10973,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -10445,6 +10987,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -10455,6 +10998,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -10473,6 +11017,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -10481,6 +11026,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -10490,6 +11036,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -10509,6 +11056,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -10532,6 +11080,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10555,6 +11104,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -10564,6 +11114,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10577,6 +11128,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {32};
   static const support::Shape shape25_4 = {32};
@@ -10586,6 +11138,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -10599,6 +11152,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape27_1 = {32};
   static const support::Shape shape27_3 = {1};
   static const support::Shape shape27_4 = {32};
@@ -10607,6 +11161,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {32};
   static const support::Shape shape28_4 = {32};
@@ -10617,6 +11172,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -10635,6 +11191,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32};
@@ -10658,9 +11215,11 @@ void T5Train::repeated7(
     support::ConstView a44, support::ConstView a45, support::View a46, support::ConstView a47,
     support::View a48, support::View a49, support::ConstView a50, support::View a51,
     support::View a52, support::View a53) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -10680,6 +11239,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -10703,6 +11263,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -10726,6 +11287,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -10735,6 +11297,7 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -10754,6 +11317,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -10777,6 +11341,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -10800,6 +11365,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -10809,6 +11375,7 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -10828,6 +11395,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -10851,6 +11419,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10874,6 +11443,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -10884,6 +11454,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10902,6 +11473,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape13_1 = {32};
   static const support::Shape shape13_3 = {1};
   static const support::Shape shape13_4 = {32};
@@ -10910,6 +11482,7 @@ void T5Train::repeated7(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
   static const support::Shape shape14_4 = {32};
@@ -10919,6 +11492,7 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a33p = a33.data();
@@ -10936,6 +11510,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -10959,6 +11534,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -10980,6 +11556,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {32, 32};
@@ -10989,6 +11566,7 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a44p = a44.data();
@@ -11006,6 +11584,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     float *__restrict a49p = a49.data();
@@ -11029,6 +11608,7 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a51p = a51.data();
     float *__restrict a52p = a52.data();
@@ -11050,6 +11630,7 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {32, 32};
@@ -11069,36 +11650,43 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
                         support::ConstView a26, support::View a27, support::View a28,
                         support::View a29, support::View a30, support::View a31, support::View a32,
                         support::View a33, support::ConstView a34, support::View a35) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model resolved
   // together, 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::allReduceBucket(group_model, {a0, a1});
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a1.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a3.data(), a5.data(), a8.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a8p = a8.data();
@@ -11114,6 +11702,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape6_2 = {2, 2, 16};
   static const support::Shape shape6_3 = {512, 256, 16};
   static const support::Shape shape6_4 = {512, 256, 16};
@@ -11124,6 +11713,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 16, 16, 8, 32},
@@ -11133,6 +11723,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   einsumPlan7.run(einsumPlan7Operands, a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:104:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -11146,12 +11737,15 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a16, a15);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -11163,6 +11757,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape12_1 = {2, 16};
   static const support::Shape shape12_3 = {512, 32};
   static const support::Shape shape12_4 = {32};
@@ -11172,6 +11767,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -11185,6 +11781,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a15p = a15.data();
@@ -11200,6 +11797,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a20p = a20.data();
@@ -11216,15 +11814,18 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
 
   // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%66, %67) over model resolved
   // together, 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:91:22");
   support::allReduceBucket(group_model, {a20, a22});
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan17.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -11236,12 +11837,14 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan19.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 add -> x
+  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a15p = a15.data();
@@ -11255,12 +11858,15 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
   support::copyValues(a29, a28);
 
   // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -11272,6 +11878,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape24_1 = {2, 16};
   static const support::Shape shape24_3 = {512, 32};
   static const support::Shape shape24_4 = {32};
@@ -11281,6 +11888,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a31p = a31.data();
@@ -11294,6 +11902,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a28p = a28.data();
@@ -11309,6 +11918,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   }
 
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a33p = a33.data();
@@ -11336,8 +11946,10 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a28, support::View a29, support::ConstView a30,
                         support::View a31, support::View a32, support::ConstView a33,
                         support::View a34, support::View a35) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -11351,6 +11963,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -11362,6 +11975,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -11388,6 +12002,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -11404,6 +12019,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -11435,6 +12051,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, targets_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 8, 2, 8},
@@ -11444,6 +12061,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 2, 8, 8},
@@ -11453,6 +12071,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 2, 8, 8},
@@ -11462,6 +12081,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -11475,6 +12095,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 8};
   static const support::Shape shape9_3 = {128, 64, 8};
   static const support::Shape shape9_4 = {8};
@@ -11484,6 +12105,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -11502,6 +12124,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:83:60 sum
+  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 8, 8};
   static const support::Shape shape11_3 = {64, 8, 1};
   static const support::Shape shape11_4 = {2};
@@ -11510,42 +12133,49 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -11553,6 +12183,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -11577,10 +12208,12 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
                          support::View a15, support::View a16, support::View a17, support::View a18,
                          support::View a19, support::View a20, support::View a21,
                          support::View a22) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11601,6 +12234,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11616,6 +12250,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11632,6 +12267,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11657,6 +12293,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a15p = a15.data();
@@ -11686,6 +12323,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32};
@@ -11696,6 +12334,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11709,6 +12348,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11720,6 +12360,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -11730,6 +12371,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11746,6 +12388,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a15p = a15.data();
@@ -11772,10 +12415,12 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a15, support::View a16, support::ConstView a17,
                          support::View a18, support::ConstView a19, support::View a20,
                          support::ConstView a21, support::View a22) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11796,6 +12441,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11811,6 +12457,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11827,6 +12474,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11847,6 +12495,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -11862,6 +12511,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -11878,6 +12528,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11898,6 +12549,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11913,6 +12565,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11929,6 +12582,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11957,8 +12611,10 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a21, support::View a22, support::View a23,
                          support::ConstView a24, support::View a25, support::View a26,
                          support::ConstView a27, support::View a28, support::View a29) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -11970,6 +12626,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -11978,6 +12635,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -11989,6 +12647,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -11997,6 +12656,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12008,6 +12668,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -12016,6 +12677,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12027,6 +12689,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -12035,6 +12698,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -12046,6 +12710,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 2, 8};
@@ -12054,6 +12719,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12065,6 +12731,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -12073,6 +12740,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -12084,6 +12752,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32, 2, 8};
@@ -12092,6 +12761,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -12103,6 +12773,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {2, 8, 32};
@@ -12111,6 +12782,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -12122,6 +12794,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
   static const support::Shape shape17_4 = {32, 32};
@@ -12130,6 +12803,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -12141,6 +12815,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 32};
@@ -12155,6 +12830,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
                          support::View a10, support::ConstView a11, support::View a12,
                          support::ConstView a13, support::View a14, support::ConstView a15,
                          support::View a16) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -12164,6 +12840,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -12193,6 +12870,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -12203,6 +12881,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12216,6 +12895,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -12227,6 +12907,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -12237,6 +12918,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -12253,6 +12935,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -12273,6 +12956,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -12288,6 +12972,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12308,8 +12993,10 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12321,6 +13008,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -12329,6 +13017,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -12340,6 +13029,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -12348,6 +13038,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12359,6 +13050,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -12367,6 +13059,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12378,6 +13071,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -12386,6 +13080,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -12397,6 +13092,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 32};
@@ -12405,6 +13101,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12416,6 +13113,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 32};
@@ -12429,10 +13127,12 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -12451,6 +13151,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {8};
@@ -12459,6 +13160,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {8};
@@ -12468,6 +13170,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -12485,6 +13188,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -12508,6 +13212,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -12529,6 +13234,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
@@ -12540,10 +13246,12 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
 void T5Train::repeated16(support::ConstView a0, support::View a1, support::ConstView a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12559,6 +13267,7 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a2p = a2.data();
@@ -12575,6 +13284,7 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -12597,8 +13307,10 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::View a9) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -12612,6 +13324,7 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -12623,6 +13336,7 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();

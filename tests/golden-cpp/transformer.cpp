@@ -251,6 +251,7 @@ void Lm::computeInvariants() {
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "lm");
   // Arena: 90112 bytes for 655360 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
@@ -263,8 +264,10 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
 
 void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:33:44 one_hot
+  MESHRT_TRACE("one_hot", "transformer.mesh:33:44", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v4 = arena_.view(16384, 3072);
   static const support::Shape shape0_1 = {2, 32, 48};
@@ -274,6 +277,7 @@ void Lm::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:33:37 einsum
+  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "forward");
   const support::Buffer &v1 = param0_decoder_token_embedding;
   support::View v5 = arena_.view(0, 4096);
   // dims: batch, seq, vocab, d_model
@@ -283,9 +287,11 @@ void Lm::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %5 over model for add at
   // 34:37)
+  MESHRT_TRACE_SITE("transformer.mesh:34:37");
   group_model.allReduce(v5.data(), v5.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
+  MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
   const support::Buffer &v2 = param1_decoder_position_embedding;
   support::View v7 = arena_.view(16384, 4096);
   {
@@ -303,6 +309,7 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v18 = arena_.view(0, 4096);
   static const support::Shape shape4_2 = {2, 32};
   static const support::Shape shape4_3 = {2048, 64};
@@ -315,6 +322,7 @@ void Lm::runPart0(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
   support::View v20 = arena_.view(32768, 4096);
@@ -336,6 +344,7 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
   support::View v25 = arena_.view(49152, 2048);
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
@@ -350,6 +359,7 @@ void Lm::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:62 mul -> allowed
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
+  MESHRT_TRACE("loop", "transformer.mesh:38:51", "forward");
   support::View v14 = persistent_.view(4288, 1024);
   support::View v34 = arena_.view(81920, 2048);
   {
@@ -374,6 +384,7 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // 15 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v36 = arena_.view(32768, 4096);
   support::View v37 = arena_.view(0, 4096);
   support::View v38 = arena_.view(32768, 2048);
@@ -400,6 +411,7 @@ void Lm::runPart0(const Inputs &inputs) {
             v49, v55, v50, v58, v61, v59, v60, v63);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
   support::View v68 = arena_.view(49152, 2048);
   const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
@@ -410,6 +422,7 @@ void Lm::runPart0(const Inputs &inputs) {
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
   // 15 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v79 = arena_.view(32768, 4096);
   support::View v80 = arena_.view(0, 4096);
   support::View v81 = arena_.view(32768, 2048);
@@ -436,6 +449,7 @@ void Lm::runPart0(const Inputs &inputs) {
             v96, v92, v98, v93, v101, v104, v102, v103, v106);
 
   // transformer.mesh:43:10 einsum -> logits
+  MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   const support::Buffer &v3 = param2_decoder_unembed;
   support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
@@ -452,8 +466,10 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::View a17, support::ConstView a18, support::View a19,
                    support::ConstView a20, support::View a21, support::View a22,
                    support::ConstView a23, support::ConstView a24, support::View a25) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -472,6 +488,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // layers.mesh:43:17 softmax -> weights
+  MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
   static const support::Shape shape1_2 = {2, 2, 32};
   static const support::Shape shape1_3 = {2048, 1024, 32};
   static const support::Shape shape1_4 = {2048, 1024, 32};
@@ -482,12 +499,14 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                  support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -495,9 +514,11 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
+  MESHRT_TRACE_SITE("transformer.mesh:21:13");
   group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
+  MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -511,6 +532,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape6_2 = {2, 32};
   static const support::Shape shape6_3 = {2048, 64};
   static const support::Shape shape6_4 = {2048, 64};
@@ -522,6 +544,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a10p = a10.data();
@@ -540,6 +563,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -547,6 +571,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a15p = a15.data();
@@ -563,16 +588,19 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan10.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a19p = a19.data();
@@ -591,6 +619,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape13_2 = {2, 32};
   static const support::Shape shape13_3 = {2048, 64};
   static const support::Shape shape13_4 = {2048, 64};
@@ -602,6 +631,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a22p = a22.data();
@@ -623,20 +653,24 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                    support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                    support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -644,6 +678,7 @@ void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1239,6 +1274,7 @@ void LmTrain::computeInvariants() {
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "lm_train");
   // Arena: 553024 bytes for 2148884 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
@@ -1257,8 +1293,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
 void LmTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:54:17 shift -> targets
+  MESHRT_TRACE("shift", "transformer.mesh:54:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(192512, 64);
   static const support::Shape shape0_2 = {2, 32};
@@ -1268,6 +1306,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:51 ge
   // transformer.mesh:55:24 cast
   // transformer.mesh:38:39 cast
+  MESHRT_TRACE("loop", "transformer.mesh:55:36", "forward");
   support::View v4 = arena_.view(16384, 64);
   {
     float *__restrict v4p = v4.data();
@@ -1282,11 +1321,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer.mesh:55:18 shift -> has_next
+  MESHRT_TRACE("shift", "transformer.mesh:55:18", "forward");
   support::View v5 = arena_.view(192768, 64);
   static const support::Shape shape2_2 = {2, 32};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
   // transformer.mesh:33:44 one_hot
+  MESHRT_TRACE("one_hot", "transformer.mesh:33:44", "forward");
   support::View v9 = arena_.view(442368, 3072);
   static const support::Shape shape3_1 = {2, 32, 48};
   static const support::Shape shape3_3 = {32, 1, 0};
@@ -1295,6 +1336,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:33:37 einsum
+  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "forward");
   support::View v6(param0_decoder_token_embedding); // updated in place
   support::View v10 = arena_.view(0, 4096);
   // dims: batch, seq, vocab, d_model
@@ -1304,9 +1346,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
   // 34:37)
+  MESHRT_TRACE_SITE("transformer.mesh:34:37");
   group_model.allReduce(v10.data(), v10.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
+  MESHRT_TRACE("loop", "transformer.mesh:34:37", "forward");
   support::View v7(param1_decoder_position_embedding); // updated in place
   support::View v12 = arena_.view(196608, 4096);
   {
@@ -1324,6 +1368,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v23 = arena_.view(212992, 4096);
   static const support::Shape shape7_2 = {2, 32};
   static const support::Shape shape7_3 = {2048, 64};
@@ -1336,6 +1381,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
@@ -1357,6 +1403,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
   support::View v30 = arena_.view(479232, 2048);
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
@@ -1369,6 +1416,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:38:62 mul -> allowed
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
+  MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
   support::View v39 = arena_.view(503808, 2048);
   {
@@ -1390,6 +1438,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // 15 statements from layers.mesh:43:25 where (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v41 = arena_.view(16384, 4096);
   support::View v42 = arena_.view(245760, 4096);
   support::View v43 = arena_.view(512000, 2048);
@@ -1418,6 +1467,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
             "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v73 = arena_.view(520192, 2048);
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
@@ -1428,6 +1478,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
   // 15 statements from layers.mesh:43:25 where (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v84 = arena_.view(16384, 4096);
   support::View v85 = arena_.view(360448, 4096);
   support::View v86 = arena_.view(544768, 2048);
@@ -1456,6 +1507,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
+  MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v112 = arena_.view(180224, 3072);
   // dims: batch, seq, d_model, vocab
@@ -1464,6 +1516,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   einsumPlan14.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
 
   // transformer.mesh:56:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "transformer.mesh:56:14", "forward");
   support::View v113 = arena_.view(425984, 3072);
   static const support::Shape shape15_2 = {2, 32};
   static const support::Shape shape15_3 = {1536, 48};
@@ -1475,6 +1528,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                  shape15_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
+  MESHRT_TRACE("one_hot", "transformer.mesh:59:32", "forward");
   support::View v114 = arena_.view(180224, 3072);
   static const support::Shape shape16_1 = {2, 32, 48};
   static const support::Shape shape16_3 = {32, 1, 0};
@@ -1483,6 +1537,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
+  MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
   support::View v115 = arena_.view(454656, 3072);
   {
     float *__restrict v115p = v115.data();
@@ -1497,6 +1552,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer.mesh:59:21 sum
+  MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(192512, 64);
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {1536, 48};
@@ -1507,6 +1563,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
+  MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
   support::View v118 = arena_.view(193024, 64);
   {
     float *__restrict v118p = v118.data();
@@ -1522,6 +1579,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer.mesh:60:14 sum
+  MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
   support::View v119 = arena_.view(192640, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
@@ -1531,11 +1589,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
+  MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
   support::View v120 = arena_.view(192512, 32);
   static const support::Shape shape21_2 = {2, 32};
   support::sliceDim(v120, v5, shape21_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
   support::View v121 = arena_.view(192704, 1);
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
@@ -1546,13 +1606,16 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
   // resolved together, 8 B in one buffer)
+  MESHRT_TRACE_SITE("transformer.mesh:60:41");
   support::allReduceBucket(group_data_model, {v119, v121});
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:60:41 div -> loss
+  MESHRT_TRACE("loop", "transformer.mesh:60:41", "forward");
   support::View v119 = arena_.view(192640, 1);
   support::View v121 = arena_.view(192704, 1);
   support::View v124 = arena_.view(552960, 1);
@@ -1572,6 +1635,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:59:20 neg
   // transformer.mesh:59:21 broadcast
   // transformer.mesh:59:30 mul
+  MESHRT_TRACE("loop", "transformer.mesh:60:41", "backward");
   support::View v5 = arena_.view(192768, 64);
   support::View v114 = arena_.view(180224, 3072);
   support::View v131 = arena_.view(454656, 3072);
@@ -1598,6 +1662,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer.mesh:56:14 sum
+  MESHRT_TRACE("sum", "transformer.mesh:56:14", "backward");
   support::View v132 = arena_.view(180224, 64);
   static const support::Shape shape2_1 = {2, 32};
   static const support::Shape shape2_3 = {1536, 48};
@@ -1608,11 +1673,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
   // 56:14)
+  MESHRT_TRACE_SITE("transformer.mesh:56:14");
   group_model.allReduce(v132.data(), v132.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:56:14 exp
   // transformer.mesh:56:14 mul
   // transformer.mesh:56:14 sub
+  MESHRT_TRACE("loop", "transformer.mesh:56:14", "backward");
   support::View v113 = arena_.view(425984, 3072);
   support::View v136 = arena_.view(466944, 3072);
   {
@@ -1634,6 +1701,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer.mesh:43:10 einsum
+  MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v137 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
@@ -1642,9 +1710,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
   einsumPlan5.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request0 = support::startAllReduce(group_model, {v137}, meshrt::ReduceOp::Sum);
 
   // transformer.mesh:43:10 einsum -> grad/decoder/unembed
+  MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v111 = arena_.view(163840, 4096);
   support::View v138 = arena_.view(454656, 3072);
   // dims: batch, seq, vocab, d_model
@@ -1652,9 +1722,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   support::View v140 = arena_.view(467456, 64);
   static const support::Shape shape9_1 = {64};
   static const support::Shape shape9_3 = {1};
@@ -1664,6 +1736,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
   support::View v142 = arena_.view(163840, 4096);
   {
@@ -1679,6 +1752,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   support::View v143 = arena_.view(467712, 64);
   static const support::Shape shape11_1 = {64};
   static const support::Shape shape11_3 = {1};
@@ -1688,6 +1762,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
   support::View v144 = arena_.view(425984, 64);
   static const support::Shape shape12_1 = {2, 32};
@@ -1699,6 +1774,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v146 = arena_.view(163840, 4096);
   {
     float *__restrict v146p = v146.data();
@@ -1716,6 +1792,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v147 = arena_.view(16384, 64);
   static const support::Shape shape14_1 = {2, 32};
   static const support::Shape shape14_3 = {2048, 64};
@@ -1726,6 +1803,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v150 = arena_.view(466944, 64);
   {
     float *__restrict v150p = v150.data();
@@ -1741,6 +1819,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v141 = arena_.view(16384, 4096);
   support::View v151 = arena_.view(163840, 4096);
@@ -1764,6 +1843,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(180224, 64);
   static const support::Shape shape17_1 = {2, 32};
   static const support::Shape shape17_3 = {2048, 64};
@@ -1773,6 +1853,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v154 = arena_.view(163840, 64);
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {2048, 64};
@@ -1785,6 +1866,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   support::View v157 = arena_.view(425984, 4096);
   {
     float *__restrict v157p = v157.data();
@@ -1810,6 +1892,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   }
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
   support::View v159 = arena_.view(0, 8192);
   support::View v102 = arena_.view(131072, 8192);
@@ -1887,6 +1970,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
   support::View v249 = arena_.view(98304, 8192);
   support::View v59 = arena_.view(65536, 8192);
@@ -1963,6 +2047,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
             "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
+  MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
   support::View v332 = arena_.view(196608, 2048);
   static const support::Shape shape22_1 = {32, 64};
   static const support::Shape shape22_3 = {64, 1};
@@ -1972,6 +2057,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
+  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "backward");
   support::View v9 = arena_.view(442368, 3072);
   support::View v333 = arena_.view(114688, 3072);
   // dims: batch, seq, d_model, vocab
@@ -1982,10 +2068,12 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
   // together, 228.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v138 = arena_.view(454656, 3072);
   support::View v140 = arena_.view(467456, 64);
   support::View v143 = arena_.view(467712, 64);
@@ -2020,6 +2108,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                                         v276, v292, v305, v309, v312, v314, v317, v332, v333});
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v358 = arena_.view(65536, 3072);
   {
     float *__restrict v358p = v358.data();
@@ -2032,6 +2121,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v359 = arena_.view(98304, 1);
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
@@ -2041,6 +2131,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v361 = arena_.view(65536, 2048);
   {
     float *__restrict v361p = v361.data();
@@ -2053,11 +2144,13 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %345 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v362 = arena_.view(73728, 1024);
   static const support::Shape shape4_2 = {32, 64};
   support::sliceDim(v362, v361, shape4_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v363 = arena_.view(98368, 1);
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
@@ -2067,6 +2160,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v366 = arena_.view(65536, 3072);
   {
     float *__restrict v366p = v366.data();
@@ -2079,6 +2173,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v367 = arena_.view(98432, 1);
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
@@ -2088,6 +2183,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v370 = arena_.view(65536, 64);
   {
     float *__restrict v370p = v370.data();
@@ -2100,11 +2196,13 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v371 = arena_.view(65792, 32);
   static const support::Shape shape9_2 = {64};
   support::sliceDim(v371, v370, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v372 = arena_.view(98496, 1);
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
@@ -2114,6 +2212,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v375 = arena_.view(65536, 64);
   {
     float *__restrict v375p = v375.data();
@@ -2126,11 +2225,13 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %354 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
   static const support::Shape shape12_2 = {64};
   support::sliceDim(v376, v375, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v377 = arena_.view(98560, 1);
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
@@ -2140,6 +2241,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v380 = arena_.view(65536, 2048);
   support::View v384 = arena_.view(65536, 2048);
   support::View v388 = arena_.view(65536, 2048);
@@ -2174,6 +2276,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
             v415, v248, v418, v419, v420, v233, v423, v424, v425, v230, v428, v429, v430);
 
   // 29 statements from transformer.mesh:61:3 square (2 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v433 = arena_.view(65536, 2048);
   support::View v437 = arena_.view(65536, 2048);
   support::View v441 = arena_.view(65536, 2048);
@@ -2235,6 +2338,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v484 = arena_.view(65600, 1);
   {
     float *__restrict v484p = v484.data();
@@ -2329,11 +2433,13 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %428 over model for sqrt at
   // 61:3)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   group_model.allReduce(v484.data(), v484.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:61:3 sqrt -> global_grad_norm
   // transformer.mesh:61:3 maximum
   // transformer.mesh:61:3 div
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   support::View v488 = arena_.view(65664, 1);
   {
     float *__restrict v488p = v488.data();
@@ -2366,6 +2472,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sub
   // transformer.mesh:61:3 pow
   // transformer.mesh:61:3 sub
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v356 = arena_.view(65536, 1);
   support::View v532 = arena_.view(65600, 1);
   support::View v534 = arena_.view(65728, 1);
@@ -2429,6 +2536,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/token_embedding
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v6(param0_decoder_token_embedding);      // updated in place
   support::View v518(param29_decoder_token_embedding_m); // updated in place
   support::View v519(param30_decoder_token_embedding_v); // updated in place
@@ -2497,6 +2605,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/position_embedding
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v7(param1_decoder_position_embedding);      // updated in place
   support::View v546(param31_decoder_position_embedding_m); // updated in place
   support::View v547(param32_decoder_position_embedding_v); // updated in place
@@ -2565,6 +2674,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/unembed
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v8(param2_decoder_unembed);      // updated in place
   support::View v566(param33_decoder_unembed_m); // updated in place
   support::View v567(param34_decoder_unembed_v); // updated in place
@@ -2617,6 +2727,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v21(param3_decoder_decoder_layer_0_norm_gain);     // updated in place
   support::View v586(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
   support::View v587(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
@@ -2625,8 +2736,10 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
 void LmTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from transformer.mesh:61:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v314 = arena_.view(126976, 64);
   support::View v488 = arena_.view(65664, 1);
@@ -2638,6 +2751,7 @@ void LmTrain::runPart3(const Inputs &inputs) {
   repeated4(v22, v314, v488, v606, v607, v532, v534, v356);
 
   // 12 statements from transformer.mesh:61:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
   support::View v312 = arena_.view(294912, 2048);
   support::View v626(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
@@ -2692,6 +2806,7 @@ void LmTrain::runPart3(const Inputs &inputs) {
             v233, v826, v827, v65, v230, v846, v847);
 
   // 12 statements from transformer.mesh:61:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v228 = arena_.view(409600, 2048);
   support::View v866(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
@@ -2760,6 +2875,7 @@ void LmTrain::repeated0(
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -2778,6 +2894,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -2843,6 +2960,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -2908,6 +3026,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -2973,6 +3092,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -3038,6 +3158,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -3103,6 +3224,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -3168,6 +3290,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -3233,6 +3356,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -3298,6 +3422,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -3363,6 +3488,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -3428,6 +3554,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -3493,6 +3620,7 @@ void LmTrain::repeated0(
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -3561,8 +3689,10 @@ void LmTrain::repeated1(
     support::ConstView a60, support::View a61, support::View a62, support::View a63,
     support::ConstView a64, support::View a65, support::View a66, support::View a67,
     support::View a68, support::View a69, const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
+  MESHRT_TRACE("sum", "layers.mesh:55:71", "backward");
   static const support::Shape shape0_1 = {64};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 32};
@@ -3571,12 +3701,14 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -3600,6 +3732,7 @@ void LmTrain::repeated1(
   // layers.mesh:54:11 add
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
+  MESHRT_TRACE("loop", "layers.mesh:54:11", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
@@ -3648,6 +3781,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
+  MESHRT_TRACE("sum", "layers.mesh:54:52", "backward");
   static const support::Shape shape4_1 = {128};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {2, 32};
@@ -3656,23 +3790,28 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request1 = support::startAllReduce(group_model, {a10}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request1);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   static const support::Shape shape9_1 = {64};
   static const support::Shape shape9_3 = {1};
   static const support::Shape shape9_4 = {2, 32};
@@ -3681,6 +3820,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a10p = a10.data();
@@ -3694,6 +3834,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   static const support::Shape shape11_1 = {64};
   static const support::Shape shape11_3 = {1};
   static const support::Shape shape11_4 = {2, 32};
@@ -3702,6 +3843,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape12_1 = {2, 32};
   static const support::Shape shape12_3 = {2048, 64};
   static const support::Shape shape12_4 = {64};
@@ -3711,6 +3853,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -3727,6 +3870,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape14_1 = {2, 32};
   static const support::Shape shape14_3 = {2048, 64};
   static const support::Shape shape14_4 = {64};
@@ -3736,6 +3880,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -3750,6 +3895,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a23p = a23.data();
     float *__restrict a24p = a24.data();
@@ -3770,6 +3916,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape17_1 = {2, 32};
   static const support::Shape shape17_3 = {2048, 64};
   static const support::Shape shape17_4 = {64};
@@ -3778,6 +3925,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {2048, 64};
   static const support::Shape shape18_4 = {64};
@@ -3790,6 +3938,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a14p = a14.data();
@@ -3817,30 +3966,35 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan20.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan21.run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan22.run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "backward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan23.run(a29.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
+  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a33p = a33.data();
@@ -3854,6 +4008,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:43:17 sum
+  MESHRT_TRACE("sum", "layers.mesh:43:17", "backward");
   static const support::Shape shape25_1 = {2, 2, 32};
   static const support::Shape shape25_3 = {2048, 1024, 32};
   static const support::Shape shape25_4 = {32};
@@ -3865,6 +4020,7 @@ void LmTrain::repeated1(
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
+  MESHRT_TRACE("loop", "layers.mesh:43:17", "backward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a33p = a33.data();
@@ -3893,42 +4049,49 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:41:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan27.run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "backward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan28.run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan29.run(a35.data(), a44.data(), a45.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan30.run(a35.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan31.run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan32.run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -3936,6 +4099,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
+  MESHRT_TRACE("loop", "layers.mesh:38:18", "backward");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a45p = a45.data();
@@ -3952,17 +4116,21 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "backward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan36.run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
   static const support::Shape shape38_1 = {64};
   static const support::Shape shape38_3 = {1};
   static const support::Shape shape38_4 = {2, 32};
@@ -3971,6 +4139,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a57p = a57.data();
     const float *__restrict a53p = a53.data();
@@ -3984,6 +4153,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
   static const support::Shape shape40_1 = {64};
   static const support::Shape shape40_3 = {1};
   static const support::Shape shape40_4 = {2, 32};
@@ -3992,6 +4162,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape41_1 = {2, 32};
   static const support::Shape shape41_3 = {2048, 64};
   static const support::Shape shape41_4 = {64};
@@ -4001,6 +4172,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a60p = a60.data();
@@ -4017,6 +4189,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape43_1 = {2, 32};
   static const support::Shape shape43_3 = {2048, 64};
   static const support::Shape shape43_4 = {64};
@@ -4026,6 +4199,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -4040,6 +4214,7 @@ void LmTrain::repeated1(
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   {
     float *__restrict a65p = a65.data();
     float *__restrict a66p = a66.data();
@@ -4060,6 +4235,7 @@ void LmTrain::repeated1(
   }
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape46_1 = {2, 32};
   static const support::Shape shape46_3 = {2048, 64};
   static const support::Shape shape46_4 = {64};
@@ -4068,6 +4244,7 @@ void LmTrain::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
+  MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   static const support::Shape shape47_1 = {2, 32};
   static const support::Shape shape47_3 = {2048, 64};
   static const support::Shape shape47_4 = {64};
@@ -4080,6 +4257,7 @@ void LmTrain::repeated1(
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
+  MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a56p = a56.data();
@@ -4118,8 +4296,10 @@ void LmTrain::repeated2(
     support::ConstView a29, support::View a30, support::View a31, support::View a32,
     support::ConstView a33, support::View a34, support::View a35, support::View a36,
     support::ConstView a37, support::View a38, support::View a39, support::View a40) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -4131,6 +4311,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {64, 2, 16};
@@ -4139,6 +4320,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -4150,6 +4332,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {64, 2, 16};
@@ -4158,6 +4341,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -4169,6 +4353,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {64, 2, 16};
@@ -4177,6 +4362,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -4188,6 +4374,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 16, 64};
@@ -4196,6 +4383,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -4207,10 +4395,12 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape9_2 = {64};
   support::sliceDim(a14, a13, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
   static const support::Shape shape10_4 = {32};
@@ -4219,6 +4409,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -4230,10 +4421,12 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape12_2 = {64};
   support::sliceDim(a18, a17, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32};
@@ -4242,6 +4435,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -4253,6 +4447,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {64, 128};
@@ -4261,6 +4456,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -4272,6 +4468,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
   static const support::Shape shape17_4 = {128};
@@ -4280,6 +4477,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -4291,6 +4489,7 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {128, 64};
@@ -4299,6 +4498,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -4310,10 +4510,12 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape21_2 = {64};
   support::sliceDim(a31, a30, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {32};
@@ -4322,6 +4524,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -4333,10 +4536,12 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape24_2 = {64};
   support::sliceDim(a35, a34, shape24_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape25_1 = {};
   static const support::Shape shape25_3 = {};
   static const support::Shape shape25_4 = {32};
@@ -4345,6 +4550,7 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a37p = a37.data();
@@ -4356,10 +4562,12 @@ void LmTrain::repeated2(
   }
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape27_2 = {64};
   support::sliceDim(a39, a38, shape27_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   static const support::Shape shape28_1 = {};
   static const support::Shape shape28_3 = {};
   static const support::Shape shape28_4 = {32};
@@ -4378,8 +4586,10 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a21, support::View a22, support::View a23,
                         support::ConstView a24, support::ConstView a25, support::View a26,
                         const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:43:25 where
+  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -4398,6 +4608,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // layers.mesh:43:17 softmax -> weights
+  MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
   static const support::Shape shape1_2 = {2, 2, 32};
   static const support::Shape shape1_3 = {2048, 1024, 32};
   static const support::Shape shape1_4 = {2048, 1024, 32};
@@ -4408,12 +4619,14 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
                  support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
+  MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -4421,9 +4634,11 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
   // 21:13)
+  MESHRT_TRACE_SITE("transformer.mesh:21:13");
   group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
+  MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -4437,6 +4652,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape6_2 = {2, 32};
   static const support::Shape shape6_3 = {2048, 64};
   static const support::Shape shape6_4 = {2048, 64};
@@ -4448,6 +4664,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a10p = a10.data();
@@ -4466,6 +4683,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // layers.mesh:54:16 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -4474,6 +4692,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   // layers.mesh:55:17 dropout
+  MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
@@ -4498,16 +4717,19 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // layers.mesh:55:10 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan10.run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
+  MESHRT_TRACE_SITE("layers.mesh:55:71");
   group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
+  MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a20p = a20.data();
@@ -4526,6 +4748,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // layers.mesh:24:10 layer_norm
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   static const support::Shape shape13_2 = {2, 32};
   static const support::Shape shape13_3 = {2048, 64};
   static const support::Shape shape13_4 = {2048, 64};
@@ -4537,6 +4760,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
+  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -4558,6 +4782,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
 void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                         support::View a3, support::View a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -4576,6 +4801,7 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -4628,20 +4854,24 @@ void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
 void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
                         support::ConstView a3, support::View a4, support::ConstView a5,
                         support::View a6, support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // layers.mesh:36:11 einsum -> q
+  MESHRT_TRACE("gemm", "layers.mesh:36:11", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:38:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
+  MESHRT_TRACE("gemm", "layers.mesh:39:18", "forward");
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -4649,6 +4879,7 @@ void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::V
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
+  MESHRT_TRACE("gemm", "layers.mesh:41:16", "forward");
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});

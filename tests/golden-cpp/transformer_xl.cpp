@@ -518,6 +518,7 @@ void XlTrain::computeInvariants() {
 }
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "xl_train");
   // Arena: 106816 bytes for 369712 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
@@ -539,8 +540,10 @@ XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
 
 void XlTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:97:17 shift -> targets
+  MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(98304, 16);
   static const support::Shape shape0_2 = {2, 8};
@@ -548,6 +551,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:98:36 ge
   // transformer_xl.mesh:98:24 cast
+  MESHRT_TRACE("loop", "transformer_xl.mesh:98:36", "forward");
   support::View v4 = arena_.view(0, 16);
   {
     float *__restrict v4p = v4.data();
@@ -562,11 +566,13 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:98:18 shift -> has_next
+  MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
   support::View v5 = arena_.view(100352, 16);
   static const support::Shape shape2_2 = {2, 8};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v19 = persistent_.view(9792, 2048);
   support::View v21 = arena_.slot(0, 4096);
   static const support::Shape shape3_2 = {8, 16};
@@ -576,6 +582,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v20 = persistent_.view(17984, 2048);
   static const support::Shape shape4_2 = {8, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -584,6 +591,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // transformer_xl.mesh:87:18 one_hot
+  MESHRT_TRACE("one_hot", "transformer_xl.mesh:87:18", "forward");
   support::View v22 = arena_.view(57344, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -592,6 +600,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 einsum -> x
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "forward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v23 = arena_.view(24576, 512);
   // dims: batch, segment, vocab, d_model
@@ -600,17 +609,21 @@ void XlTrain::runPart0(const Inputs &inputs) {
   einsumPlan6.run(v22.data(), v6.data(), v23.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:79:17 rename
+  MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
   support::View v25 = arena_.copy(59392, v23);
 
   // transformer_xl.mesh:78:9 bucketed_all_reduce_sum -> x (2 partial sums (x, %25) over model
   // resolved together, 4.0 KiB in one buffer)
+  MESHRT_TRACE("copy", "transformer_xl.mesh:78:9", "forward");
   support::View v33 = arena_.copy(61440, v23);
 
   // transformer_xl.mesh:78:9 bucketed_all_reduce_sum -> x (2 partial sums (x, %25) over model
   // resolved together, 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:78:9");
   auto request0 = support::startAllReduce(group_model, {v33, v25}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:55:17 concat -> keys_in
+  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   const support::Buffer &v24 = param1_decoder_xl_layer_0_memory;
   support::View v34 = arena_.slot(32768, 1024);
   static const support::Shape shape10_2 = {2, 32};
@@ -619,9 +632,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::copyWindow(v34.data(), v24.data(), shape10_2, shape10_3, shape10_4, 32, 32, 16, 8,
                       int64_t(0));
 
+  MESHRT_TRACE_SITE("transformer_xl.mesh:78:9");
   group_model.wait(request0);
 
   // 12 statements from transformer_xl.mesh:55:17 concat -> keys_in (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:55:17");
   support::View v26(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
   support::View v35 = arena_.view(28672, 256);
   support::View v27(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
@@ -645,6 +660,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
             v50, v52, v53, v30, v54);
 
   // transformer_xl.mesh:80:18 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
   support::View v55 = arena_.view(69632, 512);
   {
     float *__restrict v55p = v55.data();
@@ -660,9 +676,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:32:10 all_reduce_sum (resolve the partial sum of %54 over model for
   // layer_norm at 32:10)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
   group_model.allReduce(v55.data(), v55.size(), meshrt::ReduceOp::Sum);
 
   // 9 statements from transformer_xl.mesh:32:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
   support::View v59 = arena_.view(71680, 512);
   support::View v56(param9_decoder_xl_layer_0_norm_gain);  // updated in place
   support::View v57(param10_decoder_xl_layer_0_norm_bias); // updated in place
@@ -680,9 +698,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
   repeated4(v59, v55, v56, v57, v61, v62, v64, v65, v63, v66, v68, v71, v69, v70, v73);
 
   // transformer_xl.mesh:79:17 rename
+  MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
   support::View v75 = arena_.copy(86016, v73);
 
   // transformer_xl.mesh:55:17 concat -> keys_in
+  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   const support::Buffer &v74 = param15_decoder_xl_layer_1_memory;
   support::View v83 = arena_.slot(36864, 1024);
   static const support::Shape shape17_2 = {2, 32};
@@ -692,6 +712,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // 12 statements from transformer_xl.mesh:55:17 concat -> keys_in (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:55:17");
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
   support::View v84 = arena_.view(43008, 256);
   support::View v77(param17_decoder_xl_layer_1_relative_attention_k); // updated in place
@@ -716,9 +737,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %100 over model for add at
   // 80:18)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:80:18");
   group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:80:18 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
   support::View v105 = arena_.view(90112, 512);
   {
     float *__restrict v105p = v105.data();
@@ -733,6 +756,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // 9 statements from transformer_xl.mesh:32:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
   support::View v108 = arena_.view(92160, 512);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias); // updated in place
@@ -751,6 +775,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
             v122);
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
   support::View v123 = arena_.view(40960, 512);
   // dims: batch, segment, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan22(
@@ -758,6 +783,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   einsumPlan22.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:99:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "transformer_xl.mesh:99:14", "forward");
   support::View v124 = arena_.view(43008, 512);
   static const support::Shape shape23_2 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
@@ -771,8 +797,10 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
 void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:100:30 one_hot
+  MESHRT_TRACE("one_hot", "transformer_xl.mesh:100:30", "forward");
   support::View v1 = arena_.view(98304, 16);
   support::View v125 = arena_.view(40960, 512);
   static const support::Shape shape0_1 = {2, 8, 32};
@@ -782,6 +810,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:100:28 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
   support::View v124 = arena_.view(43008, 512);
   support::View v126 = arena_.view(98304, 512);
   {
@@ -797,6 +826,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:19 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
   support::View v127 = arena_.view(100416, 16);
   static const support::Shape shape2_1 = {2, 8};
   static const support::Shape shape2_3 = {256, 32};
@@ -806,6 +836,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:62 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
   support::View v5 = arena_.view(100352, 16);
   support::View v128 = arena_.view(98304, 16);
   {
@@ -821,6 +852,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:15 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
   support::View v129 = arena_.view(98368, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
@@ -830,6 +862,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:14", "forward");
   support::View v130 = arena_.view(98432, 1);
   {
     float *__restrict v130p = v130.data();
@@ -840,12 +873,14 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:76 local_slice -> has_next (reshard has_next for sum at 100:76)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:100:76", "forward");
   support::View v131 = arena_.view(98304, 8);
   static const support::Shape shape6_2 = {2, 8};
   support::sliceDim(v131, v5, shape6_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
   support::View v132 = arena_.view(100416, 1);
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
@@ -856,9 +891,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:74 bucketed_all_reduce_sum (2 partial sums (%125, %126) over data,
   // model resolved together, 8 B in one buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:100:74");
   support::allReduceBucket(group_data_model, {v130, v132});
 
   // transformer_xl.mesh:100:74 div -> loss
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "forward");
   support::View v135 = arena_.view(106752, 1);
   {
     float *__restrict v135p = v135.data();
@@ -876,6 +913,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:100:62 mul
   // transformer_xl.mesh:100:19 broadcast
   // transformer_xl.mesh:100:28 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
   support::View v142 = arena_.view(98304, 512);
   {
     float *__restrict v142p = v142.data();
@@ -900,6 +938,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:99:14 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:99:14", "backward");
   support::View v143 = arena_.view(40960, 16);
   static const support::Shape shape11_1 = {2, 8};
   static const support::Shape shape11_3 = {256, 32};
@@ -910,11 +949,13 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // transformer_xl.mesh:99:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at
   // 99:14)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:99:14");
   group_model.allReduce(v143.data(), v143.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:99:14 exp
   // transformer_xl.mesh:99:14 mul
   // transformer_xl.mesh:99:14 sub
+  MESHRT_TRACE("loop", "transformer_xl.mesh:99:14", "backward");
   support::View v147 = arena_.view(100352, 512);
   {
     float *__restrict v147p = v147.data();
@@ -935,6 +976,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v148 = arena_.view(98304, 512);
   // dims: batch, segment, vocab, d_model
@@ -944,9 +986,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %139 over model for sum at
   // 32:40)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   auto request1 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v122 = arena_.view(96256, 512);
   support::View v149 = arena_.view(40960, 1024);
   // dims: batch, segment, vocab, d_model
@@ -954,10 +998,12 @@ void XlTrain::runPart1(const Inputs &inputs) {
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
   einsumPlan16.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request1);
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v120 = arena_.view(47104, 512);
   support::View v153 = arena_.view(96256, 512);
   support::View v155 = arena_.view(100352, 16);
@@ -1045,6 +1091,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(81920, 512);
   support::View v226 = arena_.view(24576, 512);
   support::View v228 = arena_.view(26624, 16);
@@ -1129,6 +1176,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v292, v33, v291, v294);
 
   // transformer_xl.mesh:87:11 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "backward");
   support::View v22 = arena_.view(57344, 512);
   support::View v295 = arena_.view(0, 1024);
   // dims: batch, segment, d_model, vocab
@@ -1137,6 +1185,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   einsumPlan20.run(v294.data(), v22.data(), v295.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
+  MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v296 = arena_.view(4096, 1024);
   {
     float *__restrict v296p = v296.data();
@@ -1154,11 +1203,13 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
   // grad/decoder/xl_layer[1]/dense_relu_dense/wo, ...) over data resolved together, 41.2 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::allReduceBucket(group_data, {v151, v154, v170, v177, v178, v181, v197, v206, v210,
                                         v211, v213, v216, v220, v224, v227, v242, v248, v249,
                                         v252, v268, v277, v281, v282, v284, v287, v291, v296});
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v321 = arena_.view(0, 1024);
   {
     float *__restrict v321p = v321.data();
@@ -1173,8 +1224,10 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
 void XlTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   support::View v321 = arena_.view(0, 1024);
   support::View v322 = arena_.view(10240, 1);
   static const support::Shape shape0_1 = {};
@@ -1185,6 +1238,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v291 = arena_.view(8192, 512);
   support::View v324 = arena_.view(0, 512);
   support::View v287 = arena_.view(14336, 512);
@@ -1234,6 +1288,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
             v377);
 
   // 30 statements from transformer_xl.mesh:101:3 square (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v220 = arena_.view(36864, 512);
   support::View v380 = arena_.view(0, 512);
   support::View v216 = arena_.view(92160, 512);
@@ -1308,6 +1363,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v434 = arena_.view(64, 1);
   {
     float *__restrict v434p = v434.data();
@@ -1396,11 +1452,13 @@ void XlTrain::runPart2(const Inputs &inputs) {
 
   // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %383 over model for sqrt
   // at 101:3)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   group_model.allReduce(v434.data(), v434.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:101:3 sqrt -> global_grad_norm
   // transformer_xl.mesh:101:3 maximum
   // transformer_xl.mesh:101:3 div
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v439 = arena_.view(128, 1);
   {
     float *__restrict v439p = v439.data();
@@ -1433,6 +1491,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 sub
   // transformer_xl.mesh:101:3 pow
   // transformer_xl.mesh:101:3 sub
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v319 = arena_.view(0, 1);
   support::View v481 = arena_.view(64, 1);
   support::View v483 = arena_.view(192, 1);
@@ -1496,6 +1555,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/embedding
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v296 = arena_.view(4096, 1024);
   support::View v467(param29_decoder_embedding_m); // updated in place
@@ -1549,6 +1609,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
   }
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v26(param2_decoder_xl_layer_0_relative_attention_q);            // updated in place
   support::View v495(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
   support::View v496(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
@@ -1598,6 +1659,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
             v242, v695, v696, v69, v227, v715, v716, v70, v224, v735, v736);
 
   // 13 statements from transformer_xl.mesh:101:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q);            // updated in place
   support::View v755(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
   support::View v756(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
@@ -1663,6 +1725,7 @@ void XlTrain::repeated0(
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51,
     support::View a52, support::ConstView a53, support::View a54, support::View a55) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1681,6 +1744,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/q
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -1746,6 +1810,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/k
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -1811,6 +1876,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/v
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -1876,6 +1942,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/r
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -1941,6 +2008,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/o
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -2006,6 +2074,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/content_bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -2071,6 +2140,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/position_bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -2136,6 +2206,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -2201,6 +2272,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -2266,6 +2338,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -2331,6 +2404,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -2396,6 +2470,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -2461,6 +2536,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a54p = a54.data();
     float *__restrict a55p = a55.data();
@@ -2531,8 +2607,10 @@ void XlTrain::repeated1(
     support::View a70, support::View a71, support::View a72, support::ConstView a73,
     support::View a74, support::View a75, support::ConstView a76, support::View a77,
     support::View a78) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 8};
@@ -2541,6 +2619,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -2554,6 +2633,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 8};
@@ -2562,6 +2642,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -2571,6 +2652,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2587,6 +2669,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape5_1 = {2, 8};
   static const support::Shape shape5_3 = {256, 32};
   static const support::Shape shape5_4 = {32};
@@ -2596,6 +2679,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2610,6 +2694,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -2630,6 +2715,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape8_1 = {2, 8};
   static const support::Shape shape8_3 = {256, 32};
   static const support::Shape shape8_4 = {32};
@@ -2638,6 +2724,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape9_1 = {2, 8};
   static const support::Shape shape9_3 = {256, 32};
   static const support::Shape shape9_4 = {32};
@@ -2649,6 +2736,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -2673,12 +2761,14 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan11.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:10 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wo
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -2686,6 +2776,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:17 gt
   // transformer_xl.mesh:70:17 where
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2702,6 +2793,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -2709,9 +2801,11 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %164 over model for add at
   // 70:22)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:70:22");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:70:22 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:22", "backward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a15p = a15.data();
@@ -2725,12 +2819,14 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wi
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan17.run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape18_1 = {32};
   static const support::Shape shape18_3 = {1};
   static const support::Shape shape18_4 = {2, 8};
@@ -2739,6 +2835,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a24p = a24.data();
@@ -2752,6 +2849,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape20_1 = {32};
   static const support::Shape shape20_3 = {1};
   static const support::Shape shape20_4 = {2, 8};
@@ -2760,6 +2858,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -2769,6 +2868,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -2785,6 +2885,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape23_1 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
   static const support::Shape shape23_4 = {32};
@@ -2794,6 +2895,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
@@ -2808,6 +2910,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -2828,6 +2931,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape26_1 = {2, 8};
   static const support::Shape shape26_3 = {256, 32};
   static const support::Shape shape26_4 = {32};
@@ -2836,6 +2940,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape27_1 = {2, 8};
   static const support::Shape shape27_3 = {256, 32};
   static const support::Shape shape27_4 = {32};
@@ -2847,6 +2952,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a41p = a41.data();
     const float *__restrict a28p = a28.data();
@@ -2871,6 +2977,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, context, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 8, 32, 16, 2, 8},
@@ -2880,6 +2987,7 @@ void XlTrain::repeated1(
   einsumPlan29.run(einsumPlan29Operands, a44.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 8, 32, 2, 16, 8},
@@ -2889,6 +2997,7 @@ void XlTrain::repeated1(
   einsumPlan30.run(einsumPlan30Operands, a46.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 8, 32, 2, 16, 8},
@@ -2898,6 +3007,7 @@ void XlTrain::repeated1(
   einsumPlan31.run(einsumPlan31Operands, a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a44p = a44.data();
@@ -2911,6 +3021,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:63:17 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
   static const support::Shape shape33_1 = {2, 2, 8};
   static const support::Shape shape33_3 = {256, 128, 16};
   static const support::Shape shape33_4 = {16};
@@ -2922,6 +3033,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:63:17 mul
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a44p = a44.data();
@@ -2948,18 +3060,21 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:61:18 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan35.run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
   einsumPlan36.run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
   static const support::Shape shape37_1 = {2, 8};
   static const support::Shape shape37_3 = {8, 1};
   static const support::Shape shape37_4 = {2, 8};
@@ -2968,18 +3083,21 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan38.run(a51.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan39.run(a51.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a53p = a53.data();
@@ -2993,6 +3111,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
   static const support::Shape shape41_1 = {2, 8};
   static const support::Shape shape41_3 = {8, 1};
   static const support::Shape shape41_4 = {2, 8};
@@ -3001,30 +3120,35 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan42(
       {{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan42.run(a55.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan43(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan43.run(a46.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a46.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan45(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan45.run(a60.data(), a69.data(), a70.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
   {
     float *__restrict a71p = a71.data();
     const float *__restrict a66p = a66.data();
@@ -3038,18 +3162,21 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan47(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan47.run(a60.data(), a67.data(), a72.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan48(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan48.run(a61.data(), a73.data(), a74.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
+  MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
   support::zero(a75);
   static const support::Shape shape49_2 = {2, 32};
   static const support::Shape shape49_3 = {256, 1};
@@ -3059,18 +3186,22 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %206 over model
   // for add at 56:17; merged with 1 more partial sum over model (%222): 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   auto request2 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan51(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan51.run(a61.data(), a76.data(), a77.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request2);
 
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a41p = a41.data();
@@ -3099,8 +3230,10 @@ void XlTrain::repeated2(
     support::View a33, support::View a34, support::ConstView a35, support::View a36,
     support::View a37, support::View a38, support::ConstView a39, support::View a40,
     support::View a41, support::View a42) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3112,6 +3245,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -3120,6 +3254,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3131,6 +3266,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -3139,6 +3275,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3150,6 +3287,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -3158,6 +3296,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -3169,6 +3308,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -3177,6 +3317,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -3188,6 +3329,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {2, 8, 32};
@@ -3196,6 +3338,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -3207,6 +3350,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {2, 8};
@@ -3215,6 +3359,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -3226,6 +3371,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {2, 8};
@@ -3234,6 +3380,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -3245,10 +3392,12 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %327 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape15_2 = {32};
   support::sliceDim(a23, a22, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape16_1 = {};
   static const support::Shape shape16_3 = {};
   static const support::Shape shape16_4 = {16};
@@ -3257,6 +3406,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -3268,10 +3418,12 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %330 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape18_2 = {32};
   support::sliceDim(a27, a26, shape18_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {16};
@@ -3280,6 +3432,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -3291,6 +3444,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape21_1 = {};
   static const support::Shape shape21_3 = {};
   static const support::Shape shape21_4 = {32, 32};
@@ -3299,6 +3453,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -3310,6 +3465,7 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 32};
@@ -3318,6 +3474,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -3329,10 +3486,12 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %339 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape25_2 = {32};
   support::sliceDim(a37, a36, shape25_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {16};
@@ -3341,6 +3500,7 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a40p = a40.data();
     const float *__restrict a39p = a39.data();
@@ -3352,10 +3512,12 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %342 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape28_2 = {32};
   support::sliceDim(a41, a40, shape28_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape29_1 = {};
   static const support::Shape shape29_3 = {};
   static const support::Shape shape29_4 = {16};
@@ -3372,8 +3534,10 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                         support::View a15, support::View a16, support::ConstView a17,
                         support::View a18, support::View a19, support::ConstView a20,
                         support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:55:17 concat -> keys_in
+  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   static const support::Shape shape0_2 = {2, 32};
   static const support::Shape shape0_3 = {512, 1};
   static const support::Shape shape0_4 = {256, 1};
@@ -3381,30 +3545,35 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                       int64_t(8));
 
   // transformer_xl.mesh:56:17 einsum -> queries
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "forward");
   // dims: batch, segment, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum -> keys
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "forward");
   // dims: batch, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> values
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "forward");
   // dims: batch, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a0.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:59:19 einsum -> positions
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "forward");
   // dims: segment, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a3p = a3.data();
@@ -3420,12 +3589,14 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:60:17 einsum -> content
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "forward");
   // dims: batch, segment, heads, d_kv, context
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a12.data(), a5.data(), a13.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:61:33", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a3p = a3.data();
@@ -3441,6 +3612,7 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:61:18 einsum -> position
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "forward");
   // dims: batch, segment, heads, d_kv, context
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -3449,6 +3621,7 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   // transformer_xl.mesh:62:25 add
   // transformer_xl.mesh:62:37 mul -> logits
   // transformer_xl.mesh:63:25 where
+  MESHRT_TRACE("loop", "transformer_xl.mesh:62:25", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a13p = a13.data();
@@ -3472,6 +3645,7 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:63:17 softmax -> weights
+  MESHRT_TRACE("softmax", "transformer_xl.mesh:63:17", "forward");
   static const support::Shape shape10_2 = {2, 2, 8};
   static const support::Shape shape10_3 = {256, 128, 16};
   static const support::Shape shape10_4 = {256, 128, 16};
@@ -3482,6 +3656,7 @@ void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstV
                  shape10_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
   // dims: batch, heads, segment, context, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 2, 8, 16, 8, 32},
@@ -3496,8 +3671,10 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
                         support::View a6, support::View a7, support::ConstView a8, support::View a9,
                         support::View a10, support::View a11, support::ConstView a12,
                         support::ConstView a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:10 layer_norm
+  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
   static const support::Shape shape0_2 = {2, 8};
   static const support::Shape shape0_3 = {256, 32};
   static const support::Shape shape0_4 = {256, 32};
@@ -3509,6 +3686,7 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> h
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -3527,12 +3705,14 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:70:22 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 relu
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3544,6 +3724,7 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:70:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -3551,9 +3732,11 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
   // 81:17)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:81:17");
   group_model.allReduce(a9.data(), a9.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:81:17 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a4p = a4.data();
@@ -3567,6 +3750,7 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // transformer_xl.mesh:32:10 layer_norm
+  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
   static const support::Shape shape7_2 = {2, 8};
   static const support::Shape shape7_3 = {256, 32};
   static const support::Shape shape7_4 = {256, 32};
@@ -3578,6 +3762,7 @@ void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstV
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> x
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a11p = a11.data();

@@ -13,6 +13,7 @@
 #    transformer also with --cuda-math=tf32 and bf16 (tolerance 1e-2); the fp32 cases' train
 #    blocks also take 5 training steps on the GPU against the interpreter's 5 (params 1e-4),
 #    and resume from a checkpoint saved on the GPU against 10 uninterrupted steps;
+#    then the transformer's train step traced and profiled on the GPUs (meshc run --profile);
 # 4. generated einsum (meshrt::cuda::einsum2) against raw cuBLAS on transformer shapes;
 # 5. NCCL all-reduce bus bandwidth on every GPU (compare with the nccl-tests figures in the
 #    brief: 8xH200 ~240 GB/s at 16 MiB, ~368 at 64 MiB).
@@ -101,6 +102,13 @@ for c in "${cases[@]}"; do
   fi
 done
 log "e2e: $passed of ${#cases[@]} cases match the interpreter"
+
+# Traces on the GPUs: the transformer's train step traced (host timestamps around device-synchronized
+# op groups and NCCL collectives, meshrt/Trace.h) and profiled against the plan.
+step "trace: meshc run --profile on the nccl backend" timeout 300 \
+  "$BUILD/compiler/tools/meshc" run "$ROOT/dsl-examples/transformer.mesh" --backend nccl \
+  --mesh "data=$gpus" --layout auto --function lm_train --steps 3 --profile --no-plan \
+  --cache-dir "$BUILD/gpu-profile"
 
 # 4. and 5. Figures.
 step "einsum: generated vs raw cuBLAS" timeout 120 "$BUILD/tests/cuda/gpu_einsum_bench"

@@ -25,6 +25,8 @@
 // Host code, C++17 and up (generated CUDA sources include it through nvcc's host compiler).
 #pragma once
 
+#include "meshrt/Trace.h"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -164,6 +166,8 @@ class Communicator {
 public:
   /// permute's peer value meaning "nobody".
   static constexpr int kNoPeer = -1;
+  /// The category of the collectives' trace events (meshrt/Trace.h).
+  static constexpr const char* kCollective = "collective";
 
   virtual ~Communicator() = default;
 
@@ -206,6 +210,7 @@ public:
   template <class T>
   void allReduce(const T* in, T* out, size_t count, ReduceOp op = ReduceOp::Sum) {
     static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    trace::Scope probe(*this, "allReduce", kCollective, count * sizeof(T));
     allReduceRaw(in, out, count, DTypeOf<T>::value, op);
   }
   template <class T> void allReduce(T* data, size_t count, ReduceOp op = ReduceOp::Sum) {
@@ -215,14 +220,17 @@ public:
   template <class T>
   void reduceScatter(const T* in, T* out, size_t countPerRank, ReduceOp op = ReduceOp::Sum) {
     static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    trace::Scope probe(*this, "reduceScatter", kCollective, countPerRank * sizeof(T));
     reduceScatterRaw(in, out, countPerRank, DTypeOf<T>::value, op);
   }
   /// out (size()*countPerRank): chunk i is rank i's `in` (countPerRank elements).
   template <class T> void allGather(const T* in, T* out, size_t countPerRank) {
+    trace::Scope probe(*this, "allGather", kCollective, countPerRank * sizeof(T));
     allGatherRaw(in, out, countPerRank, DTypeOf<T>::value);
   }
   /// in and out: size()*countPerRank elements; out's chunk i is rank i's in chunk rank().
   template <class T> void allToAll(const T* in, T* out, size_t countPerRank) {
+    trace::Scope probe(*this, "allToAll", kCollective, countPerRank * sizeof(T));
     allToAllRaw(in, out, countPerRank, DTypeOf<T>::value);
   }
   /// Point-to-point exchange in one step (halo exchange, collective permute): this rank sends
@@ -230,6 +238,7 @@ public:
   /// (`count` elements each). kNoPeer sends nothing / fills `out` with zeros. The pairs must
   /// agree across the group (rank a sends to b iff b receives from a): checked.
   template <class T> void permute(const T* in, T* out, size_t count, int sendTo, int recvFrom) {
+    trace::Scope probe(*this, "permute", kCollective, count * sizeof(T));
     permuteRaw(in, out, count, DTypeOf<T>::value, sendTo, recvFrom);
   }
   /// permute with sendTo = rank()+offset and recvFrom = rank()-offset: modulo size() for Wrap;
@@ -241,6 +250,7 @@ public:
   }
   /// Copies group rank `root`'s `data` into every rank's `data`.
   template <class T> void broadcast(T* data, size_t count, int root) {
+    trace::Scope probe(*this, "broadcast", kCollective, count * sizeof(T));
     broadcastRaw(data, count, DTypeOf<T>::value, root);
   }
   /// Returns once every rank of the group has called it.
@@ -260,6 +270,7 @@ public:
   template <class T>
   Request startAllReduce(const T* in, T* out, size_t count, ReduceOp op = ReduceOp::Sum) {
     static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    trace::Scope probe(*this, "startAllReduce", kCollective, count * sizeof(T));
     return startAllReduceRaw(in, out, count, DTypeOf<T>::value, op);
   }
   template <class T> Request startAllReduce(T* data, size_t count, ReduceOp op = ReduceOp::Sum) {
@@ -272,8 +283,12 @@ public:
                          ReduceOp op = ReduceOp::Sum) {
     static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
     rawSegments_.resize(numBuffers);
-    for (size_t i = 0; i < numBuffers; ++i)
+    size_t count = 0;
+    for (size_t i = 0; i < numBuffers; ++i) {
       rawSegments_[i] = {static_cast<void*>(buffers[i].data), buffers[i].count};
+      count += buffers[i].count;
+    }
+    trace::Scope probe(*this, "startAllReduce", kCollective, count * sizeof(T));
     return startAllReduceRaw(rawSegments_.data(), numBuffers, DTypeOf<T>::value, op);
   }
   template <class T>
@@ -289,10 +304,12 @@ public:
   Request startReduceScatter(const T* in, T* out, size_t countPerRank,
                              ReduceOp op = ReduceOp::Sum) {
     static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    trace::Scope probe(*this, "startReduceScatter", kCollective, countPerRank * sizeof(T));
     return startReduceScatterRaw(in, out, countPerRank, DTypeOf<T>::value, op);
   }
   /// allGather, started (buffers and in-place form as allGather).
   template <class T> Request startAllGather(const T* in, T* out, size_t countPerRank) {
+    trace::Scope probe(*this, "startAllGather", kCollective, countPerRank * sizeof(T));
     return startAllGatherRaw(in, out, countPerRank, DTypeOf<T>::value);
   }
 

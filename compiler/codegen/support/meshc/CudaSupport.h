@@ -110,13 +110,29 @@ inline meshrt::cuda::Context contextOf(meshrt::Communicator& world, MathMode mat
   return context;
 }
 
+/// A trace's probes wait for the device first, so that host timestamps bracket device work
+/// (tracing serializes the streams; off, nothing waits).
+inline void synchronizeForTrace() {
+  cudaDeviceSynchronize();
+}
+
 /// Makes `world`'s device context current for a generated constructor or run().
 class Scope {
 public:
-  Scope(meshrt::Communicator& world, MathMode math) : scope_(contextOf(world, math)) {}
+  Scope(meshrt::Communicator& world, MathMode math)
+      : scope_(contextOf(world, math)), traced_(meshrt::trace::enabled()) {
+    if (traced_) previousHook_ = meshrt::trace::setSyncHook(&synchronizeForTrace);
+  }
+  ~Scope() {
+    if (traced_) meshrt::trace::setSyncHook(previousHook_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
 
 private:
   meshrt::cuda::Scope scope_;
+  bool traced_;
+  meshrt::trace::SyncHook previousHook_ = nullptr;
 };
 
 inline cudaStream_t stream() {

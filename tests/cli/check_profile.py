@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""`meshc run --profile` and `meshc run --trace` (docs/tool.md): the profile's table has its
+columns, a row per planned collective whose count matches what every rank issued, op-group rows
+named by .mesh lines, and totals by phase; --trace writes the Chrome trace where it is told.
+Timings are not asserted. Usage: check_profile.py <meshc> <case>"""
+import collections
+import json
+import os
+import re
+import sys
+import tempfile
+
+import check_cli
+from check_cli import expect
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MLP = os.path.join(ROOT, "dsl-examples", "mlp.mesh")
+FAMILY = {"all_reduce_sum": "all_reduce", "all_reduce_max": "all_reduce",
+          "all_reduce_min": "all_reduce", "bucketed_all_reduce_sum": "all_reduce"}
+
+
+def planned_collectives(function, mesh):
+    proc = meshc(MLP, "--emit=plan-json", "--mesh", mesh, "--function", function)
+    expect(proc.returncode == 0, "plan-json", proc)
+    counts = collections.Counter()
+    for c in json.loads(proc.stdout)[0]["collectives"]:
+        loc = c["location"]
+        counts[(FAMILY.get(c["kind"], c["kind"]), f"{loc['file']}:{loc['line']}")] += 1
+    return counts
+
+
+def profile_table(output, function):
+    """The rows of `function`'s table: (what, where, phase, count, predicted, measured, ratio)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"profile of ") and
+                 f" {function}:" in line)
+    header = lines[start + 1].split()
+    expect(header == ["what", "where", "phase", "count", "predicted", "measured", "ratio",
+                      "error"], f"the table's columns: {header}")
+    rows, totals = [], {}
+    for line in lines[start + 2:]:
+        if line.strip() == "totals by phase:":
+            continue
+        total = re.match(r"^    (\w+) +predicted +(\S+ \S+) +measured +(\S+ \S+) +ratio (\S+)", line)
+        if total:
+            totals[total.group(1)] = total.groups()[1:]
+            continue
+        if not line.startswith("  ") or line.startswith("    "):
+            break
+        fields = line.split()
+        # what where phase [count] predicted(2) measured(2) ratio error(2)
+        count = fields[3] if len(fields) == 11 else ""
+        rows.append({"what": fields[0], "where": fields[1], "phase": fields[2], "count": count,
+                     "ratio": fields[-3]})
+    return rows, totals
+
+
+def run_profile():
+    with tempfile.TemporaryDirectory() as cache:
+        proc = meshc("run", MLP, "--function", "mlp_train", "--mesh", "data=2,model=2",
+                     "--steps", "3", "--profile", "--no-plan", "--cache-dir", cache, "--opt=-O1")
+        expect(proc.returncode == 0, "meshc run --profile succeeds", proc)
+        expect("profile of train block mlp_train: 4 rank(s), 2 run(s) per rank after a warm-up run"
+               in proc.stdout, "the profile names the function, its ranks and its runs", proc)
+        rows, totals = profile_table(proc.stdout, "mlp_train")
+        planned = planned_collectives("mlp_train", "data=2,model=2")
+        expect(planned, "the plan has collectives to look for")
+        for (family, where), count in planned.items():
+            matching = [r for r in rows if r["what"] == family and r["where"] == where]
+            expect(len(matching) == 1, f"a row for the planned {family} at {where}", proc)
+            expect(matching[0]["count"] == f"{count}/{count}",
+                   f"{family} at {where}: planned {count} per run, every rank issued as many "
+                   f"(row says {matching[0]['count']})", proc)
+        groups = [r for r in rows if not r["count"]]
+        expect(any(re.match(r"^mlp\.mesh:\d+$", r["where"]) and r["what"] != "-" for r in groups),
+               "op groups are rows named by their .mesh line", proc)
+        for phase in ["forward", "backward", "update", "communication", "total"]:
+            expect(phase in totals, f"a total for {phase}", proc)
+        trace = re.search(r"trace written to (\S+)", proc.stderr)
+        expect(trace is not None, "meshc run says where the trace is", proc)
+        with open(trace.group(1)) as f:
+            expect("traceEvents" in json.load(f), "the trace is Chrome trace JSON")
+
+
+def run_trace():
+    with tempfile.TemporaryDirectory() as cache:
+        path = os.path.join(cache, "out", "..", "mlp.trace.json")
+        os.makedirs(os.path.join(cache, "out"))
+        proc = meshc("run", MLP, "--function", "mlp", "--mesh", "data=2", "--layout", "batch:data", "--trace", path,
+                     "--no-plan", "--cache-dir", cache, "--opt=-O1")
+        expect(proc.returncode == 0 and "profile of" not in proc.stdout,
+               "meshc run --trace runs without printing a profile", proc)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        expect({e["pid"] for e in events if e["ph"] == "X"} == {0, 1},
+               "one track per rank of [data=2]")
+
+
+CASES = {f.__name__: f for f in [run_profile, run_trace]}
+
+def meshc(*args):
+    return check_cli.meshc(*args)
+
+
+if __name__ == "__main__":
+    check_cli.MESHC = sys.argv[1]
+    CASES[sys.argv[2]]()
+    print("ok")
