@@ -20,9 +20,11 @@ through k updates on another mesh than U's, the params through N). Each tensor's
 its path dtype (`meshc --emit=tolerance-dtypes`).
 
 Testing the test: with --inject-fault FAULT the saving configuration is compiled with `meshc
---inject-fault=FAULT` (compiler/planner/InjectFault.h), so its runs (uninterrupted, saving and
-resumed: bit-identical to each other still) carry the bug and the other configurations do not;
---expect-failure succeeds only when the others' comparisons fail, and prints the worst error.
+--inject-fault=FAULT` (compiler/planner/InjectFault.h), so its runs carry the bug and the other
+configurations' do not (with a dropped gradient all-reduce its data-parallel replicas of a param
+drift apart, and a save and load brings them back together, so even its own resumed run differs
+from its uninterrupted one); --expect-failure succeeds only when the comparisons fail, and
+prints the worst error over its tolerance on the other configurations.
 
 Usage: checkpoint_case.py --meshc M --example X.mesh --class C --function FN (--output NAME |
        --train) --workdir DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]
@@ -171,9 +173,7 @@ def main():
         print(f"injected fault {args.inject_fault} {'caught' if elsewhere else 'NOT caught'}: "
               f"worst error/tolerance {worst[0]:.3g} ({worst[1]})")
         if args.expect_failure:
-            # The saving configuration's own runs must still agree bit for bit (the fault is
-            # deterministic); what fails is the comparison with the other configurations.
-            return 0 if elsewhere and elsewhere == len(failures) else 1
+            return 0 if failures else 1
     return 1 if failures else 0
 
 

@@ -73,6 +73,27 @@ TEST_CASE("drop-grad-allreduce empties a plain gradient all-reduce's axes", "[in
   CHECK(fn.ops[1].collective.axes == AxisList{"data"}); // only the first
 }
 
+TEST_CASE("drop-grad-allreduce finds a gradient resolved after SGD's lr * grad", "[inject-fault]") {
+  // %1 = lr * grad/w (a partial sum still); the bucket resolves the loss %0 and %1.
+  SpmdFunction fn = stepWithValues({"loss", "", "grad/w", "lr", "loss.r", "update.r"});
+  SpmdOp scale;
+  scale.computeKind = ir::OpKind::Mul;
+  scale.operands = {3, 2};
+  scale.result = 1;
+  fn.ops.push_back(scale);
+  SpmdOp bucket = allReduce(0, 4, CollectiveKind::BucketedAllReduceSum);
+  bucket.operands = {0, 1};
+  bucket.results = {4, 5};
+  fn.ops.push_back(bucket);
+  llvm::Expected<std::string> what = injectFault(fn, "drop-grad-allreduce");
+  REQUIRE(bool(what));
+  CHECK(*what == "%1's member of a bucketed_all_reduce_sum over [data]");
+  REQUIRE(fn.ops.size() == 3);
+  CHECK(fn.ops[1].operands == std::vector<SpmdValueId>{0}); // the loss is still resolved
+  CHECK(fn.ops[2].operands == std::vector<SpmdValueId>{1});
+  CHECK(fn.ops[2].collective.axes.empty());
+}
+
 TEST_CASE("nothing to drop, programs, unknown faults", "[inject-fault]") {
   SpmdFunction fn = stepWithValues({"h", "h.r"});
   fn.ops.push_back(allReduce(0, 1, CollectiveKind::AllReduceSum));
