@@ -38,6 +38,9 @@ def help_only_meshc_options():
     # LLVM's own options (from the linked libraries) stay hidden.
     for foreign in ["--print-after-all", "--debug-pass", "--time-passes", "--color"]:
         expect(foreign not in proc.stdout, f"--help hides LLVM's {foreign}", proc)
+    # Testing the tests: hidden, but listed by --help-hidden.
+    expect("--inject-fault" not in proc.stdout, "--help hides --inject-fault", proc)
+    expect("--inject-fault" in meshc("--help-hidden").stdout, "--help-hidden lists it", proc)
 
 
 def exit_codes():
