@@ -4,6 +4,7 @@
 
 #include "codegen/Lower.h"
 #include "diag/Diagnostics.h"
+#include "interp/DtypePaths.h"
 #include "ir/IRPrinter.h"
 #include "planner/PlanReport.h"
 
@@ -19,7 +20,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Kernels, Cpp, Cuda };
+enum class Emit { AST, IR, TrainIR, Run, Dtypes, Plan, PlanJson, Spmd, Dot, Kernels, Cpp, Cuda };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -39,6 +40,10 @@ llvm::cl::opt<Emit> emitStage(
         clEnumValN(Emit::Run, "run",
                    "run every program and train block (forward) in the reference "
                    "interpreter and summarize the outputs"),
+        clEnumValN(Emit::Dtypes, "tolerance-dtypes",
+                   "per compared tensor (outputs; final params of train blocks), the coarsest "
+                   "float dtype on any path into it, as JSON: the dtype whose tolerance its "
+                   "comparison with the interpreter uses"),
         clEnumValN(Emit::Plan, "plan",
                    "the plan: layout, local shapes, collectives, memory, step time"),
         clEnumValN(Emit::PlanJson, "plan-json", "the plan as JSON"),
@@ -135,6 +140,13 @@ llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
+// Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
+llvm::cl::opt<std::string> injectFault(
+    "inject-fault",
+    llvm::cl::desc("Inject a deliberate bug into every train block's plan (testing the tests): "
+                   "drop-grad-allreduce"),
+    llvm::cl::value_desc("fault"), llvm::cl::Hidden, llvm::cl::cat(meshcCategory));
+
 /// Every file the compilation read, for the depfile: the main file and its imports.
 std::vector<std::string> inputFiles;
 
@@ -160,6 +172,7 @@ PipelineOptions pipelineOptions() {
   options.inputsFile = givenInputsPath;
   options.dumpOutputsFile = dumpOutputs;
   options.verifyEach = verifyEach;
+  options.injectFault = injectFault;
   return options;
 }
 
@@ -206,6 +219,18 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
   }
   if (emitStage == Emit::PlanJson) os << "]\n";
   return kExitOk;
+}
+
+/// --emit=tolerance-dtypes: one JSON object, compared tensor name -> dtype (interp/DtypePaths.h).
+void printToleranceDtypes(const ir::Module& module, const PipelineOptions& options,
+                          llvm::raw_ostream& os) {
+  std::vector<std::string> entries;
+  for (const ir::Function& fn : module.functions)
+    if (options.functions.empty() || llvm::is_contained(options.functions, fn.name))
+      for (const auto& [name, dtype] : interp::pathDtypes(fn))
+        entries.push_back(fmt::format("  \"{}\": \"{}\"", name, dtype));
+  os << "{\n"
+     << fmt::format("{}", fmt::join(entries, ",\n")) << (entries.empty() ? "" : "\n") << "}\n";
 }
 
 /// A path as Make reads it in a rule: spaces, '#' and '$' escaped.
@@ -291,6 +316,8 @@ int runMeshc(int argc, char** argv) {
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !interpretModule(*module, options, os, argv[0]))
     return kExitInputError;
+  else if (emitStage == Emit::Dtypes)
+    printToleranceDtypes(*module, options, os);
   else if (planning())
     if (int status = planAndPrint(*module, options, diag, os); status != kExitOk) return status;
 

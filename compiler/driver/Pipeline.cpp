@@ -13,6 +13,7 @@
 #include "ir/IRPrinter.h"
 #include "kernels/KernelCheck.h"
 #include "meshc/TensorFile.h"
+#include "planner/InjectFault.h"
 #include "planner/VerifySpmd.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
@@ -167,6 +168,25 @@ bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
   return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");
 }
 
+namespace {
+
+/// --inject-fault: the fault in every planned train block, each change noted on stderr; an error
+/// when the fault is unknown or changes nothing (a test asking for a fault must get one).
+bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& fault) {
+  bool injected = false;
+  for (plan::PlannedFunction& planned : plans) {
+    llvm::Expected<std::string> what = plan::injectFault(planned.spmd, fault);
+    if (!what) return optionError(llvm::toString(what.takeError()));
+    if (what->empty()) continue;
+    llvm::WithColor::note(llvm::errs(), "meshc")
+        << "fault injected in " << planned.spmd.name << ": " << *what << " dropped\n";
+    injected = true;
+  }
+  return injected || optionError("--inject-fault=" + fault + ": nothing to inject it into");
+}
+
+} // namespace
+
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag) {
   plan::PlannerOptions options;
@@ -187,6 +207,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans) return std::nullopt;
+  if (!given.injectFault.empty() && !injectFaults(*plans, given.injectFault)) return std::nullopt;
   if (given.verifyEach) {
     bool ok = true;
     for (const plan::PlannedFunction& planned : *plans)

@@ -9,6 +9,7 @@
 #include "driver/Pipeline.h"
 #include "driver/Profile.h"
 #include "driver/Toolchain.h"
+#include "interp/DtypePaths.h"
 #include "interp/Tolerance.h"
 #include "meshc/TensorFile.h"
 #include "planner/PlanReport.h"
@@ -231,26 +232,25 @@ bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& t
   return true;
 }
 
-/// The narrowest float dtype the run computes in, whose rounding all outputs carry: bf16 or f16
-/// when the program has values of that dtype, or when the CUDA einsums run in bf16 / tf32 (tf32
-/// keeps f16's 10 mantissa bits); empty for f32 throughout.
-std::string computeDtype(const ir::Module& module) {
-  auto computes = [&](ir::DType dtype) {
-    for (const ir::Function& fn : module.functions)
-      for (const ir::Value& value : fn.values)
-        if (value.type.dtype == dtype) return true;
-    return false;
-  };
+/// Per compared tensor, the dtype whose rounding it carries: the coarsest float dtype on any path
+/// into it (interp/DtypePaths.h), or bf16 / f16 for every float tensor when the CUDA einsums run
+/// in bf16 / tf32 (tf32 keeps f16's 10 mantissa bits).
+std::map<std::string, std::string> toleranceDtypes(const ir::Module& module) {
   bool onGpus = runBackend == Backend::Nccl;
-  if (computes(ir::DType::BF16) || (onGpus && runCudaMath == "bf16")) return "bf16";
-  if (computes(ir::DType::F16) || (onGpus && runCudaMath == "tf32")) return "f16";
-  return "";
+  std::string cudaMath = onGpus && runCudaMath == "bf16"   ? "bf16"
+                         : onGpus && runCudaMath == "tf32" ? "f16"
+                                                           : "";
+  std::map<std::string, std::string> dtypes;
+  for (const ir::Function& fn : module.functions)
+    for (const auto& [name, dtype] : interp::pathDtypes(fn))
+      dtypes[name] = interp::toleranceDtype(dtype, cudaMath);
+  return dtypes;
 }
 
 /// tests/e2e/compare_outputs.py's rule (interp/Tolerance.h): every element within
 /// atol + rtol |expected|; NaN and infinities must match exactly.
 bool compareOutputs(const std::string& actualPath, const std::string& expectedPath,
-                    const std::string& compute) {
+                    const std::map<std::string, std::string>& computeDtypes) {
   std::map<std::string, OutputTensor> actual, expected;
   if (!readOutputs(actualPath, actual) || !readOutputs(expectedPath, expected)) {
     fail(kExitInternalError,
@@ -272,8 +272,10 @@ bool compareOutputs(const std::string& actualPath, const std::string& expectedPa
       ok = false;
       continue;
     }
-    interp::Comparison c = interp::compareWithTolerance(got->second.values, want.values, want.dtype,
-                                                        runSteps, compute, typicalScale, f32Rtol);
+    auto compute = computeDtypes.find(name);
+    interp::Comparison c = interp::compareWithTolerance(
+        got->second.values, want.values, want.dtype, runSteps,
+        compute == computeDtypes.end() ? "" : compute->second, typicalScale, f32Rtol);
     ok = ok && c.pass;
     llvm::outs() << fmt::format("  {} {} {}[{}]: error/tolerance {:.3g} (rtol {:.3g}, atol "
                                 "{:.3g}; passes from rtol {:.3g})",
@@ -502,7 +504,7 @@ int runCommand(const char* argv0) {
     if (!interpreted) return kExitInputError;
     checkSeconds = secondsSince(start);
     llvm::outs() << "check against the reference interpreter:\n";
-    matches = compareOutputs(actual, expected, computeDtype(*module));
+    matches = compareOutputs(actual, expected, toleranceDtypes(*module));
   }
   llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
                               compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);

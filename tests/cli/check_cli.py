@@ -4,6 +4,7 @@ partial output on failure, depfiles. `check_cli.py <meshc> <case>` runs one case
 case as its own test."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,9 @@ def help_only_meshc_options():
     # LLVM's own options (from the linked libraries) stay hidden.
     for foreign in ["--print-after-all", "--debug-pass", "--time-passes", "--color"]:
         expect(foreign not in proc.stdout, f"--help hides LLVM's {foreign}", proc)
+    # Testing the tests: hidden, but listed by --help-hidden.
+    expect("--inject-fault" not in proc.stdout, "--help hides --inject-fault", proc)
+    expect("--inject-fault" in meshc("--help-hidden").stdout, "--help-hidden lists it", proc)
 
 
 def exit_codes():
@@ -229,6 +233,26 @@ def run_check():
                "(cached)" not in other.stdout, "another mesh builds anew", other)
 
 
+def run_check_path_dtypes():
+    """`meshc run --check` compares each output at the tolerance of the coarsest float dtype on
+    any path into it: mixed_precision.mesh's bf16 branch at bf16's rtol, its f32 one at f32's."""
+    mixed = os.path.join(ROOT, "tests", "e2e", "cases", "mixed_precision.mesh")
+    dtypes = meshc(mixed, "--emit=tolerance-dtypes")
+    expect(dtypes.returncode == 0 and '"mixed_precision.exact": "f32"' in dtypes.stdout and
+           '"mixed_precision.fast": "bf16"' in dtypes.stdout, "--emit=tolerance-dtypes", dtypes)
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(mixed, "--check", "--no-plan", "--function", "mixed_precision",
+                           cache=cache)
+        expect(proc.returncode == 0, "meshc run --check on a mixed-precision program", proc)
+        for line in ["ok   mixed_precision.exact f32[16, 32]: error/tolerance",
+                     "ok   mixed_precision.fast f32[16, 32]: error/tolerance"]:
+            expect(line in proc.stdout, f"meshc run prints '{line}'", proc)
+        rtols = dict(re.findall(r"mixed_precision\.(\w+) f32\S+ \S+: error/tolerance \S+ "
+                                r"\(rtol (\S+),", proc.stdout))
+        expect(rtols == {"exact": "6.1e-05", "fast": "0.0312"},
+               "the f32 branch at f32's rtol, the bf16 one at bf16's", proc)
+
+
 def run_user_kernels():
     with tempfile.TemporaryDirectory() as cache:
         proc = run_command(SWISH, "--check", "--no-plan", cache=cache)
@@ -412,7 +436,8 @@ def calibrate():
 CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
-                                 depfile_user_headers, run_check, run_user_kernels, run_data,
+                                 depfile_user_headers, run_check, run_check_path_dtypes,
+                                 run_user_kernels, run_data,
                                  run_train_data, run_errors, run_nccl, run_help, verify_each]}
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 // - train classes (MESHC_CKPT_TRAIN): takes <steps> training steps, step s on the inputs the
 //   interpreter synthesizes for seed s (the same data whatever <seed>; s counts from the loaded
 //   step), printing
-//   "step <s> loss <loss>" for each, and writes the losses as the tensor "losses";
+//   "step <s> loss <loss>" for each, and writes the losses as the tensor "losses" and every
+//   param's final global value (weights, optimizer state, step state) as "param.<path>";
 // - programs: runs once on the inputs synthesized for seed 0 and writes the gathered output;
 // then saves to <save-dir>.
 #include MESHC_CKPT_HEADER
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
         if (world.rank() == 0) std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
       }
       if (world.rank() == 0) results.push_back({"losses", losses});
+      for (const std::string& path : Class::paramNames()) {
+        meshc::gen::Tensor value = program.getParam(path); // collective: every rank calls it
+        if (world.rank() == 0) results.push_back({"param." + path, value});
+      }
 #else
       (void)steps;
       auto inputs = program.synthesizeInputs(0);

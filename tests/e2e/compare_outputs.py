@@ -3,19 +3,21 @@
 `meshc --emit=run --dump-outputs`. Format, per tensor: a text line
 "tensor <name> <dtype> <rank> <sizes...>\\n" followed by prod(sizes) little-endian float64s.
 
-Each element must satisfy tolerance.py's rule |a - e| <= atol + rtol |e| (rtol per dtype, atol
-= rtol times the expected tensor's RMS). Usage: compare_outputs.py ACTUAL EXPECTED
-[--compute-dtype bf16|f16]
-[--steps N]. Exit status 0 when every tensor of
-EXPECTED is in ACTUAL with the same shape and passes."""
+Each element must satisfy tolerance.py's rule |a - e| <= atol + rtol |e| (rtol per dtype and per
+tensor's path dtype, atol = rtol times the expected tensor's RMS). Usage: compare_outputs.py ACTUAL
+EXPECTED [--path-dtypes FILE] [--compute-dtype bf16|f16] [--steps N]: FILE is what
+`meshc --emit=tolerance-dtypes` prints for the program; --compute-dtype coarsens every tensor
+(e.g. einsums run in bf16 by --cuda-math). Exit status 0 when every tensor of EXPECTED is in
+ACTUAL with the same shape and passes."""
 import argparse
+import json
 import math
 import os
 import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tolerance import compare_values, typical_scale  # noqa: E402
+from tolerance import coarsest_dtype, compare_values, typical_scale  # noqa: E402
 
 
 def read_outputs(path):
@@ -38,9 +40,12 @@ def read_outputs(path):
     return tensors
 
 
-def compare_files(actual_path, expected_path, steps=0, compute_dtype=None,
-                  both_approximate=False):
-    """Prints one line per tensor of EXPECTED; returns whether all pass."""
+def compare_files(actual_path, expected_path, steps=0, path_dtypes=None, both_approximate=False,
+                  compute_dtype=None, verdicts=None):
+    """Prints one line per tensor of EXPECTED; returns whether all pass. path_dtypes: tensor name
+    -> the coarsest float dtype on any path into it (tolerance.path_dtypes_of); compute_dtype:
+    coarsens every tensor; verdicts, a list, gets (name, tolerance.Verdict) per tensor."""
+    path_dtypes = path_dtypes or {}
     actual, expected = read_outputs(actual_path), read_outputs(expected_path)
     file_rms = typical_scale(expected)
     ok = True
@@ -54,9 +59,11 @@ def compare_files(actual_path, expected_path, steps=0, compute_dtype=None,
             print(f"FAIL {name}: shape {got_shape}, expected {shape}")
             ok = False
             continue
-        verdict = compare_values(got, want, dtype, steps, compute_dtype, both_approximate,
-                                 file_rms)
+        path = coarsest_dtype([path_dtypes.get(name), compute_dtype])
+        verdict = compare_values(got, want, dtype, steps, path, both_approximate, file_rms)
         ok = ok and verdict.ok
+        if verdicts is not None:
+            verdicts.append((name, verdict))
         print(f"{'ok  ' if verdict.ok else 'FAIL'} {name} {dtype}{shape}: {verdict.describe()}")
     return ok
 
@@ -67,10 +74,16 @@ def main():
     parser.add_argument("expected")
     parser.add_argument("--steps", type=int, default=0,
                         help="optimizer updates the values went through")
+    parser.add_argument("--path-dtypes", help="a file: `meshc --emit=tolerance-dtypes`'s output")
     parser.add_argument("--compute-dtype", choices=["bf16", "f16"],
-                        help="the narrowest float dtype the program computes in")
+                        help="a dtype whose rounding every tensor carries")
     args = parser.parse_args()
-    ok = compare_files(args.actual, args.expected, args.steps, args.compute_dtype)
+    path_dtypes = {}
+    if args.path_dtypes:
+        with open(args.path_dtypes) as f:
+            path_dtypes = json.load(f)
+    ok = compare_files(args.actual, args.expected, args.steps, path_dtypes,
+                       compute_dtype=args.compute_dtype)
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include 
        [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
        [--backend threads|mpi] [--expect-backend threads|mpi]
        [--launcher "mpirun --oversubscribe -np 4"] [--trace FILE]
+       [--expect-path-dtype NAME=DTYPE]...
    or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
        (meshc, meshrt, meshrt_launch and the include paths taken from the build and source trees;
        OpenBLAS as -lopenblas).
@@ -23,7 +24,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
-from tolerance import compute_dtype_of
+from tolerance import coarsened_paths, path_dtypes_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +52,9 @@ def main():
     parser.add_argument("--launcher", default="",
                         help="a command line the binary runs under, e.g. 'mpirun -np 4'")
     parser.add_argument("--trace", help="the runner writes a Chrome trace to this file")
+    parser.add_argument("--expect-path-dtype", action="append", default=[],
+                        help="NAME=DTYPE: the output NAME (`<fn>.<output>`) must be compared at "
+                             "DTYPE's tolerance (its path dtype, meshc --emit=tolerance-dtypes)")
     args = parser.parse_args()
     if args.build_dir:
         root = os.path.dirname(os.path.dirname(HERE))
@@ -109,13 +113,21 @@ def main():
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")
     print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s, run {run_s:.2f} s")
-    # A program that computes in bf16/f16 rounds each op's result to that dtype (and each rank's
-    # partial sums before an all-reduce, where the interpreter rounds the whole sum once), so all
-    # its outputs, f32 ones included, carry that dtype's rounding: tolerance.py's compute dtype.
-    compute = compute_dtype_of(args.meshc, args.example, overrides)
-    if compute:
-        print(f"the program computes in {compute}: its tolerance applies to every output")
-    return 0 if compare_files(actual, expected, compute_dtype=compute) else 1
+    # A bf16/f16 op rounds its result to that dtype (and each rank's partial sums before an
+    # all-reduce, where the interpreter rounds the whole sum once): every output it feeds, f32
+    # ones included, carries that rounding, and only those (tolerance.py's path dtype).
+    path_dtypes = path_dtypes_of(args.meshc, args.example, overrides)
+    for line in coarsened_paths(path_dtypes):
+        print(line)
+    ok = True
+    for expectation in args.expect_path_dtype:
+        name, dtype = expectation.split("=")
+        if path_dtypes.get(name, "missing") != dtype:
+            print(f"FAILED: {name} is compared at {path_dtypes.get(name, 'missing')}'s tolerance, "
+                  f"expected {dtype}'s")
+            ok = False
+    return 0 if compare_files(actual, expected, path_dtypes=path_dtypes) and ok else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

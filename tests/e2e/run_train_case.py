@@ -22,9 +22,18 @@ both runs are approximations, so the bound doubles (both_approximate). A real bu
 gradient all-reduce, a wrong shard, a step counter off by one) gives errors of 1e-2 or more: a
 missing all-reduce halves or doubles a gradient.
 
+The dtype of each comparison is the compared tensor's path dtype (tolerance.py; `meshc
+--emit=tolerance-dtypes`): a loss, metric or param that no bf16/f16 value reaches compares at f32's
+tolerance whatever else the program computes in bf16.
+
+Testing the test: with --inject-fault FAULT the second mesh is compiled with `meshc
+--inject-fault=FAULT` (compiler/planner/InjectFault.h: drop-grad-allreduce drops the first
+all-reduce of a param's gradient), and --expect-failure inverts the verdict: the script succeeds
+only when the comparisons fail, and prints the worst error over its tolerance.
+
 Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR...
        --lib LIB... --mesh REF --mesh M2 [--mesh M3...] [--layout-of-ref auto] [--steps 20]
-       [--interp-steps 3]
+       [--interp-steps 3] [--inject-fault FAULT [--expect-failure]]
 Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`)."""
 import argparse
 import os
@@ -33,7 +42,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
-from tolerance import compare_values, compute_dtype_of
+from tolerance import coarsened_paths, compare_values, path_dtypes_of
 
 
 def series_of(text):
@@ -51,38 +60,52 @@ def series_of(text):
     return series
 
 
-def compare_series(got, want, compute, both_approximate, what):
-    """Every per-step series (the loss and each metric) of two runs."""
-    if sorted(got) != sorted(want):
-        print(f"FAIL {what}: values {sorted(got)}, expected {sorted(want)}")
-        return False
-    ok = True
-    for name in want:
-        ok = compare_losses(got[name], want[name], compute, both_approximate,
-                            what if name == "loss" else f"{what} ({name})") and ok
-    return ok
+class Comparisons:
+    """Every comparison of one run of the script: the path dtypes of the compared tensors, and
+    (what, tolerance.Verdict) for each, for the summary of an injected fault."""
 
+    def __init__(self, function, path_dtypes):
+        self.function, self.path_dtypes, self.verdicts = function, path_dtypes, []
 
-def compare(actual, expected, steps, compute, both_approximate, what):
-    print(f"--- {what}: final loss and params after {steps} steps")
-    return compare_files(actual, expected, steps, compute, both_approximate)
+    def series(self, got, want, both_approximate, what):
+        """Every per-step series (the loss and each metric) of two runs."""
+        if sorted(got) != sorted(want):
+            print(f"FAIL {what}: values {sorted(got)}, expected {sorted(want)}")
+            return False
+        ok = True
+        for name in want:
+            ok = self.losses(got[name], want[name], name, both_approximate,
+                             what if name == "loss" else f"{what} ({name})") and ok
+        return ok
 
+    def losses(self, got, want, name, both_approximate, what):
+        """The value printed at step s (the loss or a metric) has been through s updates."""
+        if len(got) != len(want):
+            print(f"FAIL {what}: {len(got)} losses, expected {len(want)}")
+            return False
+        path = self.path_dtypes.get(f"{self.function}.{name}")
+        verdicts = [compare_values([g], [w], "f32", step, path, both_approximate)
+                    for step, (g, w) in enumerate(zip(got, want))]
+        ok = all(v.ok for v in verdicts)
+        worst = max(range(len(verdicts)), key=lambda step: verdicts[step].ratio)
+        self.verdicts.append((what, verdicts[worst]))
+        print(f"{'ok  ' if ok else 'FAIL'} {what}: {len(got)} losses; worst at step {worst}: "
+              f"{verdicts[worst].describe()}; first {got[0]:.6g} last {got[-1]:.6g}")
+        if not ok:
+            for step, (g, w) in enumerate(zip(got, want)):
+                print(f"  step {step}: {g:.9g} vs {w:.9g}")
+        return ok
 
-def compare_losses(got, want, compute, both_approximate, what):
-    """The loss printed at step s has been through s optimizer updates."""
-    if len(got) != len(want):
-        print(f"FAIL {what}: {len(got)} losses, expected {len(want)}")
-        return False
-    verdicts = [compare_values([g], [w], "f32", step, compute, both_approximate)
-                for step, (g, w) in enumerate(zip(got, want))]
-    ok = all(v.ok for v in verdicts)
-    worst = max(range(len(verdicts)), key=lambda step: verdicts[step].ratio)
-    print(f"{'ok  ' if ok else 'FAIL'} {what}: {len(got)} losses; worst at step {worst}: "
-          f"{verdicts[worst].describe()}; first {got[0]:.6g} last {got[-1]:.6g}")
-    if not ok:
-        for step, (g, w) in enumerate(zip(got, want)):
-            print(f"  step {step}: {g:.9g} vs {w:.9g}")
-    return ok
+    def files(self, actual, expected, steps, both_approximate, what):
+        print(f"--- {what}: final loss and params after {steps} steps")
+        verdicts = []
+        ok = compare_files(actual, expected, steps, self.path_dtypes, both_approximate,
+                           verdicts=verdicts)
+        self.verdicts += [(f"{what}: {name}", verdict) for name, verdict in verdicts]
+        return ok
+
+    def worst(self):
+        return max(self.verdicts, key=lambda item: item[1].ratio)
 
 
 def main():
@@ -98,12 +121,19 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interp-steps", type=int, default=3)
     parser.add_argument("--seed", default="0")
+    parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the second mesh")
+    parser.add_argument("--expect-failure", action="store_true",
+                        help="succeed only when the comparisons fail (with --inject-fault)")
     args = parser.parse_args()
+    if args.expect_failure and not args.inject_fault:
+        parser.error("--expect-failure needs --inject-fault")
+    if args.inject_fault and len(args.mesh) < 2:
+        parser.error("--inject-fault needs a second mesh")
     os.makedirs(args.workdir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(args.example))[0]
 
     runs = []  # (mesh, binary, overrides, losses, dump)
-    for spec in args.mesh:
+    for index, spec in enumerate(args.mesh):
         mesh, layout = spec.split("|")
         overrides = ["--mesh", mesh, "--function", args.function]
         if layout != "own":
@@ -111,7 +141,9 @@ def main():
         tag = mesh.replace("=", "").replace(",", "_")
         base = os.path.join(args.workdir, f"{stem}-{tag}")
         start = time.time()
-        run([args.meshc, args.example, "--emit=cpp", "--cpp-runner", "-o", base] + overrides)
+        fault = [f"--inject-fault={args.inject_fault}"] if args.inject_fault and index == 1 else []
+        print(run([args.meshc, args.example, "--emit=cpp", "--cpp-runner", "-o", base] + overrides
+                  + fault, with_stderr=True), end="")
         unity = base + ".unity.cpp"
         with open(unity, "w") as f:
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
@@ -131,7 +163,10 @@ def main():
         runs.append((mesh, binary, overrides, series, dump))
 
     ok = True
-    compute = compute_dtype_of(args.meshc, args.example, runs[0][2])
+    path_dtypes = path_dtypes_of(args.meshc, args.example, runs[0][2])
+    for line in coarsened_paths(path_dtypes):
+        print(line)
+    compared = Comparisons(args.function, path_dtypes)
     reference = runs[0]
     if len(reference[3].get("loss", [])) != args.steps:
         print(f"FAIL: the reference printed {len(reference[3].get('loss', []))} losses, "
@@ -139,8 +174,8 @@ def main():
         return 1
     for mesh, _, _, series, dump in runs[1:]:
         what = f"[{mesh}] vs [{reference[0]}]"
-        ok = compare_series(series, reference[3], compute, True, what) and ok
-        ok = compare(dump, reference[4], args.steps, compute, True, what) and ok
+        ok = compared.series(series, reference[3], True, what) and ok
+        ok = compared.files(dump, reference[4], args.steps, True, what) and ok
 
     # The generated code against the interpreter, a few steps on the second mesh.
     mesh, binary, overrides, _, _ = runs[1] if len(runs) > 1 else runs[0]
@@ -150,8 +185,15 @@ def main():
     interpreted = series_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
                                  args.seed, "--dump-outputs", expected] + overrides))
     what = f"generated [{mesh}] vs the interpreter"
-    ok = compare_series(generated, interpreted, compute, False, what) and ok
-    ok = compare(actual, expected, args.interp_steps, compute, False, what) and ok
+    ok = compared.series(generated, interpreted, False, what) and ok
+    ok = compared.files(actual, expected, args.interp_steps, False, what) and ok
+    if args.inject_fault:
+        what, verdict = compared.worst()
+        caught = "caught" if not ok else "NOT caught"
+        print(f"injected fault {args.inject_fault} {caught}: worst error/tolerance "
+              f"{verdict.ratio:.3g} ({what})")
+        if args.expect_failure:
+            return 0 if not ok else 1
     return 0 if ok else 1
 
 

@@ -2,12 +2,17 @@
 """tolerance.py, the test scripts' comparison rule, on the cases of tests/unit/ToleranceTest.cpp
 (the C++ copy of the rule): the values per dtype, the elementwise mixed bound, and the cases the
 old rule (error over the tensor's largest value) got wrong."""
+import io
 import math
 import os
+import struct
 import sys
+import tempfile
 import unittest
+from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_outputs import compare_files  # noqa: E402
 from tolerance import coarser, compare_values, rms_of, rtol_of  # noqa: E402
 
 F32 = 1024 * 2.0**-24
@@ -74,13 +79,37 @@ class ToleranceTest(unittest.TestCase):
     def test_bf16_programs_steps_and_two_approximations(self):
         expected, actual = [1.0, -1.0, 1.0, -1.0], [1.02, -1.0, 1.0, -1.0]
         self.assertFalse(compare_values(actual, expected, "f32").ok)
-        self.assertTrue(compare_values(actual, expected, "f32", compute_dtype="bf16").ok)
+        self.assertTrue(compare_values(actual, expected, "f32", path_dtype="bf16").ok)
         steps = math.ceil(0.02 / (2 * F32)) - 1
         self.assertTrue(compare_values(actual, expected, "f32", steps).ok)
         self.assertFalse(compare_values(actual, expected, "f32", steps - 1).ok)
         # Mesh against mesh: twice the bound.
         half = math.ceil(steps / 2)
         self.assertTrue(compare_values(actual, expected, "f32", half, both_approximate=True).ok)
+
+
+    def test_per_tensor_path_dtypes(self):
+        # The same 2% error in two f32 tensors: the one a bf16 value reaches passes at bf16's
+        # tolerance, the other fails at f32's; the whole-file --compute-dtype coarsens both.
+        def write(path, tensors):
+            with open(path, "wb") as f:
+                for name, values in tensors.items():
+                    f.write(f"tensor {name} f32 1 {len(values)}\n".encode())
+                    f.write(struct.pack(f"<{len(values)}d", *values))
+
+        with tempfile.TemporaryDirectory() as tmp:
+            actual, expected = os.path.join(tmp, "a"), os.path.join(tmp, "e")
+            write(expected, {"p.fast": [1.0, -1.0], "p.exact": [1.0, -1.0]})
+            write(actual, {"p.fast": [1.02, -1.0], "p.exact": [1.02, -1.0]})
+            verdicts = []
+            with redirect_stdout(io.StringIO()):
+                ok = compare_files(actual, expected, path_dtypes={"p.fast": "bf16",
+                                                                  "p.exact": "f32"},
+                                   verdicts=verdicts)
+                self.assertTrue(compare_files(actual, expected, compute_dtype="bf16"))
+            self.assertFalse(ok)
+            results = {name: verdict.ok for name, verdict in verdicts}
+            self.assertEqual(results, {"p.fast": True, "p.exact": False})
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ An element passes iff |a - e| <= atol + rtol * |e|, with
   atol = rtol * rms(e)                                 rms over the expected tensor
 (an all-zero expected tensor has no scale of its own: its atol is rtol times the RMS of all the
 float values the file holds, the program's typical value, `fallback_rms`).
-`dtype` is the coarser of the tensor's dtype and the narrowest float dtype the program computes
-in (an f32 output of a bf16 computation carries bf16 errors); `steps` is the number of optimizer
+`dtype` is the coarser of the tensor's dtype and its path dtype: the coarsest float dtype on any
+path of the program's data flow into it (`meshc --emit=tolerance-dtypes`, path_dtypes_of): an f32
+output of a bf16 computation carries bf16 errors, an f32 output that no bf16 value reaches does
+not, whatever else the program computes in bf16; `steps` is the number of optimizer
 updates the values went through (0 for a forward program). i32 tensors must match exactly. NaN and
 infinities must match exactly."""
+import json
 import math
-import re
 
 from checked_run import run
 
@@ -29,11 +31,11 @@ def coarsest_dtype(dtypes):
     return max(floats, key=lambda d: UNIT_ROUNDOFF[d]) if floats else None
 
 
-def coarser(dtype, compute_dtype):
-    """A tensor's tolerance dtype: its own, or the compute dtype when that rounds coarser."""
+def coarser(dtype, path_dtype):
+    """A tensor's tolerance dtype: its own, or its path dtype when that rounds coarser."""
     if dtype not in UNIT_ROUNDOFF:
         return dtype
-    return coarsest_dtype([dtype, compute_dtype])
+    return coarsest_dtype([dtype, path_dtype])
 
 
 def rtol_of(dtype, steps=0):
@@ -74,12 +76,13 @@ def typical_scale(tensors):
                    for v in values])
 
 
-def compare_values(got, want, dtype, steps=0, compute_dtype=None, both_approximate=False,
+def compare_values(got, want, dtype, steps=0, path_dtype=None, both_approximate=False,
                    fallback_rms=0.0):
-    """Compares two equally long sequences of floats under the rule above. both_approximate:
+    """Compares two equally long sequences of floats under the rule above (path_dtype: the
+    coarsest float dtype on any path into them, None for f32 throughout). both_approximate:
     `want` is not the oracle but another f32 computation (another mesh's run); each is within
     the bound of the exact values, so they are within twice of each other."""
-    dtype = coarser(dtype, compute_dtype)
+    dtype = coarser(dtype, path_dtype)
     rtol = rtol_of(dtype, steps) * (2 if both_approximate else 1)
     rms = rms_of(want) or fallback_rms
     atol = rtol * rms
@@ -103,8 +106,15 @@ def compare_values(got, want, dtype, steps=0, compute_dtype=None, both_approxima
     return Verdict(ok, ratio, needed, rtol, atol, index, g, w)
 
 
-def compute_dtype_of(meshc, example, overrides):
-    """The narrowest float dtype the program (as compiled with `overrides`) computes in: bf16 or
-    f16 when any value of its IR has that dtype, else None."""
-    ir = run([meshc, example, "--emit=ir"] + overrides)
-    return coarsest_dtype(re.findall(r"\b(bf16|f16)\[", ir))
+def path_dtypes_of(meshc, example, overrides):
+    """Per compared tensor (`<fn>.<output>`, `<fn>.param.<path>`), the coarsest float dtype on any
+    path into it in the program as compiled with `overrides` ("" when no float value reaches
+    it), from `meshc --emit=tolerance-dtypes` (compiler/interp/DtypePaths.h)."""
+    text = run([meshc, example, "--emit=tolerance-dtypes"] + overrides)
+    return {name: dtype or None for name, dtype in json.loads(text).items()}
+
+
+def coarsened_paths(path_dtypes):
+    """A line for the log per tensor whose tolerance its path coarsens beyond f32."""
+    return [f"{name}: a {dtype} value reaches it, compared at {dtype}'s tolerance"
+            for name, dtype in sorted(path_dtypes.items()) if dtype not in (None, "f32")]
