@@ -933,6 +933,7 @@ struct PlanEvaluator::Impl {
     }
     phases_ = opPhases(fn);
     findPartners();
+    prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
@@ -986,7 +987,14 @@ private:
   void findPartners();
   /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
   const OpPlan& planOf(uint32_t i, const std::vector<int>& dimAxesIds,
-                       const std::vector<int>& stateOf, OpRules& rules);
+                       const std::vector<int>& stateOf, OpRules& rules, const Layout& layout);
+  void prepareSharedPartials();
+  /// Whether a value in state `stateId`, a partial sum read by several ops, is resolved once
+  /// where it is first read, every reader then reading the resolved value, rather than kept
+  /// lazy in its linear readers (see SharedPartial).
+  bool resolveOnce(ir::ValueId value, int stateId, const Layout& layout);
+  /// Whether resolveOnce(value, stateId, ...) is decided by the dims `assigned` gives.
+  bool resolveOnceKnown(ir::ValueId value, int stateId, const std::vector<bool>& assigned) const;
 
   int internType(const ir::TensorType& type) {
     std::string key = ir::dtypeName(type.dtype);
@@ -1030,6 +1038,25 @@ private:
     auto [it, inserted] = axesIdOf_.try_emplace(axes, static_cast<int>(axesIdOf_.size()));
     return it->second;
   }
+
+  /// A partial sum read by several ops (docs/planner.md, "Partial sums read several times"):
+  /// resolving it once costs one collective of its size, after which every reader reads the
+  /// resolved value; keeping it lazy costs, per reader, a collective at the end of the chain of
+  /// single-reader linear ops the reader starts (a sum shrinks it: a norm's bias gradient), or
+  /// nothing less than once when a reader cannot keep it lazy (a nonlinear op, an axis clash).
+  struct ReaderChain {
+    uint32_t op = 0;             // the reader
+    std::vector<uint32_t> chain; // the single-reader linear ops after it, in order
+  };
+  struct SharedPartial {
+    bool resolvedAnyway = false; // a reader needs it resolved whatever the layout
+    std::vector<ReaderChain> readers;
+    std::vector<int> dims; // the dims whose layouts the choice depends on
+    int signature = -1;    // the readers' shapes, interned: alike layers share the memo
+  };
+  std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
+  std::vector<SharedPartial> shared_;
+  std::map<std::vector<int>, bool> resolveOnceMemo_;
 
   /// The largest product of distinct mesh axes that divides `size` (for the lower bound).
   int64_t maxDivisorSplit(int64_t size) const {
@@ -1133,20 +1160,20 @@ OptimizerModel optimizerModel(const ir::Function& fn) {
 } // namespace
 
 const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& dimAxesIds,
-                                          const std::vector<int>& stateOf, OpRules& rules) {
+                                          const std::vector<int>& stateOf, OpRules& rules,
+                                          const Layout& layout) {
   const ir::Op& op = fn_.ops[i];
   key_.clear();
   key_.push_back(staticIds_[i]);
   key_.push_back(static_cast<int>(phases_[i]));
-  // In backward, a partial sum that several ops read is resolved where it is read rather than
-  // carried lazily into each reader (which would then need resolving one by one: an input
-  // gradient read by layer_norm's backward and by its gain's and bias's gradients gives one
-  // all-reduce of the activation, as in Megatron, instead of that one plus one per small
-  // gradient). A partial read once stays lazy.
+  // A partial sum that several ops read is resolved where it is first read, and every reader
+  // reads the resolved value, when that is cheaper than keeping it lazy in each (resolveOnce):
+  // an RMS norm's input, read by the mean square and by the scaling, is resolved once, not once
+  // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
+  // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; k < op.operands.size(); ++k)
-    if (phases_[i] == Phase::Backward && readers_[op.operands[k]] > 1 && k < 30)
-      eagerMask |= 1 << k;
+  for (size_t k = 0; k < op.operands.size() && k < 30; ++k)
+    if (resolveOnce(op.operands[k], stateOf[op.operands[k]], layout)) eagerMask |= 1 << k;
   key_.push_back(eagerMask);
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key_.push_back(partnerState); // a later sum's axes come from dims in involved_
@@ -1297,7 +1324,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
 
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules, layout);
     if (!plan.divisible) {
       result.ok = false;
       if (!out) return result;
@@ -1717,7 +1744,9 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
         std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
         std::all_of(op.operands.begin(), op.operands.end(),
                     [&](ir::ValueId v) { return stateOf[v] >= 0; }) &&
-        (partner_[i] < 0 || stateOf[partner_[i]] >= 0); // a later sum's dims: involved_
+        (partner_[i] < 0 || stateOf[partner_[i]] >= 0) && // a later sum's dims: involved_
+        std::all_of(op.operands.begin(), op.operands.end(),
+                    [&](ir::ValueId v) { return resolveOnceKnown(v, stateOf[v], assigned); });
     if (!known) {
       if (boundTermOf_[i] >= 0) {
         const BoundTerm& term = boundTerms_[boundTermOf_[i]];
@@ -1729,7 +1758,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       }
       continue;
     }
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules, partial);
     if (!plan.divisible) return kInfinity; // every completion has this split
     for (size_t k = 0; k < op.operands.size(); ++k)
       communication += reshardCost(op.operands[k], plan.requiredIds[k]);
@@ -1751,6 +1780,146 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
+}
+
+namespace {
+
+/// Whether `op` can keep a partial sum in operand `k` lazy (OpRules: linear unary ops and
+/// reductions, add and sub, mul, the numerator of a div, an einsum), layouts permitting.
+bool keepsPartialLazy(const ir::Function& fn, const ir::Op& op, size_t k) {
+  if (op.operands.size() == 1) return isLinearUnary(fn, op);
+  switch (op.kind) {
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Einsum:
+    return true;
+  case OpKind::Div:
+    return k == 0;
+  default:
+    return false;
+  }
+}
+
+} // namespace
+
+void PlanEvaluator::Impl::prepareSharedPartials() {
+  std::vector<std::vector<uint32_t>> readersOf(fn_.values.size());
+  for (uint32_t j = 0; j < fn_.ops.size(); ++j)
+    for (ir::ValueId operand : fn_.ops[j].operands)
+      if (readersOf[operand].empty() || readersOf[operand].back() != j)
+        readersOf[operand].push_back(j);
+  std::vector<bool> leaves(fn_.values.size(), false); // outputs and updates: resolved at the end
+  for (const ir::OutputInfo& output : fn_.outputs)
+    leaves[output.value] = true;
+  for (const ir::ParamUpdate& update : fn_.updates)
+    leaves[update.value] = true;
+  auto operandIndex = [&](const ir::Op& op, ir::ValueId value) {
+    return static_cast<size_t>(std::find(op.operands.begin(), op.operands.end(), value) -
+                               op.operands.begin());
+  };
+  // A reader that keeps the sum lazy: linear in it, not in the update (which resolves), and
+  // reading it once (square as x * x is not linear).
+  auto keepsLazy = [&](uint32_t reader, ir::ValueId value) {
+    const ir::Op& op = fn_.ops[reader];
+    return phases_[reader] != Phase::Update &&
+           std::count(op.operands.begin(), op.operands.end(), value) == 1 &&
+           keepsPartialLazy(fn_, op, operandIndex(op, value));
+  };
+  std::map<std::string, int> signatures;
+  sharedOf_.assign(fn_.values.size(), -1);
+  for (ir::ValueId v = 0; v < fn_.values.size(); ++v) {
+    if (readersOf[v].size() < 2) continue;
+    SharedPartial shared;
+    std::string signature = fmt::format("{}", typeIds_[v]);
+    auto addDims = [&](uint32_t op) {
+      for (int d : involved_[op])
+        if (std::find(shared.dims.begin(), shared.dims.end(), d) == shared.dims.end())
+          shared.dims.push_back(d);
+    };
+    shared.resolvedAnyway = leaves[v];
+    for (uint32_t reader : readersOf[v]) {
+      if (shared.resolvedAnyway) break;
+      if (!keepsLazy(reader, v)) {
+        shared.resolvedAnyway = true;
+        break;
+      }
+      ReaderChain chain{reader, {}};
+      addDims(reader);
+      signature += fmt::format("|{}.{}", staticIds_[reader], operandIndex(fn_.ops[reader], v));
+      for (ir::ValueId end = fn_.ops[reader].result;
+           !leaves[end] && readersOf[end].size() == 1 && keepsLazy(readersOf[end][0], end);
+           end = fn_.ops[chain.chain.back()].result) {
+        uint32_t next = readersOf[end][0];
+        chain.chain.push_back(next);
+        addDims(next);
+        signature += fmt::format(",{}.{}", staticIds_[next], operandIndex(fn_.ops[next], end));
+      }
+      shared.readers.push_back(std::move(chain));
+    }
+    if (shared.resolvedAnyway) {
+      shared.readers.clear();
+      shared.dims.clear();
+    }
+    shared.signature =
+        signatures.try_emplace(signature, static_cast<int>(signatures.size())).first->second;
+    sharedOf_[v] = static_cast<int>(shared_.size());
+    shared_.push_back(std::move(shared));
+  }
+}
+
+bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId, const Layout& layout) {
+  if (sharedOf_[value] < 0 || stateId < 0) return false;
+  const TensorLayout& state = states_[stateId];
+  if (state.partialAxes.empty() || state.partialIsMax) return false;
+  const SharedPartial& shared = shared_[sharedOf_[value]];
+  if (shared.resolvedAnyway) return true;
+  std::vector<int> key{shared.signature, stateId};
+  for (int d : shared.dims)
+    key.push_back(internAxes(layout.of(dimNames_[d])));
+  auto memo = resolveOnceMemo_.find(key);
+  if (memo != resolveOnceMemo_.end()) return memo->second;
+  TensorLayout resolved = state;
+  resolved.partialAxes.clear();
+  const std::optional<ReshardPath>& once = reshard(value, stateId, internState(resolved));
+  Collective lazy;
+  lazy.kind = CollectiveKind::AllReduceSum;
+  for (const ir::MeshAxis& axis : mesh_.axes)
+    if (state.partialAxes.count(axis.name)) lazy.axes.push_back(axis.name);
+  lazy.groupSize = splitFactor(mesh_, lazy.axes);
+  auto clashes = [&](uint32_t op) {
+    for (int d : involved_[op])
+      for (const std::string& axis : layout.of(dimNames_[d]))
+        if (state.partialAxes.count(axis)) return true;
+    return false;
+  };
+  double lazySeconds = 0;
+  for (const ReaderChain& reader : shared.readers) {
+    if (clashes(reader.op)) { // this reader resolves it anyway
+      lazySeconds = kInfinity;
+      break;
+    }
+    ir::ValueId end = fn_.ops[reader.op].result;
+    for (uint32_t next : reader.chain) {
+      if (clashes(next)) break;
+      end = fn_.ops[next].result;
+    }
+    const ir::TensorType& type = fn_.typeOf(end);
+    lazy.bytes = localBytes(type, tensorLayoutOf(type, layout, mesh_), mesh_);
+    lazySeconds += collectiveSeconds(machine_, mesh_, lazy);
+  }
+  bool eager = once && once->seconds <= lazySeconds;
+  resolveOnceMemo_.emplace(std::move(key), eager);
+  return eager;
+}
+
+bool PlanEvaluator::Impl::resolveOnceKnown(ir::ValueId value, int stateId,
+                                           const std::vector<bool>& assigned) const {
+  if (sharedOf_[value] < 0 || stateId < 0) return true;
+  const TensorLayout& state = states_[stateId];
+  if (state.partialAxes.empty() || state.partialIsMax) return true;
+  const std::vector<int>& dims = shared_[sharedOf_[value]].dims;
+  return std::all_of(dims.begin(), dims.end(), [&](int d) { return assigned[d]; });
 }
 
 void PlanEvaluator::Impl::findPartners() {
