@@ -92,20 +92,20 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
-  // Arena: 99328 bytes for 409104 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 408592 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
-  support::View v106 = arena_.view(0, 2048);
+  support::View v104 = arena_.view(0, 2048);
 
   Outputs outputs;
-  outputs.y = support::Tensor{{1, 64, 32}, support::Buffer(v106.begin(), v106.end())};
+  outputs.y = support::Tensor{{1, 64, 32}, support::Buffer(v104.begin(), v104.end())};
   return outputs;
 }
 
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
 
-  // 35 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  // 33 statements from moe.mesh:26:10 layer_norm (1 of 2)
   support::View v3 = arena_.view(0, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
@@ -122,51 +122,49 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v21 = arena_.view(41472, 64);
   support::View v19 = arena_.view(90112, 128);
   support::View v22 = arena_.view(512, 128);
-  support::View v23 = arena_.view(41728, 64);
-  support::View v24 = arena_.view(41984, 64);
-  support::View v28 = arena_.view(0, 128);
-  support::View v29 = arena_.view(20480, 128);
-  support::View v30 = arena_.view(0, 5120);
-  support::View v31 = arena_.view(20480, 5120);
-  support::View v32 = arena_.view(0, 128);
-  support::View v33 = arena_.view(512, 128);
-  support::View v34 = arena_.view(1024, 2);
-  support::View v36 = arena_.view(40960, 128);
-  support::View v37 = arena_.view(0, 5120);
-  support::View v40 = arena_.view(90624, 64);
-  support::View v43 = arena_.view(90880, 64);
-  support::View v39 = arena_.view(40960, 5120);
-  support::View v46 = arena_.view(61440, 5120);
-  support::View v47 = arena_.view(20480, 2560);
+  support::View v23 = arena_.view(90624, 64);
+  support::View v29 = arena_.view(0, 128);
+  support::View v30 = arena_.view(20480, 128);
+  support::View v31 = arena_.view(0, 5120);
+  support::View v32 = arena_.view(20480, 5120);
+  support::View v33 = arena_.view(0, 128);
+  support::View v34 = arena_.view(512, 128);
+  support::View v35 = arena_.view(1024, 2);
+  support::View v37 = arena_.view(40960, 128);
+  support::View v38 = arena_.view(0, 5120);
+  support::View v28 = arena_.view(90880, 64);
+  support::View v41 = arena_.view(91136, 64);
+  support::View v40 = arena_.view(40960, 5120);
+  support::View v45 = arena_.view(61440, 5120);
+  support::View v46 = arena_.view(20480, 2560);
   const support::Buffer &v9 = param3_experts_ffn_0_w_in;
-  support::View v48 = arena_.view(0, 5120);
-  support::View v49 = arena_.view(20480, 5120);
+  support::View v47 = arena_.view(0, 5120);
+  support::View v48 = arena_.view(20480, 5120);
   const support::Buffer &v10 = param4_experts_ffn_0_w_out;
-  support::View v50 = arena_.view(0, 2560);
-  support::View v51 = arena_.view(10240, 2048);
-  support::View v53 = arena_.view(81920, 2048);
-  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v13, v16, v17, v20, v21, v19, v22, v23, v24, v28,
-            v29, v30, v31, v32, v33, v34, v36, v37, v40, v43, v39, v46, v47, v9, v48, v49, v10, v50,
-            v51, v53);
+  support::View v49 = arena_.view(0, 2560);
+  support::View v50 = arena_.view(10240, 2048);
+  support::View v52 = arena_.view(81920, 2048);
+  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v13, v16, v17, v20, v21, v19, v22, v23, v29, v30,
+            v31, v32, v33, v34, v35, v37, v38, v28, v41, v40, v45, v46, v9, v47, v48, v10, v49, v50,
+            v52);
 
-  // 35 statements from moe.mesh:26:10 layer_norm (2 of 2)
-  support::View v56 = arena_.view(0, 2048);
-  const support::Buffer &v54 = param5_norm_1_gain;
-  const support::Buffer &v55 = param6_norm_1_bias;
-  support::View v58 = arena_.view(90112, 2048);
-  const support::Buffer &v59 = param7_route_1_w_gate;
-  support::View v60 = arena_.view(0, 128);
-  support::View v61 = arena_.view(512, 128);
-  support::View v64 = arena_.view(1024, 64);
-  support::View v66 = arena_.view(40960, 128);
-  support::View v69 = arena_.view(0, 128);
-  support::View v70 = arena_.view(1536, 64);
-  support::View v73 = arena_.view(1024, 128);
-  support::View v74 = arena_.view(41472, 64);
-  support::View v72 = arena_.view(98304, 128);
-  support::View v75 = arena_.view(512, 128);
-  support::View v76 = arena_.view(41728, 64);
-  support::View v77 = arena_.view(41984, 64);
+  // 33 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  support::View v55 = arena_.view(0, 2048);
+  const support::Buffer &v53 = param5_norm_1_gain;
+  const support::Buffer &v54 = param6_norm_1_bias;
+  support::View v57 = arena_.view(90112, 2048);
+  const support::Buffer &v58 = param7_route_1_w_gate;
+  support::View v59 = arena_.view(0, 128);
+  support::View v60 = arena_.view(512, 128);
+  support::View v63 = arena_.view(1024, 64);
+  support::View v65 = arena_.view(40960, 128);
+  support::View v68 = arena_.view(0, 128);
+  support::View v69 = arena_.view(1536, 64);
+  support::View v72 = arena_.view(1024, 128);
+  support::View v73 = arena_.view(41472, 64);
+  support::View v71 = arena_.view(98304, 128);
+  support::View v74 = arena_.view(512, 128);
+  support::View v75 = arena_.view(98816, 64);
   support::View v81 = arena_.view(0, 128);
   support::View v82 = arena_.view(20480, 128);
   support::View v83 = arena_.view(0, 5120);
@@ -176,21 +174,21 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v87 = arena_.view(1024, 2);
   support::View v89 = arena_.view(40960, 128);
   support::View v90 = arena_.view(0, 5120);
-  support::View v93 = arena_.view(98816, 64);
-  support::View v96 = arena_.view(99072, 64);
+  support::View v80 = arena_.view(99072, 64);
+  support::View v93 = arena_.view(99328, 64);
   support::View v92 = arena_.view(40960, 5120);
-  support::View v99 = arena_.view(61440, 5120);
-  support::View v100 = arena_.view(20480, 2560);
-  const support::Buffer &v62 = param8_experts_ffn_1_w_in;
-  support::View v101 = arena_.view(0, 5120);
-  support::View v102 = arena_.view(20480, 5120);
-  const support::Buffer &v63 = param9_experts_ffn_1_w_out;
-  support::View v103 = arena_.view(0, 2560);
-  support::View v104 = arena_.view(10240, 2048);
-  support::View v106 = arena_.view(0, 2048);
-  repeated0(v56, v53, v54, v55, v58, v59, v60, v61, v64, v66, v69, v70, v73, v74, v72, v75, v76,
-            v77, v81, v82, v83, v84, v85, v86, v87, v89, v90, v93, v96, v92, v99, v100, v62, v101,
-            v102, v63, v103, v104, v106);
+  support::View v97 = arena_.view(61440, 5120);
+  support::View v98 = arena_.view(20480, 2560);
+  const support::Buffer &v61 = param8_experts_ffn_1_w_in;
+  support::View v99 = arena_.view(0, 5120);
+  support::View v100 = arena_.view(20480, 5120);
+  const support::Buffer &v62 = param9_experts_ffn_1_w_out;
+  support::View v101 = arena_.view(0, 2560);
+  support::View v102 = arena_.view(10240, 2048);
+  support::View v104 = arena_.view(0, 2048);
+  repeated0(v55, v52, v53, v54, v57, v58, v59, v60, v63, v65, v68, v69, v72, v73, v71, v74, v75,
+            v81, v82, v83, v84, v85, v86, v87, v89, v90, v80, v93, v92, v97, v98, v61, v99, v100,
+            v62, v101, v102, v104);
 }
 
 void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -201,9 +199,9 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                     support::View a18, support::View a19, support::View a20, support::View a21,
                     support::View a22, support::View a23, support::View a24, support::View a25,
                     support::View a26, support::View a27, support::View a28, support::View a29,
-                    support::View a30, support::View a31, support::ConstView a32, support::View a33,
-                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
-                    support::View a38) {
+                    support::View a30, support::ConstView a31, support::View a32, support::View a33,
+                    support::ConstView a34, support::View a35, support::View a36,
+                    support::View a37) {
 
   // moe.mesh:26:10 layer_norm
   static const support::Shape shape0_2 = {1, 64};
@@ -348,170 +346,157 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:59:29 add
+  // moe.mesh:59:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
+  // for add at 59:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
+  auto request0 = support::startAllReduce(group_model, {a13, a16}, meshrt::ReduceOp::Sum);
+
+  // moe.mesh:64:19 cumsum -> position1
+  static const support::Shape shape14_2 = {1, 2};
+  static const support::Shape shape14_3 = {128, 1};
+  static const support::Shape shape14_4 = {128, 1};
+  static const support::Shape shape14_5 = {64};
+  static const support::Shape shape14_6 = {2};
+  static const support::Shape shape14_7 = {2};
+  support::along(a17.data(), a9.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+
+  // moe.mesh:67:27 cast
   {
-    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a17p[i0];
+      const float s1 = support::castToI32(s0);
+      a18p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:67:19 one_hot
+  static const support::Shape shape16_1 = {1, 64, 2, 40};
+  static const support::Shape shape16_3 = {128, 2, 1, 0};
+  static const support::Shape shape16_4 = {0, 0, 0, 1};
+  support::oneHot(a19.data(), shape16_1, a18.data(), shape16_3, shape16_4, 0);
+
+  // moe.mesh:67:59 mul -> dispatch1
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = a19p[i0 * 40 + i1];
+        const float s1 = a9p[i0];
+        const float s2 = (s0 * s1);
+        a20p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
+
+  // moe.mesh:68:15 sum -> kept1
+  static const support::Shape shape18_1 = {1, 64, 2};
+  static const support::Shape shape18_3 = {5120, 80, 40};
+  static const support::Shape shape18_4 = {40};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a21.data(), shape18_1, a20.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:19 cumsum
+  static const support::Shape shape19_2 = {1, 2};
+  static const support::Shape shape19_3 = {128, 1};
+  static const support::Shape shape19_4 = {128, 1};
+  static const support::Shape shape19_5 = {64};
+  static const support::Shape shape19_6 = {2};
+  static const support::Shape shape19_7 = {2};
+  support::along(a22.data(), a14.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+
+  // moe.mesh:69:58 sum
+  static const support::Shape shape20_1 = {1, 2};
+  static const support::Shape shape20_3 = {128, 1};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {2};
+  support::reduce(a23.data(), shape20_1, a21.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:56 add -> position2
+  // moe.mesh:70:27 cast
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a22p[i0 * 2 + i1];
+        const float s1 = a23p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        a24p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:70:19 one_hot
+  static const support::Shape shape22_1 = {1, 64, 2, 40};
+  static const support::Shape shape22_3 = {128, 2, 1, 0};
+  static const support::Shape shape22_4 = {0, 0, 0, 1};
+  support::oneHot(a25.data(), shape22_1, a24.data(), shape22_3, shape22_4, 0);
+
+  group_model.wait(request0);
+
+  // moe.mesh:59:29 add
+  // moe.mesh:59:15 maximum -> total
+  // moe.mesh:73:36 div
+  {
+    float *__restrict a26p = a26.data();
+    float *__restrict a27p = a27.data();
     const float *__restrict a13p = a13.data();
     const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = a13p[i0];
       const float s1 = a16p[i0];
       const float s2 = (s0 + s1);
-      a17p[i0] = s2;
+      const float s3 = 1e-09f;
+      const float s4 = support::maximum(s2, s3);
+      const float s5 = a13p[i0];
+      const float s6 = (s5 / s4);
+      a26p[i0] = s4;
+      a27p[i0] = s6;
     }
   }
 
-  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 59:15)
-  auto request0 = support::startAllReduce(group_model, {a17}, meshrt::ReduceOp::Sum);
-
-  // moe.mesh:64:19 cumsum -> position1
-  static const support::Shape shape15_2 = {1, 2};
-  static const support::Shape shape15_3 = {128, 1};
-  static const support::Shape shape15_4 = {128, 1};
-  static const support::Shape shape15_5 = {64};
-  static const support::Shape shape15_6 = {2};
-  static const support::Shape shape15_7 = {2};
-  support::along(a18.data(), a9.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:67:27 cast
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = support::castToI32(s0);
-      a19p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:67:19 one_hot
-  static const support::Shape shape17_1 = {1, 64, 2, 40};
-  static const support::Shape shape17_3 = {128, 2, 1, 0};
-  static const support::Shape shape17_4 = {0, 0, 0, 1};
-  support::oneHot(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, 0);
-
-  // moe.mesh:67:59 mul -> dispatch1
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = a20p[i0 * 40 + i1];
-        const float s1 = a9p[i0];
-        const float s2 = (s0 * s1);
-        a21p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
-
-  // moe.mesh:68:15 sum -> kept1
-  static const support::Shape shape19_1 = {1, 64, 2};
-  static const support::Shape shape19_3 = {5120, 80, 40};
-  static const support::Shape shape19_4 = {40};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a22.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:19 cumsum
-  static const support::Shape shape20_2 = {1, 2};
-  static const support::Shape shape20_3 = {128, 1};
-  static const support::Shape shape20_4 = {128, 1};
-  static const support::Shape shape20_5 = {64};
-  static const support::Shape shape20_6 = {2};
-  static const support::Shape shape20_7 = {2};
-  support::along(a23.data(), a14.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:69:58 sum
-  static const support::Shape shape21_1 = {1, 2};
-  static const support::Shape shape21_3 = {128, 1};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {2};
-  support::reduce(a24.data(), shape21_1, a22.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:56 add -> position2
-  // moe.mesh:70:27 cast
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a23p[i0 * 2 + i1];
-        const float s1 = a24p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        a25p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:70:19 one_hot
-  static const support::Shape shape23_1 = {1, 64, 2, 40};
-  static const support::Shape shape23_3 = {128, 2, 1, 0};
-  static const support::Shape shape23_4 = {0, 0, 0, 1};
-  support::oneHot(a26.data(), shape23_1, a25.data(), shape23_3, shape23_4, 0);
-
-  group_model.wait(request0);
-
-  // moe.mesh:59:15 maximum -> total
-  // moe.mesh:73:36 div
   // moe.mesh:73:66 div
-  {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = a13p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = a16p[i0];
-      const float s6 = (s5 / s2);
-      a27p[i0] = s4;
-      a28p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
-  // 73:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
-  support::allReduceBucket(group_model, {a27, a28});
-
   // moe.mesh:70:59 mul -> dispatch2
   // moe.mesh:72:28 add -> dispatch
   // moe.mesh:73:57 mul
   // moe.mesh:73:27 mul
   // moe.mesh:73:45 add -> combine
   {
+    float *__restrict a28p = a28.data();
     float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
+    const float *__restrict a16p = a16.data();
     const float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
     const float *__restrict a14p = a14.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a28p = a28.data();
+    const float *__restrict a20p = a20.data();
     const float *__restrict a27p = a27.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = a26p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = a14p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a21p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = a28p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = a21p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = a27p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          a29p[i0 * 80 + i1 * 40 + i2] = s4;
-          a30p[i0 * 80 + i1 * 40 + i2] = s10;
+          const float s0 = a16p[i0];
+          const float s1 = a26p[i0];
+          const float s2 = (s0 / s1);
+          const float s3 = a25p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = a14p[i0 * 2 + i1];
+          const float s5 = (s3 * s4);
+          const float s6 = a20p[i0 * 80 + i1 * 40 + i2];
+          const float s7 = (s6 + s5);
+          const float s8 = (s5 * s2);
+          const float s9 = a20p[i0 * 80 + i1 * 40 + i2];
+          const float s10 = a27p[i0];
+          const float s11 = (s9 * s10);
+          const float s12 = (s11 + s8);
+          a28p[i0 * 80 + i1 * 40 + i2] = s7;
+          a29p[i0 * 80 + i1 * 40 + i2] = s12;
         }
       }
     }
@@ -519,52 +504,52 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:78:19 einsum -> expert_in
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan28.run(a29.data(), a4.data(), a31.data(), 1.0f, 0.0f);
+  einsumPlan26.run(a28.data(), a4.data(), a30.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:21 einsum
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan29.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  einsumPlan27.run(a30.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:16 relu -> hidden
   {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
+    float *__restrict a33p = a33.data();
+    const float *__restrict a32p = a32.data();
     for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a33p[i0];
+      const float s0 = a32p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a34p[i0] = s1;
+      a33p[i0] = s1;
     }
   }
 
   // moe.mesh:80:20 einsum -> expert_out
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
+  static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan31.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  einsumPlan29.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // moe.mesh:82:10 einsum
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
+  static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan32.run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  einsumPlan30.run(a29.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:103:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 103:11)
-  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:103:11 add -> h
   {
-    float *__restrict a38p = a38.data();
+    float *__restrict a37p = a37.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a37p = a37.data();
+    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = a1p[i0];
-      const float s1 = a37p[i0];
+      const float s1 = a36p[i0];
       const float s2 = (s0 + s1);
-      a38p[i0] = s2;
+      a37p[i0] = s2;
     }
   }
 }
@@ -794,13 +779,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v141 = arena_.view(395776, 1);
+  support::View v139 = arena_.view(395776, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v141.begin(), v141.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v139.begin(), v139.end())};
   return outputs;
 }
 
@@ -825,138 +810,138 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v19 = arena_.view(0, 1);
   support::View v7 = arena_.view(102400, 2048);
   support::View v21 = arena_.view(262144, 1);
-  repeated2(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v15, v16, v17, v18, v19, v21,
+  repeated3(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v15, v16, v17, v18, v19, v21,
             "uniform[0]#0");
 
   // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 120:15)
   auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:42:24 max (1 of 2)
+  // 9 statements from moe.mesh:42:24 max (1 of 2)
   support::View v26 = arena_.view(512, 64);
   support::View v28 = arena_.view(389632, 128);
   support::View v31 = arena_.view(0, 128);
   support::View v32 = arena_.view(1024, 64);
   support::View v35 = arena_.view(512, 128);
-  support::View v36 = arena_.view(41472, 64);
   support::View v37 = arena_.view(512, 128);
-  support::View v38 = arena_.view(41728, 64);
   support::View v30 = arena_.view(390144, 128);
+  support::View v36 = arena_.view(41472, 64);
   support::View v34 = arena_.view(390656, 128);
-  support::View v39 = arena_.view(393216, 64);
-  repeated6(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38, v39);
+  support::View v38 = arena_.view(41728, 64);
+  repeated7(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38);
 
   // 6 statements from moe.mesh:124:3 square (1 of 2)
-  support::View v361 = arena_.view(0, 64);
+  support::View v359 = arena_.view(0, 64);
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
-  support::View v397 = arena_.view(0, 4096);
+  support::View v395 = arena_.view(0, 4096);
   support::View v25(param5_experts_ffn_0_w_out); // updated in place
-  support::View v433 = arena_.view(0, 4096);
-  support::View v362 = arena_.view(395392, 1);
-  support::View v398 = arena_.view(395456, 1);
-  support::View v434 = arena_.view(395520, 1);
-  repeated9(v10, v361, v362, v24, v397, v398, v25, v433, v434);
+  support::View v431 = arena_.view(0, 4096);
+  support::View v360 = arena_.view(395392, 1);
+  support::View v396 = arena_.view(395456, 1);
+  support::View v432 = arena_.view(395520, 1);
+  repeated9(v10, v359, v360, v24, v395, v396, v25, v431, v432);
 
   // 6 statements from moe.mesh:124:3 square (2 of 2)
-  support::View v76(param8_route_1_w_gate); // updated in place
-  support::View v516 = arena_.view(0, 64);
-  support::View v90(param9_experts_ffn_1_w_in); // updated in place
-  support::View v552 = arena_.view(0, 4096);
-  support::View v91(param10_experts_ffn_1_w_out); // updated in place
-  support::View v588 = arena_.view(0, 4096);
-  support::View v517 = arena_.view(395584, 1);
-  support::View v553 = arena_.view(395648, 1);
-  support::View v589 = arena_.view(395712, 1);
-  repeated9(v76, v516, v517, v90, v552, v553, v91, v588, v589);
+  support::View v75(param8_route_1_w_gate); // updated in place
+  support::View v514 = arena_.view(0, 64);
+  support::View v89(param9_experts_ffn_1_w_in); // updated in place
+  support::View v550 = arena_.view(0, 4096);
+  support::View v90(param10_experts_ffn_1_w_out); // updated in place
+  support::View v586 = arena_.view(0, 4096);
+  support::View v515 = arena_.view(395584, 1);
+  support::View v551 = arena_.view(395648, 1);
+  support::View v587 = arena_.view(395712, 1);
+  repeated9(v75, v514, v515, v89, v550, v551, v90, v586, v587);
 
-  // moe.mesh:59:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
-  // at 59:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
-  // buffer)
-  auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
-                                          meshrt::ReduceOp::Sum);
+  // moe.mesh:59:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
+  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%361, %397,
+  // %433, ...): 536 B in one buffer)
+  auto request1 = support::startAllReduce(
+      group_model, {v36, v38, v360, v396, v432, v515, v551, v587}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:64:19 cumsum -> position1 (1 of 2)
-  support::View v43 = arena_.view(0, 128);
-  support::View v44 = arena_.view(20480, 128);
-  support::View v45 = arena_.view(0, 5120);
-  support::View v46 = arena_.view(20480, 5120);
-  support::View v47 = arena_.view(0, 128);
-  support::View v48 = arena_.view(512, 128);
-  support::View v49 = arena_.view(1024, 2);
-  support::View v51 = arena_.view(40960, 128);
-  support::View v52 = arena_.view(0, 5120);
-  repeated8(v43, v28, v44, v45, v46, v47, v48, v34, v49, v51, v52);
+  support::View v44 = arena_.view(0, 128);
+  support::View v45 = arena_.view(20480, 128);
+  support::View v46 = arena_.view(0, 5120);
+  support::View v47 = arena_.view(20480, 5120);
+  support::View v48 = arena_.view(0, 128);
+  support::View v49 = arena_.view(512, 128);
+  support::View v50 = arena_.view(1024, 2);
+  support::View v52 = arena_.view(40960, 128);
+  support::View v53 = arena_.view(0, 5120);
+  repeated8(v44, v28, v45, v46, v47, v48, v49, v34, v50, v52, v53);
 
   group_model.wait(request1);
 
-  // 9 statements from moe.mesh:59:15 maximum -> total (1 of 2)
-  support::View v55 = arena_.view(393728, 64);
+  // 9 statements from moe.mesh:59:29 add (1 of 2)
+  support::View v43 = arena_.view(393472, 64);
+  support::View v56 = arena_.view(393728, 64);
   support::View v58 = arena_.view(393984, 64);
-  support::View v54 = arena_.view(61440, 5120);
-  support::View v61 = arena_.view(81920, 5120);
-  support::View v62 = arena_.view(282624, 2560);
-  support::View v63 = arena_.view(0, 5120);
-  support::View v64 = arena_.view(102400, 5120);
-  support::View v65 = arena_.view(292864, 2560);
-  support::View v66 = arena_.view(122880, 2048);
-  support::View v42 = arena_.view(393472, 64);
-  support::View v53 = arena_.view(40960, 5120);
-  repeated5(v39, v36, v38, v42, v55, v58, v52, v34, v46, v53, v54, v61, v7, v62, v24, v63, v64, v25,
-            v65, v66);
+  support::View v55 = arena_.view(61440, 5120);
+  support::View v60 = arena_.view(81920, 5120);
+  support::View v61 = arena_.view(282624, 2560);
+  support::View v62 = arena_.view(0, 5120);
+  support::View v63 = arena_.view(102400, 5120);
+  support::View v64 = arena_.view(292864, 2560);
+  support::View v65 = arena_.view(122880, 2048);
+  support::View v41 = arena_.view(393216, 64);
+  support::View v54 = arena_.view(40960, 5120);
+  repeated5(v36, v38, v41, v43, v56, v58, v53, v34, v47, v54, v55, v60, v7, v61, v24, v62, v63, v25,
+            v64, v65);
 
   // moe.mesh:121:11 add -> h
-  support::View v68 = arena_.view(348160, 2048);
+  support::View v67 = arena_.view(348160, 2048);
   {
-    float *__restrict v68p = v68.data();
+    float *__restrict v67p = v67.data();
     const float *__restrict v0p = v0.data();
-    const float *__restrict v66p = v66.data();
+    const float *__restrict v65p = v65.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v0p[i0];
-      const float s1 = v66p[i0];
+      const float s1 = v65p[i0];
       const float s2 = (s0 + s1);
-      v68p[i0] = s2;
+      v67p[i0] = s2;
     }
   }
 
   // 13 statements from moe.mesh:26:10 layer_norm (2 of 2)
-  support::View v71 = arena_.view(356352, 2048);
-  support::View v74 = arena_.view(364544, 2048);
-  support::View v69(param6_norm_1_gain); // updated in place
-  support::View v70(param7_norm_1_bias); // updated in place
-  support::View v75 = arena_.view(372736, 2048);
-  support::View v77 = arena_.view(122880, 128);
-  support::View v78 = arena_.view(391168, 128);
-  support::View v79 = arena_.view(123392, 64);
-  support::View v81 = arena_.view(122880, 128);
-  support::View v82 = arena_.view(395328, 2);
-  support::View v83 = arena_.view(122880, 2);
-  support::View v84 = arena_.view(122944, 2);
-  support::View v85 = arena_.view(122880, 1);
-  support::View v73 = arena_.view(225280, 2048);
-  support::View v87 = arena_.view(262208, 1);
-  repeated2(v71, v68, v74, v69, v70, v73, v75, v76, v77, v78, v79, v81, v82, v83, v84, v85, v87,
+  support::View v70 = arena_.view(356352, 2048);
+  support::View v73 = arena_.view(364544, 2048);
+  support::View v68(param6_norm_1_gain); // updated in place
+  support::View v69(param7_norm_1_bias); // updated in place
+  support::View v74 = arena_.view(372736, 2048);
+  support::View v76 = arena_.view(122880, 128);
+  support::View v77 = arena_.view(391168, 128);
+  support::View v78 = arena_.view(123392, 64);
+  support::View v80 = arena_.view(122880, 128);
+  support::View v81 = arena_.view(395328, 2);
+  support::View v82 = arena_.view(122880, 2);
+  support::View v83 = arena_.view(122944, 2);
+  support::View v84 = arena_.view(122880, 1);
+  support::View v72 = arena_.view(225280, 2048);
+  support::View v86 = arena_.view(262208, 1);
+  repeated3(v70, v67, v73, v68, v69, v72, v74, v75, v76, v77, v78, v80, v81, v82, v83, v84, v86,
             "uniform[1]#0");
 
   // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 120:15)
-  auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_data_model, {v86}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:42:24 max (2 of 2)
-  support::View v92 = arena_.view(123392, 64);
-  support::View v94 = arena_.view(391680, 128);
-  support::View v97 = arena_.view(122880, 128);
-  support::View v98 = arena_.view(123904, 64);
-  support::View v101 = arena_.view(123392, 128);
-  support::View v102 = arena_.view(164352, 64);
-  support::View v103 = arena_.view(123392, 128);
-  support::View v104 = arena_.view(164608, 64);
-  support::View v96 = arena_.view(392192, 128);
-  support::View v100 = arena_.view(392704, 128);
-  support::View v105 = arena_.view(394240, 64);
-  repeated6(v92, v78, v94, v96, v97, v98, v101, v102, v100, v103, v104, v105);
+  // 9 statements from moe.mesh:42:24 max (2 of 2)
+  support::View v91 = arena_.view(123392, 64);
+  support::View v93 = arena_.view(391680, 128);
+  support::View v96 = arena_.view(122880, 128);
+  support::View v97 = arena_.view(123904, 64);
+  support::View v100 = arena_.view(123392, 128);
+  support::View v102 = arena_.view(123392, 128);
+  support::View v95 = arena_.view(392192, 128);
+  support::View v101 = arena_.view(164352, 64);
+  support::View v99 = arena_.view(392704, 128);
+  support::View v103 = arena_.view(164608, 64);
+  repeated7(v91, v77, v93, v95, v96, v97, v100, v101, v99, v102, v103);
 
-  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 59:15)
-  auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
+  // moe.mesh:59:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
+  // resolved together, 512 B in one buffer)
+  auto request3 = support::startAllReduce(group_model, {v101, v103}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:64:19 cumsum -> position1 (2 of 2)
   support::View v109 = arena_.view(122880, 128);
@@ -968,60 +953,61 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v115 = arena_.view(123904, 2);
   support::View v117 = arena_.view(163840, 128);
   support::View v118 = arena_.view(122880, 5120);
-  repeated8(v109, v94, v110, v111, v112, v113, v114, v100, v115, v117, v118);
+  repeated8(v109, v93, v110, v111, v112, v113, v114, v99, v115, v117, v118);
 
   group_model.wait(request3);
 
-  // 9 statements from moe.mesh:59:15 maximum -> total (2 of 2)
-  support::View v121 = arena_.view(394752, 64);
-  support::View v124 = arena_.view(395008, 64);
-  support::View v120 = arena_.view(184320, 5120);
-  support::View v127 = arena_.view(204800, 5120);
-  support::View v128 = arena_.view(303104, 2560);
-  support::View v129 = arena_.view(122880, 5120);
-  support::View v130 = arena_.view(225280, 5120);
-  support::View v131 = arena_.view(266240, 2560);
-  support::View v132 = arena_.view(245760, 2048);
+  // 9 statements from moe.mesh:59:29 add (2 of 2)
   support::View v108 = arena_.view(394496, 64);
+  support::View v121 = arena_.view(394752, 64);
+  support::View v123 = arena_.view(395008, 64);
+  support::View v120 = arena_.view(184320, 5120);
+  support::View v125 = arena_.view(204800, 5120);
+  support::View v126 = arena_.view(303104, 2560);
+  support::View v127 = arena_.view(122880, 5120);
+  support::View v128 = arena_.view(225280, 5120);
+  support::View v129 = arena_.view(266240, 2560);
+  support::View v130 = arena_.view(245760, 2048);
+  support::View v106 = arena_.view(394240, 64);
   support::View v119 = arena_.view(163840, 5120);
-  repeated5(v105, v102, v104, v108, v121, v124, v118, v100, v112, v119, v120, v127, v73, v128, v90,
-            v129, v130, v91, v131, v132);
+  repeated5(v101, v103, v106, v108, v121, v123, v118, v99, v112, v119, v120, v125, v72, v126, v89,
+            v127, v128, v90, v129, v130);
 
   // moe.mesh:121:11 add -> h
   // moe.mesh:123:28 sub
   // moe.mesh:123:19 square
   const support::Buffer &v1 = inputs.target.data;
-  support::View v135 = arena_.view(253952, 2048);
-  support::View v136 = arena_.view(313344, 2048);
+  support::View v133 = arena_.view(253952, 2048);
+  support::View v134 = arena_.view(313344, 2048);
   {
-    float *__restrict v135p = v135.data();
-    float *__restrict v136p = v136.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v132p = v132.data();
+    float *__restrict v133p = v133.data();
+    float *__restrict v134p = v134.data();
+    const float *__restrict v67p = v67.data();
+    const float *__restrict v130p = v130.data();
     const float *__restrict v1p = v1.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v68p[i0];
-      const float s1 = v132p[i0];
+      const float s0 = v67p[i0];
+      const float s1 = v130p[i0];
       const float s2 = (s0 + s1);
       const float s3 = v1p[i0];
       const float s4 = (s2 - s3);
       const float s5 = s4 * s4;
-      v135p[i0] = s4;
-      v136p[i0] = s5;
+      v133p[i0] = s4;
+      v134p[i0] = s5;
     }
   }
 
   // moe.mesh:123:14 mean
-  support::View v137 = arena_.view(245760, 1);
+  support::View v135 = arena_.view(245760, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {1, 64, 32};
   static const support::Shape shape18_5 = {2048, 32, 1};
-  support::reduce(v137.data(), shape18_1, v136.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v135.data(), shape18_1, v134.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:123:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 123:39)
-  auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
+  auto request4 = support::startAllReduce(group_data, {v135}, meshrt::ReduceOp::Sum);
 
   group_data_model.wait(request0);
 
@@ -1034,23 +1020,23 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:123:46 mul
   // moe.mesh:123:39 add -> loss
   const support::Buffer &v2 = param0_zero;
-  support::View v141 = arena_.view(395776, 1);
+  support::View v139 = arena_.view(395776, 1);
   {
-    float *__restrict v141p = v141.data();
+    float *__restrict v139p = v139.data();
     const float *__restrict v2p = v2.data();
     const float *__restrict v21p = v21.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v137p = v137.data();
+    const float *__restrict v86p = v86.data();
+    const float *__restrict v135p = v135.data();
     const float s0 = v2p[0];
     const float s1 = v21p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v87p[0];
+    const float s3 = v86p[0];
     const float s4 = (s2 + s3);
     const float s5 = 0.01f;
     const float s6 = (s5 * s4);
-    const float s7 = v137p[0];
+    const float s7 = v135p[0];
     const float s8 = (s7 + s6);
-    v141p[0] = s8;
+    v139p[0] = s8;
   }
 }
 
@@ -1059,166 +1045,166 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:123:19 mul
   // moe.mesh:123:19 mul
-  support::View v135 = arena_.view(253952, 2048);
-  support::View v149 = arena_.view(380928, 2048);
+  support::View v133 = arena_.view(253952, 2048);
+  support::View v147 = arena_.view(380928, 2048);
   {
-    float *__restrict v149p = v149.data();
-    const float *__restrict v135p = v135.data();
+    float *__restrict v147p = v147.data();
+    const float *__restrict v133p = v133.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v135p[i0];
+      const float s0 = v133p[i0];
       const float s1 = 2.0f;
       const float s2 = (s0 * s1);
       const float s3 = 0.00024414062f;
       const float s4 = (s3 * s2);
-      v149p[i0] = s4;
+      v147p[i0] = s4;
     }
   }
 
   // 25 statements from moe.mesh:82:10 einsum (1 of 2)
-  support::View v131 = arena_.view(266240, 2560);
-  support::View v150 = arena_.view(245760, 5120);
-  support::View v127 = arena_.view(204800, 5120);
-  support::View v151 = arena_.view(313344, 2560);
-  support::View v91(param10_experts_ffn_1_w_out); // updated in place
-  support::View v152 = arena_.view(204800, 5120);
-  support::View v130 = arena_.view(225280, 5120);
-  support::View v129 = arena_.view(122880, 5120);
-  support::View v156 = arena_.view(225280, 5120);
-  support::View v90(param9_experts_ffn_1_w_in); // updated in place
-  support::View v157 = arena_.view(122880, 2560);
-  support::View v128 = arena_.view(303104, 2560);
+  support::View v129 = arena_.view(266240, 2560);
+  support::View v148 = arena_.view(245760, 5120);
+  support::View v125 = arena_.view(204800, 5120);
+  support::View v149 = arena_.view(313344, 2560);
+  support::View v90(param10_experts_ffn_1_w_out); // updated in place
+  support::View v150 = arena_.view(204800, 5120);
+  support::View v128 = arena_.view(225280, 5120);
+  support::View v127 = arena_.view(122880, 5120);
+  support::View v154 = arena_.view(225280, 5120);
+  support::View v89(param9_experts_ffn_1_w_in); // updated in place
+  support::View v155 = arena_.view(122880, 2560);
+  support::View v126 = arena_.view(303104, 2560);
   support::View v120 = arena_.view(184320, 5120);
-  support::View v159 = arena_.view(221184, 2048);
+  support::View v157 = arena_.view(221184, 2048);
   support::View v119 = arena_.view(163840, 5120);
-  support::View v160 = arena_.view(122880, 5120);
-  support::View v161 = arena_.view(163840, 64);
+  support::View v158 = arena_.view(122880, 5120);
+  support::View v159 = arena_.view(163840, 64);
   support::View v112 = arena_.view(143360, 5120);
-  support::View v167 = arena_.view(122880, 5120);
-  support::View v168 = arena_.view(143360, 64);
+  support::View v165 = arena_.view(122880, 5120);
+  support::View v166 = arena_.view(143360, 64);
   support::View v121 = arena_.view(394752, 64);
   support::View v108 = arena_.view(394496, 64);
-  support::View v124 = arena_.view(395008, 64);
-  support::View v105 = arena_.view(394240, 64);
-  support::View v177 = arena_.view(123904, 64);
-  support::View v178 = arena_.view(124160, 64);
-  support::View v82 = arena_.view(395328, 2);
-  support::View v100 = arena_.view(392704, 128);
-  support::View v96 = arena_.view(392192, 128);
-  support::View v94 = arena_.view(391680, 128);
-  support::View v78 = arena_.view(391168, 128);
-  support::View v193 = arena_.view(122880, 128);
-  support::View v194 = arena_.view(123392, 128);
-  support::View v195 = arena_.view(123904, 64);
-  support::View v198 = arena_.view(131072, 128);
-  support::View v76(param8_route_1_w_gate); // updated in place
-  support::View v199 = arena_.view(122880, 2048);
-  support::View v75 = arena_.view(372736, 2048);
-  support::View v74 = arena_.view(364544, 2048);
-  support::View v202 = arena_.view(131072, 2048);
-  support::View v71 = arena_.view(356352, 2048);
-  support::View v206 = arena_.view(122880, 2048);
-  support::View v153 = arena_.view(266240, 4096);
-  support::View v158 = arena_.view(204800, 4096);
-  support::View v200 = arena_.view(169984, 64);
-  support::View v204 = arena_.view(170240, 32);
-  support::View v207 = arena_.view(170368, 32);
-  repeated0(v149, v131, v150, v127, v151, v91, v152, v130, v153, v129, v156, v90, v157, v128, v158,
-            v120, v159, v119, v160, v161, v112, v167, v168, v121, v108, v124, v105, v177, v178, v82,
-            v100, v96, v94, v78, v193, v194, v195, v198, v76, v199, v75, v200, v74, v202, v204, v71,
-            v206, v207);
+  support::View v123 = arena_.view(395008, 64);
+  support::View v106 = arena_.view(394240, 64);
+  support::View v175 = arena_.view(123904, 64);
+  support::View v176 = arena_.view(124160, 64);
+  support::View v81 = arena_.view(395328, 2);
+  support::View v99 = arena_.view(392704, 128);
+  support::View v95 = arena_.view(392192, 128);
+  support::View v93 = arena_.view(391680, 128);
+  support::View v77 = arena_.view(391168, 128);
+  support::View v191 = arena_.view(122880, 128);
+  support::View v192 = arena_.view(123392, 128);
+  support::View v193 = arena_.view(123904, 64);
+  support::View v196 = arena_.view(131072, 128);
+  support::View v75(param8_route_1_w_gate); // updated in place
+  support::View v197 = arena_.view(122880, 2048);
+  support::View v74 = arena_.view(372736, 2048);
+  support::View v73 = arena_.view(364544, 2048);
+  support::View v200 = arena_.view(131072, 2048);
+  support::View v70 = arena_.view(356352, 2048);
+  support::View v204 = arena_.view(122880, 2048);
+  support::View v151 = arena_.view(266240, 4096);
+  support::View v156 = arena_.view(204800, 4096);
+  support::View v198 = arena_.view(169984, 64);
+  support::View v202 = arena_.view(170240, 32);
+  support::View v205 = arena_.view(170368, 32);
+  repeated0(v147, v129, v148, v125, v149, v90, v150, v128, v151, v127, v154, v89, v155, v126, v156,
+            v120, v157, v119, v158, v159, v112, v165, v166, v121, v108, v123, v106, v175, v176, v81,
+            v99, v95, v93, v77, v191, v192, v193, v196, v75, v197, v74, v198, v73, v200, v202, v70,
+            v204, v205);
 
   // moe.mesh:26:10 mean
-  support::View v68 = arena_.view(348160, 2048);
-  support::View v208 = arena_.view(139264, 64);
+  support::View v67 = arena_.view(348160, 2048);
+  support::View v206 = arena_.view(139264, 64);
   static const support::Shape shape2_1 = {1, 64};
   static const support::Shape shape2_3 = {2048, 32};
   static const support::Shape shape2_4 = {32};
   static const support::Shape shape2_5 = {1};
-  support::reduce(v208.data(), shape2_1, v68.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v206.data(), shape2_1, v67.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
-  support::View v210 = arena_.view(122880, 2048);
+  support::View v208 = arena_.view(122880, 2048);
   {
-    float *__restrict v210p = v210.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v208p = v208.data();
+    float *__restrict v208p = v208.data();
+    const float *__restrict v67p = v67.data();
+    const float *__restrict v206p = v206.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v68p[i0 * 32 + i1];
-        const float s1 = v208p[i0];
+        const float s0 = v67p[i0 * 32 + i1];
+        const float s1 = v206p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v210p[i0 * 32 + i1] = s3;
+        v208p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // moe.mesh:26:10 mean
-  support::View v211 = arena_.view(139264, 64);
+  support::View v209 = arena_.view(139264, 64);
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {2048, 32};
   static const support::Shape shape4_4 = {32};
   static const support::Shape shape4_5 = {1};
-  support::reduce(v211.data(), shape4_1, v210.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v209.data(), shape4_1, v208.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
-  support::View v214 = arena_.view(151552, 64);
+  support::View v212 = arena_.view(151552, 64);
   {
-    float *__restrict v214p = v214.data();
-    const float *__restrict v211p = v211.data();
+    float *__restrict v212p = v212.data();
+    const float *__restrict v209p = v209.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v211p[i0];
+      const float s0 = v209p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v214p[i0] = s3;
+      v212p[i0] = s3;
     }
   }
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
-  support::View v69(param6_norm_1_gain); // updated in place
-  support::View v205 = arena_.view(122880, 2048);
-  support::View v215 = arena_.view(139264, 2048);
+  support::View v68(param6_norm_1_gain); // updated in place
+  support::View v203 = arena_.view(122880, 2048);
+  support::View v213 = arena_.view(139264, 2048);
   {
-    float *__restrict v205p = v205.data();
-    float *__restrict v215p = v215.data();
-    const float *__restrict v202p = v202.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v71p = v71.data();
+    float *__restrict v203p = v203.data();
+    float *__restrict v213p = v213.data();
+    const float *__restrict v200p = v200.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v70p = v70.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v202p[i0 * 32 + i1];
-        const float s1 = v69p[i1];
+        const float s0 = v200p[i0 * 32 + i1];
+        const float s1 = v68p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v71p[i0 * 32 + i1];
+        const float s3 = v70p[i0 * 32 + i1];
         const float s4 = (s2 * s3);
-        v205p[i0 * 32 + i1] = s2;
-        v215p[i0 * 32 + i1] = s4;
+        v203p[i0 * 32 + i1] = s2;
+        v213p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // moe.mesh:26:10 mean
-  support::View v216 = arena_.view(131072, 64);
+  support::View v214 = arena_.view(131072, 64);
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {2048, 32};
   static const support::Shape shape7_4 = {32};
   static const support::Shape shape7_5 = {1};
-  support::reduce(v216.data(), shape7_1, v215.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v214.data(), shape7_1, v213.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
-  support::View v218 = arena_.view(131328, 64);
+  support::View v216 = arena_.view(131328, 64);
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {2048, 32};
   static const support::Shape shape8_4 = {32};
   static const support::Shape shape8_5 = {1};
-  support::reduce(v218.data(), shape8_1, v205.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v216.data(), shape8_1, v203.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -1226,90 +1212,90 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
-  support::View v222 = arena_.view(143360, 2048);
+  support::View v220 = arena_.view(143360, 2048);
   {
-    float *__restrict v222p = v222.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v216p = v216.data();
-    const float *__restrict v205p = v205.data();
-    const float *__restrict v218p = v218.data();
+    float *__restrict v220p = v220.data();
+    const float *__restrict v70p = v70.data();
     const float *__restrict v214p = v214.data();
-    const float *__restrict v149p = v149.data();
+    const float *__restrict v203p = v203.data();
+    const float *__restrict v216p = v216.data();
+    const float *__restrict v212p = v212.data();
+    const float *__restrict v147p = v147.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v71p[i0 * 32 + i1];
-        const float s1 = v216p[i0];
+        const float s0 = v70p[i0 * 32 + i1];
+        const float s1 = v214p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v205p[i0 * 32 + i1];
-        const float s4 = v218p[i0];
+        const float s3 = v203p[i0 * 32 + i1];
+        const float s4 = v216p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v214p[i0];
+        const float s7 = v212p[i0];
         const float s8 = (s6 * s7);
-        const float s9 = v149p[i0 * 32 + i1];
+        const float s9 = v147p[i0 * 32 + i1];
         const float s10 = (s9 + s8);
-        v222p[i0 * 32 + i1] = s10;
+        v220p[i0 * 32 + i1] = s10;
       }
     }
   }
 
   // 25 statements from moe.mesh:82:10 einsum (2 of 2)
-  support::View v65 = arena_.view(292864, 2560);
-  support::View v223 = arena_.view(122880, 5120);
-  support::View v61 = arena_.view(81920, 5120);
-  support::View v224 = arena_.view(159744, 2560);
+  support::View v64 = arena_.view(292864, 2560);
+  support::View v221 = arena_.view(122880, 5120);
+  support::View v60 = arena_.view(81920, 5120);
+  support::View v222 = arena_.view(159744, 2560);
   support::View v25(param5_experts_ffn_0_w_out); // updated in place
-  support::View v225 = arena_.view(81920, 5120);
-  support::View v64 = arena_.view(102400, 5120);
-  support::View v63 = arena_.view(0, 5120);
-  support::View v228 = arena_.view(102400, 5120);
+  support::View v223 = arena_.view(81920, 5120);
+  support::View v63 = arena_.view(102400, 5120);
+  support::View v62 = arena_.view(0, 5120);
+  support::View v226 = arena_.view(102400, 5120);
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
-  support::View v229 = arena_.view(0, 2560);
-  support::View v62 = arena_.view(282624, 2560);
-  support::View v54 = arena_.view(61440, 5120);
-  support::View v231 = arena_.view(98304, 2048);
-  support::View v53 = arena_.view(40960, 5120);
-  support::View v232 = arena_.view(0, 5120);
-  support::View v233 = arena_.view(40960, 64);
-  support::View v46 = arena_.view(20480, 5120);
-  support::View v239 = arena_.view(0, 5120);
-  support::View v240 = arena_.view(20480, 64);
-  support::View v55 = arena_.view(393728, 64);
-  support::View v42 = arena_.view(393472, 64);
+  support::View v227 = arena_.view(0, 2560);
+  support::View v61 = arena_.view(282624, 2560);
+  support::View v55 = arena_.view(61440, 5120);
+  support::View v229 = arena_.view(98304, 2048);
+  support::View v54 = arena_.view(40960, 5120);
+  support::View v230 = arena_.view(0, 5120);
+  support::View v231 = arena_.view(40960, 64);
+  support::View v47 = arena_.view(20480, 5120);
+  support::View v237 = arena_.view(0, 5120);
+  support::View v238 = arena_.view(20480, 64);
+  support::View v56 = arena_.view(393728, 64);
+  support::View v43 = arena_.view(393472, 64);
   support::View v58 = arena_.view(393984, 64);
-  support::View v39 = arena_.view(393216, 64);
-  support::View v249 = arena_.view(1024, 64);
-  support::View v250 = arena_.view(1280, 64);
+  support::View v41 = arena_.view(393216, 64);
+  support::View v247 = arena_.view(1024, 64);
+  support::View v248 = arena_.view(1280, 64);
   support::View v16 = arena_.view(395264, 2);
   support::View v34 = arena_.view(390656, 128);
   support::View v30 = arena_.view(390144, 128);
   support::View v28 = arena_.view(389632, 128);
   support::View v12 = arena_.view(389120, 128);
-  support::View v263 = arena_.view(0, 128);
-  support::View v264 = arena_.view(512, 128);
-  support::View v265 = arena_.view(1024, 64);
-  support::View v268 = arena_.view(8192, 128);
+  support::View v261 = arena_.view(0, 128);
+  support::View v262 = arena_.view(512, 128);
+  support::View v263 = arena_.view(1024, 64);
+  support::View v266 = arena_.view(8192, 128);
   support::View v10(param3_route_0_w_gate); // updated in place
-  support::View v269 = arena_.view(0, 2048);
+  support::View v267 = arena_.view(0, 2048);
   support::View v9 = arena_.view(339968, 2048);
   support::View v8 = arena_.view(331776, 2048);
-  support::View v272 = arena_.view(8192, 2048);
+  support::View v270 = arena_.view(8192, 2048);
   support::View v5 = arena_.view(323584, 2048);
-  support::View v275 = arena_.view(0, 2048);
-  support::View v226 = arena_.view(143360, 4096);
-  support::View v230 = arena_.view(81920, 4096);
-  support::View v270 = arena_.view(106496, 64);
-  support::View v274 = arena_.view(16384, 32);
-  support::View v276 = arena_.view(8192, 32);
-  repeated0(v222, v65, v223, v61, v224, v25, v225, v64, v226, v63, v228, v24, v229, v62, v230, v54,
-            v231, v53, v232, v233, v46, v239, v240, v55, v42, v58, v39, v249, v250, v16, v34, v30,
-            v28, v12, v263, v264, v265, v268, v10, v269, v9, v270, v8, v272, v274, v5, v275, v276);
+  support::View v273 = arena_.view(0, 2048);
+  support::View v224 = arena_.view(143360, 4096);
+  support::View v228 = arena_.view(81920, 4096);
+  support::View v268 = arena_.view(106496, 64);
+  support::View v272 = arena_.view(16384, 32);
+  support::View v274 = arena_.view(8192, 32);
+  repeated0(v220, v64, v221, v60, v222, v25, v223, v63, v224, v62, v226, v24, v227, v61, v228, v55,
+            v229, v54, v230, v231, v47, v237, v238, v56, v43, v58, v41, v247, v248, v16, v34, v30,
+            v28, v12, v261, v262, v263, v266, v10, v267, v9, v268, v8, v270, v272, v5, v273, v274);
 
   // moe.mesh:124:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
   auto request5 = support::startAllReduce(
-      group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
+      group_data, {v151, v156, v198, v202, v205, v224, v228, v268, v272, v274},
       meshrt::ReduceOp::Sum);
 
   // moe.mesh:124:3 step
@@ -1332,12 +1318,12 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:124:3 sub
   // moe.mesh:124:3 sub
   // moe.mesh:124:3 sub
-  support::View v283 = arena_.view(98688, 1);
-  support::View v289 = arena_.view(98752, 1);
+  support::View v281 = arena_.view(98688, 1);
+  support::View v287 = arena_.view(98752, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v283p = v283.data();
-    float *__restrict v289p = v289.data();
+    float *__restrict v281p = v281.data();
+    float *__restrict v287p = v287.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -1347,170 +1333,170 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     const float s6 = (s5 - s4);
     const float s7 = 1.0f;
     const float s8 = (s7 - s6);
-    v283p[0] = s6;
-    v289p[0] = s8;
+    v281p[0] = s6;
+    v287p[0] = s8;
   }
 
   group_data.wait(request5);
 
   // 14 statements from moe.mesh:124:3 square (1 of 2)
-  support::View v288(param11_norm_0_gain_v); // updated in place
-  support::View v294 = arena_.view(0, 32);
-  support::View v295 = arena_.view(128, 32);
-  support::View v296 = arena_.view(256, 1);
-  support::View v299 = arena_.view(320, 1);
+  support::View v286(param11_norm_0_gain_v); // updated in place
+  support::View v292 = arena_.view(0, 32);
+  support::View v293 = arena_.view(128, 32);
+  support::View v294 = arena_.view(256, 1);
+  support::View v297 = arena_.view(320, 1);
   support::View v3(param1_norm_0_gain); // updated in place
-  support::View v302 = arena_.view(128, 32);
-  support::View v303 = arena_.view(256, 1);
-  support::View v306 = arena_.view(128, 1);
-  support::View v312(param12_norm_0_bias_v); // updated in place
-  support::View v318 = arena_.view(0, 32);
-  support::View v319 = arena_.view(128, 32);
-  support::View v320 = arena_.view(256, 1);
-  support::View v323 = arena_.view(320, 1);
+  support::View v300 = arena_.view(128, 32);
+  support::View v301 = arena_.view(256, 1);
+  support::View v304 = arena_.view(128, 1);
+  support::View v310(param12_norm_0_bias_v); // updated in place
+  support::View v316 = arena_.view(0, 32);
+  support::View v317 = arena_.view(128, 32);
+  support::View v318 = arena_.view(256, 1);
+  support::View v321 = arena_.view(320, 1);
   support::View v4(param2_norm_0_bias); // updated in place
-  support::View v325 = arena_.view(128, 32);
-  support::View v326 = arena_.view(256, 1);
-  support::View v329 = arena_.view(128, 1);
-  repeated3(v276, v289, v288, v283, v294, v295, v296, v299, v3, v302, v303, v306, v274, v312, v318,
-            v319, v320, v323, v4, v325, v326, v329);
+  support::View v323 = arena_.view(128, 32);
+  support::View v324 = arena_.view(256, 1);
+  support::View v327 = arena_.view(128, 1);
+  repeated2(v274, v287, v286, v281, v292, v293, v294, v297, v3, v300, v301, v304, v272, v310, v316,
+            v317, v318, v321, v4, v323, v324, v327);
 
   // 20 statements from moe.mesh:124:3 square (1 of 2)
-  support::View v334 = arena_.view(98304, 64);
-  support::View v371 = arena_.view(0, 4096);
-  support::View v374 = arena_.view(16384, 64);
-  support::View v372(param15_experts_ffn_0_w_in_vr); // updated in place
-  support::View v379 = arena_.view(16384, 128);
-  support::View v384 = arena_.view(0, 2);
-  support::View v386 = arena_.view(33280, 64);
-  support::View v373(param16_experts_ffn_0_w_in_vc); // updated in place
-  support::View v387 = arena_.view(32768, 128);
-  support::View v390 = arena_.view(16384, 4096);
-  support::View v407 = arena_.view(16384, 4096);
-  support::View v410 = arena_.view(32768, 128);
-  support::View v408(param17_experts_ffn_0_w_out_vr); // updated in place
-  support::View v415 = arena_.view(32768, 64);
-  support::View v420 = arena_.view(16384, 2);
-  support::View v422 = arena_.view(49152, 128);
-  support::View v409(param18_experts_ffn_0_w_out_vc); // updated in place
-  support::View v423 = arena_.view(49664, 64);
-  support::View v426 = arena_.view(32768, 4096);
-  support::View v337 = arena_.view(98560, 32);
-  support::View v389 = arena_.view(0, 4096);
-  support::View v391 = arena_.view(83072, 1);
-  support::View v425 = arena_.view(16384, 4096);
-  support::View v427 = arena_.view(83136, 1);
-  repeated1(v270, v334, v337, v230, v371, v374, v289, v372, v283, v379, v384, v386, v373, v387,
-            v389, v390, v391, v226, v407, v410, v408, v415, v420, v422, v409, v423, v425, v426,
-            v427);
+  support::View v332 = arena_.view(98304, 64);
+  support::View v369 = arena_.view(0, 4096);
+  support::View v372 = arena_.view(16384, 64);
+  support::View v370(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v377 = arena_.view(16384, 128);
+  support::View v382 = arena_.view(0, 2);
+  support::View v384 = arena_.view(33280, 64);
+  support::View v371(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v385 = arena_.view(32768, 128);
+  support::View v388 = arena_.view(16384, 4096);
+  support::View v405 = arena_.view(16384, 4096);
+  support::View v408 = arena_.view(32768, 128);
+  support::View v406(param17_experts_ffn_0_w_out_vr); // updated in place
+  support::View v413 = arena_.view(32768, 64);
+  support::View v418 = arena_.view(16384, 2);
+  support::View v420 = arena_.view(49152, 128);
+  support::View v407(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v421 = arena_.view(49664, 64);
+  support::View v424 = arena_.view(32768, 4096);
+  support::View v335 = arena_.view(98560, 32);
+  support::View v387 = arena_.view(0, 4096);
+  support::View v389 = arena_.view(83072, 1);
+  support::View v423 = arena_.view(16384, 4096);
+  support::View v425 = arena_.view(83136, 1);
+  repeated1(v268, v332, v335, v228, v369, v372, v287, v370, v281, v377, v382, v384, v371, v385,
+            v387, v388, v389, v224, v405, v408, v406, v413, v418, v420, v407, v421, v423, v424,
+            v425);
 
   // 20 statements from moe.mesh:124:3 square (2 of 2)
-  support::View v489 = arena_.view(82432, 64);
-  support::View v526 = arena_.view(32768, 4096);
-  support::View v529 = arena_.view(49152, 64);
-  support::View v527(param23_experts_ffn_1_w_in_vr); // updated in place
-  support::View v534 = arena_.view(49152, 128);
-  support::View v539 = arena_.view(32768, 2);
-  support::View v541 = arena_.view(66048, 64);
-  support::View v528(param24_experts_ffn_1_w_in_vc); // updated in place
-  support::View v542 = arena_.view(65536, 128);
-  support::View v545 = arena_.view(49152, 4096);
-  support::View v562 = arena_.view(49152, 4096);
-  support::View v565 = arena_.view(65536, 128);
-  support::View v563(param25_experts_ffn_1_w_out_vr); // updated in place
-  support::View v570 = arena_.view(65536, 64);
-  support::View v575 = arena_.view(49152, 2);
-  support::View v577 = arena_.view(81920, 128);
-  support::View v564(param26_experts_ffn_1_w_out_vc); // updated in place
-  support::View v578 = arena_.view(82688, 64);
-  support::View v581 = arena_.view(65536, 4096);
-  support::View v492 = arena_.view(82944, 32);
-  support::View v544 = arena_.view(32768, 4096);
-  support::View v546 = arena_.view(83200, 1);
-  support::View v580 = arena_.view(49152, 4096);
-  support::View v582 = arena_.view(81920, 1);
-  repeated1(v200, v489, v492, v158, v526, v529, v289, v527, v283, v534, v539, v541, v528, v542,
-            v544, v545, v546, v153, v562, v565, v563, v570, v575, v577, v564, v578, v580, v581,
-            v582);
+  support::View v487 = arena_.view(82432, 64);
+  support::View v524 = arena_.view(32768, 4096);
+  support::View v527 = arena_.view(49152, 64);
+  support::View v525(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v532 = arena_.view(49152, 128);
+  support::View v537 = arena_.view(32768, 2);
+  support::View v539 = arena_.view(66048, 64);
+  support::View v526(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v540 = arena_.view(65536, 128);
+  support::View v543 = arena_.view(49152, 4096);
+  support::View v560 = arena_.view(49152, 4096);
+  support::View v563 = arena_.view(65536, 128);
+  support::View v561(param25_experts_ffn_1_w_out_vr); // updated in place
+  support::View v568 = arena_.view(65536, 64);
+  support::View v573 = arena_.view(49152, 2);
+  support::View v575 = arena_.view(81920, 128);
+  support::View v562(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v576 = arena_.view(82688, 64);
+  support::View v579 = arena_.view(65536, 4096);
+  support::View v490 = arena_.view(82944, 32);
+  support::View v542 = arena_.view(32768, 4096);
+  support::View v544 = arena_.view(83200, 1);
+  support::View v578 = arena_.view(49152, 4096);
+  support::View v580 = arena_.view(81920, 1);
+  repeated1(v198, v487, v490, v156, v524, v527, v287, v525, v281, v532, v537, v539, v526, v540,
+            v542, v543, v544, v151, v560, v563, v561, v568, v573, v575, v562, v576, v578, v579,
+            v580);
 
   // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
-  // 124:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
-  support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
+  // 124:3; merged with 5 more partial sums over model (%390, %426, %492, ...): 272 B in one buffer)
+  support::allReduceBucket(group_model, {v335, v389, v425, v490, v544, v580});
 
   // 7 statements from moe.mesh:124:3 mul (1 of 2)
-  support::View v335(param13_route_0_w_gate_vr); // updated in place
-  support::View v343 = arena_.view(65536, 2);
-  support::View v348 = arena_.view(65600, 1);
-  support::View v350 = arena_.view(66048, 32);
-  support::View v336(param14_route_0_w_gate_vc); // updated in place
-  support::View v351 = arena_.view(66176, 2);
-  support::View v354 = arena_.view(65792, 64);
-  support::View v353 = arena_.view(65536, 64);
-  support::View v355 = arena_.view(66496, 1);
-  repeated7(v337, v289, v335, v283, v343, v334, v348, v350, v336, v351, v270, v353, v354, v355);
+  support::View v333(param13_route_0_w_gate_vr); // updated in place
+  support::View v341 = arena_.view(65536, 2);
+  support::View v346 = arena_.view(65600, 1);
+  support::View v348 = arena_.view(66048, 32);
+  support::View v334(param14_route_0_w_gate_vc); // updated in place
+  support::View v349 = arena_.view(66176, 2);
+  support::View v352 = arena_.view(65792, 64);
+  support::View v351 = arena_.view(65536, 64);
+  support::View v353 = arena_.view(66496, 1);
+  repeated6(v335, v287, v333, v281, v341, v332, v346, v348, v334, v349, v268, v351, v352, v353);
 
   // 7 statements from moe.mesh:124:3 mul (2 of 2)
-  support::View v490(param21_route_1_w_gate_vr); // updated in place
-  support::View v498 = arena_.view(65792, 2);
-  support::View v503 = arena_.view(65856, 1);
-  support::View v505 = arena_.view(66304, 32);
-  support::View v491(param22_route_1_w_gate_vc); // updated in place
-  support::View v506 = arena_.view(66432, 2);
-  support::View v509 = arena_.view(66048, 64);
-  support::View v508 = arena_.view(65792, 64);
-  support::View v510 = arena_.view(66304, 1);
-  repeated7(v492, v289, v490, v283, v498, v489, v503, v505, v491, v506, v200, v508, v509, v510);
+  support::View v488(param21_route_1_w_gate_vr); // updated in place
+  support::View v496 = arena_.view(65792, 2);
+  support::View v501 = arena_.view(65856, 1);
+  support::View v503 = arena_.view(66304, 32);
+  support::View v489(param22_route_1_w_gate_vc); // updated in place
+  support::View v504 = arena_.view(66432, 2);
+  support::View v507 = arena_.view(66048, 64);
+  support::View v506 = arena_.view(65792, 64);
+  support::View v508 = arena_.view(66304, 1);
+  repeated6(v490, v287, v488, v281, v496, v487, v501, v503, v489, v504, v198, v506, v507, v508);
 
   // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
-  // 124:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
-  support::allReduceBucket(group_model, {v355, v510});
+  // 124:3; merged with 1 more partial sum over model (%509): 8 B in one buffer)
+  support::allReduceBucket(group_model, {v353, v508});
 
   // 9 statements from moe.mesh:124:3 sqrt (1 of 2)
-  support::View v359 = arena_.view(66048, 1);
-  support::View v362 = arena_.view(395392, 1);
-  support::View v366 = arena_.view(66112, 1);
-  support::View v395 = arena_.view(65536, 1);
-  support::View v398 = arena_.view(395456, 1);
-  support::View v402 = arena_.view(65600, 1);
-  support::View v431 = arena_.view(0, 1);
-  support::View v434 = arena_.view(395520, 1);
-  support::View v438 = arena_.view(64, 1);
-  repeated4(v355, v359, v362, v366, v353, v10, v391, v395, v398, v402, v389, v24, v427, v431, v434,
-            v438, v425, v25);
+  support::View v357 = arena_.view(66048, 1);
+  support::View v360 = arena_.view(395392, 1);
+  support::View v364 = arena_.view(66112, 1);
+  support::View v393 = arena_.view(65536, 1);
+  support::View v396 = arena_.view(395456, 1);
+  support::View v400 = arena_.view(65600, 1);
+  support::View v429 = arena_.view(0, 1);
+  support::View v432 = arena_.view(395520, 1);
+  support::View v436 = arena_.view(64, 1);
+  repeated4(v353, v357, v360, v364, v351, v10, v389, v393, v396, v400, v387, v24, v425, v429, v432,
+            v436, v423, v25);
 
   // 14 statements from moe.mesh:124:3 square (2 of 2)
-  support::View v444(param19_norm_1_gain_v); // updated in place
-  support::View v450 = arena_.view(0, 32);
-  support::View v451 = arena_.view(128, 32);
-  support::View v452 = arena_.view(256, 1);
-  support::View v455 = arena_.view(320, 1);
-  support::View v457 = arena_.view(128, 32);
-  support::View v458 = arena_.view(256, 1);
-  support::View v461 = arena_.view(128, 1);
-  support::View v467(param20_norm_1_bias_v); // updated in place
-  support::View v473 = arena_.view(0, 32);
-  support::View v474 = arena_.view(128, 32);
-  support::View v475 = arena_.view(256, 1);
-  support::View v478 = arena_.view(320, 1);
-  support::View v70(param7_norm_1_bias); // updated in place
-  support::View v480 = arena_.view(128, 32);
-  support::View v481 = arena_.view(256, 1);
-  support::View v484 = arena_.view(128, 1);
-  repeated3(v207, v289, v444, v283, v450, v451, v452, v455, v69, v457, v458, v461, v204, v467, v473,
-            v474, v475, v478, v70, v480, v481, v484);
+  support::View v442(param19_norm_1_gain_v); // updated in place
+  support::View v448 = arena_.view(0, 32);
+  support::View v449 = arena_.view(128, 32);
+  support::View v450 = arena_.view(256, 1);
+  support::View v453 = arena_.view(320, 1);
+  support::View v455 = arena_.view(128, 32);
+  support::View v456 = arena_.view(256, 1);
+  support::View v459 = arena_.view(128, 1);
+  support::View v465(param20_norm_1_bias_v); // updated in place
+  support::View v471 = arena_.view(0, 32);
+  support::View v472 = arena_.view(128, 32);
+  support::View v473 = arena_.view(256, 1);
+  support::View v476 = arena_.view(320, 1);
+  support::View v69(param7_norm_1_bias); // updated in place
+  support::View v478 = arena_.view(128, 32);
+  support::View v479 = arena_.view(256, 1);
+  support::View v482 = arena_.view(128, 1);
+  repeated2(v205, v287, v442, v281, v448, v449, v450, v453, v68, v455, v456, v459, v202, v465, v471,
+            v472, v473, v476, v69, v478, v479, v482);
 
   // 9 statements from moe.mesh:124:3 sqrt (2 of 2)
-  support::View v514 = arena_.view(0, 1);
-  support::View v517 = arena_.view(395584, 1);
-  support::View v521 = arena_.view(64, 1);
-  support::View v550 = arena_.view(0, 1);
-  support::View v553 = arena_.view(395648, 1);
-  support::View v557 = arena_.view(64, 1);
-  support::View v586 = arena_.view(0, 1);
-  support::View v589 = arena_.view(395712, 1);
-  support::View v593 = arena_.view(64, 1);
-  repeated4(v510, v514, v517, v521, v508, v76, v546, v550, v553, v557, v544, v90, v582, v586, v589,
-            v593, v580, v91);
+  support::View v512 = arena_.view(0, 1);
+  support::View v515 = arena_.view(395584, 1);
+  support::View v519 = arena_.view(64, 1);
+  support::View v548 = arena_.view(0, 1);
+  support::View v551 = arena_.view(395648, 1);
+  support::View v555 = arena_.view(64, 1);
+  support::View v584 = arena_.view(0, 1);
+  support::View v587 = arena_.view(395712, 1);
+  support::View v591 = arena_.view(64, 1);
+  repeated4(v508, v512, v515, v519, v506, v75, v544, v548, v551, v555, v542, v89, v580, v584, v587,
+            v591, v578, v90);
 }
 
 void MoeTrain::repeated0(
@@ -1629,7 +1615,7 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:73:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
-  // 73:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
+  // 73:66; merged with 1 more partial sum over model (%167): 512 B in one buffer)
   support::allReduceBucket(group_model, {a19, a22});
 
   // moe.mesh:73:36 div
@@ -2124,150 +2110,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0001220703125);
 }
 
-void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
-                         support::ConstView a3, support::ConstView a4, support::View a5,
-                         support::View a6, support::ConstView a7, support::View a8,
-                         support::View a9, support::View a10, support::View a11, support::View a12,
-                         support::View a13, support::View a14, support::View a15, support::View a16,
-                         const char *t0) {
-
-  // moe.mesh:26:10 layer_norm
-  static const support::Shape shape0_2 = {1, 64};
-  static const support::Shape shape0_3 = {2048, 32};
-  static const support::Shape shape0_4 = {2048, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:119:36 random_uniform
-  support::fillRandomUniform(
-      a2.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed_, std::string(t0) + "#" + std::to_string(step_), 0.99, 1.01,
-      meshrt::kernels::ValueType::F32);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  // moe.mesh:119:34 mul
-  {
-    float *__restrict a5p = a5.data();
-    float *__restrict a6p = a6.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a3p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a4p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = a2p[i0 * 32 + i1];
-        const float s6 = (s4 * s5);
-        a5p[i0 * 32 + i1] = s4;
-        a6p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
-
-  // moe.mesh:35:23 einsum
-  // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // moe.mesh:35:15 softmax -> gates
-  static const support::Shape shape4_2 = {1, 64};
-  static const support::Shape shape4_3 = {128, 2};
-  static const support::Shape shape4_4 = {128, 2};
-  static const support::Shape shape4_5 = {2};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
-                 support::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:42:24 max
-  static const support::Shape shape5_1 = {1, 64};
-  static const support::Shape shape5_3 = {128, 2};
-  static const support::Shape shape5_4 = {2};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a9p[i0 * 2 + i1];
-        const float s1 = a10p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        a11p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:91:17 mean -> density
-  static const support::Shape shape8_1 = {1, 2};
-  static const support::Shape shape8_3 = {128, 1};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {2};
-  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:92:23 mean -> density_proxy
-  static const support::Shape shape9_1 = {1, 2};
-  static const support::Shape shape9_3 = {128, 1};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {2};
-  support::reduce(a13.data(), shape9_1, a9.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:93:23 mul
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a13p[i0];
-      const float s2 = (s0 * s1);
-      a14p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:93:10 mean
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {1, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.125);
-
-  // moe.mesh:93:40 mul -> balance
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float s0 = a15p[0];
-    const float s1 = 16.0f;
-    const float s2 = (s0 * s1);
-    a16p[0] = s2;
-  }
-}
-
-void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::View a11, support::ConstView a12,
@@ -2502,6 +2345,149 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
+void MoeTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::ConstView a4, support::View a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::View a10, support::View a11, support::View a12,
+                         support::View a13, support::View a14, support::View a15, support::View a16,
+                         const char *t0) {
+
+  // moe.mesh:26:10 layer_norm
+  static const support::Shape shape0_2 = {1, 64};
+  static const support::Shape shape0_3 = {2048, 32};
+  static const support::Shape shape0_4 = {2048, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // moe.mesh:119:36 random_uniform
+  support::fillRandomUniform(
+      a2.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
+      seed_, std::string(t0) + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
+
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
+  // moe.mesh:119:34 mul
+  {
+    float *__restrict a5p = a5.data();
+    float *__restrict a6p = a6.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a3p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a4p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = a2p[i0 * 32 + i1];
+        const float s6 = (s4 * s5);
+        a5p[i0 * 32 + i1] = s4;
+        a6p[i0 * 32 + i1] = s6;
+      }
+    }
+  }
+
+  // moe.mesh:35:23 einsum
+  // dims: groups, tokens, d_model, experts
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // moe.mesh:35:15 softmax -> gates
+  static const support::Shape shape4_2 = {1, 64};
+  static const support::Shape shape4_3 = {128, 2};
+  static const support::Shape shape4_4 = {128, 2};
+  static const support::Shape shape4_5 = {2};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+                 support::Along::Softmax, 1e-05, 4, &group_model);
+
+  // moe.mesh:42:24 max
+  static const support::Shape shape5_1 = {1, 64};
+  static const support::Shape shape5_3 = {128, 2};
+  static const support::Shape shape5_4 = {2};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a9p[i0 * 2 + i1];
+        const float s1 = a10p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        a11p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:91:17 mean -> density
+  static const support::Shape shape8_1 = {1, 2};
+  static const support::Shape shape8_3 = {128, 1};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {2};
+  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:92:23 mean -> density_proxy
+  static const support::Shape shape9_1 = {1, 2};
+  static const support::Shape shape9_3 = {128, 1};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {2};
+  support::reduce(a13.data(), shape9_1, a9.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:93:23 mul
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = a13p[i0];
+      const float s2 = (s0 * s1);
+      a14p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:93:10 mean
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {1, 2};
+  static const support::Shape shape11_5 = {2, 1};
+  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.125);
+
+  // moe.mesh:93:40 mul -> balance
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float s0 = a15p[0];
+    const float s1 = 16.0f;
+    const float s2 = (s0 * s1);
+    a16p[0] = s2;
+  }
+}
+
 void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::ConstView a2,
                          support::View a3, support::ConstView a4, support::View a5,
                          support::ConstView a6, support::View a7, support::ConstView a8,
@@ -2660,7 +2646,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   }
 }
 
-void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::View a4, support::View a5,
                          support::ConstView a6, support::ConstView a7, support::ConstView a8,
                          support::View a9, support::View a10, support::View a11,
@@ -2668,33 +2654,41 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
 
+  // moe.mesh:59:29 add
   // moe.mesh:59:15 maximum -> total
   // moe.mesh:73:36 div
-  // moe.mesh:73:66 div
   {
+    float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
     const float *__restrict a0p = a0.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = a0p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = a1p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = a2p[i0];
-      const float s6 = (s5 / s2);
-      a3p[i0] = s2;
-      a4p[i0] = s4;
-      a5p[i0] = s6;
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 1e-09f;
+      const float s4 = support::maximum(s2, s3);
+      const float s5 = a0p[i0];
+      const float s6 = (s5 / s4);
+      a2p[i0] = s2;
+      a3p[i0] = s4;
+      a4p[i0] = s6;
     }
   }
 
-  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
-  // 73:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
-  support::allReduceBucket(group_model, {a4, a5});
+  // moe.mesh:73:66 div
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a3p[i0];
+      const float s2 = (s0 / s1);
+      a5p[i0] = s2;
+    }
+  }
 
   // moe.mesh:70:59 mul -> dispatch2
   // moe.mesh:72:28 add -> dispatch
@@ -2771,126 +2765,7 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 }
 
-void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View a2,
-                         support::View a3, support::View a4, support::View a5, support::View a6,
-                         support::View a7, support::View a8, support::View a9, support::View a10,
-                         support::View a11) {
-
-  // moe.mesh:42:24 max
-  static const support::Shape shape0_1 = {1, 64};
-  static const support::Shape shape0_3 = {128, 2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask1
-  // moe.mesh:54:32 sub
-  // moe.mesh:54:25 mul -> remaining
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a1p[i0 * 2 + i1];
-        const float s1 = a0p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = a1p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        a2p[i0 * 2 + i1] = s3;
-        a3p[i0 * 2 + i1] = s5;
-        a4p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
-
-  // moe.mesh:42:24 max
-  static const support::Shape shape3_1 = {1, 64};
-  static const support::Shape shape3_3 = {128, 2};
-  static const support::Shape shape3_4 = {2};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:57:25 mul
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a6p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:57:15 sum -> gate1
-  static const support::Shape shape6_1 = {1, 64};
-  static const support::Shape shape6_3 = {128, 2};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a7.data(), shape6_1, a6.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask2
-  // moe.mesh:58:29 mul
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a4p[i0 * 2 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = a4p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        a8p[i0 * 2 + i1] = s3;
-        a9p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:58:15 sum -> gate2
-  static const support::Shape shape8_1 = {1, 64};
-  static const support::Shape shape8_3 = {128, 2};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:59:29 add
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a10p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
-}
-
-void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
@@ -3001,6 +2876,111 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   static const support::Shape shape6_5 = {2, 1};
   support::reduce(a13.data(), shape6_1, a12.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.0078125);
+}
+
+void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::View a4, support::View a5, support::View a6,
+                         support::View a7, support::View a8, support::View a9, support::View a10) {
+
+  // moe.mesh:42:24 max
+  static const support::Shape shape0_1 = {1, 64};
+  static const support::Shape shape0_3 = {128, 2};
+  static const support::Shape shape0_4 = {2};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask1
+  // moe.mesh:54:32 sub
+  // moe.mesh:54:25 mul -> remaining
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a1p[i0 * 2 + i1];
+        const float s1 = a0p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = a1p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        a2p[i0 * 2 + i1] = s3;
+        a3p[i0 * 2 + i1] = s5;
+        a4p[i0 * 2 + i1] = s7;
+      }
+    }
+  }
+
+  // moe.mesh:42:24 max
+  static const support::Shape shape3_1 = {1, 64};
+  static const support::Shape shape3_3 = {128, 2};
+  static const support::Shape shape3_4 = {2};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:57:25 mul
+  {
+    float *__restrict a6p = a6.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a2p[i0];
+      const float s2 = (s0 * s1);
+      a6p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:57:15 sum -> gate1
+  static const support::Shape shape6_1 = {1, 64};
+  static const support::Shape shape6_3 = {128, 2};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(a7.data(), shape6_1, a6.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask2
+  // moe.mesh:58:29 mul
+  {
+    float *__restrict a8p = a8.data();
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a4p[i0 * 2 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = a4p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        a8p[i0 * 2 + i1] = s3;
+        a9p[i0 * 2 + i1] = s5;
+      }
+    }
+  }
+
+  // moe.mesh:58:15 sum -> gate2
+  static const support::Shape shape8_1 = {1, 64};
+  static const support::Shape shape8_3 = {128, 2};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
 }
 
 void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View a2,
