@@ -6,6 +6,8 @@
 // touches, so the evaluator memoizes it: identical layers cost one rule evaluation.
 #include "planner/SpmdLowering.h"
 
+#include "planner/AllReduceChains.h"
+
 #include "planner/CostModel.h"
 #include "planner/MergeCollectives.h"
 #include "planner/PlanReport.h"
@@ -876,10 +878,16 @@ struct EvalResult {
   std::vector<LayoutProblem> problems;
   PlanSummary summary;
   MemoryEstimate memory;
-  /// The latencies of the all-reduce-sums the reshards issue: at most what merging them saves.
-  double mergeableLatency = 0;
+  /// The latencies of the all-reduce-sums the reshards issue, and what the longest chains of
+  /// dependent ones among them pay at least (AllReduceChains.h): the bucketing and the merge
+  /// together save at most the difference.
+  double mergeableLatency = 0, chainLatency = 0;
+  /// What the gradient bucketing saved (already off the summary's step time).
+  double bucketingSaved = 0;
   /// False when summary.stepSeconds is only a lower bound (the merge was not run).
   bool exact = true;
+  /// False when the walk stopped early: the bound is partial and the memory unknown.
+  bool complete = true;
 };
 
 } // namespace
@@ -887,7 +895,8 @@ struct EvalResult {
 /// The engine behind lowerToSpmd and PlanEvaluator.
 struct PlanEvaluator::Impl {
   Impl(const ir::Module& module, const ir::Function& fn, const Mesh& mesh, const Machine& machine)
-      : module_(module), fn_(fn), mesh_(mesh), machine_(machine) {
+      : module_(module), fn_(fn), mesh_(mesh), machine_(machine),
+        chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1) {
     oversubscription_ =
         std::max(1.0, static_cast<double>(mesh.numDevices()) /
                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
@@ -944,13 +953,16 @@ struct PlanEvaluator::Impl {
     prepareBound();
   }
 
-  EvalResult run(const Layout& layout, SpmdFunction* out);
+  /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
+  /// bound of the step time above `stopAbove` (the result is then that bound, not complete).
+  EvalResult run(const Layout& layout, SpmdFunction* out, double stopAbove = kInfinity);
   /// run() without an SPMD function to keep: the summary after merging all-reduces, which needs
   /// the ops (legal layouts only are lowered). A layout whose step time, less every latency the
   /// merge could save, is still above `cutoff` is not lowered: its result is that lower bound.
-  EvalResult evaluate(const Layout& layout, double cutoff);
+  EvalResult evaluate(const Layout& layout, double cutoff, bool complete);
   /// evaluate() of the last layout asked for, again only when the cutoff now needs more.
-  const EvalResult& resultFor(const Layout& layout, double cutoff);
+  /// `complete`: the memory estimate is needed too (a walk stopped early has none).
+  const EvalResult& resultFor(const Layout& layout, double cutoff, bool complete = false);
   /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
   /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
   /// after its operand's producer and replaces each bucket's members by one bucketed collective.
@@ -976,6 +988,10 @@ struct PlanEvaluator::Impl {
   /// Per IR op: a partner planned later, itself a sum (its own reduction says its axes).
   std::vector<int64_t> laterSum_;
 
+  /// The walks' scratch (run() and lowerBound() never nest): the all-reduce chains, and the
+  /// bound's operand states.
+  AllReduceChains chains_;
+  std::vector<int> boundStateOf_;
   /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
   bool describe_ = true;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
@@ -1214,7 +1230,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   return opMemo_.emplace(key_, std::move(plan)).first->second;
 }
 
-EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
+EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
   EvalResult result;
   // The layout itself: known axes, each at most once per dim.
   for (const std::string& dim : dimNames_) {
@@ -1247,6 +1263,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   std::vector<SpmdValueId> spmdOf(numValues, 0);
   // Reshards already done: a value resharded once to a layout serves every later consumer.
   std::vector<std::vector<std::pair<int, SpmdValueId>>> resharded(numValues);
+  AllReduceChains& chains = chains_;
+  chains.reset();
   std::vector<uint64_t> gradientAxes(numValues, 0);
   std::set<std::string> notDivisibleReported;
   std::map<ir::ValueId, SpmdValueId> spmdSources; // inputs and params
@@ -1280,15 +1298,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                      uint32_t opIndex, uint32_t neededAt, SpmdValueId* spmdId) -> double {
     if (stateOf[value] == want) {
       if (spmdId && out) *spmdId = spmdOf[value];
+      chains.read(value, 0);
       return 0;
     }
+    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
+    if (!path) return -1;
+    chains.read(value, chains.groupsOf(*path));
     for (const auto& [state, id] : resharded[value])
       if (state == want) {
         if (spmdId && out) *spmdId = id;
         return 0;
       }
-    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
-    if (!path) return -1;
     forwardCommunication += path->seconds;
     for (const ReshardStep& step : path->steps)
       result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
@@ -1368,12 +1388,26 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     globalFlops += plan.globalFlops;
     idealSeconds += plan.idealSeconds;
     stateOf[op.result] = plan.resultId;
+    chains.write(op.result);
     bytesOf[op.result] = plan.resultBytes;
     if (op.kind != OpKind::Param) {
       live += static_cast<double>(plan.resultBytes);
       activationSum += static_cast<double>(plan.resultBytes);
     }
     peakLive = std::max(peakLive, live + temporary);
+    // Every term summed so far only grows (a path costs at least the latencies merging may
+    // save), so this is a lower bound of the step time; most candidates of a search pass
+    // their cutoff within the first layers.
+    if (!out && i % 16 == 0) {
+      double soFar = (modelBackward_ ? 3 : 1) * forwardCompute +
+                     (modelBackward_ ? 2 : 1) * forwardCommunication - result.mergeableLatency +
+                     chains.latencySeconds();
+      if (soFar > stopAbove) {
+        result.summary.stepSeconds = soFar;
+        result.exact = result.complete = false;
+        return result;
+      }
+    }
     for (ir::ValueId dead : freesAt_[i])
       if (fn_.ops[fn_.values[dead].definingOp].kind != OpKind::Param)
         live -= static_cast<double>(bytesOf[dead]);
@@ -1455,7 +1489,11 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     if (out) out->updates.emplace_back(update.param, id);
   }
   peakLive = std::max(peakLive, live + outputTemporary);
-  if (bucketing) forwardCommunication -= bucketGradientReductions(candidates, irOpEnd, out);
+  result.chainLatency = chains.latencySeconds();
+  if (bucketing) {
+    result.bucketingSaved = bucketGradientReductions(candidates, irOpEnd, out);
+    forwardCommunication -= result.bucketingSaved;
+  }
 
   // Parameters, and for train blocks the backward pass, gradients and optimizer.
   MemoryEstimate& memory = result.memory;
@@ -1552,12 +1590,13 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   return result;
 }
 
-EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
-  EvalResult result = run(layout, nullptr);
-  if (!result.ok) return result;
+EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bool complete) {
+  EvalResult result = run(layout, nullptr, complete ? kInfinity : cutoff);
+  if (!result.ok || !result.complete) return result;
   // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
-  // saved every latency is not worth them (most candidates of a search).
-  double bound = result.summary.stepSeconds - result.mergeableLatency;
+  // saved every latency it can is not worth them (most candidates of a search).
+  double bound = result.summary.stepSeconds + result.bucketingSaved - result.mergeableLatency +
+                 result.chainLatency;
   if (bound > cutoff) {
     result.summary.stepSeconds = bound;
     result.exact = false;
@@ -1574,11 +1613,13 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
   return result;
 }
 
-const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff) {
+const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff,
+                                                 bool complete) {
   bool reuse = lastLayout_ && *lastLayout_ == layout &&
-               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff);
+               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff) &&
+               (lastResult_.complete || !complete);
   if (!reuse) {
-    lastResult_ = evaluate(layout, cutoff);
+    lastResult_ = evaluate(layout, cutoff, complete);
     lastLayout_ = layout;
   }
   return lastResult_;
@@ -1721,24 +1762,34 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return std::min(product, devices);
   };
   OpRules rules(fn_, mesh_, partial, machine_, oversubscription_);
-  std::vector<int> stateOf(fn_.values.size(), -1);
+  std::vector<int>& stateOf = boundStateOf_; // every value is written before it is read
   std::set<std::pair<ir::ValueId, int>> resharded;
   double compute = 0, communication = 0;
-  // Per group of axes: the latency its all-reduce-sums pay at least once, merged or not.
-  std::map<std::set<std::string>, double> latencyOf;
+  // The all-reduce-sums' latencies: what the longest chains of dependent ones pay at least.
+  AllReduceChains& chains = chains_;
+  chains.reset();
   auto reshardCost = [&](ir::ValueId value, int want) {
-    if (stateOf[value] == want || !resharded.emplace(value, want).second) return 0.0;
+    if (stateOf[value] == want) {
+      chains.read(value, 0);
+      return 0.0;
+    }
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return kInfinity;
+    chains.read(value, chains.groupsOf(*path));
+    if (!resharded.emplace(value, want).second) return 0.0;
     double seconds = path->seconds;
     for (const ReshardStep& step : path->steps)
-      if (double latency = mergeableLatencySeconds(machine_, mesh_, step.collective)) {
-        seconds -= latency;
-        latencyOf[{step.collective.axes.begin(), step.collective.axes.end()}] = latency;
-      }
+      seconds -= mergeableLatencySeconds(machine_, mesh_, step.collective);
     return seconds;
   };
+  double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    // Every term only grows: past the cutoff, the sum so far is bound enough.
+    if (i % 16 == 0) {
+      double soFar =
+          passes * compute + communicationPasses * communication + chains.latencySeconds();
+      if (soFar > cutoff) return soFar;
+    }
     const ir::Op& op = fn_.ops[i];
     bool known =
         std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
@@ -1748,6 +1799,10 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
         std::all_of(op.operands.begin(), op.operands.end(),
                     [&](ir::ValueId v) { return resolveOnceKnown(v, stateOf[v], assigned); });
     if (!known) {
+      for (ir::ValueId operand : op.operands)
+        chains.read(operand, 0); // its reshards are not known: none counted
+      chains.write(op.result);
+      stateOf[op.result] = -1;
       if (boundTermOf_[i] >= 0) {
         const BoundTerm& term = boundTerms_[boundTermOf_[i]];
         double bytes = 0;
@@ -1765,6 +1820,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     compute += plan.computeSeconds;
     communication += plan.postSeconds;
     stateOf[op.result] = plan.resultId;
+    chains.write(op.result);
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
@@ -1774,9 +1830,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       continue;
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
-  double bound = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication;
-  for (const auto& [axes, latency] : latencyOf)
-    bound += latency;
+  double bound = passes * compute + communicationPasses * communication + chains.latencySeconds();
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
@@ -2101,7 +2155,7 @@ double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff) {
 
 MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
   // The merge changes no memory: the cheapest evaluation of the layout serves.
-  const EvalResult& result = impl_->resultFor(layout, -kInfinity);
+  const EvalResult& result = impl_->resultFor(layout, -kInfinity, /*complete=*/true);
   if (!result.ok) {
     MemoryEstimate infinite;
     infinite.paramBytes = kInfinity;
