@@ -1008,7 +1008,8 @@ private:
   /// Whether a value in state `stateId`, a partial sum read by several ops, is resolved once
   /// where it is first read, every reader then reading the resolved value, rather than kept
   /// lazy in its linear readers (see SharedPartial).
-  bool resolveOnce(ir::ValueId value, int stateId, const Layout& layout);
+  bool resolveOnce(ir::ValueId value, int stateId, const std::vector<int>& dimAxesIds,
+                   const Layout& layout);
   /// Whether resolveOnce(value, stateId, ...) is decided by the dims `assigned` gives.
   bool resolveOnceKnown(ir::ValueId value, int stateId, const std::vector<bool>& assigned) const;
 
@@ -1072,7 +1073,8 @@ private:
   };
   std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
   std::vector<SharedPartial> shared_;
-  std::map<std::vector<int>, bool> resolveOnceMemo_;
+  std::unordered_map<std::vector<int>, bool, VectorHash> resolveOnceMemo_;
+  std::vector<int> resolveKey_; // scratch for resolveOnce (planOf's key_ is being built)
 
   /// The largest product of distinct mesh axes that divides `size` (for the lower bound).
   int64_t maxDivisorSplit(int64_t size) const {
@@ -1189,7 +1191,8 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
   for (size_t k = 0; k < op.operands.size() && k < 30; ++k)
-    if (resolveOnce(op.operands[k], stateOf[op.operands[k]], layout)) eagerMask |= 1 << k;
+    if (resolveOnce(op.operands[k], stateOf[op.operands[k]], dimAxesIds, layout))
+      eagerMask |= 1 << k;
   key_.push_back(eagerMask);
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key_.push_back(partnerState); // a later sum's axes come from dims in involved_
@@ -1922,15 +1925,17 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
   }
 }
 
-bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId, const Layout& layout) {
+bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId,
+                                      const std::vector<int>& dimAxesIds, const Layout& layout) {
   if (sharedOf_[value] < 0 || stateId < 0) return false;
   const TensorLayout& state = states_[stateId];
   if (state.partialAxes.empty() || state.partialIsMax) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
-  std::vector<int> key{shared.signature, stateId};
+  std::vector<int>& key = resolveKey_;
+  key.assign({shared.signature, stateId});
   for (int d : shared.dims)
-    key.push_back(internAxes(layout.of(dimNames_[d])));
+    key.push_back(dimAxesIds[d]);
   auto memo = resolveOnceMemo_.find(key);
   if (memo != resolveOnceMemo_.end()) return memo->second;
   TensorLayout resolved = state;
@@ -1963,7 +1968,7 @@ bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId, const Layo
     lazySeconds += collectiveSeconds(machine_, mesh_, lazy);
   }
   bool eager = once && once->seconds <= lazySeconds;
-  resolveOnceMemo_.emplace(std::move(key), eager);
+  resolveOnceMemo_.emplace(key, eager);
   return eager;
 }
 
