@@ -941,6 +941,11 @@ struct PlanEvaluator::Impl {
         ++readers_[operand];
     }
     phases_ = opPhases(fn);
+    readersOf_.resize(fn.values.size());
+    for (uint32_t j = 0; j < fn.ops.size(); ++j)
+      for (ir::ValueId operand : fn.ops[j].operands)
+        if (readersOf_[operand].empty() || readersOf_[operand].back() != j)
+          readersOf_[operand].push_back(j);
     findPartners();
     prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)
@@ -981,6 +986,8 @@ struct PlanEvaluator::Impl {
   bool modelBackward_ = false;
   std::vector<Phase> phases_; // per IR op
   std::vector<int> readers_;  // per value: how many ops read it
+  /// Per value: the ops that read it, each once, in order.
+  std::vector<std::vector<uint32_t>> readersOf_;
   /// Per IR op: for a sum, the value whose partial-sum axes it may take (widenToPartner);
   /// -1 otherwise.
   std::vector<int64_t> partner_;
@@ -1003,15 +1010,13 @@ private:
   void findPartners();
   /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
   const OpPlan& planOf(uint32_t i, const std::vector<int>& dimAxesIds,
-                       const std::vector<int>& stateOf, OpRules& rules, const Layout& layout);
+                       const std::vector<int>& stateOf, OpRules& rules);
   void prepareSharedPartials();
   /// Whether a value in state `stateId`, a partial sum read by several ops, is resolved once
   /// where it is first read, every reader then reading the resolved value, rather than kept
-  /// lazy in its linear readers (see SharedPartial).
-  bool resolveOnce(ir::ValueId value, int stateId, const std::vector<int>& dimAxesIds,
-                   const Layout& layout);
-  /// Whether resolveOnce(value, stateId, ...) is decided by the dims `assigned` gives.
-  bool resolveOnceKnown(ir::ValueId value, int stateId, const std::vector<bool>& assigned) const;
+  /// lazy in its linear readers (see SharedPartial). Depends on the state only, so the lower
+  /// bound knows it as soon as it knows the state.
+  bool resolveOnce(ir::ValueId value, int stateId);
 
   int internType(const ir::TensorType& type) {
     std::string key = ir::dtypeName(type.dtype);
@@ -1059,17 +1064,16 @@ private:
   /// A partial sum read by several ops (docs/planner.md, "Partial sums read several times"):
   /// resolving it once costs one collective of its size, after which every reader reads the
   /// resolved value; keeping it lazy costs, per reader, a collective at the end of the chain of
-  /// single-reader linear ops the reader starts (a sum shrinks it: a norm's bias gradient), or
-  /// nothing less than once when a reader cannot keep it lazy (a nonlinear op, an axis clash).
-  struct ReaderChain {
-    uint32_t op = 0;             // the reader
-    std::vector<uint32_t> chain; // the single-reader linear ops after it, in order
-  };
+  /// single-reader linear elementwise ops and reductions the reader starts (a sum shrinks it: a
+  /// norm's bias gradient), its size scaled from the value's by their global sizes; an einsum
+  /// reader counts as resolving it (whether it can keep it lazy depends on the layouts of its
+  /// other dims), and a reader that cannot keep it lazy (a nonlinear op, the update) or an
+  /// output makes resolving once the choice.
   struct SharedPartial {
-    bool resolvedAnyway = false; // a reader needs it resolved whatever the layout
-    std::vector<ReaderChain> readers;
-    std::vector<int> dims; // the dims whose layouts the choice depends on
-    int signature = -1;    // the readers' shapes, interned: alike layers share the memo
+    bool resolvedAnyway = false;
+    int einsumReaders = 0;
+    std::vector<double> chainEnds; // per other reader: its chain's end, in elements of the value
+    int signature = -1;            // the value's type and readers' shapes, interned
   };
   std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
   std::vector<SharedPartial> shared_;
@@ -1178,8 +1182,7 @@ OptimizerModel optimizerModel(const ir::Function& fn) {
 } // namespace
 
 const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& dimAxesIds,
-                                          const std::vector<int>& stateOf, OpRules& rules,
-                                          const Layout& layout) {
+                                          const std::vector<int>& stateOf, OpRules& rules) {
   const ir::Op& op = fn_.ops[i];
   key_.clear();
   key_.push_back(staticIds_[i]);
@@ -1191,8 +1194,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
   for (size_t k = 0; k < op.operands.size() && k < 30; ++k)
-    if (resolveOnce(op.operands[k], stateOf[op.operands[k]], dimAxesIds, layout))
-      eagerMask |= 1 << k;
+    if (resolveOnce(op.operands[k], stateOf[op.operands[k]])) eagerMask |= 1 << k;
   key_.push_back(eagerMask);
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key_.push_back(partnerState); // a later sum's axes come from dims in involved_
@@ -1347,7 +1349,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
 
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules, layout);
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     if (!plan.divisible) {
       result.ok = false;
       if (!out) return result;
@@ -1798,9 +1800,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
         std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
         std::all_of(op.operands.begin(), op.operands.end(),
                     [&](ir::ValueId v) { return stateOf[v] >= 0; }) &&
-        (partner_[i] < 0 || stateOf[partner_[i]] >= 0) && // a later sum's dims: involved_
-        std::all_of(op.operands.begin(), op.operands.end(),
-                    [&](ir::ValueId v) { return resolveOnceKnown(v, stateOf[v], assigned); });
+        (partner_[i] < 0 || stateOf[partner_[i]] >= 0); // a later sum's dims: involved_
     if (!known) {
       for (ir::ValueId operand : op.operands)
         chains.read(operand, 0); // its reshards are not known: none counted
@@ -1816,7 +1816,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       }
       continue;
     }
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules, partial);
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     if (!plan.divisible) return kInfinity; // every completion has this split
     for (size_t k = 0; k < op.operands.size(); ++k)
       communication += reshardCost(op.operands[k], plan.requiredIds[k]);
@@ -1861,11 +1861,7 @@ bool keepsPartialLazy(const ir::Function& fn, const ir::Op& op, size_t k) {
 } // namespace
 
 void PlanEvaluator::Impl::prepareSharedPartials() {
-  std::vector<std::vector<uint32_t>> readersOf(fn_.values.size());
-  for (uint32_t j = 0; j < fn_.ops.size(); ++j)
-    for (ir::ValueId operand : fn_.ops[j].operands)
-      if (readersOf[operand].empty() || readersOf[operand].back() != j)
-        readersOf[operand].push_back(j);
+  const std::vector<std::vector<uint32_t>>& readersOf = readersOf_;
   std::vector<bool> leaves(fn_.values.size(), false); // outputs and updates: resolved at the end
   for (const ir::OutputInfo& output : fn_.outputs)
     leaves[output.value] = true;
@@ -1875,7 +1871,7 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
     return static_cast<size_t>(std::find(op.operands.begin(), op.operands.end(), value) -
                                op.operands.begin());
   };
-  // A reader that keeps the sum lazy: linear in it, not in the update (which resolves), and
+  // A reader that can keep the sum lazy: linear in it, not in the update (which resolves), and
   // reading it once (square as x * x is not linear).
   auto keepsLazy = [&](uint32_t reader, ir::ValueId value) {
     const ir::Op& op = fn_.ops[reader];
@@ -1888,36 +1884,28 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
   for (ir::ValueId v = 0; v < fn_.values.size(); ++v) {
     if (readersOf[v].size() < 2) continue;
     SharedPartial shared;
-    std::string signature = fmt::format("{}", typeIds_[v]);
-    auto addDims = [&](uint32_t op) {
-      for (int d : involved_[op])
-        if (std::find(shared.dims.begin(), shared.dims.end(), d) == shared.dims.end())
-          shared.dims.push_back(d);
-    };
     shared.resolvedAnyway = leaves[v];
+    double elements = static_cast<double>(fn_.typeOf(v).numElements());
     for (uint32_t reader : readersOf[v]) {
       if (shared.resolvedAnyway) break;
       if (!keepsLazy(reader, v)) {
         shared.resolvedAnyway = true;
-        break;
+      } else if (fn_.ops[reader].kind == OpKind::Einsum) {
+        ++shared.einsumReaders;
+      } else {
+        ir::ValueId end = fn_.ops[reader].result;
+        while (!leaves[end] && readersOf[end].size() == 1 &&
+               fn_.ops[readersOf[end][0]].kind != OpKind::Einsum &&
+               keepsLazy(readersOf[end][0], end))
+          end = fn_.ops[readersOf[end][0]].result;
+        shared.chainEnds.push_back(static_cast<double>(fn_.typeOf(end).numElements()) /
+                                   std::max(elements, 1.0));
       }
-      ReaderChain chain{reader, {}};
-      addDims(reader);
-      signature += fmt::format("|{}.{}", staticIds_[reader], operandIndex(fn_.ops[reader], v));
-      for (ir::ValueId end = fn_.ops[reader].result;
-           !leaves[end] && readersOf[end].size() == 1 && keepsLazy(readersOf[end][0], end);
-           end = fn_.ops[chain.chain.back()].result) {
-        uint32_t next = readersOf[end][0];
-        chain.chain.push_back(next);
-        addDims(next);
-        signature += fmt::format(",{}.{}", staticIds_[next], operandIndex(fn_.ops[next], end));
-      }
-      shared.readers.push_back(std::move(chain));
     }
-    if (shared.resolvedAnyway) {
-      shared.readers.clear();
-      shared.dims.clear();
-    }
+    std::string signature = shared.resolvedAnyway
+                                ? std::string("resolved")
+                                : fmt::format("{}|{}|{}", typeIds_[v], shared.einsumReaders,
+                                              fmt::join(shared.chainEnds, ","));
     shared.signature =
         signatures.try_emplace(signature, static_cast<int>(signatures.size())).first->second;
     sharedOf_[v] = static_cast<int>(shared_.size());
@@ -1925,8 +1913,7 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
   }
 }
 
-bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId,
-                                      const std::vector<int>& dimAxesIds, const Layout& layout) {
+bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
   if (sharedOf_[value] < 0 || stateId < 0) return false;
   const TensorLayout& state = states_[stateId];
   if (state.partialAxes.empty() || state.partialIsMax) return false;
@@ -1934,51 +1921,26 @@ bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId,
   if (shared.resolvedAnyway) return true;
   std::vector<int>& key = resolveKey_;
   key.assign({shared.signature, stateId});
-  for (int d : shared.dims)
-    key.push_back(dimAxesIds[d]);
   auto memo = resolveOnceMemo_.find(key);
   if (memo != resolveOnceMemo_.end()) return memo->second;
   TensorLayout resolved = state;
   resolved.partialAxes.clear();
-  const std::optional<ReshardPath>& once = reshard(value, stateId, internState(resolved));
+  const std::optional<ReshardPath>& path = reshard(value, stateId, internState(resolved));
+  double once = path ? path->seconds : kInfinity;
   Collective lazy;
   lazy.kind = CollectiveKind::AllReduceSum;
   for (const ir::MeshAxis& axis : mesh_.axes)
     if (state.partialAxes.count(axis.name)) lazy.axes.push_back(axis.name);
   lazy.groupSize = splitFactor(mesh_, lazy.axes);
-  auto clashes = [&](uint32_t op) {
-    for (int d : involved_[op])
-      for (const std::string& axis : layout.of(dimNames_[d]))
-        if (state.partialAxes.count(axis)) return true;
-    return false;
-  };
-  double lazySeconds = 0;
-  for (const ReaderChain& reader : shared.readers) {
-    if (clashes(reader.op)) { // this reader resolves it anyway
-      lazySeconds = kInfinity;
-      break;
-    }
-    ir::ValueId end = fn_.ops[reader.op].result;
-    for (uint32_t next : reader.chain) {
-      if (clashes(next)) break;
-      end = fn_.ops[next].result;
-    }
-    const ir::TensorType& type = fn_.typeOf(end);
-    lazy.bytes = localBytes(type, tensorLayoutOf(type, layout, mesh_), mesh_);
+  double bytes = static_cast<double>(localBytes(fn_.typeOf(value), state, mesh_));
+  double lazySeconds = shared.einsumReaders * once;
+  for (double end : shared.chainEnds) {
+    lazy.bytes = static_cast<int64_t>(std::ceil(bytes * end));
     lazySeconds += collectiveSeconds(machine_, mesh_, lazy);
   }
-  bool eager = once && once->seconds <= lazySeconds;
+  bool eager = once <= lazySeconds;
   resolveOnceMemo_.emplace(key, eager);
   return eager;
-}
-
-bool PlanEvaluator::Impl::resolveOnceKnown(ir::ValueId value, int stateId,
-                                           const std::vector<bool>& assigned) const {
-  if (sharedOf_[value] < 0 || stateId < 0) return true;
-  const TensorLayout& state = states_[stateId];
-  if (state.partialAxes.empty() || state.partialIsMax) return true;
-  const std::vector<int>& dims = shared_[sharedOf_[value]].dims;
-  return std::all_of(dims.begin(), dims.end(), [&](int d) { return assigned[d]; });
 }
 
 void PlanEvaluator::Impl::findPartners() {
@@ -1986,11 +1948,7 @@ void PlanEvaluator::Impl::findPartners() {
   // that keeps partial sums lazy (its only reader, not in the update) or into a div, which
   // resolves both operands (other readers then reuse the resolved value); its partner is that
   // op's other operand when it is planned first.
-  std::vector<std::vector<uint32_t>> readersOf(fn_.values.size());
-  for (uint32_t j = 0; j < fn_.ops.size(); ++j)
-    for (ir::ValueId operand : fn_.ops[j].operands)
-      if (readersOf[operand].empty() || readersOf[operand].back() != j)
-        readersOf[operand].push_back(j);
+  const std::vector<std::vector<uint32_t>>& readersOf = readersOf_;
   partner_.assign(fn_.ops.size(), -1);
   soleConsumer_.assign(fn_.ops.size(), -1);
   laterSum_.assign(fn_.ops.size(), -1);
