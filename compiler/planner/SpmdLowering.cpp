@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <limits>
 #include <map>
 #include <set>
@@ -1116,16 +1117,28 @@ private:
   std::vector<int> lastUse_;
   std::vector<std::vector<ir::ValueId>> freesAt_;
   std::vector<bool> trainable_; // per value: a trainable param
-  // Precomputed terms of the lower bound: per op, its tensors (global bytes, dims) and FLOPs.
+  // Precomputed terms of the lower bound: an op's tensors (global bytes, dims), FLOPs and dims;
+  // the ops of repeated layers share one.
   struct BoundTerm {
-    uint32_t op = 0;
     bool anySplit = false;
     ir::DType dtype = ir::DType::F32;
     double einsumFlops = 0;
     std::vector<std::pair<double, std::vector<int>>> tensors;
+    std::vector<int> involved;
+    auto operator<=>(const BoundTerm&) const = default;
   };
   std::vector<BoundTerm> boundTerms_;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
+  /// What the bound knows with a set of dims assigned (one set per level of the search): the
+  /// ops it costs exactly (their dims assigned, their operands known), in order, and the
+  /// others' terms with how many ops have each.
+  struct BoundLevel {
+    std::vector<uint32_t> knownOps;
+    std::vector<bool> knownValues;
+    std::vector<std::pair<int, double>> unknownTerms;
+  };
+  std::map<std::vector<bool>, BoundLevel> boundLevels_;
+  const BoundLevel& boundLevel(const std::vector<bool>& assigned);
   std::vector<std::pair<double, std::vector<int>>> optimizerTerms_;
 
   std::vector<TensorLayout> states_;
@@ -1767,7 +1780,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return std::min(product, devices);
   };
   OpRules rules(fn_, mesh_, partial, machine_, oversubscription_);
-  std::vector<int>& stateOf = boundStateOf_; // every value is written before it is read
+  std::vector<int>& stateOf = boundStateOf_; // known values only: written before read
   std::set<std::pair<ir::ValueId, int>> resharded;
   double compute = 0, communication = 0;
   // The all-reduce-sums' latencies: what the longest chains of dependent ones pay at least.
@@ -1788,34 +1801,24 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return seconds;
   };
   double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
-  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+  const BoundLevel& level = boundLevel(assigned);
+  for (const auto& [termIndex, count] : level.unknownTerms) {
+    const BoundTerm& term = boundTerms_[termIndex];
+    double bytes = 0;
+    for (const auto& [globalBytes, dims] : term.tensors)
+      bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
+    double flops = term.einsumFlops / splitOf(term.involved);
+    compute += count * computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
+  }
+  for (size_t n = 0; n < level.knownOps.size(); ++n) {
     // Every term only grows: past the cutoff, the sum so far is bound enough.
-    if (i % 16 == 0) {
+    if (n % 16 == 0) {
       double soFar =
           passes * compute + communicationPasses * communication + chains.latencySeconds();
       if (soFar > cutoff) return soFar;
     }
+    uint32_t i = level.knownOps[n];
     const ir::Op& op = fn_.ops[i];
-    bool known =
-        std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
-        std::all_of(op.operands.begin(), op.operands.end(),
-                    [&](ir::ValueId v) { return stateOf[v] >= 0; }) &&
-        (partner_[i] < 0 || stateOf[partner_[i]] >= 0); // a later sum's dims: involved_
-    if (!known) {
-      for (ir::ValueId operand : op.operands)
-        chains.read(operand, 0); // its reshards are not known: none counted
-      chains.write(op.result);
-      stateOf[op.result] = -1;
-      if (boundTermOf_[i] >= 0) {
-        const BoundTerm& term = boundTerms_[boundTermOf_[i]];
-        double bytes = 0;
-        for (const auto& [globalBytes, dims] : term.tensors)
-          bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
-        double flops = term.einsumFlops / splitOf(involved_[i]);
-        compute += computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
-      }
-      continue;
-    }
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     if (!plan.divisible) return kInfinity; // every completion has this split
     for (size_t k = 0; k < op.operands.size(); ++k)
@@ -1827,7 +1830,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
-    if (stateOf[output.value] < 0 ||
+    if (!level.knownValues[output.value] ||
         !std::all_of(type.dims.begin(), type.dims.end(),
                      [&](const ir::Dim& dim) { return assigned[dimIndex_.at(dim.name)]; }))
       continue;
@@ -2004,6 +2007,33 @@ void PlanEvaluator::Impl::findPartners() {
   }
 }
 
+const PlanEvaluator::Impl::BoundLevel&
+PlanEvaluator::Impl::boundLevel(const std::vector<bool>& assigned) {
+  auto [it, inserted] = boundLevels_.try_emplace(assigned);
+  BoundLevel& level = it->second;
+  if (!inserted) return level;
+  // An op is known when its dims are assigned and its operands (and a sum's partner) are; the
+  // whole cone of a known op is then known too.
+  level.knownValues.assign(fn_.values.size(), false);
+  std::map<int, double> counts;
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    bool known =
+        std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
+        std::all_of(op.operands.begin(), op.operands.end(),
+                    [&](ir::ValueId v) { return level.knownValues[v]; }) &&
+        (partner_[i] < 0 || level.knownValues[partner_[i]]); // a later sum's dims: involved_
+    if (known) {
+      level.knownOps.push_back(i);
+      level.knownValues[op.result] = true;
+    } else if (boundTermOf_[i] >= 0) {
+      ++counts[boundTermOf_[i]];
+    }
+  }
+  level.unknownTerms.assign(counts.begin(), counts.end());
+  return level;
+}
+
 void PlanEvaluator::Impl::prepareBound() {
   auto dimsOf = [&](const ir::TensorType& type) {
     std::vector<int> dims;
@@ -2015,6 +2045,7 @@ void PlanEvaluator::Impl::prepareBound() {
     return static_cast<double>(type.numElements() * dtypeBytes(type.dtype));
   };
   boundTermOf_.assign(fn_.ops.size(), -1);
+  std::map<BoundTerm, int> termIndex;
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     if (op.kind == OpKind::Input || op.kind == OpKind::Param || op.kind == OpKind::Literal ||
@@ -2023,7 +2054,7 @@ void PlanEvaluator::Impl::prepareBound() {
         (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
       continue; // free in the engine too
     BoundTerm term;
-    term.op = i;
+    term.involved = involved_[i];
     // A reshape may carry a split from one dim to another: bound its tensors by the devices.
     term.anySplit = op.kind == OpKind::Reshape;
     const ir::TensorType& resultType = fn_.typeOf(op.result);
@@ -2039,8 +2070,9 @@ void PlanEvaluator::Impl::prepareBound() {
       term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
     }
     // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
-    boundTermOf_[i] = static_cast<int>(boundTerms_.size());
-    boundTerms_.push_back(std::move(term));
+    auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
+    if (inserted) boundTerms_.push_back(std::move(term));
+    boundTermOf_[i] = it->second;
   }
   if (modelBackward_) {
     OptimizerModel optimizer = optimizerModel(fn_);
