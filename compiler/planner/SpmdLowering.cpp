@@ -1078,8 +1078,8 @@ private:
   };
   std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
   std::vector<SharedPartial> shared_;
-  std::unordered_map<std::vector<int>, bool, VectorHash> resolveOnceMemo_;
-  std::vector<int> resolveKey_; // scratch for resolveOnce (planOf's key_ is being built)
+  std::vector<bool> readsShared_; // per IR op: some operand has a SharedPartial
+  std::unordered_map<uint64_t, bool> resolveOnceMemo_; // by (signature, state)
 
   /// The largest product of distinct mesh axes that divides `size` (for the lower bound).
   int64_t maxDivisorSplit(int64_t size) const {
@@ -1206,7 +1206,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; k < op.operands.size() && k < 30; ++k)
+  for (size_t k = 0; readsShared_[i] && k < op.operands.size() && k < 30; ++k)
     if (resolveOnce(op.operands[k], stateOf[op.operands[k]])) eagerMask |= 1 << k;
   key_.push_back(eagerMask);
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
@@ -1914,6 +1914,10 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
     sharedOf_[v] = static_cast<int>(shared_.size());
     shared_.push_back(std::move(shared));
   }
+  readsShared_.assign(fn_.ops.size(), false);
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    for (ir::ValueId operand : fn_.ops[i].operands)
+      if (sharedOf_[operand] >= 0) readsShared_[i] = true;
 }
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
@@ -1922,8 +1926,7 @@ bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
   if (state.partialAxes.empty() || state.partialIsMax) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
-  std::vector<int>& key = resolveKey_;
-  key.assign({shared.signature, stateId});
+  uint64_t key = uint64_t(uint32_t(shared.signature)) << 32 | uint32_t(stateId);
   auto memo = resolveOnceMemo_.find(key);
   if (memo != resolveOnceMemo_.end()) return memo->second;
   TensorLayout resolved = state;
