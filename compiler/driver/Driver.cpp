@@ -101,8 +101,9 @@ llvm::cl::opt<std::string> dumpOutputs(
 
 llvm::cl::opt<std::string> machineName(
     "machine",
-    llvm::cl::desc("The machine to plan for: a built-in (cpu, 8xh100, 8xh200, h100-cluster, "
-                   "tpuv2-pod) or a JSON file (default: cpu)"),
+    llvm::cl::desc(
+        "The machine to plan for: a built-in (cpu, 8xh100, 8xh200, h100-cluster, a100-cluster, "
+        "tpuv2-pod) or a JSON file (default: cpu)"),
     llvm::cl::value_desc("name|file"), llvm::cl::init("cpu"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string>
     memoryBudget("memory-budget",
@@ -245,10 +246,12 @@ void printVersion(llvm::raw_ostream& os) {
 int runMeshc(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(meshcCategory);
   hideUnrelatedRunOptions();
+  hideUnrelatedCalibrateOptions();
   llvm::cl::SetVersionPrinter(printVersion);
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
   if (runCommandChosen()) return runCommand(argv[0]);
+  if (calibrateCommandChosen()) return calibrateCommand(argv[0]);
   if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;

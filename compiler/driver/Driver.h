@@ -16,4 +16,9 @@ bool runCommandChosen();
 void hideUnrelatedRunOptions();
 int runCommand(const char* argv0);
 
+/// `meshc calibrate` (CalibrateCommand.cpp), the same three.
+bool calibrateCommandChosen();
+void hideUnrelatedCalibrateOptions();
+int calibrateCommand(const char* argv0);
+
 } // namespace meshc

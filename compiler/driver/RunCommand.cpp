@@ -450,10 +450,8 @@ int runCommand(const char* argv0) {
       return fail(kExitInputError,
                   "the MPI backend is not available in this meshc (its generated runner has no "
                   "MPI launcher); use --backend threads");
-    run.insert(run.begin(),
-               {"mpirun", "--oversubscribe", "-np", std::to_string(rankCount(*planned))});
-    // OpenMPI refuses root unless told; containers (CI) run as root.
-    if (::geteuid() == 0) run.insert(run.begin() + 1, "--allow-run-as-root");
+    std::vector<std::string> mpirun = mpirunCommand(rankCount(*planned));
+    run.insert(run.begin(), mpirun.begin(), mpirun.end());
     env.push_back("MESHRT_BACKEND=mpi");
   }
   stage(fmt::format("running on the {} backend", runBackend == Backend::Mpi ? "mpi"

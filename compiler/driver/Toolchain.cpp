@@ -8,6 +8,8 @@
 #include <llvm/Support/Path.h>
 #include <llvm/Support/Process.h>
 
+#include <unistd.h>
+
 namespace meshc {
 
 namespace {
@@ -76,6 +78,12 @@ Toolchain findToolchain(const char* argv0) {
   for (const std::string& library : splitList(MESHC_DNNL_LIBRARIES))
     toolchain.libraries.push_back(library);
   return toolchain;
+}
+
+std::vector<std::string> mpirunCommand(int ranks) {
+  std::vector<std::string> command = {"mpirun", "--oversubscribe", "-np", std::to_string(ranks)};
+  if (::geteuid() == 0) command.insert(command.begin() + 1, "--allow-run-as-root");
+  return command;
 }
 
 std::string cacheDirectory() {

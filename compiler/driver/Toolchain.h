@@ -32,6 +32,10 @@ struct Toolchain {
 /// The toolchain of the running meshc (`argv0` locates the executable).
 Toolchain findToolchain(const char* argv0);
 
+/// The launcher prefix of `ranks` MPI processes on this host: mpirun --oversubscribe -np N (and
+/// --allow-run-as-root as root: OpenMPI refuses root unless told, and containers run as root).
+std::vector<std::string> mpirunCommand(int ranks);
+
 /// $MESHC_CACHE_DIR, else $XDG_CACHE_HOME/meshc, else ~/.cache/meshc, else <tmp>/meshc-cache.
 std::string cacheDirectory();
 

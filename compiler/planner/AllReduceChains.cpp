@@ -8,33 +8,37 @@ AllReduceChains::AllReduceChains(const Machine& machine, const Mesh& mesh, size_
     : machine_(machine), mesh_(mesh), depthOf_(numValues, Depths{}) {}
 
 void AllReduceChains::reset() {
-  groups_.clear();
-  latency_.clear();
-  uncounted_.clear();
   reading_ = Depths{};
   longest_ = Depths{};
+  std::fill(uncountedSeen_.begin(), uncountedSeen_.end(), false);
 }
 
 uint32_t AllReduceChains::groupsOf(const ReshardPath& path) {
-  uint32_t mask = 0;
-  for (const ReshardStep& step : path.steps) {
-    double latency = mergeableLatencySeconds(machine_, mesh_, step.collective);
-    if (latency == 0) continue;
-    AxisList axes = step.collective.axes;
-    std::sort(axes.begin(), axes.end());
-    auto known = std::find(groups_.begin(), groups_.end(), axes);
-    if (known == groups_.end() && groups_.size() == kMaxGroups) {
-      uncounted_[axes] = latency;
-      continue;
+  auto [cached, inserted] = groupsOfPath_.try_emplace(&path);
+  PathGroups& groups = cached->second;
+  if (inserted) {
+    for (const ReshardStep& step : path.steps) {
+      double latency = mergeableLatencySeconds(machine_, mesh_, step.collective);
+      if (latency == 0) continue;
+      AxisList axes = step.collective.axes;
+      std::sort(axes.begin(), axes.end());
+      auto known = std::find(groups_.begin(), groups_.end(), axes);
+      if (known != groups_.end()) {
+        groups.mask |= 1u << (known - groups_.begin());
+      } else if (groups_.size() < kMaxGroups) {
+        groups.mask |= 1u << groups_.size();
+        groups_.push_back(axes);
+        latency_.push_back(latency);
+      } else {
+        auto [index, added] = uncountedIndex_.try_emplace(axes, uncountedLatency_.size());
+        if (added) uncountedLatency_.push_back(latency), uncountedSeen_.push_back(false);
+        groups.uncounted.push_back(index->second);
+      }
     }
-    if (known == groups_.end()) {
-      groups_.push_back(axes);
-      latency_.push_back(latency);
-      known = groups_.end() - 1;
-    }
-    mask |= 1u << (known - groups_.begin());
   }
-  return mask;
+  for (size_t index : groups.uncounted)
+    uncountedSeen_[index] = true;
+  return groups.mask;
 }
 
 void AllReduceChains::read(ir::ValueId value, uint32_t groups) {
@@ -55,8 +59,8 @@ double AllReduceChains::latencySeconds() const {
   double seconds = 0;
   for (size_t g = 0; g < groups_.size(); ++g)
     seconds += latency_[g] * longest_[g];
-  for (const auto& [axes, latency] : uncounted_)
-    seconds += latency;
+  for (size_t index = 0; index < uncountedSeen_.size(); ++index)
+    if (uncountedSeen_[index]) seconds += uncountedLatency_[index];
   return seconds;
 }
 

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <map>
+#include <unordered_map>
 
 namespace meshc::plan {
 
@@ -20,7 +21,8 @@ public:
   /// Starts a new walk (the values' depths are written before they are read: not cleared).
   void reset();
 
-  /// The groups of `path`'s mergeable all-reduces, as a mask for read() (0: none).
+  /// The groups of `path`'s mergeable all-reduces, as a mask for read() (0: none). `path` must
+  /// outlive this object (the planner's reshard paths are memoized).
   uint32_t groupsOf(const ReshardPath& path);
   /// The op being walked reads `value`, resharded by all-reduces over `groups` (groupsOf).
   void read(ir::ValueId value, uint32_t groups);
@@ -31,18 +33,26 @@ public:
   double latencySeconds() const;
 
 private:
-  static constexpr size_t kMaxGroups = 8;
+  /// Every group of a mesh of up to four axes; more are counted once, as if all merged.
+  static constexpr size_t kMaxGroups = 16;
   using Depths = std::array<uint16_t, kMaxGroups>;
+  struct PathGroups {
+    uint32_t mask = 0;
+    std::vector<size_t> uncounted; // into uncountedLatency_
+  };
 
   const Machine& machine_;
   const Mesh& mesh_;
   std::vector<Depths> depthOf_; // per value: the longest chain per group it depends on
   Depths reading_{};            // the op being walked: the maximum over what it read
-  Depths longest_{};            // per group: the longest chain seen
+  Depths longest_{};            // per group: the longest chain seen in this walk
+  // Groups are numbered once per evaluator, so that each path's groups are found once.
   std::vector<AxisList> groups_;
   std::vector<double> latency_;
-  /// Groups beyond kMaxGroups (meshes of four and more axes): counted once, as if all merged.
-  std::map<AxisList, double> uncounted_;
+  std::unordered_map<const ReshardPath*, PathGroups> groupsOfPath_;
+  std::map<AxisList, size_t> uncountedIndex_;
+  std::vector<double> uncountedLatency_;
+  std::vector<bool> uncountedSeen_; // in this walk
 };
 
 } // namespace meshc::plan

@@ -897,7 +897,8 @@ struct EvalResult {
 struct PlanEvaluator::Impl {
   Impl(const ir::Module& module, const ir::Function& fn, const Mesh& mesh, const Machine& machine)
       : module_(module), fn_(fn), mesh_(mesh), machine_(machine),
-        chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1) {
+        chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
+        walk_(fn.values.size()) {
     oversubscription_ =
         std::max(1.0, static_cast<double>(mesh.numDevices()) /
                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
@@ -1000,6 +1001,34 @@ struct PlanEvaluator::Impl {
   /// bound's operand states.
   AllReduceChains chains_;
   std::vector<int> boundStateOf_;
+  class WalkScratch {
+  public:
+    explicit WalkScratch(size_t numValues)
+        : stateOf(numValues, -1), bytesOf(numValues, 0), gradientAxes(numValues, 0),
+          resharded(numValues) {}
+    void startWalk() {
+      for (ir::ValueId value : reshardedUsed)
+        resharded[value].clear();
+      reshardedUsed.clear();
+    }
+    const SpmdValueId* reshardedTo(ir::ValueId value, int state) const {
+      for (const auto& [done, id] : resharded[value])
+        if (done == state) return &id;
+      return nullptr;
+    }
+    void addReshard(ir::ValueId value, int state, SpmdValueId id) {
+      if (resharded[value].empty()) reshardedUsed.push_back(value);
+      resharded[value].emplace_back(state, id);
+    }
+
+    std::vector<int> stateOf;
+    std::vector<int64_t> bytesOf;
+    std::vector<uint64_t> gradientAxes;
+
+  private:
+    std::vector<std::vector<std::pair<int, SpmdValueId>>> resharded;
+    std::vector<ir::ValueId> reshardedUsed;
+  } walk_;
   /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
   bool describe_ = true;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
@@ -1145,7 +1174,12 @@ private:
   std::map<TensorLayout, int> stateIdOf_;
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
-  std::vector<int> key_; // scratch for planOf
+  struct LastPlan {
+    std::vector<int> key;
+    const OpPlan* plan = nullptr;
+  };
+  std::vector<LastPlan> lastPlanOf_ = std::vector<LastPlan>(fn_.ops.size()); // per op
+  std::vector<int> key_;                                                     // scratch for planOf
   std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
 };
 
@@ -1215,8 +1249,16 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     key_.push_back(stateOf[operand]);
   for (int dim : involved_[i])
     key_.push_back(dimAxesIds[dim]);
+  // Neighbouring layouts of a search mostly give an op the same key as last time: compared
+  // first, before hashing.
+  LastPlan& last = lastPlanOf_[i];
+  if (last.plan && last.key == key_) return *last.plan;
   auto memo = opMemo_.find(key_);
-  if (memo != opMemo_.end()) return memo->second;
+  if (memo != opMemo_.end()) {
+    last.key = key_;
+    last.plan = &memo->second; // the map's nodes stay put
+    return memo->second;
+  }
   std::vector<const TensorLayout*> operandStates;
   std::vector<TensorLayout> eagerCopies;
   eagerCopies.reserve(op.operands.size());
@@ -1245,7 +1287,9 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     plan.requiredIds.push_back(internState(required));
   plan.resultId = internState(plan.result);
   plan.resultBytes = localBytes(fn_.typeOf(op.result), plan.result, mesh_);
-  return opMemo_.emplace(key_, std::move(plan)).first->second;
+  last.key = key_;
+  last.plan = &opMemo_.emplace(key_, std::move(plan)).first->second;
+  return *last.plan;
 }
 
 EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
@@ -1276,17 +1320,22 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     out->ops.reserve(out->ops.size() + 2 * fn_.ops.size());
     out->values.reserve(out->values.size() + 2 * numValues);
   }
-  std::vector<int> stateOf(numValues, -1);
-  std::vector<int64_t> bytesOf(numValues, 0);
-  std::vector<SpmdValueId> spmdOf(numValues, 0);
-  // Reshards already done: a value resharded once to a layout serves every later consumer.
-  std::vector<std::vector<std::pair<int, SpmdValueId>>> resharded(numValues);
+  // Per value, written by its op before any read (a search walks thousands of layouts: no
+  // clearing of whole arrays per walk): its state and local bytes; the reshards already done
+  // (a value resharded once to a layout serves every later consumer), cleared where used; the
+  // axes whose gradient sums it needs (params only).
+  std::vector<int>& stateOf = walk_.stateOf;
+  std::vector<int64_t>& bytesOf = walk_.bytesOf;
+  walk_.startWalk();
+  std::vector<uint64_t>& gradientAxes = walk_.gradientAxes;
+  for (const ir::ParamInfo& param : fn_.params)
+    gradientAxes[param.value] = 0;
   AllReduceChains& chains = chains_;
   chains.reset();
-  std::vector<uint64_t> gradientAxes(numValues, 0);
+  std::vector<SpmdValueId> spmdOf(out ? numValues : 0, 0);
   std::set<std::string> notDivisibleReported;
-  std::map<ir::ValueId, SpmdValueId> spmdSources; // inputs and params
-  std::vector<size_t> irOpEnd(fn_.ops.size(), 0); // per IR op: the end of its SPMD ops
+  std::map<ir::ValueId, SpmdValueId> spmdSources;           // inputs and params
+  std::vector<size_t> irOpEnd(out ? fn_.ops.size() : 0, 0); // per IR op: its SPMD ops' end
 
   double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
   double live = 0, peakLive = 0, activationSum = 0;
@@ -1322,11 +1371,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return -1;
     chains.read(value, chains.groupsOf(*path));
-    for (const auto& [state, id] : resharded[value])
-      if (state == want) {
-        if (spmdId && out) *spmdId = id;
-        return 0;
-      }
+    if (const SpmdValueId* done = walk_.reshardedTo(value, want)) {
+      if (spmdId && out) *spmdId = *done;
+      return 0;
+    }
     forwardCommunication += path->seconds;
     for (const ReshardStep& step : path->steps)
       result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
@@ -1355,7 +1403,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       current = op.result;
       out->ops.push_back(std::move(op));
     }
-    resharded[value].emplace_back(want, current);
+    walk_.addReshard(value, want, current);
     if (spmdId && out) *spmdId = current;
     return temporary;
   };
@@ -1781,7 +1829,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   };
   OpRules rules(fn_, mesh_, partial, machine_, oversubscription_);
   std::vector<int>& stateOf = boundStateOf_; // known values only: written before read
-  std::set<std::pair<ir::ValueId, int>> resharded;
+  walk_.startWalk();                         // its reshards, each counted once
   double compute = 0, communication = 0;
   // The all-reduce-sums' latencies: what the longest chains of dependent ones pay at least.
   AllReduceChains& chains = chains_;
@@ -1794,7 +1842,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return kInfinity;
     chains.read(value, chains.groupsOf(*path));
-    if (!resharded.emplace(value, want).second) return 0.0;
+    if (walk_.reshardedTo(value, want)) return 0.0;
+    walk_.addReshard(value, want, 0);
     double seconds = path->seconds;
     for (const ReshardStep& step : path->steps)
       seconds -= mergeableLatencySeconds(machine_, mesh_, step.collective);
@@ -2034,6 +2083,20 @@ PlanEvaluator::Impl::boundLevel(const std::vector<bool>& assigned) {
     }
   }
   level.unknownTerms.assign(counts.begin(), counts.end());
+  // A known source (a param, an input, a literal: free, no operands) that no known op reads
+  // and no output is costs nothing and informs nothing: most params of a deep model's bound.
+  std::vector<bool> read(fn_.values.size(), false);
+  for (uint32_t i : level.knownOps)
+    for (ir::ValueId operand : fn_.ops[i].operands)
+      read[operand] = true;
+  for (uint32_t i : level.knownOps)
+    if (partner_[i] >= 0) read[partner_[i]] = true; // its state is part of the op's plan
+  for (const ir::OutputInfo& output : fn_.outputs)
+    read[output.value] = true;
+  std::erase_if(level.knownOps, [&](uint32_t i) {
+    const ir::Op& op = fn_.ops[i];
+    return op.operands.empty() && boundTermOf_[i] < 0 && !read[op.result];
+  });
   return level;
 }
 

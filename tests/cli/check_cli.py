@@ -2,6 +2,7 @@
 """The meshc command line: options, exit codes (0 ok, 1 input errors, 2 internal errors), no
 partial output on failure, depfiles. `check_cli.py <meshc> <case>` runs one case; ctest runs each
 case as its own test."""
+import json
 import os
 import subprocess
 import sys
@@ -378,7 +379,37 @@ def run_help():
            "meshc run --help shows only its own options", proc)
 
 
-CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
+def calibrate():
+    """`meshc calibrate` measures this machine and writes a description `--machine` takes."""
+    with tempfile.TemporaryDirectory() as work:
+        env = dict(os.environ, MESHC_CACHE_DIR=os.path.join(work, "cache"))
+        out = os.path.join(work, "mine.json")
+        proc = subprocess.run([MESHC, "calibrate", "--quick", "--name", "mine", "-o", out],
+                              capture_output=True, text=True, timeout=600, env=env)
+        expect(proc.returncode == 0, "meshc calibrate --quick succeeds", proc)
+        for stage in ["building the probe", "measuring", "peak"]:
+            expect(f"meshc calibrate: {stage}" in proc.stderr, f"calibrate announces '{stage}'",
+                   proc)
+        with open(out) as f:
+            machine = json.load(f)
+        expect(machine["name"] == "mine", "the description carries --name")
+        expect(machine["peak_flops"] > 1e9 and machine["memory_bandwidth"] > 1e8,
+               f"GEMM and bandwidth measured: {machine}")
+        expect(machine["intra"]["alpha_seconds"] > 0 and machine["intra"]["bandwidth"] > 0,
+               f"the link fitted: {machine['intra']}")
+        expect(machine["devices"] >= 1 and "meshc calibrate --name mine" in machine["notes"],
+               "the notes state the command")
+        plan = meshc(MLP, "--machine", out, "--emit=plan", "--function", "mlp")
+        expect(plan.returncode == 0 and "machine  mine" in plan.stdout,
+               "--machine takes the calibrated description", plan)
+        for bad, text in [(["--backend", "nccl"], "--backend"), (["--ranks", "1"], "--ranks")]:
+            wrong = subprocess.run([MESHC, "calibrate", *bad, "-o", out + ".bad"],
+                                   capture_output=True, text=True, timeout=60, env=env)
+            expect(wrong.returncode == 1 and text in wrong.stderr and
+                   not os.path.exists(out + ".bad"), f"calibrate {bad} is an input error", wrong)
+
+
+CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_user_kernels, run_data,

@@ -166,7 +166,8 @@ TEST_CASE("layouts: per-value layouts drop an axis used twice, local shapes divi
 
 TEST_CASE("machines: the built-ins load and have the brief's figures", "[machine]") {
   std::vector<std::string> names = builtinMachineNames();
-  for (const char* name : {"cpu", "8xh100", "8xh200", "h100-cluster", "tpuv2-pod"}) {
+  for (const char* name :
+       {"cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster", "tpuv2-pod"}) {
     CAPTURE(name);
     CHECK(std::find(names.begin(), names.end(), name) != names.end());
     Machine m = machine(name);
@@ -177,6 +178,13 @@ TEST_CASE("machines: the built-ins load and have the brief's figures", "[machine
   CHECK(machine("cpu").peakFlops == Approx(84e9));
   CHECK(machine("tpuv2-pod").numDevices == 512);
   CHECK(machine("h100-cluster").inter.bandwidthBytesPerS == Approx(50e9));
+  // A100 80GB: 312 TFLOP/s bf16, NVLink 600 GB/s both ways, 200 Gb/s per GPU between hosts.
+  Machine a100 = machine("a100-cluster");
+  CHECK(a100.peakFlopsBf16 == Approx(312e12));
+  CHECK(a100.devicesPerNode == 8);
+  CHECK(a100.intra.bandwidthBytesPerS == Approx(300e9));
+  CHECK(a100.inter.bandwidthBytesPerS == Approx(25e9));
+  CHECK(a100.memoryBytes == Approx(80e9));
 
   // 8xH200: a 1 MiB all-reduce over 8 GPUs gives ~53 GB/s of bus bandwidth (the fitted alpha),
   // an 8 GiB one ~480 GB/s.
@@ -805,27 +813,29 @@ TEST_CASE("AllReduceChains: dependent all-reduces on one group pay their latency
     path.steps.push_back(step);
     return path;
   };
-  double model = mergeableLatencySeconds(m, mesh, allReduce({"model"}).steps[0].collective);
-  double data = mergeableLatencySeconds(m, mesh, allReduce({"data"}).steps[0].collective);
+  // The paths outlive the chains, as the planner's memoized ones do.
+  ReshardPath overModel = allReduce({"model"}), overData = allReduce({"data"});
+  double model = mergeableLatencySeconds(m, mesh, overModel.steps[0].collective);
+  double data = mergeableLatencySeconds(m, mesh, overData.steps[0].collective);
   REQUIRE(model > 0);
   REQUIRE(data > 0);
   // Values 0..5: %1 = op(%0 resolved over model); %2 = op(%1 resolved over model, %0 resolved
   // over data); %3 = op(%0 resolved over model) is independent of %1: it may merge with it.
   AllReduceChains chains(m, mesh, 6);
   chains.write(0);
-  chains.read(0, chains.groupsOf(allReduce({"model"})));
+  chains.read(0, chains.groupsOf(overModel));
   chains.write(1);
-  chains.read(1, chains.groupsOf(allReduce({"model"})));
-  chains.read(0, chains.groupsOf(allReduce({"data"})));
+  chains.read(1, chains.groupsOf(overModel));
+  chains.read(0, chains.groupsOf(overData));
   chains.write(2);
   CHECK(chains.latencySeconds() == Approx(2 * model + data));
-  chains.read(0, chains.groupsOf(allReduce({"model"})));
+  chains.read(0, chains.groupsOf(overModel));
   chains.write(3);
   CHECK(chains.latencySeconds() == Approx(2 * model + data));
   // Through an op that communicates nothing, the chain goes on: a third link.
   chains.read(2, 0);
   chains.write(4);
-  chains.read(4, chains.groupsOf(allReduce({"model"})));
+  chains.read(4, chains.groupsOf(overModel));
   chains.write(5);
   CHECK(chains.latencySeconds() == Approx(3 * model + data));
   chains.reset();

@@ -1,0 +1,263 @@
+// `meshc calibrate`: measures this machine as generated code sees it and writes a machine
+// description that `--machine` takes. A two-line probe program (runtime/include/meshrt/
+// Calibrate.h does the measuring) is built with the toolchain `meshc run` builds generated code
+// with, and run on the threads backend (or under mpirun); the GEMM rate, the elementwise
+// bandwidth and the collectives' times are fitted to the cost model's parameters: peak FLOP/s,
+// memory bandwidth, and the link's alpha and bandwidth by weighted least squares on the
+// alpha-beta formulas of CostModel.h (all-reduce 2a + 2b (p-1)/p n; reduce-scatter and
+// all-gather a + b (p-1)/p n; weights 1/t, so that small messages count as much as large ones).
+#include "driver/Driver.h"
+#include "driver/Toolchain.h"
+#include "planner/Machine.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Support/CommandLine.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/JSON.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
+#include <llvm/Support/Program.h>
+#include <llvm/Support/ToolOutputFile.h>
+#include <llvm/Support/WithColor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+
+namespace meshc {
+
+namespace {
+
+namespace cl = llvm::cl;
+
+cl::SubCommand calibrateSubcommand("calibrate",
+                                   "measure this machine and write a machine description for "
+                                   "--machine (see `meshc calibrate --help`)");
+cl::OptionCategory calibrateCategory("meshc calibrate options");
+
+cl::opt<std::string> calibrateOutput("o",
+                                     cl::desc("Write the machine description here "
+                                              "(default: stdout)"),
+                                     cl::value_desc("file.json"), cl::init("-"),
+                                     cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
+cl::opt<std::string> calibrateName("name", cl::desc("The machine's name (default: calibrated)"),
+                                   cl::init("calibrated"), cl::sub(calibrateSubcommand),
+                                   cl::cat(calibrateCategory));
+cl::opt<int> calibrateRanks("ranks", cl::desc("Ranks the collectives are measured on (default: 2)"),
+                            cl::init(2), cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
+cl::opt<std::string>
+    calibrateBackend("backend",
+                     cl::desc("threads (ranks are threads of one process) or mpi (under mpirun)"),
+                     cl::init("threads"), cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
+cl::opt<bool> calibrateQuick("quick",
+                             cl::desc("Fewer sizes and repetitions (seconds instead of a minute)"),
+                             cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
+
+int fail(int code, const std::string& message) {
+  llvm::WithColor::error(llvm::errs(), "meshc calibrate") << message << "\n";
+  return code;
+}
+
+void stage(const std::string& text) {
+  llvm::errs() << "meshc calibrate: " << text << "\n";
+}
+
+/// Runs `args` with stdout (and stderr) into `log`; returns the exit status (negative: could
+/// not run, with `error`).
+int execute(const std::vector<std::string>& args, const std::string& log, std::string& error) {
+  std::vector<llvm::StringRef> argv(args.begin(), args.end());
+  llvm::Optional<llvm::StringRef> redirects[] = {llvm::None, llvm::StringRef(log),
+                                                 llvm::StringRef(log + ".err")};
+  // The redirections do not truncate: a longer report of an earlier run would remain.
+  llvm::sys::fs::remove(log);
+  llvm::sys::fs::remove(log + ".err");
+  auto program = llvm::sys::findProgramByName(args.front());
+  if (!program) {
+    error = fmt::format("cannot find '{}'", args.front());
+    return -1;
+  }
+  return llvm::sys::ExecuteAndWait(*program, argv, llvm::None, redirects, 0, 0, &error);
+}
+
+std::string readFile(const std::string& path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  return buffer ? (*buffer)->getBuffer().str() : std::string();
+}
+
+/// The link's alpha and 1/beta fitted to the measured collectives (see the file comment).
+struct LinkFit {
+  double alphaSeconds = 0, bandwidth = 0;
+  double worstRatio = 1; // the largest predicted/measured or measured/predicted
+};
+
+LinkFit fitLink(const llvm::json::Array& collectives, int ranks) {
+  // Normal equations of sum_i ((c_i a + d_i b - t_i) / t_i)^2.
+  double caa = 0, cab = 0, cbb = 0, ya = 0, yb = 0;
+  std::vector<std::array<double, 3>> samples; // c, d, t
+  for (const llvm::json::Value& entry : collectives) {
+    const llvm::json::Object* object = entry.getAsObject();
+    if (!object) continue;
+    llvm::StringRef kind = object->getString("kind").getValueOr("");
+    double bytes = object->getNumber("bytes").getValueOr(0);
+    double seconds = object->getNumber("seconds").getValueOr(0);
+    if (seconds <= 0) continue;
+    double share = (ranks - 1.0) / ranks * bytes;
+    double c = kind == "all_reduce" ? 2 : 1, d = kind == "all_reduce" ? 2 * share : share;
+    samples.push_back({c, d, seconds});
+    double w = 1 / (seconds * seconds);
+    caa += w * c * c, cab += w * c * d, cbb += w * d * d, ya += w * c * seconds,
+        yb += w * d * seconds;
+  }
+  LinkFit fit;
+  double det = caa * cbb - cab * cab;
+  double a = det != 0 ? (ya * cbb - yb * cab) / det : 0;
+  double b = det != 0 ? (caa * yb - cab * ya) / det : 0;
+  if (a < 0 || b <= 0) { // degenerate: fit each alone
+    a = std::max(a, 0.0);
+    double num = 0, den = 0;
+    for (const auto& [c, d, t] : samples)
+      num += (t - c * a) * d / (t * t), den += d * d / (t * t);
+    b = den > 0 && num > 0 ? num / den : 1e-12;
+  }
+  fit.alphaSeconds = a;
+  fit.bandwidth = 1 / b;
+  for (const auto& [c, d, t] : samples) {
+    double predicted = c * a + d * b;
+    fit.worstRatio = std::max({fit.worstRatio, predicted / t, t / predicted});
+  }
+  return fit;
+}
+
+} // namespace
+
+bool calibrateCommandChosen() {
+  return bool(calibrateSubcommand);
+}
+
+void hideUnrelatedCalibrateOptions() {
+  cl::HideUnrelatedOptions(calibrateCategory, calibrateSubcommand);
+}
+
+int calibrateCommand(const char* argv0) {
+  if (calibrateBackend != "threads" && calibrateBackend != "mpi")
+    return fail(kExitInputError, "--backend must be threads or mpi");
+  if (calibrateRanks < 2) return fail(kExitInputError, "--ranks must be at least 2");
+  Toolchain toolchain = findToolchain(argv0);
+  llvm::SmallString<256> dir(cacheDirectory());
+  llvm::sys::path::append(dir, "calibrate");
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return fail(kExitInternalError,
+                fmt::format("cannot create '{}': {}", dir.str().str(), ec.message()));
+  std::string base = (dir + "/probe").str();
+
+  // 1. build the probe as generated code is built (meshc run's default flags).
+  stage(fmt::format("building the probe ({})", toolchain.cxx));
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream out(base + ".cpp", ec);
+    if (ec) return fail(kExitInternalError, fmt::format("cannot write '{}.cpp'", base));
+    out << "#include \"meshrt/Calibrate.h\"\n"
+           "int main(int argc, char** argv) { return meshrt::calibrate::probeMain(argc, argv); }\n";
+  }
+  std::vector<std::string> build = {toolchain.cxx, "-O3", "-march=native", "-std=c++20", "-w"};
+  for (const std::string& include : toolchain.includeDirs)
+    build.insert(build.end(), {"-I", include});
+  build.insert(build.end(), {base + ".cpp", "-o", base + ".bin"});
+  build.insert(build.end(), toolchain.libraries.begin(), toolchain.libraries.end());
+  build.push_back("-lpthread");
+  std::string error;
+  if (int rc = execute(build, base + ".build.log", error); rc != 0)
+    return fail(kExitInternalError,
+                fmt::format("building the probe failed ({}); command: {}\n{}{}",
+                            rc < 0 ? error : fmt::format("exit status {}", rc),
+                            fmt::join(build, " "), readFile(base + ".build.log"),
+                            readFile(base + ".build.log.err")));
+
+  // 2. measure.
+  std::vector<std::string> probe;
+  if (calibrateBackend == "mpi") probe = mpirunCommand(calibrateRanks);
+  probe.insert(probe.end(), {base + ".bin", "--backend", std::string(calibrateBackend), "--ranks",
+                             std::to_string(calibrateRanks)});
+  if (calibrateQuick) probe.push_back("--quick");
+  stage(fmt::format("measuring GEMM, bandwidth and collectives on {} ranks ({} backend)",
+                    int(calibrateRanks), std::string(calibrateBackend)));
+  if (int rc = execute(probe, base + ".json", error); rc != 0)
+    return fail(kExitInternalError,
+                fmt::format("the probe failed ({}); command: {}\n{}",
+                            rc < 0 ? error : fmt::format("exit status {}", rc),
+                            fmt::join(probe, " "), readFile(base + ".json.err")));
+  std::string measured = readFile(base + ".json");
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(measured);
+  const llvm::json::Object* report = parsed ? parsed->getAsObject() : nullptr;
+  if (!report) {
+    if (!parsed) llvm::consumeError(parsed.takeError());
+    return fail(kExitInternalError, fmt::format("the probe's report is not JSON: {}", measured));
+  }
+
+  // 3. fit.
+  double peak = 0;
+  std::string gemmTable;
+  if (const llvm::json::Array* gemm = report->getArray("gemm"))
+    for (const llvm::json::Value& entry : *gemm)
+      if (const llvm::json::Object* object = entry.getAsObject()) {
+        double rate = object->getNumber("flops_per_s").getValueOr(0);
+        peak = std::max(peak, rate);
+        gemmTable += fmt::format("{}{}^3 {:.1f}", gemmTable.empty() ? "" : ", ",
+                                 object->getInteger("m").getValueOr(0), rate / 1e9);
+      }
+  double bandwidth = report->getNumber("stream_bytes_per_s").getValueOr(0);
+  const llvm::json::Array* collectives = report->getArray("collectives");
+  if (peak <= 0 || bandwidth <= 0 || !collectives || collectives->empty())
+    return fail(kExitInternalError, fmt::format("the probe measured nothing usable: {}", measured));
+  LinkFit link = fitLink(*collectives, calibrateRanks);
+  int64_t cores = std::max<int64_t>(report->getInteger("cores").getValueOr(1), 1);
+
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::string command = fmt::format(
+      "meshc calibrate --name {} --ranks {} --backend {}{}", std::string(calibrateName),
+      int(calibrateRanks), std::string(calibrateBackend), calibrateQuick ? " --quick" : "");
+  llvm::json::Object machine{
+      {"name", std::string(calibrateName)},
+      {"description",
+       fmt::format("this machine as measured by `{}` on {}: {} cores, one rank per "
+                   "{} ({} backend)",
+                   command, date, cores, calibrateBackend == "mpi" ? "process" : "thread",
+                   std::string(calibrateBackend))},
+      {"devices", cores},
+      {"devices_per_node", cores},
+      {"peak_flops", peak},
+      {"peak_flops_bf16", 0},
+      {"memory_bandwidth", bandwidth},
+      {"memory_bytes", report->getNumber("memory_bytes").getValueOr(0)},
+      {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
+                                   {"alpha_seconds", link.alphaSeconds},
+                                   {"bandwidth", link.bandwidth}}},
+      {"notes",
+       fmt::format(
+           "measured by `{}`: the einsum's GEMM on one thread (GFLOP/s: {}; the best is the "
+           "peak), the fused elementwise loop a = b + s c over 32 MiB arrays (bytes read "
+           "and written per second), and all-reduce, reduce-scatter and all-gather from 4 B "
+           "on {} ranks fitted to the alpha-beta formulas (the worst sample is {:.2f}x off "
+           "the fit); no bf16 hardware assumed",
+           command, gemmTable, int(calibrateRanks), link.worstRatio)},
+  };
+  std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
+  // What `--machine` reads back must parse: the same reader checks it before it is written.
+  if (llvm::Expected<plan::Machine> check = plan::parseMachine(text, "calibrated"); !check)
+    return fail(kExitInternalError, llvm::toString(check.takeError()));
+  std::error_code ec;
+  llvm::ToolOutputFile out(calibrateOutput, ec, llvm::sys::fs::OF_Text);
+  if (ec)
+    return fail(kExitInternalError,
+                fmt::format("cannot write '{}': {}", std::string(calibrateOutput), ec.message()));
+  out.os() << text;
+  out.keep();
+  stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
+                    peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
+  return kExitOk;
+}
+
+} // namespace meshc
