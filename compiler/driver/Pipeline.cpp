@@ -12,6 +12,7 @@
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
 #include "kernels/KernelCheck.h"
+#include "meshc/TensorFile.h"
 #include "planner/VerifySpmd.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
@@ -361,36 +362,26 @@ bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm:
   return true;
 }
 
-/// Reads a file in the runner's output format ("tensor <name> <dtype> <rank> <sizes...>\n" and
-/// float64 values); the dims of each tensor are named d0, d1, ...
+/// Reads a file in the runner's output format (meshc/TensorFile.h); the dims of each tensor are
+/// named d0, d1, ...
 bool readTensorFile(const std::string& path, std::map<std::string, interp::Tensor>& tensors) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
   if (!buffer)
     return optionError(fmt::format("cannot open '{}': {}", path, buffer.getError().message()));
   llvm::StringRef data = (*buffer)->getBuffer();
-  while (!data.empty()) {
-    auto [line, rest] = data.split('\n');
-    llvm::SmallVector<llvm::StringRef, 8> fields;
-    line.split(fields, ' ', -1, /*KeepEmpty=*/false);
-    size_t rank = 0;
-    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
-        fields.size() != 4 + rank)
-      return optionError(fmt::format("'{}' is not a tensor file (at '{}')", path, line.str()));
-    interp::Tensor tensor;
-    size_t count = 1;
-    for (size_t i = 0; i < rank; ++i) {
-      int64_t size = 0;
-      if (fields[4 + i].getAsInteger(10, size) || size < 0)
-        return optionError(fmt::format("'{}': bad size in '{}'", path, line.str()));
-      tensor.type.dims.push_back({"d" + std::to_string(i), size});
-      count *= size_t(size);
+  try {
+    for (const meshc::gen::TensorFileEntry& entry :
+         meshc::gen::parseTensorFile({data.data(), data.size()}, path)) {
+      interp::Tensor tensor;
+      for (size_t i = 0; i < entry.shape.size(); ++i)
+        tensor.type.dims.push_back({"d" + std::to_string(i), entry.shape[i]});
+      tensor.data.resize(entry.count());
+      for (size_t i = 0; i < entry.count(); ++i)
+        tensor.data[i] = entry.value(i);
+      tensors[entry.name] = std::move(tensor);
     }
-    if (rest.size() < count * sizeof(double))
-      return optionError(fmt::format("'{}': '{}' is cut short", path, line.str()));
-    tensor.data.resize(count);
-    std::memcpy(tensor.data.data(), rest.data(), count * sizeof(double));
-    tensors[fields[1].str()] = std::move(tensor);
-    data = rest.drop_front(count * sizeof(double));
+  } catch (const std::runtime_error& error) {
+    return optionError(error.what());
   }
   return true;
 }

@@ -9,6 +9,7 @@
 #include "driver/Pipeline.h"
 #include "driver/Toolchain.h"
 #include "interp/Tolerance.h"
+#include "meshc/TensorFile.h"
 #include "planner/PlanReport.h"
 
 #include <fmt/format.h>
@@ -206,31 +207,17 @@ struct OutputTensor {
 
 bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& tensors) {
   std::string data = readFile(path);
-  size_t pos = 0;
-  while (pos < data.size()) {
-    size_t end = data.find('\n', pos);
-    if (end == std::string::npos) return false;
-    llvm::SmallVector<llvm::StringRef, 8> fields;
-    llvm::StringRef(data).slice(pos, end).split(fields, ' ', -1, /*KeepEmpty=*/false);
-    size_t rank = 0;
-    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
-        fields.size() != 4 + rank)
-      return false;
-    OutputTensor tensor;
-    tensor.dtype = fields[2].str();
-    size_t count = 1;
-    for (size_t i = 0; i < rank; ++i) {
-      int64_t size = 0;
-      if (fields[4 + i].getAsInteger(10, size) || size < 0) return false;
-      tensor.shape.push_back(size);
-      count *= size_t(size);
+  try {
+    for (const meshc::gen::TensorFileEntry& entry : meshc::gen::parseTensorFile(data, path)) {
+      OutputTensor& tensor = tensors[entry.name];
+      tensor.dtype = entry.dtype;
+      tensor.shape = entry.shape;
+      tensor.values.resize(entry.count());
+      for (size_t i = 0; i < entry.count(); ++i)
+        tensor.values[i] = entry.value(i);
     }
-    pos = end + 1;
-    if (data.size() - pos < count * sizeof(double)) return false;
-    tensor.values.resize(count);
-    std::memcpy(tensor.values.data(), data.data() + pos, count * sizeof(double));
-    pos += count * sizeof(double);
-    tensors[fields[1].str()] = std::move(tensor);
+  } catch (const std::runtime_error&) {
+    return false;
   }
   return true;
 }

@@ -6,6 +6,8 @@
 // every rank reports the cause, whichever backend runs the collectives.
 #include "meshrt/Checkpoint.h"
 
+#include "CheckpointManifest.h"
+
 // Header-only fmt: generated programs link meshrt without linking libfmt.
 #define FMT_HEADER_ONLY
 #include <fmt/format.h>
@@ -35,8 +37,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "meshrt-checkpoint";
-constexpr int kVersion = 1;
+constexpr const char* kFormat = detail::kManifestFormat;
+constexpr int kVersion = detail::kManifestVersion;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
@@ -100,6 +102,11 @@ public:
   }
   void sync() {
     if (::fsync(fd_) != 0) failErrno("cannot fsync", path_);
+  }
+  uint64_t size() {
+    struct stat status {};
+    if (::fstat(fd_, &status) != 0) failErrno("cannot stat", path_);
+    return uint64_t(status.st_size);
   }
   void close() {
     int fd = fd_;
@@ -249,12 +256,6 @@ void copyIntersection(const ShardBox& from, const unsigned char* in, const Shard
 
 std::string dtypeStorageName(DType dtype) {
   return dtypeName(dtype);
-}
-
-DType storageNamed(const std::string& name, const std::string& where) {
-  for (DType dtype : {DType::F32, DType::F64, DType::I32, DType::Bytes})
-    if (name == dtypeName(dtype)) return dtype;
-  fail(fmt::format("{}: unknown storage type '{}'", where, name));
 }
 
 json dimsJson(const std::vector<CheckpointDim>& dims) {
@@ -474,66 +475,90 @@ void deleteOldCheckpoints(const fs::path& dir, int keep) {
 
 //===--- Loading ---===//
 
-/// Reads this rank's shard of `tensor` (box `box`) from the saved shards that cover it.
-void loadTensor(Communicator& world, const fs::path& checkpoint, const json& saved,
+/// Whether boxes `a` and `b` (of one rank) share an element.
+bool intersects(const ShardBox& a, const ShardBox& b) {
+  for (size_t d = 0; d < a.shape.size(); ++d)
+    if (a.start[d] >= b.start[d] + b.shape[d] || b.start[d] >= a.start[d] + a.shape[d])
+      return false;
+  return true;
+}
+
+/// Reads rank `rank`'s shard of `tensor` (box `box`) from the saved shards that cover it.
+/// `saved` has passed parseManifest, so its shards lie inside its dims.
+void loadTensor(int rank, const fs::path& checkpoint, const detail::SavedTensor& saved,
                 const CheckpointTensor& tensor, const ShardBox& box) {
   std::string where = fmt::format("checkpoint '{}': tensor '{}'", checkpoint.string(), tensor.name);
-  if (saved.at("dtype").get<std::string>() != tensor.dtype)
-    fail(fmt::format("{} has dtype {}, but the program's is {}", where,
-                     saved.at("dtype").get<std::string>(), tensor.dtype));
-  DType storage = storageNamed(saved.at("storage"), where);
-  if (storage != tensor.storage)
+  if (saved.dtype != tensor.dtype)
+    fail(fmt::format("{} has dtype {}, but the program's is {}", where, saved.dtype, tensor.dtype));
+  if (saved.storage != tensor.storage)
     fail(fmt::format("{} is stored as {}, but the program holds it as {}", where,
-                     dtypeName(storage), dtypeName(tensor.storage)));
-  std::vector<CheckpointDim> dims;
-  for (const json& dim : saved.at("dims"))
-    dims.push_back({dim.at("name").get<std::string>(), dim.at("size").get<int64_t>(), {}});
-  bool same = dims.size() == tensor.dims.size();
-  for (size_t d = 0; same && d < dims.size(); ++d)
-    same = dims[d].name == tensor.dims[d].name && dims[d].size == tensor.dims[d].size;
+                     dtypeName(saved.storage), dtypeName(tensor.storage)));
+  bool same = saved.dims.size() == tensor.dims.size();
+  for (size_t d = 0; same && d < saved.dims.size(); ++d)
+    same = saved.dims[d].name == tensor.dims[d].name && saved.dims[d].size == tensor.dims[d].size;
   if (!same)
-    fail(fmt::format("{} has dims {}, but the program's are {}", where, dimsString(dims),
+    fail(fmt::format("{} has dims {}, but the program's are {}", where, dimsString(saved.dims),
                      dimsString(tensor.dims)));
 
-  size_t element = dtypeSize(storage);
+  // The shards this rank needs. They must not overlap: counting the elements they fill then
+  // proves every element of the box was read.
+  std::vector<const detail::SavedShard*> needed;
+  for (const detail::SavedShard& shard : saved.shards) {
+    if (!intersects(shard.box, box)) continue;
+    for (const detail::SavedShard* other : needed)
+      if (intersects(other->box, shard.box))
+        fail(fmt::format("{}: the shards of ranks {} and {} overlap", where, other->rank,
+                         shard.rank));
+    needed.push_back(&shard);
+  }
+  size_t element = dtypeSize(saved.storage);
   auto* out = static_cast<unsigned char*>(tensor.data);
   size_t filled = 0;
   std::vector<unsigned char> bytes;
-  for (const json& shard : saved.at("shards")) {
-    ShardBox from{shard.at("start").get<std::vector<int64_t>>(),
-                  shard.at("shape").get<std::vector<int64_t>>()};
-    bool overlaps = from.shape.size() == box.shape.size();
-    for (size_t d = 0; overlaps && d < box.shape.size(); ++d)
-      overlaps = from.start[d] < box.start[d] + box.shape[d] &&
-                 box.start[d] < from.start[d] + from.shape[d];
-    if (!overlaps) continue;
-    std::string file = shard.at("file");
-    size_t size = shard.at("bytes");
-    if (size != product(from.shape) * element)
-      fail(fmt::format("{}: the shard of rank {} in '{}' has {} bytes for shape {}", where,
-                       shard.at("rank").get<int>(), file, size, fmt::join(from.shape, "x")));
-    bytes.resize(size);
-    FileDescriptor((checkpoint / file).string(), O_RDONLY)
-        .readAllAt(bytes.data(), size, shard.at("offset").get<uint64_t>());
-    uint32_t expected = shard.at("crc32"), actual = crc32(bytes.data(), size);
-    if (actual != expected)
+  for (const detail::SavedShard* shard : needed) {
+    // O_NOFOLLOW: a rank file that is a link could point anywhere; saves never write links.
+    FileDescriptor file((checkpoint / shard->file).string(), O_RDONLY | O_NOFOLLOW);
+    // Checked before allocating: a manifest cannot ask for more bytes than the file holds.
+    if (file.size() < shard->offset + shard->bytes)
+      fail(fmt::format("'{}' is shorter than the manifest says",
+                       (checkpoint / shard->file).string()));
+    bytes.resize(size_t(shard->bytes));
+    file.readAllAt(bytes.data(), bytes.size(), shard->offset);
+    uint32_t actual = crc32(bytes.data(), bytes.size());
+    if (actual != shard->crc32)
       fail(fmt::format("{}: checksum mismatch in the shard saved by rank {} in '{}' (crc32 "
                        "{:08x}, manifest says {:08x}; read by rank {})",
-                       where, shard.at("rank").get<int>(), (checkpoint / file).string(), actual,
-                       expected, world.rank()));
-    copyIntersection(from, bytes.data(), box, out, element);
+                       where, shard->rank, (checkpoint / shard->file).string(), actual,
+                       shard->crc32, rank));
+    copyIntersection(shard->box, bytes.data(), box, out, element);
     size_t overlap = 1;
     for (size_t d = 0; d < box.shape.size(); ++d)
-      overlap *= size_t(std::min(from.start[d] + from.shape[d], box.start[d] + box.shape[d]) -
-                        std::max(from.start[d], box.start[d]));
+      overlap *=
+          size_t(std::min(shard->box.start[d] + shard->box.shape[d], box.start[d] + box.shape[d]) -
+                 std::max(shard->box.start[d], box.start[d]));
     filled += overlap;
   }
   if (filled != product(box.shape))
     fail(fmt::format("{}: the saved shards cover {} of the {} elements rank {} needs", where,
-                     filled, product(box.shape), world.rank()));
+                     filled, product(box.shape), rank));
 }
 
 } // namespace
+
+void detail::loadSavedTensors(const std::string& checkpoint, const SavedCheckpoint& saved,
+                              const std::vector<CheckpointTensor>& tensors,
+                              const std::vector<ShardBox>& boxes, int rank) {
+  std::map<std::string, const SavedTensor*> byName;
+  for (const SavedTensor& tensor : saved.tensors)
+    byName[tensor.name] = &tensor;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    auto found = byName.find(tensors[t].name);
+    if (found == byName.end())
+      fail(fmt::format("checkpoint '{}' has no tensor '{}' ({} tensors saved)", checkpoint,
+                       tensors[t].name, byName.size()));
+    loadTensor(rank, checkpoint, *found->second, tensors[t], boxes[t]);
+  }
+}
 
 bool CheckpointLoadOptions::defaultFallBack() {
   const char* text = std::getenv("MESHRT_CHECKPOINT_FALLBACK");
@@ -661,29 +686,13 @@ CheckpointInfo loadCheckpoint(Communicator& world, const std::string& dir,
   CheckpointInfo info;
   collectively(world, "checkpoint load from '" + dir + "'", [&] {
     std::vector<ShardBox> boxes = shardBoxes(world, tensors, "load");
-    std::optional<json> manifest = completeManifest(root, checkpointName(sequence));
-    if (!manifest)
+    std::error_code error;
+    if (!fs::is_regular_file(checkpoint / kManifest, error))
       fail(fmt::format("checkpoint '{}' has no readable manifest", checkpoint.string()));
-    try {
-      if ((*manifest).at("version").get<int>() != kVersion)
-        fail(fmt::format("checkpoint '{}' has format version {}, this meshrt reads {}",
-                         checkpoint.string(), (*manifest).at("version").get<int>(), kVersion));
-      info.step = manifest->at("step");
-      info.metadata = manifest->at("metadata").get<std::map<std::string, std::string>>();
-      std::map<std::string, const json*> saved;
-      for (const json& tensor : manifest->at("tensors"))
-        saved[tensor.at("name")] = &tensor;
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        auto found = saved.find(tensors[t].name);
-        if (found == saved.end())
-          fail(fmt::format("checkpoint '{}' has no tensor '{}' ({} tensors saved)",
-                           checkpoint.string(), tensors[t].name, saved.size()));
-        loadTensor(world, checkpoint, *found->second, tensors[t], boxes[t]);
-      }
-    } catch (const json::exception& error) {
-      fail(fmt::format("checkpoint '{}': malformed manifest: {}", checkpoint.string(),
-                       error.what()));
-    }
+    detail::SavedCheckpoint saved =
+        detail::parseManifest(readText(checkpoint / kManifest), checkpoint.string());
+    detail::loadSavedTensors(checkpoint.string(), saved, tensors, boxes, world.rank());
+    info = saved.info;
   });
   return info;
 }

@@ -27,8 +27,9 @@ UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "rel
 OPTIMIZERS = ["sgd", "sgd_momentum", "sgd_nesterov", "adamw", "adafactor"]
 SCHEDULES = ["constant", "linear", "cosine", "rsqrt"]
 MAX_ELEMENTS = 4096
-# Step state (`state` / `next` in train blocks) once the compiler has it.
-STEP_STATE = False
+# Step state (`state` / `next` in train blocks): on since the compiler has it (5 minutes from
+# seed 28 ran 5 such cases, 4 agreeing with the interpreter and 1 a located planner error).
+STEP_STATE = True
 
 
 @dataclass

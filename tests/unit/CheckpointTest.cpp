@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -624,5 +625,30 @@ TEST_CASE("concurrent savers into one directory never share a checkpoint", "[che
   }
   CHECK(steps.size() == size_t(kSavers * kRounds));
   CHECK(!hasCheckpoint(dir, kSavers * kRounds + 1));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a manifest from elsewhere cannot name files outside its checkpoint", "[checkpoint]") {
+  // tests/fuzz/files replays many more such manifests through the same parser.
+  fs::path dir = freshDirectory("untrusted-manifest");
+  save(kMesh2x2, kLayout2x2, dir, 1);
+  fs::path manifest = dir / "ckpt-000001" / "manifest.json";
+  std::ifstream in(manifest);
+  const std::string saved((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto loadWith = [&](const std::string& from, const std::string& to) {
+    std::string text = saved;
+    size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    std::ofstream(manifest) << text.replace(at, from.size(), to);
+    return loadError(kMesh2x2, kLayout2x2, dir);
+  };
+  CHECK_THAT(loadWith("\"rank-00000.bin\"", "\"../../../../../etc/passwd\""),
+             Catch::Contains("malformed manifest") &&
+                 Catch::Contains("shard file '../../../../../etc/passwd' is not a rank file"));
+  CHECK_THAT(loadWith("\"rank-00000.bin\"", "\"/etc/passwd\""),
+             Catch::Contains("is not a rank file"));
+  // A float where an integer belongs (converting 1e300 would be undefined behaviour).
+  CHECK_THAT(loadWith("\"step\": 1", "\"step\": 1e300"),
+             Catch::Contains("malformed manifest: 'step' is not an integer"));
   fs::remove_all(dir);
 }

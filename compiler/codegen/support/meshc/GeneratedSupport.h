@@ -16,6 +16,7 @@
 // fallback.
 #pragma once
 
+#include "meshc/TensorFile.h"
 #include "meshrt/Checkpoint.h"
 #include "meshrt/Comm.h"
 #include "meshrt/Random.h"
@@ -1451,56 +1452,26 @@ inline Tensor batchOfStep(const std::string& name, const Tensor& data, const Sha
 /// Reads every tensor of a file in that format (e.g. the inputs given to `meshc run --data`),
 /// by name. Throws std::runtime_error when the file cannot be read or is malformed; a header
 /// that declares more values than the rest of the file holds (a huge or corrupt header) is
-/// caught before anything is allocated for it, naming the file and the tensor.
+/// caught before anything is allocated for it, naming the file and the tensor (TensorFile.h).
 inline std::map<std::string, Tensor> readTensors(const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (!file) throw std::runtime_error("cannot open '" + path + "'");
   inputsFilePath() = path;
-  std::fseek(file, 0, SEEK_END);
-  long fileBytes = std::ftell(file);
-  std::fseek(file, 0, SEEK_SET);
-  auto fail = [&](const std::string& message) {
-    std::fclose(file);
-    throw std::runtime_error(message);
-  };
-  std::map<std::string, Tensor> tensors;
-  std::string line;
-  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) {
-    if (c != '\n') {
-      line += char(c);
-      continue;
-    }
-    std::istringstream header(line);
-    std::string word, name, dtype;
-    size_t rank = 0;
-    header >> word >> name >> dtype >> rank;
-    if (word != "tensor" || !header || rank > 64)
-      fail("'" + path + "' is not a tensor file (at '" + line + "')");
-    Tensor tensor;
-    for (size_t i = 0; i < rank; ++i) {
-      int64_t size = -1;
-      header >> size;
-      if (!header || size < 0) fail("'" + path + "' is not a tensor file (at '" + line + "')");
-      tensor.shape.push_back(size);
-    }
-    // Checked in double: a product of sizes may overflow size_t.
-    double declared = 1;
-    for (int64_t size : tensor.shape)
-      declared *= double(size);
-    double available = double(fileBytes - std::ftell(file)) / sizeof(double);
-    if (declared > available)
-      fail("inputs file '" + path + "': tensor '" + name + "' declares shape " +
-           shapeString(tensor.shape) + " but only " + std::to_string(size_t(available)) +
-           " values follow in the file");
-    size_t count = size_t(declared);
-    std::vector<double> values(count);
-    if (std::fread(values.data(), sizeof(double), count, file) != count)
-      fail("'" + path + "' is not a tensor file (at '" + line + "')");
-    tensor.data.assign(values.begin(), values.end());
-    tensors[name] = std::move(tensor);
-    line.clear();
-  }
+  std::string bytes;
+  char chunk[1 << 16];
+  for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, file)) > 0;)
+    bytes.append(chunk, got);
+  bool failed = std::ferror(file) != 0;
   std::fclose(file);
+  if (failed) throw std::runtime_error("cannot read '" + path + "'");
+  std::map<std::string, Tensor> tensors;
+  for (const TensorFileEntry& entry : parseTensorFile(bytes, path)) {
+    Tensor& tensor = tensors[entry.name];
+    tensor.shape = entry.shape;
+    tensor.data.resize(entry.count());
+    for (size_t i = 0; i < entry.count(); ++i)
+      tensor.data[i] = float(entry.value(i));
+  }
   return tensors;
 }
 
