@@ -943,7 +943,13 @@ struct PlanEvaluator::Impl {
         ++readers_[operand];
     }
     phases_ = opPhases(fn);
+    readersOf_.resize(fn.values.size());
+    for (uint32_t j = 0; j < fn.ops.size(); ++j)
+      for (ir::ValueId operand : fn.ops[j].operands)
+        if (readersOf_[operand].empty() || readersOf_[operand].back() != j)
+          readersOf_[operand].push_back(j);
     findPartners();
+    prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
@@ -982,6 +988,8 @@ struct PlanEvaluator::Impl {
   bool modelBackward_ = false;
   std::vector<Phase> phases_; // per IR op
   std::vector<int> readers_;  // per value: how many ops read it
+  /// Per value: the ops that read it, each once, in order.
+  std::vector<std::vector<uint32_t>> readersOf_;
   /// Per IR op: for a sum, the value whose partial-sum axes it may take (widenToPartner);
   /// -1 otherwise.
   std::vector<int64_t> partner_;
@@ -1033,6 +1041,12 @@ private:
   /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
   const OpPlan& planOf(uint32_t i, const std::vector<int>& dimAxesIds,
                        const std::vector<int>& stateOf, OpRules& rules);
+  void prepareSharedPartials();
+  /// Whether a value in state `stateId`, a partial sum read by several ops, is resolved once
+  /// where it is first read, every reader then reading the resolved value, rather than kept
+  /// lazy in its linear readers (see SharedPartial). Depends on the state only, so the lower
+  /// bound knows it as soon as it knows the state.
+  bool resolveOnce(ir::ValueId value, int stateId);
 
   int internType(const ir::TensorType& type) {
     std::string key = ir::dtypeName(type.dtype);
@@ -1076,6 +1090,25 @@ private:
     auto [it, inserted] = axesIdOf_.try_emplace(axes, static_cast<int>(axesIdOf_.size()));
     return it->second;
   }
+
+  /// A partial sum read by several ops (docs/planner.md, "Partial sums read several times"):
+  /// resolving it once costs one collective of its size, after which every reader reads the
+  /// resolved value; keeping it lazy costs, per reader, a collective at the end of the chain of
+  /// single-reader linear elementwise ops and reductions the reader starts (a sum shrinks it: a
+  /// norm's bias gradient), its size scaled from the value's by their global sizes; an einsum
+  /// reader counts as resolving it (whether it can keep it lazy depends on the layouts of its
+  /// other dims), and a reader that cannot keep it lazy (a nonlinear op, the update) or an
+  /// output makes resolving once the choice.
+  struct SharedPartial {
+    bool resolvedAnyway = false;
+    int einsumReaders = 0;
+    std::vector<double> chainEnds; // per other reader: its chain's end, in elements of the value
+    int signature = -1;            // the value's type and readers' shapes, interned
+  };
+  std::vector<int> sharedOf_; // per value: its SharedPartial, -1 when read by one op at most
+  std::vector<SharedPartial> shared_;
+  std::vector<bool> readsShared_; // per IR op: some operand has a SharedPartial
+  std::unordered_map<uint64_t, bool> resolveOnceMemo_; // by (signature, state)
 
   /// The largest product of distinct mesh axes that divides `size` (for the lower bound).
   int64_t maxDivisorSplit(int64_t size) const {
@@ -1201,15 +1234,14 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   key_.clear();
   key_.push_back(staticIds_[i]);
   key_.push_back(static_cast<int>(phases_[i]));
-  // In backward, a partial sum that several ops read is resolved where it is read rather than
-  // carried lazily into each reader (which would then need resolving one by one: an input
-  // gradient read by layer_norm's backward and by its gain's and bias's gradients gives one
-  // all-reduce of the activation, as in Megatron, instead of that one plus one per small
-  // gradient). A partial read once stays lazy.
+  // A partial sum that several ops read is resolved where it is first read, and every reader
+  // reads the resolved value, when that is cheaper than keeping it lazy in each (resolveOnce):
+  // an RMS norm's input, read by the mean square and by the scaling, is resolved once, not once
+  // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
+  // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; k < op.operands.size(); ++k)
-    if (phases_[i] == Phase::Backward && readers_[op.operands[k]] > 1 && k < 30)
-      eagerMask |= 1 << k;
+  for (size_t k = 0; readsShared_[i] && k < op.operands.size() && k < 30; ++k)
+    if (resolveOnce(op.operands[k], stateOf[op.operands[k]])) eagerMask |= 1 << k;
   key_.push_back(eagerMask);
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key_.push_back(partnerState); // a later sum's axes come from dims in involved_
@@ -1859,16 +1891,119 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   return bound;
 }
 
+namespace {
+
+/// Whether `op` can keep a partial sum in operand `k` lazy (OpRules: linear unary ops and
+/// reductions, add and sub, mul, the numerator of a div, an einsum), layouts permitting.
+bool keepsPartialLazy(const ir::Function& fn, const ir::Op& op, size_t k) {
+  if (op.operands.size() == 1) return isLinearUnary(fn, op);
+  switch (op.kind) {
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Einsum:
+    return true;
+  case OpKind::Div:
+    return k == 0;
+  default:
+    return false;
+  }
+}
+
+} // namespace
+
+void PlanEvaluator::Impl::prepareSharedPartials() {
+  const std::vector<std::vector<uint32_t>>& readersOf = readersOf_;
+  std::vector<bool> leaves(fn_.values.size(), false); // outputs and updates: resolved at the end
+  for (const ir::OutputInfo& output : fn_.outputs)
+    leaves[output.value] = true;
+  for (const ir::ParamUpdate& update : fn_.updates)
+    leaves[update.value] = true;
+  auto operandIndex = [&](const ir::Op& op, ir::ValueId value) {
+    return static_cast<size_t>(std::find(op.operands.begin(), op.operands.end(), value) -
+                               op.operands.begin());
+  };
+  // A reader that can keep the sum lazy: linear in it, not in the update (which resolves), and
+  // reading it once (square as x * x is not linear).
+  auto keepsLazy = [&](uint32_t reader, ir::ValueId value) {
+    const ir::Op& op = fn_.ops[reader];
+    return phases_[reader] != Phase::Update &&
+           std::count(op.operands.begin(), op.operands.end(), value) == 1 &&
+           keepsPartialLazy(fn_, op, operandIndex(op, value));
+  };
+  std::map<std::string, int> signatures;
+  sharedOf_.assign(fn_.values.size(), -1);
+  for (ir::ValueId v = 0; v < fn_.values.size(); ++v) {
+    if (readersOf[v].size() < 2) continue;
+    SharedPartial shared;
+    shared.resolvedAnyway = leaves[v];
+    double elements = static_cast<double>(fn_.typeOf(v).numElements());
+    for (uint32_t reader : readersOf[v]) {
+      if (shared.resolvedAnyway) break;
+      if (!keepsLazy(reader, v)) {
+        shared.resolvedAnyway = true;
+      } else if (fn_.ops[reader].kind == OpKind::Einsum) {
+        ++shared.einsumReaders;
+      } else {
+        ir::ValueId end = fn_.ops[reader].result;
+        while (!leaves[end] && readersOf[end].size() == 1 &&
+               fn_.ops[readersOf[end][0]].kind != OpKind::Einsum &&
+               keepsLazy(readersOf[end][0], end))
+          end = fn_.ops[readersOf[end][0]].result;
+        shared.chainEnds.push_back(static_cast<double>(fn_.typeOf(end).numElements()) /
+                                   std::max(elements, 1.0));
+      }
+    }
+    std::string signature = shared.resolvedAnyway
+                                ? std::string("resolved")
+                                : fmt::format("{}|{}|{}", typeIds_[v], shared.einsumReaders,
+                                              fmt::join(shared.chainEnds, ","));
+    shared.signature =
+        signatures.try_emplace(signature, static_cast<int>(signatures.size())).first->second;
+    sharedOf_[v] = static_cast<int>(shared_.size());
+    shared_.push_back(std::move(shared));
+  }
+  readsShared_.assign(fn_.ops.size(), false);
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    for (ir::ValueId operand : fn_.ops[i].operands)
+      if (sharedOf_[operand] >= 0) readsShared_[i] = true;
+}
+
+bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
+  if (sharedOf_[value] < 0 || stateId < 0) return false;
+  const TensorLayout& state = states_[stateId];
+  if (state.partialAxes.empty() || state.partialIsMax) return false;
+  const SharedPartial& shared = shared_[sharedOf_[value]];
+  if (shared.resolvedAnyway) return true;
+  uint64_t key = uint64_t(uint32_t(shared.signature)) << 32 | uint32_t(stateId);
+  auto memo = resolveOnceMemo_.find(key);
+  if (memo != resolveOnceMemo_.end()) return memo->second;
+  TensorLayout resolved = state;
+  resolved.partialAxes.clear();
+  const std::optional<ReshardPath>& path = reshard(value, stateId, internState(resolved));
+  double once = path ? path->seconds : kInfinity;
+  Collective lazy;
+  lazy.kind = CollectiveKind::AllReduceSum;
+  for (const ir::MeshAxis& axis : mesh_.axes)
+    if (state.partialAxes.count(axis.name)) lazy.axes.push_back(axis.name);
+  lazy.groupSize = splitFactor(mesh_, lazy.axes);
+  double bytes = static_cast<double>(localBytes(fn_.typeOf(value), state, mesh_));
+  double lazySeconds = shared.einsumReaders * once;
+  for (double end : shared.chainEnds) {
+    lazy.bytes = static_cast<int64_t>(std::ceil(bytes * end));
+    lazySeconds += collectiveSeconds(machine_, mesh_, lazy);
+  }
+  bool eager = once <= lazySeconds;
+  resolveOnceMemo_.emplace(key, eager);
+  return eager;
+}
+
 void PlanEvaluator::Impl::findPartners() {
   // A sum's result, through single-reader float casts and negations, goes into an add or sub
   // that keeps partial sums lazy (its only reader, not in the update) or into a div, which
   // resolves both operands (other readers then reuse the resolved value); its partner is that
   // op's other operand when it is planned first.
-  std::vector<std::vector<uint32_t>> readersOf(fn_.values.size());
-  for (uint32_t j = 0; j < fn_.ops.size(); ++j)
-    for (ir::ValueId operand : fn_.ops[j].operands)
-      if (readersOf[operand].empty() || readersOf[operand].back() != j)
-        readersOf[operand].push_back(j);
+  const std::vector<std::vector<uint32_t>>& readersOf = readersOf_;
   partner_.assign(fn_.ops.size(), -1);
   soleConsumer_.assign(fn_.ops.size(), -1);
   laterSum_.assign(fn_.ops.size(), -1);

@@ -35,7 +35,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_in: normal (moe.mesh:49)
+  // experts_ffn[0]/w_in: normal (moe.mesh:58)
   param3_experts_ffn_0_w_in.resize(4096);
   support::fillParam(
       param3_experts_ffn_0_w_in.data(),
@@ -45,7 +45,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_out: normal (moe.mesh:50)
+  // experts_ffn[0]/w_out: normal (moe.mesh:59)
   param4_experts_ffn_0_w_out.resize(4096);
   support::fillParam(
       param4_experts_ffn_0_w_out.data(),
@@ -69,7 +69,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_in: normal (moe.mesh:49)
+  // experts_ffn[1]/w_in: normal (moe.mesh:58)
   param8_experts_ffn_1_w_in.resize(4096);
   support::fillParam(
       param8_experts_ffn_1_w_in.data(),
@@ -79,7 +79,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_out: normal (moe.mesh:50)
+  // experts_ffn[1]/w_out: normal (moe.mesh:59)
   param9_experts_ffn_1_w_out.resize(4096);
   support::fillParam(
       param9_experts_ffn_1_w_out.data(),
@@ -89,26 +89,36 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
+  computeInvariants();
+}
+
+void Moe::computeInvariants() {
+
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  support::View v15 = persistent_.view(0, 2);
+  static const support::Shape shape0_1 = {2};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v15.data(), shape0_1, shape0_2, support::shardStart(world_, {"model"}, 2));
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "moe");
-  // Arena: 99328 bytes for 409104 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 411664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
-  support::View v106 = arena_.view(0, 2048);
+  support::View v128 = arena_.view(0, 2048);
 
   Outputs outputs;
-  outputs.y = support::Tensor{{1, 64, 32}, support::Buffer(v106.begin(), v106.end())};
+  outputs.y = support::Tensor{{1, 64, 32}, support::Buffer(v128.begin(), v128.end())};
   return outputs;
 }
 
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
-  // 35 statements from moe.mesh:26:10 layer_norm (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
+  // 41 statements from moe.mesh:26:10 layer_norm (1 of 2)
   support::View v3 = arena_.view(0, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
@@ -118,100 +128,105 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v7 = arena_.view(0, 128);
   support::View v8 = arena_.view(512, 128);
   support::View v11 = arena_.view(1024, 64);
-  support::View v13 = arena_.view(40960, 128);
-  support::View v16 = arena_.view(0, 128);
-  support::View v17 = arena_.view(1536, 64);
-  support::View v20 = arena_.view(1024, 128);
-  support::View v21 = arena_.view(41472, 64);
-  support::View v19 = arena_.view(90112, 128);
-  support::View v22 = arena_.view(512, 128);
-  support::View v23 = arena_.view(41728, 64);
-  support::View v24 = arena_.view(41984, 64);
-  support::View v28 = arena_.view(0, 128);
-  support::View v29 = arena_.view(20480, 128);
-  support::View v30 = arena_.view(0, 5120);
-  support::View v31 = arena_.view(20480, 5120);
+  support::View v15 = persistent_.view(0, 2);
+  support::View v17 = arena_.view(0, 128);
+  support::View v18 = arena_.view(1024, 64);
+  support::View v19 = arena_.view(40960, 128);
+  support::View v22 = arena_.view(0, 128);
+  support::View v23 = arena_.view(1536, 64);
+  support::View v29 = arena_.view(1024, 128);
+  support::View v30 = arena_.view(0, 64);
+  support::View v31 = arena_.view(90112, 128);
   support::View v32 = arena_.view(0, 128);
-  support::View v33 = arena_.view(512, 128);
-  support::View v34 = arena_.view(1024, 2);
-  support::View v36 = arena_.view(40960, 128);
-  support::View v37 = arena_.view(0, 5120);
-  support::View v40 = arena_.view(90624, 64);
-  support::View v43 = arena_.view(90880, 64);
-  support::View v39 = arena_.view(40960, 5120);
-  support::View v46 = arena_.view(61440, 5120);
-  support::View v47 = arena_.view(20480, 2560);
+  support::View v33 = arena_.view(41472, 64);
+  support::View v34 = arena_.view(0, 128);
+  support::View v35 = arena_.view(90624, 64);
+  support::View v41 = arena_.view(0, 128);
+  support::View v42 = arena_.view(20480, 128);
+  support::View v43 = arena_.view(0, 5120);
+  support::View v44 = arena_.view(20480, 5120);
+  support::View v45 = arena_.view(0, 128);
+  support::View v46 = arena_.view(512, 128);
+  support::View v47 = arena_.view(1024, 2);
+  support::View v49 = arena_.view(40960, 128);
+  support::View v50 = arena_.view(0, 5120);
+  support::View v40 = arena_.view(90880, 64);
+  support::View v53 = arena_.view(91136, 64);
+  support::View v52 = arena_.view(40960, 5120);
+  support::View v57 = arena_.view(61440, 5120);
+  support::View v58 = arena_.view(20480, 2560);
   const support::Buffer &v9 = param3_experts_ffn_0_w_in;
-  support::View v48 = arena_.view(0, 5120);
-  support::View v49 = arena_.view(20480, 5120);
+  support::View v59 = arena_.view(0, 5120);
+  support::View v60 = arena_.view(20480, 5120);
   const support::Buffer &v10 = param4_experts_ffn_0_w_out;
-  support::View v50 = arena_.view(0, 2560);
-  support::View v51 = arena_.view(10240, 2048);
-  support::View v53 = arena_.view(81920, 2048);
-  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v13, v16, v17, v20, v21, v19, v22, v23, v24, v28,
-            v29, v30, v31, v32, v33, v34, v36, v37, v40, v43, v39, v46, v47, v9, v48, v49, v10, v50,
-            v51, v53);
+  support::View v61 = arena_.view(0, 2560);
+  support::View v62 = arena_.view(10240, 2048);
+  support::View v64 = arena_.view(81920, 2048);
+  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32,
+            v33, v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9,
+            v59, v60, v10, v61, v62, v64);
 
-  // 35 statements from moe.mesh:26:10 layer_norm (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v56 = arena_.view(0, 2048);
-  const support::Buffer &v54 = param5_norm_1_gain;
-  const support::Buffer &v55 = param6_norm_1_bias;
-  support::View v58 = arena_.view(90112, 2048);
-  const support::Buffer &v59 = param7_route_1_w_gate;
-  support::View v60 = arena_.view(0, 128);
-  support::View v61 = arena_.view(512, 128);
-  support::View v64 = arena_.view(1024, 64);
-  support::View v66 = arena_.view(40960, 128);
-  support::View v69 = arena_.view(0, 128);
-  support::View v70 = arena_.view(1536, 64);
-  support::View v73 = arena_.view(1024, 128);
-  support::View v74 = arena_.view(41472, 64);
-  support::View v72 = arena_.view(98304, 128);
-  support::View v75 = arena_.view(512, 128);
-  support::View v76 = arena_.view(41728, 64);
-  support::View v77 = arena_.view(41984, 64);
+  // 41 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  support::View v67 = arena_.view(0, 2048);
+  const support::Buffer &v65 = param5_norm_1_gain;
+  const support::Buffer &v66 = param6_norm_1_bias;
+  support::View v69 = arena_.view(90112, 2048);
+  const support::Buffer &v70 = param7_route_1_w_gate;
+  support::View v71 = arena_.view(0, 128);
+  support::View v72 = arena_.view(512, 128);
+  support::View v75 = arena_.view(1024, 64);
   support::View v81 = arena_.view(0, 128);
-  support::View v82 = arena_.view(20480, 128);
-  support::View v83 = arena_.view(0, 5120);
-  support::View v84 = arena_.view(20480, 5120);
-  support::View v85 = arena_.view(0, 128);
-  support::View v86 = arena_.view(512, 128);
-  support::View v87 = arena_.view(1024, 2);
-  support::View v89 = arena_.view(40960, 128);
-  support::View v90 = arena_.view(0, 5120);
-  support::View v93 = arena_.view(98816, 64);
-  support::View v96 = arena_.view(99072, 64);
-  support::View v92 = arena_.view(40960, 5120);
-  support::View v99 = arena_.view(61440, 5120);
-  support::View v100 = arena_.view(20480, 2560);
-  const support::Buffer &v62 = param8_experts_ffn_1_w_in;
-  support::View v101 = arena_.view(0, 5120);
-  support::View v102 = arena_.view(20480, 5120);
-  const support::Buffer &v63 = param9_experts_ffn_1_w_out;
-  support::View v103 = arena_.view(0, 2560);
-  support::View v104 = arena_.view(10240, 2048);
-  support::View v106 = arena_.view(0, 2048);
-  repeated0(v56, v53, v54, v55, v58, v59, v60, v61, v64, v66, v69, v70, v73, v74, v72, v75, v76,
-            v77, v81, v82, v83, v84, v85, v86, v87, v89, v90, v93, v96, v92, v99, v100, v62, v101,
-            v102, v63, v103, v104, v106);
+  support::View v82 = arena_.view(1024, 64);
+  support::View v83 = arena_.view(40960, 128);
+  support::View v86 = arena_.view(0, 128);
+  support::View v87 = arena_.view(1536, 64);
+  support::View v93 = arena_.view(1024, 128);
+  support::View v94 = arena_.view(0, 64);
+  support::View v95 = arena_.view(98304, 128);
+  support::View v96 = arena_.view(0, 128);
+  support::View v97 = arena_.view(41472, 64);
+  support::View v98 = arena_.view(0, 128);
+  support::View v99 = arena_.view(98816, 64);
+  support::View v105 = arena_.view(0, 128);
+  support::View v106 = arena_.view(20480, 128);
+  support::View v107 = arena_.view(0, 5120);
+  support::View v108 = arena_.view(20480, 5120);
+  support::View v109 = arena_.view(0, 128);
+  support::View v110 = arena_.view(512, 128);
+  support::View v111 = arena_.view(1024, 2);
+  support::View v113 = arena_.view(40960, 128);
+  support::View v114 = arena_.view(0, 5120);
+  support::View v104 = arena_.view(99072, 64);
+  support::View v117 = arena_.view(99328, 64);
+  support::View v116 = arena_.view(40960, 5120);
+  support::View v121 = arena_.view(61440, 5120);
+  support::View v122 = arena_.view(20480, 2560);
+  const support::Buffer &v73 = param8_experts_ffn_1_w_in;
+  support::View v123 = arena_.view(0, 5120);
+  support::View v124 = arena_.view(20480, 5120);
+  const support::Buffer &v74 = param9_experts_ffn_1_w_out;
+  support::View v125 = arena_.view(0, 2560);
+  support::View v126 = arena_.view(10240, 2048);
+  support::View v128 = arena_.view(0, 2048);
+  repeated0(v67, v64, v65, v66, v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94,
+            v95, v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104,
+            v117, v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
 }
 
 void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
                     support::ConstView a3, support::View a4, support::ConstView a5,
-                    support::View a6, support::View a7, support::View a8, support::View a9,
+                    support::View a6, support::View a7, support::View a8, support::ConstView a9,
                     support::View a10, support::View a11, support::View a12, support::View a13,
                     support::View a14, support::View a15, support::View a16, support::View a17,
                     support::View a18, support::View a19, support::View a20, support::View a21,
                     support::View a22, support::View a23, support::View a24, support::View a25,
                     support::View a26, support::View a27, support::View a28, support::View a29,
-                    support::View a30, support::View a31, support::ConstView a32, support::View a33,
-                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
-                    support::View a38) {
-  MESHRT_TRACE_SPAN(world_);
+                    support::View a30, support::View a31, support::View a32, support::View a33,
+                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
+                    support::View a38, support::ConstView a39, support::View a40, support::View a41,
+                    support::View a42) {
 
   // moe.mesh:26:10 layer_norm
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -223,7 +238,6 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -242,14 +256,12 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:35:23 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
-  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape3_2 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {128, 2};
@@ -259,8 +271,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::along(a7.data(), a6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
-  // moe.mesh:42:24 max
-  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
+  // moe.mesh:43:18 max
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {2};
@@ -268,343 +279,370 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask1
-  // moe.mesh:54:32 sub
-  // moe.mesh:54:25 mul -> remaining
-  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
   {
-    float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
     const float *__restrict a7p = a7.data();
     const float *__restrict a8p = a8.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         const float s0 = a7p[i0 * 2 + i1];
-        const float s1 = a8p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = a7p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        a9p[i0 * 2 + i1] = s3;
-        a10p[i0 * 2 + i1] = s7;
+        const float s1 = a7p[i0 * 2 + i1];
+        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+        const float s3 = a7p[i0 * 2 + i1];
+        const float s4 = a8p[i0];
+        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+        const float s7 = a9p[i1];
+        const float s8 = support::wrapI32(4.0);
+        const float s9 = (s6 != 0 ? s7 : s8);
+        a10p[i0 * 2 + i1] = s9;
       }
     }
   }
 
-  // moe.mesh:42:24 max
-  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
+  // moe.mesh:43:18 min
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
   static const support::Shape shape7_5 = {1};
   support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Min, 1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot -> first
+  static const support::Shape shape9_1 = {1, 64, 2};
+  static const support::Shape shape9_3 = {64, 1, 0};
+  static const support::Shape shape9_4 = {0, 0, 1};
+  support::oneHot(a12.data(), shape9_1, a11.data(), shape9_3, shape9_4,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:51:34 mul
+  // moe.mesh:51:28 sub
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = 2.0f;
+      const float s1 = a12p[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = a7p[i0];
+      const float s4 = (s3 - s2);
+      a13p[i0] = s4;
+    }
+  }
+
+  // moe.mesh:43:18 max
+  static const support::Shape shape11_1 = {1, 64};
+  static const support::Shape shape11_3 = {128, 2};
+  static const support::Shape shape11_4 = {2};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a14.data(), shape11_1, a13.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
-  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Max);
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:57:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:57:25", "forward");
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
   {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a7p = a7.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a14p = a14.data();
     const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a13p[i0 * 2 + i1];
+        const float s1 = a13p[i0 * 2 + i1];
+        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+        const float s3 = a13p[i0 * 2 + i1];
+        const float s4 = a14p[i0];
+        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+        const float s7 = a9p[i1];
+        const float s8 = support::wrapI32(4.0);
+        const float s9 = (s6 != 0 ? s7 : s8);
+        a15p[i0 * 2 + i1] = s9;
+      }
+    }
+  }
+
+  // moe.mesh:43:18 min
+  static const support::Shape shape14_1 = {1, 64};
+  static const support::Shape shape14_3 = {128, 2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a16.data(), shape14_1, a15.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Min, 1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot -> mask2
+  static const support::Shape shape16_1 = {1, 64, 2};
+  static const support::Shape shape16_3 = {64, 1, 0};
+  static const support::Shape shape16_4 = {0, 0, 1};
+  support::oneHot(a17.data(), shape16_1, a16.data(), shape16_3, shape16_4,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:64:25 mul
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       const float s0 = a7p[i0];
-      const float s1 = a9p[i0];
+      const float s1 = a12p[i0];
       const float s2 = (s0 * s1);
-      a12p[i0] = s2;
+      a18p[i0] = s2;
     }
   }
 
-  // moe.mesh:57:15 sum -> gate1
-  MESHRT_TRACE("sum", "moe.mesh:57:15", "forward");
-  static const support::Shape shape10_1 = {1, 64};
-  static const support::Shape shape10_3 = {128, 2};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a13.data(), shape10_1, a12.data(), shape10_3, shape10_4, shape10_5,
+  // moe.mesh:64:15 sum -> gate1
+  static const support::Shape shape18_1 = {1, 64};
+  static const support::Shape shape18_3 = {128, 2};
+  static const support::Shape shape18_4 = {2};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a19.data(), shape18_1, a18.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask2
-  // moe.mesh:58:29 mul
-  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
+  // moe.mesh:65:25 mul
   {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a10p[i0 * 2 + i1];
-        const float s1 = a11p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = a10p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        a14p[i0 * 2 + i1] = s3;
-        a15p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:58:15 sum -> gate2
-  MESHRT_TRACE("sum", "moe.mesh:58:15", "forward");
-  static const support::Shape shape12_1 = {1, 64};
-  static const support::Shape shape12_3 = {128, 2};
-  static const support::Shape shape12_4 = {2};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:59:29 add
-  MESHRT_TRACE("loop", "moe.mesh:59:29", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 + s1);
-      a17p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 59:15)
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  auto request0 = support::startAllReduce(group_model, {a17}, meshrt::ReduceOp::Sum);
-
-  // moe.mesh:64:19 cumsum -> position1
-  MESHRT_TRACE("cumsum", "moe.mesh:64:19", "forward");
-  static const support::Shape shape15_2 = {1, 2};
-  static const support::Shape shape15_3 = {128, 1};
-  static const support::Shape shape15_4 = {128, 1};
-  static const support::Shape shape15_5 = {64};
-  static const support::Shape shape15_6 = {2};
-  static const support::Shape shape15_7 = {2};
-  support::along(a18.data(), a9.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:67:27 cast
-  MESHRT_TRACE("loop", "moe.mesh:67:27", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
+    float *__restrict a20p = a20.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a17p = a17.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a18p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a17p[i0];
+      const float s2 = (s0 * s1);
+      a20p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:65:15 sum -> gate2
+  static const support::Shape shape20_1 = {1, 64};
+  static const support::Shape shape20_3 = {128, 2};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(a21.data(), shape20_1, a20.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
+  // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
+  auto request0 = support::startAllReduce(group_model, {a19, a21}, meshrt::ReduceOp::Sum);
+
+  // moe.mesh:71:19 cumsum -> position1
+  static const support::Shape shape22_2 = {1, 2};
+  static const support::Shape shape22_3 = {128, 1};
+  static const support::Shape shape22_4 = {128, 1};
+  static const support::Shape shape22_5 = {64};
+  static const support::Shape shape22_6 = {2};
+  static const support::Shape shape22_7 = {2};
+  support::along(a22.data(), a12.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
+                 shape22_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+
+  // moe.mesh:74:27 cast
+  {
+    float *__restrict a23p = a23.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a22p[i0];
       const float s1 = support::castToI32(s0);
-      a19p[i0] = s1;
+      a23p[i0] = s1;
     }
   }
 
-  // moe.mesh:67:19 one_hot
-  MESHRT_TRACE("one_hot", "moe.mesh:67:19", "forward");
-  static const support::Shape shape17_1 = {1, 64, 2, 40};
-  static const support::Shape shape17_3 = {128, 2, 1, 0};
-  static const support::Shape shape17_4 = {0, 0, 0, 1};
-  support::oneHot(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, 0);
+  // moe.mesh:74:19 one_hot
+  static const support::Shape shape24_1 = {1, 64, 2, 40};
+  static const support::Shape shape24_3 = {128, 2, 1, 0};
+  static const support::Shape shape24_4 = {0, 0, 0, 1};
+  support::oneHot(a24.data(), shape24_1, a23.data(), shape24_3, shape24_4, 0);
 
-  // moe.mesh:67:59 mul -> dispatch1
-  MESHRT_TRACE("loop", "moe.mesh:67:59", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = a20p[i0 * 40 + i1];
-        const float s1 = a9p[i0];
-        const float s2 = (s0 * s1);
-        a21p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
-
-  // moe.mesh:68:15 sum -> kept1
-  MESHRT_TRACE("sum", "moe.mesh:68:15", "forward");
-  static const support::Shape shape19_1 = {1, 64, 2};
-  static const support::Shape shape19_3 = {5120, 80, 40};
-  static const support::Shape shape19_4 = {40};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a22.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:19 cumsum
-  MESHRT_TRACE("cumsum", "moe.mesh:69:19", "forward");
-  static const support::Shape shape20_2 = {1, 2};
-  static const support::Shape shape20_3 = {128, 1};
-  static const support::Shape shape20_4 = {128, 1};
-  static const support::Shape shape20_5 = {64};
-  static const support::Shape shape20_6 = {2};
-  static const support::Shape shape20_7 = {2};
-  support::along(a23.data(), a14.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:69:58 sum
-  MESHRT_TRACE("sum", "moe.mesh:69:58", "forward");
-  static const support::Shape shape21_1 = {1, 2};
-  static const support::Shape shape21_3 = {128, 1};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {2};
-  support::reduce(a24.data(), shape21_1, a22.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:56 add -> position2
-  // moe.mesh:70:27 cast
-  MESHRT_TRACE("loop", "moe.mesh:69:56", "forward");
+  // moe.mesh:74:59 mul -> dispatch1
   {
     float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
     const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a23p[i0 * 2 + i1];
-        const float s1 = a24p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        a25p[i0 * 2 + i1] = s3;
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = a24p[i0 * 40 + i1];
+        const float s1 = a12p[i0];
+        const float s2 = (s0 * s1);
+        a25p[i0 * 40 + i1] = s2;
       }
     }
   }
 
-  // moe.mesh:70:19 one_hot
-  MESHRT_TRACE("one_hot", "moe.mesh:70:19", "forward");
-  static const support::Shape shape23_1 = {1, 64, 2, 40};
-  static const support::Shape shape23_3 = {128, 2, 1, 0};
-  static const support::Shape shape23_4 = {0, 0, 0, 1};
-  support::oneHot(a26.data(), shape23_1, a25.data(), shape23_3, shape23_4, 0);
+  // moe.mesh:75:15 sum -> kept1
+  static const support::Shape shape26_1 = {1, 64, 2};
+  static const support::Shape shape26_3 = {5120, 80, 40};
+  static const support::Shape shape26_4 = {40};
+  static const support::Shape shape26_5 = {1};
+  support::reduce(a26.data(), shape26_1, a25.data(), shape26_3, shape26_4, shape26_5,
+                  support::Reduce::Sum, 1.0);
 
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  group_model.wait(request0);
+  // moe.mesh:76:19 cumsum
+  static const support::Shape shape27_2 = {1, 2};
+  static const support::Shape shape27_3 = {128, 1};
+  static const support::Shape shape27_4 = {128, 1};
+  static const support::Shape shape27_5 = {64};
+  static const support::Shape shape27_6 = {2};
+  static const support::Shape shape27_7 = {2};
+  support::along(a27.data(), a17.data(), shape27_2, shape27_3, shape27_4, shape27_5, shape27_6,
+                 shape27_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:59:15 maximum -> total
-  // moe.mesh:73:36 div
-  // moe.mesh:73:66 div
-  MESHRT_TRACE("loop", "moe.mesh:59:15", "forward");
+  // moe.mesh:76:58 sum
+  static const support::Shape shape28_1 = {1, 2};
+  static const support::Shape shape28_3 = {128, 1};
+  static const support::Shape shape28_4 = {64};
+  static const support::Shape shape28_5 = {2};
+  support::reduce(a28.data(), shape28_1, a26.data(), shape28_3, shape28_4, shape28_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:76:56 add -> position2
+  // moe.mesh:77:27 cast
   {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
+    float *__restrict a29p = a29.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = a13p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = a16p[i0];
-      const float s6 = (s5 / s2);
-      a27p[i0] = s4;
-      a28p[i0] = s6;
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a27p[i0 * 2 + i1];
+        const float s1 = a28p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        a29p[i0 * 2 + i1] = s3;
+      }
     }
   }
 
-  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
-  // 73:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:73:27");
-  support::allReduceBucket(group_model, {a27, a28});
+  // moe.mesh:77:19 one_hot
+  static const support::Shape shape30_1 = {1, 64, 2, 40};
+  static const support::Shape shape30_3 = {128, 2, 1, 0};
+  static const support::Shape shape30_4 = {0, 0, 0, 1};
+  support::oneHot(a30.data(), shape30_1, a29.data(), shape30_3, shape30_4, 0);
 
-  // moe.mesh:70:59 mul -> dispatch2
-  // moe.mesh:72:28 add -> dispatch
-  // moe.mesh:73:57 mul
-  // moe.mesh:73:27 mul
-  // moe.mesh:73:45 add -> combine
-  MESHRT_TRACE("loop", "moe.mesh:70:59", "forward");
+  group_model.wait(request0);
+
+  // moe.mesh:66:29 add
+  // moe.mesh:66:15 maximum -> total
+  // moe.mesh:80:36 div
   {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a14p = a14.data();
+    float *__restrict a31p = a31.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a19p = a19.data();
     const float *__restrict a21p = a21.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a19p[i0];
+      const float s1 = a21p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 1e-09f;
+      const float s4 = support::maximum(s2, s3);
+      const float s5 = a19p[i0];
+      const float s6 = (s5 / s4);
+      a31p[i0] = s4;
+      a32p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:80:66 div
+  // moe.mesh:77:59 mul -> dispatch2
+  // moe.mesh:79:28 add -> dispatch
+  // moe.mesh:80:57 mul
+  // moe.mesh:80:27 mul
+  // moe.mesh:80:45 add -> combine
+  {
+    float *__restrict a33p = a33.data();
+    float *__restrict a34p = a34.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a32p = a32.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = a26p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = a14p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a21p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = a28p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = a21p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = a27p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          a29p[i0 * 80 + i1 * 40 + i2] = s4;
-          a30p[i0 * 80 + i1 * 40 + i2] = s10;
+          const float s0 = a21p[i0];
+          const float s1 = a31p[i0];
+          const float s2 = (s0 / s1);
+          const float s3 = a30p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = a17p[i0 * 2 + i1];
+          const float s5 = (s3 * s4);
+          const float s6 = a25p[i0 * 80 + i1 * 40 + i2];
+          const float s7 = (s6 + s5);
+          const float s8 = (s5 * s2);
+          const float s9 = a25p[i0 * 80 + i1 * 40 + i2];
+          const float s10 = a32p[i0];
+          const float s11 = (s9 * s10);
+          const float s12 = (s11 + s8);
+          a33p[i0 * 80 + i1 * 40 + i2] = s7;
+          a34p[i0 * 80 + i1 * 40 + i2] = s12;
         }
       }
     }
   }
 
-  // moe.mesh:78:19 einsum -> expert_in
-  MESHRT_TRACE("gemm", "moe.mesh:78:19", "forward");
+  // moe.mesh:85:19 einsum -> expert_in
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
+  static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan28.run(a29.data(), a4.data(), a31.data(), 1.0f, 0.0f);
+  einsumPlan34.run(a33.data(), a4.data(), a35.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:21 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:79:21", "forward");
+  // moe.mesh:86:21 einsum
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan29(
+  static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan29.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  einsumPlan35.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:16 relu -> hidden
-  MESHRT_TRACE("loop", "moe.mesh:79:16", "forward");
+  // moe.mesh:86:16 relu -> hidden
   {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a33p[i0];
+      const float s0 = a37p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a34p[i0] = s1;
+      a38p[i0] = s1;
     }
   }
 
-  // moe.mesh:80:20 einsum -> expert_out
-  MESHRT_TRACE("gemm", "moe.mesh:80:20", "forward");
+  // moe.mesh:87:20 einsum -> expert_out
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
+  static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan31.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+  einsumPlan37.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
-  // moe.mesh:82:10 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:82:10", "forward");
+  // moe.mesh:89:10 einsum
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
+  static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan32.run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  einsumPlan38.run(a34.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
-  // moe.mesh:103:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 103:11)
-  MESHRT_TRACE_SITE("moe.mesh:103:11");
-  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
+  group_model.allReduce(a41.data(), a41.size(), meshrt::ReduceOp::Sum);
 
-  // moe.mesh:103:11 add -> h
-  MESHRT_TRACE("loop", "moe.mesh:103:11", "forward");
+  // moe.mesh:110:11 add -> h
   {
-    float *__restrict a38p = a38.data();
+    float *__restrict a42p = a42.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a37p = a37.data();
+    const float *__restrict a41p = a41.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = a1p[i0];
-      const float s1 = a37p[i0];
+      const float s1 = a41p[i0];
       const float s2 = (s0 + s1);
-      a38p[i0] = s2;
+      a42p[i0] = s2;
     }
   }
 }
@@ -724,7 +762,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // zero: zeros (moe.mesh:113)
+  // zero: zeros (moe.mesh:120)
   param0_zero.assign(1, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/gain: ones (moe.mesh:24)
   param1_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
@@ -740,7 +778,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_in: normal (moe.mesh:49)
+  // experts_ffn[0]/w_in: normal (moe.mesh:58)
   param4_experts_ffn_0_w_in.resize(4096);
   support::fillParam(
       param4_experts_ffn_0_w_in.data(),
@@ -750,7 +788,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_out: normal (moe.mesh:50)
+  // experts_ffn[0]/w_out: normal (moe.mesh:59)
   param5_experts_ffn_0_w_out.resize(4096);
   support::fillParam(
       param5_experts_ffn_0_w_out.data(),
@@ -774,7 +812,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_in: normal (moe.mesh:49)
+  // experts_ffn[1]/w_in: normal (moe.mesh:58)
   param9_experts_ffn_1_w_in.resize(4096);
   support::fillParam(
       param9_experts_ffn_1_w_in.data(),
@@ -784,7 +822,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_out: normal (moe.mesh:50)
+  // experts_ffn[1]/w_out: normal (moe.mesh:59)
   param10_experts_ffn_1_w_out.resize(4096);
   support::fillParam(
       param10_experts_ffn_1_w_out.data(),
@@ -802,13 +840,13 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param13_route_0_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate@vc: zeros (moe.mesh:34)
   param14_route_0_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:49)
+  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:58)
   param15_experts_ffn_0_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:49)
+  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:58)
   param16_experts_ffn_0_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:50)
+  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:59)
   param17_experts_ffn_0_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:50)
+  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:59)
   param18_experts_ffn_0_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // norm[1]/gain@v: zeros (moe.mesh:24)
   param19_norm_1_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
@@ -818,39 +856,51 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param21_route_1_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate@vc: zeros (moe.mesh:34)
   param22_route_1_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:49)
+  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:58)
   param23_experts_ffn_1_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:49)
+  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:58)
   param24_experts_ffn_1_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:50)
+  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:59)
   param25_experts_ffn_1_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:50)
+  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:59)
   param26_experts_ffn_1_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
+
+void MoeTrain::computeInvariants() {
+
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  // moe.mesh:43:18 iota
+  support::View v17 = persistent_.view(0, 2);
+  static const support::Shape shape0_1 = {2};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v17.data(), shape0_1, shape0_2, support::shardStart(world_, {"model"}, 2));
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "moe_train");
-  // Arena: 395840 bytes for 1192520 bytes of temporaries (placed by liveness).
+  // Arena: 394816 bytes for 1197128 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v141 = arena_.view(395776, 1);
+  support::View v175 = arena_.view(394752, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v141.begin(), v141.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v175.begin(), v175.end())};
   return outputs;
 }
 
 void MoeTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
-  // 13 statements from moe.mesh:26:10 layer_norm (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
+  // 16 statements from moe.mesh:26:10 layer_norm (1 of 2)
   support::View v5 = arena_.view(323584, 2048);
   const support::Buffer &v0 = inputs.x.data;
   support::View v8 = arena_.view(331776, 2048);
@@ -860,441 +910,422 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v10(param3_route_0_w_gate); // updated in place
   support::View v11 = arena_.view(0, 128);
   support::View v12 = arena_.view(389120, 128);
-  support::View v13 = arena_.view(512, 64);
-  support::View v15 = arena_.view(0, 128);
-  support::View v16 = arena_.view(395264, 2);
-  support::View v17 = arena_.view(0, 2);
-  support::View v18 = arena_.view(64, 2);
-  support::View v19 = arena_.view(0, 1);
+  support::View v13 = arena_.view(1024, 64);
+  support::View v17 = persistent_.view(0, 2);
+  support::View v19 = arena_.view(512, 128);
+  support::View v20 = arena_.view(1024, 64);
+  support::View v21 = arena_.view(512, 128);
+  support::View v22 = arena_.view(394240, 2);
+  support::View v23 = arena_.view(512, 2);
+  support::View v24 = arena_.view(576, 2);
+  support::View v25 = arena_.view(512, 1);
   support::View v7 = arena_.view(102400, 2048);
-  support::View v21 = arena_.view(262144, 1);
-  repeated2(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v15, v16, v17, v18, v19, v21,
-            "uniform[0]#0");
+  support::View v15 = arena_.view(0, 128);
+  support::View v27 = arena_.view(262144, 1);
+  repeated1(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v17, v15, v19, v20, v21, v22, v23, v24,
+            v25, v27, "uniform[0]#0");
 
-  // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
-  // for add at 120:15)
-  MESHRT_TRACE_SITE("moe.mesh:120:15");
-  auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
+  // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
+  // for add at 127:15)
+  auto request0 = support::startAllReduce(group_data_model, {v27}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:42:24 max (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
-  support::View v26 = arena_.view(512, 64);
-  support::View v28 = arena_.view(389632, 128);
-  support::View v31 = arena_.view(0, 128);
+  // 17 statements from moe.mesh:43:18 max (1 of 2)
   support::View v32 = arena_.view(1024, 64);
-  support::View v35 = arena_.view(512, 128);
-  support::View v36 = arena_.view(41472, 64);
-  support::View v37 = arena_.view(512, 128);
-  support::View v38 = arena_.view(41728, 64);
-  support::View v30 = arena_.view(390144, 128);
-  support::View v34 = arena_.view(390656, 128);
-  support::View v39 = arena_.view(393216, 64);
-  repeated6(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38, v39);
-
-  // 6 statements from moe.mesh:124:3 square (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v361 = arena_.view(0, 64);
-  support::View v24(param4_experts_ffn_0_w_in); // updated in place
-  support::View v397 = arena_.view(0, 4096);
-  support::View v25(param5_experts_ffn_0_w_out); // updated in place
-  support::View v433 = arena_.view(0, 4096);
-  support::View v362 = arena_.view(395392, 1);
-  support::View v398 = arena_.view(395456, 1);
-  support::View v434 = arena_.view(395520, 1);
-  repeated9(v10, v361, v362, v24, v397, v398, v25, v433, v434);
-
-  // 6 statements from moe.mesh:124:3 square (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v76(param8_route_1_w_gate); // updated in place
-  support::View v516 = arena_.view(0, 64);
-  support::View v90(param9_experts_ffn_1_w_in); // updated in place
-  support::View v552 = arena_.view(0, 4096);
-  support::View v91(param10_experts_ffn_1_w_out); // updated in place
-  support::View v588 = arena_.view(0, 4096);
-  support::View v517 = arena_.view(395584, 1);
-  support::View v553 = arena_.view(395648, 1);
-  support::View v589 = arena_.view(395712, 1);
-  repeated9(v76, v516, v517, v90, v552, v553, v91, v588, v589);
-
-  // moe.mesh:59:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
-  // at 59:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
-  // buffer)
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
-                                          meshrt::ReduceOp::Sum);
-
-  // 9 statements from moe.mesh:64:19 cumsum -> position1 (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:64:19");
+  support::View v38 = arena_.view(512, 128);
+  support::View v39 = arena_.view(0, 64);
+  support::View v40 = arena_.view(389632, 128);
   support::View v43 = arena_.view(0, 128);
-  support::View v44 = arena_.view(20480, 128);
-  support::View v45 = arena_.view(0, 5120);
-  support::View v46 = arena_.view(20480, 5120);
-  support::View v47 = arena_.view(0, 128);
-  support::View v48 = arena_.view(512, 128);
-  support::View v49 = arena_.view(1024, 2);
-  support::View v51 = arena_.view(40960, 128);
-  support::View v52 = arena_.view(0, 5120);
-  repeated8(v43, v28, v44, v45, v46, v47, v48, v34, v49, v51, v52);
+  support::View v44 = arena_.view(1024, 64);
+  support::View v50 = arena_.view(512, 128);
+  support::View v51 = arena_.view(0, 64);
+  support::View v52 = arena_.view(390144, 128);
+  support::View v53 = arena_.view(0, 128);
+  support::View v55 = arena_.view(0, 128);
+  support::View v54 = arena_.view(41472, 64);
+  support::View v56 = arena_.view(41728, 64);
+  repeated5(v32, v12, v15, v17, v38, v39, v40, v43, v44, v50, v51, v52, v53, v54, v55, v56);
 
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
+  // 6 statements from moe.mesh:131:3 square (1 of 2)
+  support::View v393 = arena_.view(0, 64);
+  support::View v30(param4_experts_ffn_0_w_in); // updated in place
+  support::View v429 = arena_.view(0, 4096);
+  support::View v31(param5_experts_ffn_0_w_out); // updated in place
+  support::View v465 = arena_.view(0, 4096);
+  support::View v394 = arena_.view(394368, 1);
+  support::View v430 = arena_.view(394432, 1);
+  support::View v466 = arena_.view(394496, 1);
+  repeated9(v10, v393, v394, v30, v429, v430, v31, v465, v466);
+
+  // 6 statements from moe.mesh:131:3 square (2 of 2)
+  support::View v93(param8_route_1_w_gate); // updated in place
+  support::View v548 = arena_.view(0, 64);
+  support::View v113(param9_experts_ffn_1_w_in); // updated in place
+  support::View v584 = arena_.view(0, 4096);
+  support::View v114(param10_experts_ffn_1_w_out); // updated in place
+  support::View v620 = arena_.view(0, 4096);
+  support::View v549 = arena_.view(394560, 1);
+  support::View v585 = arena_.view(394624, 1);
+  support::View v621 = arena_.view(394688, 1);
+  repeated9(v93, v548, v549, v113, v584, v585, v114, v620, v621);
+
+  // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
+  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%395, %431,
+  // %467, ...): 536 B in one buffer)
+  auto request1 = support::startAllReduce(
+      group_model, {v54, v56, v394, v430, v466, v549, v585, v621}, meshrt::ReduceOp::Sum);
+
+  // 9 statements from moe.mesh:71:19 cumsum -> position1 (1 of 2)
+  support::View v62 = arena_.view(0, 128);
+  support::View v63 = arena_.view(20480, 128);
+  support::View v64 = arena_.view(0, 5120);
+  support::View v65 = arena_.view(20480, 5120);
+  support::View v66 = arena_.view(0, 128);
+  support::View v67 = arena_.view(512, 128);
+  support::View v68 = arena_.view(1024, 2);
+  support::View v70 = arena_.view(40960, 128);
+  support::View v71 = arena_.view(0, 5120);
+  repeated8(v62, v40, v63, v64, v65, v66, v67, v52, v68, v70, v71);
+
   group_model.wait(request1);
 
-  // 9 statements from moe.mesh:59:15 maximum -> total (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  support::View v55 = arena_.view(393728, 64);
-  support::View v58 = arena_.view(393984, 64);
-  support::View v54 = arena_.view(61440, 5120);
-  support::View v61 = arena_.view(81920, 5120);
-  support::View v62 = arena_.view(282624, 2560);
-  support::View v63 = arena_.view(0, 5120);
-  support::View v64 = arena_.view(102400, 5120);
-  support::View v65 = arena_.view(292864, 2560);
-  support::View v66 = arena_.view(122880, 2048);
-  support::View v42 = arena_.view(393472, 64);
-  support::View v53 = arena_.view(40960, 5120);
-  repeated5(v39, v36, v38, v42, v55, v58, v52, v34, v46, v53, v54, v61, v7, v62, v24, v63, v64, v25,
-            v65, v66);
+  // 9 statements from moe.mesh:66:29 add (1 of 2)
+  support::View v61 = arena_.view(392448, 64);
+  support::View v74 = arena_.view(392704, 64);
+  support::View v76 = arena_.view(392960, 64);
+  support::View v73 = arena_.view(61440, 5120);
+  support::View v78 = arena_.view(81920, 5120);
+  support::View v79 = arena_.view(282624, 2560);
+  support::View v80 = arena_.view(0, 5120);
+  support::View v81 = arena_.view(102400, 5120);
+  support::View v82 = arena_.view(292864, 2560);
+  support::View v83 = arena_.view(122880, 2048);
+  support::View v59 = arena_.view(392192, 64);
+  support::View v72 = arena_.view(40960, 5120);
+  repeated6(v54, v56, v59, v61, v74, v76, v71, v52, v65, v72, v73, v78, v7, v79, v30, v80, v81, v31,
+            v82, v83);
 
-  // moe.mesh:121:11 add -> h
-  MESHRT_TRACE("loop", "moe.mesh:121:11", "forward");
-  support::View v68 = arena_.view(348160, 2048);
+  // moe.mesh:128:11 add -> h
+  support::View v85 = arena_.view(348160, 2048);
   {
-    float *__restrict v68p = v68.data();
+    float *__restrict v85p = v85.data();
     const float *__restrict v0p = v0.data();
-    const float *__restrict v66p = v66.data();
+    const float *__restrict v83p = v83.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v0p[i0];
-      const float s1 = v66p[i0];
+      const float s1 = v83p[i0];
       const float s2 = (s0 + s1);
-      v68p[i0] = s2;
+      v85p[i0] = s2;
     }
   }
 
-  // 13 statements from moe.mesh:26:10 layer_norm (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v71 = arena_.view(356352, 2048);
-  support::View v74 = arena_.view(364544, 2048);
-  support::View v69(param6_norm_1_gain); // updated in place
-  support::View v70(param7_norm_1_bias); // updated in place
-  support::View v75 = arena_.view(372736, 2048);
-  support::View v77 = arena_.view(122880, 128);
-  support::View v78 = arena_.view(391168, 128);
-  support::View v79 = arena_.view(123392, 64);
-  support::View v81 = arena_.view(122880, 128);
-  support::View v82 = arena_.view(395328, 2);
-  support::View v83 = arena_.view(122880, 2);
-  support::View v84 = arena_.view(122944, 2);
-  support::View v85 = arena_.view(122880, 1);
-  support::View v73 = arena_.view(225280, 2048);
-  support::View v87 = arena_.view(262208, 1);
-  repeated2(v71, v68, v74, v69, v70, v73, v75, v76, v77, v78, v79, v81, v82, v83, v84, v85, v87,
-            "uniform[1]#0");
+  // 16 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  support::View v88 = arena_.view(356352, 2048);
+  support::View v91 = arena_.view(364544, 2048);
+  support::View v86(param6_norm_1_gain); // updated in place
+  support::View v87(param7_norm_1_bias); // updated in place
+  support::View v92 = arena_.view(372736, 2048);
+  support::View v94 = arena_.view(122880, 128);
+  support::View v95 = arena_.view(390656, 128);
+  support::View v96 = arena_.view(123904, 64);
+  support::View v102 = arena_.view(123392, 128);
+  support::View v103 = arena_.view(123904, 64);
+  support::View v104 = arena_.view(123392, 128);
+  support::View v105 = arena_.view(394304, 2);
+  support::View v106 = arena_.view(123392, 2);
+  support::View v107 = arena_.view(123456, 2);
+  support::View v108 = arena_.view(123392, 1);
+  support::View v90 = arena_.view(225280, 2048);
+  support::View v98 = arena_.view(122880, 128);
+  support::View v110 = arena_.view(262208, 1);
+  repeated1(v88, v85, v91, v86, v87, v90, v92, v93, v94, v95, v96, v17, v98, v102, v103, v104, v105,
+            v106, v107, v108, v110, "uniform[1]#0");
 
-  // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
-  // for add at 120:15)
-  MESHRT_TRACE_SITE("moe.mesh:120:15");
-  auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
+  // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
+  // for add at 127:15)
+  auto request2 = support::startAllReduce(group_data_model, {v110}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:42:24 max (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
-  support::View v92 = arena_.view(123392, 64);
-  support::View v94 = arena_.view(391680, 128);
-  support::View v97 = arena_.view(122880, 128);
-  support::View v98 = arena_.view(123904, 64);
-  support::View v101 = arena_.view(123392, 128);
-  support::View v102 = arena_.view(164352, 64);
-  support::View v103 = arena_.view(123392, 128);
-  support::View v104 = arena_.view(164608, 64);
-  support::View v96 = arena_.view(392192, 128);
-  support::View v100 = arena_.view(392704, 128);
-  support::View v105 = arena_.view(394240, 64);
-  repeated6(v92, v78, v94, v96, v97, v98, v101, v102, v100, v103, v104, v105);
+  // 17 statements from moe.mesh:43:18 max (2 of 2)
+  support::View v115 = arena_.view(123904, 64);
+  support::View v121 = arena_.view(123392, 128);
+  support::View v122 = arena_.view(122880, 64);
+  support::View v123 = arena_.view(391168, 128);
+  support::View v126 = arena_.view(122880, 128);
+  support::View v127 = arena_.view(123904, 64);
+  support::View v133 = arena_.view(123392, 128);
+  support::View v134 = arena_.view(122880, 64);
+  support::View v135 = arena_.view(391680, 128);
+  support::View v136 = arena_.view(122880, 128);
+  support::View v138 = arena_.view(122880, 128);
+  support::View v137 = arena_.view(164352, 64);
+  support::View v139 = arena_.view(164608, 64);
+  repeated5(v115, v95, v98, v17, v121, v122, v123, v126, v127, v133, v134, v135, v136, v137, v138,
+            v139);
 
-  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 59:15)
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
+  // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
+  // resolved together, 512 B in one buffer)
+  auto request3 = support::startAllReduce(group_model, {v137, v139}, meshrt::ReduceOp::Sum);
 
-  // 9 statements from moe.mesh:64:19 cumsum -> position1 (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:64:19");
-  support::View v109 = arena_.view(122880, 128);
-  support::View v110 = arena_.view(143360, 128);
-  support::View v111 = arena_.view(122880, 5120);
-  support::View v112 = arena_.view(143360, 5120);
-  support::View v113 = arena_.view(122880, 128);
-  support::View v114 = arena_.view(123392, 128);
-  support::View v115 = arena_.view(123904, 2);
-  support::View v117 = arena_.view(163840, 128);
-  support::View v118 = arena_.view(122880, 5120);
-  repeated8(v109, v94, v110, v111, v112, v113, v114, v100, v115, v117, v118);
+  // 9 statements from moe.mesh:71:19 cumsum -> position1 (2 of 2)
+  support::View v145 = arena_.view(122880, 128);
+  support::View v146 = arena_.view(143360, 128);
+  support::View v147 = arena_.view(122880, 5120);
+  support::View v148 = arena_.view(143360, 5120);
+  support::View v149 = arena_.view(122880, 128);
+  support::View v150 = arena_.view(123392, 128);
+  support::View v151 = arena_.view(123904, 2);
+  support::View v153 = arena_.view(163840, 128);
+  support::View v154 = arena_.view(122880, 5120);
+  repeated8(v145, v123, v146, v147, v148, v149, v150, v135, v151, v153, v154);
 
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
   group_model.wait(request3);
 
-  // 9 statements from moe.mesh:59:15 maximum -> total (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:59:15");
-  support::View v121 = arena_.view(394752, 64);
-  support::View v124 = arena_.view(395008, 64);
-  support::View v120 = arena_.view(184320, 5120);
-  support::View v127 = arena_.view(204800, 5120);
-  support::View v128 = arena_.view(303104, 2560);
-  support::View v129 = arena_.view(122880, 5120);
-  support::View v130 = arena_.view(225280, 5120);
-  support::View v131 = arena_.view(266240, 2560);
-  support::View v132 = arena_.view(245760, 2048);
-  support::View v108 = arena_.view(394496, 64);
-  support::View v119 = arena_.view(163840, 5120);
-  repeated5(v105, v102, v104, v108, v121, v124, v118, v100, v112, v119, v120, v127, v73, v128, v90,
-            v129, v130, v91, v131, v132);
+  // 9 statements from moe.mesh:66:29 add (2 of 2)
+  support::View v144 = arena_.view(393472, 64);
+  support::View v157 = arena_.view(393728, 64);
+  support::View v159 = arena_.view(393984, 64);
+  support::View v156 = arena_.view(184320, 5120);
+  support::View v161 = arena_.view(204800, 5120);
+  support::View v162 = arena_.view(303104, 2560);
+  support::View v163 = arena_.view(122880, 5120);
+  support::View v164 = arena_.view(225280, 5120);
+  support::View v165 = arena_.view(266240, 2560);
+  support::View v166 = arena_.view(245760, 2048);
+  support::View v142 = arena_.view(393216, 64);
+  support::View v155 = arena_.view(163840, 5120);
+  repeated6(v137, v139, v142, v144, v157, v159, v154, v135, v148, v155, v156, v161, v90, v162, v113,
+            v163, v164, v114, v165, v166);
 
-  // moe.mesh:121:11 add -> h
-  // moe.mesh:123:28 sub
-  // moe.mesh:123:19 square
-  MESHRT_TRACE("loop", "moe.mesh:121:11", "forward");
+  // moe.mesh:128:11 add -> h
+  // moe.mesh:130:28 sub
+  // moe.mesh:130:19 square
   const support::Buffer &v1 = inputs.target.data;
-  support::View v135 = arena_.view(253952, 2048);
-  support::View v136 = arena_.view(313344, 2048);
+  support::View v169 = arena_.view(253952, 2048);
+  support::View v170 = arena_.view(313344, 2048);
   {
-    float *__restrict v135p = v135.data();
-    float *__restrict v136p = v136.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v132p = v132.data();
+    float *__restrict v169p = v169.data();
+    float *__restrict v170p = v170.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v166p = v166.data();
     const float *__restrict v1p = v1.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v68p[i0];
-      const float s1 = v132p[i0];
+      const float s0 = v85p[i0];
+      const float s1 = v166p[i0];
       const float s2 = (s0 + s1);
       const float s3 = v1p[i0];
       const float s4 = (s2 - s3);
       const float s5 = s4 * s4;
-      v135p[i0] = s4;
-      v136p[i0] = s5;
+      v169p[i0] = s4;
+      v170p[i0] = s5;
     }
   }
 
-  // moe.mesh:123:14 mean
-  MESHRT_TRACE("mean", "moe.mesh:123:14", "forward");
-  support::View v137 = arena_.view(245760, 1);
+  // moe.mesh:130:14 mean
+  support::View v171 = arena_.view(245760, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {1, 64, 32};
   static const support::Shape shape18_5 = {2048, 32, 1};
-  support::reduce(v137.data(), shape18_1, v136.data(), shape18_3, shape18_4, shape18_5,
+  support::reduce(v171.data(), shape18_1, v170.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.000244140625);
 
-  // moe.mesh:123:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 123:39)
-  MESHRT_TRACE_SITE("moe.mesh:123:39");
-  auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
+  // moe.mesh:130:39 all_reduce_sum (resolve the partial sum of %163 over data for add at 130:39)
+  auto request4 = support::startAllReduce(group_data, {v171}, meshrt::ReduceOp::Sum);
 
-  MESHRT_TRACE_SITE("moe.mesh:120:15");
   group_data_model.wait(request0);
 
-  MESHRT_TRACE_SITE("moe.mesh:120:15");
   group_data_model.wait(request2);
 
-  MESHRT_TRACE_SITE("moe.mesh:123:39");
   group_data.wait(request4);
 
-  // moe.mesh:120:15 add -> aux
-  // moe.mesh:120:15 add -> aux
-  // moe.mesh:123:46 mul
-  // moe.mesh:123:39 add -> loss
-  MESHRT_TRACE("loop", "moe.mesh:120:15", "forward");
+  // moe.mesh:127:15 add -> aux
+  // moe.mesh:127:15 add -> aux
+  // moe.mesh:130:46 mul
+  // moe.mesh:130:39 add -> loss
   const support::Buffer &v2 = param0_zero;
-  support::View v141 = arena_.view(395776, 1);
+  support::View v175 = arena_.view(394752, 1);
   {
-    float *__restrict v141p = v141.data();
+    float *__restrict v175p = v175.data();
     const float *__restrict v2p = v2.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v137p = v137.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v110p = v110.data();
+    const float *__restrict v171p = v171.data();
     const float s0 = v2p[0];
-    const float s1 = v21p[0];
+    const float s1 = v27p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v87p[0];
+    const float s3 = v110p[0];
     const float s4 = (s2 + s3);
     const float s5 = 0.01f;
     const float s6 = (s5 * s4);
-    const float s7 = v137p[0];
+    const float s7 = v171p[0];
     const float s8 = (s7 + s6);
-    v141p[0] = s8;
+    v175p[0] = s8;
   }
 }
 
 void MoeTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:123:19 mul
-  // moe.mesh:123:19 mul
-  MESHRT_TRACE("loop", "moe.mesh:123:19", "backward");
-  support::View v135 = arena_.view(253952, 2048);
-  support::View v149 = arena_.view(380928, 2048);
+  // moe.mesh:130:19 mul
+  // moe.mesh:130:19 mul
+  support::View v169 = arena_.view(253952, 2048);
+  support::View v183 = arena_.view(380928, 2048);
   {
-    float *__restrict v149p = v149.data();
-    const float *__restrict v135p = v135.data();
+    float *__restrict v183p = v183.data();
+    const float *__restrict v169p = v169.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v135p[i0];
+      const float s0 = v169p[i0];
       const float s1 = 2.0f;
       const float s2 = (s0 * s1);
       const float s3 = 0.00024414062f;
       const float s4 = (s3 * s2);
-      v149p[i0] = s4;
+      v183p[i0] = s4;
     }
   }
 
-  // 25 statements from moe.mesh:82:10 einsum (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:82:10");
-  support::View v131 = arena_.view(266240, 2560);
-  support::View v150 = arena_.view(245760, 5120);
-  support::View v127 = arena_.view(204800, 5120);
-  support::View v151 = arena_.view(313344, 2560);
-  support::View v91(param10_experts_ffn_1_w_out); // updated in place
-  support::View v152 = arena_.view(204800, 5120);
-  support::View v130 = arena_.view(225280, 5120);
-  support::View v129 = arena_.view(122880, 5120);
-  support::View v156 = arena_.view(225280, 5120);
-  support::View v90(param9_experts_ffn_1_w_in); // updated in place
-  support::View v157 = arena_.view(122880, 2560);
-  support::View v128 = arena_.view(303104, 2560);
-  support::View v120 = arena_.view(184320, 5120);
-  support::View v159 = arena_.view(221184, 2048);
-  support::View v119 = arena_.view(163840, 5120);
-  support::View v160 = arena_.view(122880, 5120);
-  support::View v161 = arena_.view(163840, 64);
-  support::View v112 = arena_.view(143360, 5120);
-  support::View v167 = arena_.view(122880, 5120);
-  support::View v168 = arena_.view(143360, 64);
-  support::View v121 = arena_.view(394752, 64);
-  support::View v108 = arena_.view(394496, 64);
-  support::View v124 = arena_.view(395008, 64);
-  support::View v105 = arena_.view(394240, 64);
-  support::View v177 = arena_.view(123904, 64);
-  support::View v178 = arena_.view(124160, 64);
-  support::View v82 = arena_.view(395328, 2);
-  support::View v100 = arena_.view(392704, 128);
-  support::View v96 = arena_.view(392192, 128);
-  support::View v94 = arena_.view(391680, 128);
-  support::View v78 = arena_.view(391168, 128);
-  support::View v193 = arena_.view(122880, 128);
-  support::View v194 = arena_.view(123392, 128);
-  support::View v195 = arena_.view(123904, 64);
-  support::View v198 = arena_.view(131072, 128);
-  support::View v76(param8_route_1_w_gate); // updated in place
-  support::View v199 = arena_.view(122880, 2048);
-  support::View v75 = arena_.view(372736, 2048);
-  support::View v74 = arena_.view(364544, 2048);
-  support::View v202 = arena_.view(131072, 2048);
-  support::View v71 = arena_.view(356352, 2048);
-  support::View v206 = arena_.view(122880, 2048);
-  support::View v153 = arena_.view(266240, 4096);
-  support::View v158 = arena_.view(204800, 4096);
-  support::View v200 = arena_.view(169984, 64);
-  support::View v204 = arena_.view(170240, 32);
-  support::View v207 = arena_.view(170368, 32);
-  repeated0(v149, v131, v150, v127, v151, v91, v152, v130, v153, v129, v156, v90, v157, v128, v158,
-            v120, v159, v119, v160, v161, v112, v167, v168, v121, v108, v124, v105, v177, v178, v82,
-            v100, v96, v94, v78, v193, v194, v195, v198, v76, v199, v75, v200, v74, v202, v204, v71,
-            v206, v207);
+  // 25 statements from moe.mesh:89:10 einsum (1 of 2)
+  support::View v165 = arena_.view(266240, 2560);
+  support::View v184 = arena_.view(245760, 5120);
+  support::View v161 = arena_.view(204800, 5120);
+  support::View v185 = arena_.view(313344, 2560);
+  support::View v114(param10_experts_ffn_1_w_out); // updated in place
+  support::View v186 = arena_.view(204800, 5120);
+  support::View v164 = arena_.view(225280, 5120);
+  support::View v163 = arena_.view(122880, 5120);
+  support::View v190 = arena_.view(225280, 5120);
+  support::View v113(param9_experts_ffn_1_w_in); // updated in place
+  support::View v191 = arena_.view(122880, 2560);
+  support::View v162 = arena_.view(303104, 2560);
+  support::View v156 = arena_.view(184320, 5120);
+  support::View v193 = arena_.view(221184, 2048);
+  support::View v155 = arena_.view(163840, 5120);
+  support::View v194 = arena_.view(122880, 5120);
+  support::View v195 = arena_.view(163840, 64);
+  support::View v148 = arena_.view(143360, 5120);
+  support::View v201 = arena_.view(122880, 5120);
+  support::View v202 = arena_.view(143360, 64);
+  support::View v157 = arena_.view(393728, 64);
+  support::View v144 = arena_.view(393472, 64);
+  support::View v159 = arena_.view(393984, 64);
+  support::View v142 = arena_.view(393216, 64);
+  support::View v211 = arena_.view(123904, 64);
+  support::View v212 = arena_.view(124160, 64);
+  support::View v105 = arena_.view(394304, 2);
+  support::View v123 = arena_.view(391168, 128);
+  support::View v135 = arena_.view(391680, 128);
+  support::View v95 = arena_.view(390656, 128);
+  support::View v226 = arena_.view(122880, 128);
+  support::View v227 = arena_.view(123392, 128);
+  support::View v228 = arena_.view(123904, 64);
+  support::View v231 = arena_.view(131072, 128);
+  support::View v93(param8_route_1_w_gate); // updated in place
+  support::View v232 = arena_.view(122880, 2048);
+  support::View v92 = arena_.view(372736, 2048);
+  support::View v91 = arena_.view(364544, 2048);
+  support::View v235 = arena_.view(131072, 2048);
+  support::View v88 = arena_.view(356352, 2048);
+  support::View v239 = arena_.view(122880, 2048);
+  support::View v187 = arena_.view(266240, 4096);
+  support::View v192 = arena_.view(204800, 4096);
+  support::View v233 = arena_.view(169984, 64);
+  support::View v237 = arena_.view(170240, 32);
+  support::View v240 = arena_.view(170368, 32);
+  repeated0(v183, v165, v184, v161, v185, v114, v186, v164, v187, v163, v190, v113, v191, v162,
+            v192, v156, v193, v155, v194, v195, v148, v201, v202, v157, v144, v159, v142, v211,
+            v212, v105, v123, v135, v95, v226, v227, v228, v231, v93, v232, v92, v233, v91, v235,
+            v237, v88, v239, v240);
 
   // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v68 = arena_.view(348160, 2048);
-  support::View v208 = arena_.view(139264, 64);
+  support::View v85 = arena_.view(348160, 2048);
+  support::View v241 = arena_.view(139264, 64);
   static const support::Shape shape2_1 = {1, 64};
   static const support::Shape shape2_3 = {2048, 32};
   static const support::Shape shape2_4 = {32};
   static const support::Shape shape2_5 = {1};
-  support::reduce(v208.data(), shape2_1, v68.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v241.data(), shape2_1, v85.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
-  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v210 = arena_.view(122880, 2048);
+  support::View v243 = arena_.view(122880, 2048);
   {
-    float *__restrict v210p = v210.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v208p = v208.data();
+    float *__restrict v243p = v243.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v241p = v241.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v68p[i0 * 32 + i1];
-        const float s1 = v208p[i0];
+        const float s0 = v85p[i0 * 32 + i1];
+        const float s1 = v241p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v210p[i0 * 32 + i1] = s3;
+        v243p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v211 = arena_.view(139264, 64);
+  support::View v244 = arena_.view(139264, 64);
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {2048, 32};
   static const support::Shape shape4_4 = {32};
   static const support::Shape shape4_5 = {1};
-  support::reduce(v211.data(), shape4_1, v210.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v244.data(), shape4_1, v243.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v214 = arena_.view(151552, 64);
+  support::View v247 = arena_.view(151552, 64);
   {
-    float *__restrict v214p = v214.data();
-    const float *__restrict v211p = v211.data();
+    float *__restrict v247p = v247.data();
+    const float *__restrict v244p = v244.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v211p[i0];
+      const float s0 = v244p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v214p[i0] = s3;
+      v247p[i0] = s3;
     }
   }
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
-  support::View v69(param6_norm_1_gain); // updated in place
-  support::View v205 = arena_.view(122880, 2048);
-  support::View v215 = arena_.view(139264, 2048);
+  support::View v86(param6_norm_1_gain); // updated in place
+  support::View v238 = arena_.view(122880, 2048);
+  support::View v248 = arena_.view(139264, 2048);
   {
-    float *__restrict v205p = v205.data();
-    float *__restrict v215p = v215.data();
-    const float *__restrict v202p = v202.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v71p = v71.data();
+    float *__restrict v238p = v238.data();
+    float *__restrict v248p = v248.data();
+    const float *__restrict v235p = v235.data();
+    const float *__restrict v86p = v86.data();
+    const float *__restrict v88p = v88.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v202p[i0 * 32 + i1];
-        const float s1 = v69p[i1];
+        const float s0 = v235p[i0 * 32 + i1];
+        const float s1 = v86p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v71p[i0 * 32 + i1];
+        const float s3 = v88p[i0 * 32 + i1];
         const float s4 = (s2 * s3);
-        v205p[i0 * 32 + i1] = s2;
-        v215p[i0 * 32 + i1] = s4;
+        v238p[i0 * 32 + i1] = s2;
+        v248p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v216 = arena_.view(131072, 64);
+  support::View v249 = arena_.view(131072, 64);
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {2048, 32};
   static const support::Shape shape7_4 = {32};
   static const support::Shape shape7_5 = {1};
-  support::reduce(v216.data(), shape7_1, v215.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v249.data(), shape7_1, v248.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
-  support::View v218 = arena_.view(131328, 64);
+  support::View v251 = arena_.view(131328, 64);
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {2048, 32};
   static const support::Shape shape8_4 = {32};
   static const support::Shape shape8_5 = {1};
-  support::reduce(v218.data(), shape8_1, v205.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v251.data(), shape8_1, v238.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -1302,122 +1333,117 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
-  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
-  support::View v222 = arena_.view(143360, 2048);
+  support::View v255 = arena_.view(143360, 2048);
   {
-    float *__restrict v222p = v222.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v216p = v216.data();
-    const float *__restrict v205p = v205.data();
-    const float *__restrict v218p = v218.data();
-    const float *__restrict v214p = v214.data();
-    const float *__restrict v149p = v149.data();
+    float *__restrict v255p = v255.data();
+    const float *__restrict v88p = v88.data();
+    const float *__restrict v249p = v249.data();
+    const float *__restrict v238p = v238.data();
+    const float *__restrict v251p = v251.data();
+    const float *__restrict v247p = v247.data();
+    const float *__restrict v183p = v183.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v71p[i0 * 32 + i1];
-        const float s1 = v216p[i0];
+        const float s0 = v88p[i0 * 32 + i1];
+        const float s1 = v249p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v205p[i0 * 32 + i1];
-        const float s4 = v218p[i0];
+        const float s3 = v238p[i0 * 32 + i1];
+        const float s4 = v251p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v214p[i0];
+        const float s7 = v247p[i0];
         const float s8 = (s6 * s7);
-        const float s9 = v149p[i0 * 32 + i1];
+        const float s9 = v183p[i0 * 32 + i1];
         const float s10 = (s9 + s8);
-        v222p[i0 * 32 + i1] = s10;
+        v255p[i0 * 32 + i1] = s10;
       }
     }
   }
 
-  // 25 statements from moe.mesh:82:10 einsum (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:82:10");
-  support::View v65 = arena_.view(292864, 2560);
-  support::View v223 = arena_.view(122880, 5120);
-  support::View v61 = arena_.view(81920, 5120);
-  support::View v224 = arena_.view(159744, 2560);
-  support::View v25(param5_experts_ffn_0_w_out); // updated in place
-  support::View v225 = arena_.view(81920, 5120);
-  support::View v64 = arena_.view(102400, 5120);
-  support::View v63 = arena_.view(0, 5120);
-  support::View v228 = arena_.view(102400, 5120);
-  support::View v24(param4_experts_ffn_0_w_in); // updated in place
-  support::View v229 = arena_.view(0, 2560);
-  support::View v62 = arena_.view(282624, 2560);
-  support::View v54 = arena_.view(61440, 5120);
-  support::View v231 = arena_.view(98304, 2048);
-  support::View v53 = arena_.view(40960, 5120);
-  support::View v232 = arena_.view(0, 5120);
-  support::View v233 = arena_.view(40960, 64);
-  support::View v46 = arena_.view(20480, 5120);
-  support::View v239 = arena_.view(0, 5120);
-  support::View v240 = arena_.view(20480, 64);
-  support::View v55 = arena_.view(393728, 64);
-  support::View v42 = arena_.view(393472, 64);
-  support::View v58 = arena_.view(393984, 64);
-  support::View v39 = arena_.view(393216, 64);
-  support::View v249 = arena_.view(1024, 64);
-  support::View v250 = arena_.view(1280, 64);
-  support::View v16 = arena_.view(395264, 2);
-  support::View v34 = arena_.view(390656, 128);
-  support::View v30 = arena_.view(390144, 128);
-  support::View v28 = arena_.view(389632, 128);
+  // 25 statements from moe.mesh:89:10 einsum (2 of 2)
+  support::View v82 = arena_.view(292864, 2560);
+  support::View v256 = arena_.view(122880, 5120);
+  support::View v78 = arena_.view(81920, 5120);
+  support::View v257 = arena_.view(159744, 2560);
+  support::View v31(param5_experts_ffn_0_w_out); // updated in place
+  support::View v258 = arena_.view(81920, 5120);
+  support::View v81 = arena_.view(102400, 5120);
+  support::View v80 = arena_.view(0, 5120);
+  support::View v261 = arena_.view(102400, 5120);
+  support::View v30(param4_experts_ffn_0_w_in); // updated in place
+  support::View v262 = arena_.view(0, 2560);
+  support::View v79 = arena_.view(282624, 2560);
+  support::View v73 = arena_.view(61440, 5120);
+  support::View v264 = arena_.view(98304, 2048);
+  support::View v72 = arena_.view(40960, 5120);
+  support::View v265 = arena_.view(0, 5120);
+  support::View v266 = arena_.view(40960, 64);
+  support::View v65 = arena_.view(20480, 5120);
+  support::View v272 = arena_.view(0, 5120);
+  support::View v273 = arena_.view(20480, 64);
+  support::View v74 = arena_.view(392704, 64);
+  support::View v61 = arena_.view(392448, 64);
+  support::View v76 = arena_.view(392960, 64);
+  support::View v59 = arena_.view(392192, 64);
+  support::View v282 = arena_.view(1024, 64);
+  support::View v283 = arena_.view(1280, 64);
+  support::View v22 = arena_.view(394240, 2);
+  support::View v40 = arena_.view(389632, 128);
+  support::View v52 = arena_.view(390144, 128);
   support::View v12 = arena_.view(389120, 128);
-  support::View v263 = arena_.view(0, 128);
-  support::View v264 = arena_.view(512, 128);
-  support::View v265 = arena_.view(1024, 64);
-  support::View v268 = arena_.view(8192, 128);
+  support::View v295 = arena_.view(0, 128);
+  support::View v296 = arena_.view(512, 128);
+  support::View v297 = arena_.view(1024, 64);
+  support::View v300 = arena_.view(8192, 128);
   support::View v10(param3_route_0_w_gate); // updated in place
-  support::View v269 = arena_.view(0, 2048);
+  support::View v301 = arena_.view(0, 2048);
   support::View v9 = arena_.view(339968, 2048);
   support::View v8 = arena_.view(331776, 2048);
-  support::View v272 = arena_.view(8192, 2048);
+  support::View v304 = arena_.view(8192, 2048);
   support::View v5 = arena_.view(323584, 2048);
-  support::View v275 = arena_.view(0, 2048);
-  support::View v226 = arena_.view(143360, 4096);
-  support::View v230 = arena_.view(81920, 4096);
-  support::View v270 = arena_.view(106496, 64);
-  support::View v274 = arena_.view(16384, 32);
-  support::View v276 = arena_.view(8192, 32);
-  repeated0(v222, v65, v223, v61, v224, v25, v225, v64, v226, v63, v228, v24, v229, v62, v230, v54,
-            v231, v53, v232, v233, v46, v239, v240, v55, v42, v58, v39, v249, v250, v16, v34, v30,
-            v28, v12, v263, v264, v265, v268, v10, v269, v9, v270, v8, v272, v274, v5, v275, v276);
+  support::View v307 = arena_.view(0, 2048);
+  support::View v259 = arena_.view(143360, 4096);
+  support::View v263 = arena_.view(81920, 4096);
+  support::View v302 = arena_.view(106496, 64);
+  support::View v306 = arena_.view(16384, 32);
+  support::View v308 = arena_.view(8192, 32);
+  repeated0(v255, v82, v256, v78, v257, v31, v258, v81, v259, v80, v261, v30, v262, v79, v263, v73,
+            v264, v72, v265, v266, v65, v272, v273, v74, v61, v76, v59, v282, v283, v22, v40, v52,
+            v12, v295, v296, v297, v300, v10, v301, v9, v302, v8, v304, v306, v5, v307, v308);
 
-  // moe.mesh:124:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
+  // moe.mesh:131:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
   auto request5 = support::startAllReduce(
-      group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
+      group_data, {v187, v192, v233, v237, v240, v259, v263, v302, v306, v308},
       meshrt::ReduceOp::Sum);
 
-  // moe.mesh:124:3 step
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 pow
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  // moe.mesh:124:3 sub
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  support::View v283 = arena_.view(98688, 1);
-  support::View v289 = arena_.view(98752, 1);
+  // moe.mesh:131:3 step
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 pow
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  // moe.mesh:131:3 sub
+  support::View v315 = arena_.view(98688, 1);
+  support::View v321 = arena_.view(98752, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v283p = v283.data();
-    float *__restrict v289p = v289.data();
+    float *__restrict v315p = v315.data();
+    float *__restrict v321p = v321.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -1427,181 +1453,170 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     const float s6 = (s5 - s4);
     const float s7 = 1.0f;
     const float s8 = (s7 - s6);
-    v283p[0] = s6;
-    v289p[0] = s8;
+    v315p[0] = s6;
+    v321p[0] = s8;
   }
 
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
   group_data.wait(request5);
 
-  // 14 statements from moe.mesh:124:3 square (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v288(param11_norm_0_gain_v); // updated in place
-  support::View v294 = arena_.view(0, 32);
-  support::View v295 = arena_.view(128, 32);
-  support::View v296 = arena_.view(256, 1);
-  support::View v299 = arena_.view(320, 1);
+  // 14 statements from moe.mesh:131:3 square (1 of 2)
+  support::View v320(param11_norm_0_gain_v); // updated in place
+  support::View v326 = arena_.view(0, 32);
+  support::View v327 = arena_.view(128, 32);
+  support::View v328 = arena_.view(256, 1);
+  support::View v331 = arena_.view(320, 1);
   support::View v3(param1_norm_0_gain); // updated in place
-  support::View v302 = arena_.view(128, 32);
-  support::View v303 = arena_.view(256, 1);
-  support::View v306 = arena_.view(128, 1);
-  support::View v312(param12_norm_0_bias_v); // updated in place
-  support::View v318 = arena_.view(0, 32);
-  support::View v319 = arena_.view(128, 32);
-  support::View v320 = arena_.view(256, 1);
-  support::View v323 = arena_.view(320, 1);
+  support::View v334 = arena_.view(128, 32);
+  support::View v335 = arena_.view(256, 1);
+  support::View v338 = arena_.view(128, 1);
+  support::View v344(param12_norm_0_bias_v); // updated in place
+  support::View v350 = arena_.view(0, 32);
+  support::View v351 = arena_.view(128, 32);
+  support::View v352 = arena_.view(256, 1);
+  support::View v355 = arena_.view(320, 1);
   support::View v4(param2_norm_0_bias); // updated in place
-  support::View v325 = arena_.view(128, 32);
-  support::View v326 = arena_.view(256, 1);
-  support::View v329 = arena_.view(128, 1);
-  repeated3(v276, v289, v288, v283, v294, v295, v296, v299, v3, v302, v303, v306, v274, v312, v318,
-            v319, v320, v323, v4, v325, v326, v329);
+  support::View v357 = arena_.view(128, 32);
+  support::View v358 = arena_.view(256, 1);
+  support::View v361 = arena_.view(128, 1);
+  repeated3(v308, v321, v320, v315, v326, v327, v328, v331, v3, v334, v335, v338, v306, v344, v350,
+            v351, v352, v355, v4, v357, v358, v361);
 
-  // 20 statements from moe.mesh:124:3 square (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v334 = arena_.view(98304, 64);
-  support::View v371 = arena_.view(0, 4096);
-  support::View v374 = arena_.view(16384, 64);
-  support::View v372(param15_experts_ffn_0_w_in_vr); // updated in place
-  support::View v379 = arena_.view(16384, 128);
-  support::View v384 = arena_.view(0, 2);
-  support::View v386 = arena_.view(33280, 64);
-  support::View v373(param16_experts_ffn_0_w_in_vc); // updated in place
-  support::View v387 = arena_.view(32768, 128);
-  support::View v390 = arena_.view(16384, 4096);
-  support::View v407 = arena_.view(16384, 4096);
-  support::View v410 = arena_.view(32768, 128);
-  support::View v408(param17_experts_ffn_0_w_out_vr); // updated in place
-  support::View v415 = arena_.view(32768, 64);
-  support::View v420 = arena_.view(16384, 2);
-  support::View v422 = arena_.view(49152, 128);
-  support::View v409(param18_experts_ffn_0_w_out_vc); // updated in place
-  support::View v423 = arena_.view(49664, 64);
-  support::View v426 = arena_.view(32768, 4096);
-  support::View v337 = arena_.view(98560, 32);
-  support::View v389 = arena_.view(0, 4096);
-  support::View v391 = arena_.view(83072, 1);
-  support::View v425 = arena_.view(16384, 4096);
-  support::View v427 = arena_.view(83136, 1);
-  repeated1(v270, v334, v337, v230, v371, v374, v289, v372, v283, v379, v384, v386, v373, v387,
-            v389, v390, v391, v226, v407, v410, v408, v415, v420, v422, v409, v423, v425, v426,
-            v427);
+  // 20 statements from moe.mesh:131:3 square (1 of 2)
+  support::View v366 = arena_.view(98304, 64);
+  support::View v403 = arena_.view(0, 4096);
+  support::View v406 = arena_.view(16384, 64);
+  support::View v404(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v411 = arena_.view(16384, 128);
+  support::View v416 = arena_.view(0, 2);
+  support::View v418 = arena_.view(33280, 64);
+  support::View v405(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v419 = arena_.view(32768, 128);
+  support::View v422 = arena_.view(16384, 4096);
+  support::View v439 = arena_.view(16384, 4096);
+  support::View v442 = arena_.view(32768, 128);
+  support::View v440(param17_experts_ffn_0_w_out_vr); // updated in place
+  support::View v447 = arena_.view(32768, 64);
+  support::View v452 = arena_.view(16384, 2);
+  support::View v454 = arena_.view(49152, 128);
+  support::View v441(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v455 = arena_.view(49664, 64);
+  support::View v458 = arena_.view(32768, 4096);
+  support::View v369 = arena_.view(98560, 32);
+  support::View v421 = arena_.view(0, 4096);
+  support::View v423 = arena_.view(83072, 1);
+  support::View v457 = arena_.view(16384, 4096);
+  support::View v459 = arena_.view(83136, 1);
+  repeated2(v302, v366, v369, v263, v403, v406, v321, v404, v315, v411, v416, v418, v405, v419,
+            v421, v422, v423, v259, v439, v442, v440, v447, v452, v454, v441, v455, v457, v458,
+            v459);
 
-  // 20 statements from moe.mesh:124:3 square (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v489 = arena_.view(82432, 64);
-  support::View v526 = arena_.view(32768, 4096);
-  support::View v529 = arena_.view(49152, 64);
-  support::View v527(param23_experts_ffn_1_w_in_vr); // updated in place
-  support::View v534 = arena_.view(49152, 128);
-  support::View v539 = arena_.view(32768, 2);
+  // 20 statements from moe.mesh:131:3 square (2 of 2)
+  support::View v521 = arena_.view(82432, 64);
+  support::View v558 = arena_.view(32768, 4096);
+  support::View v561 = arena_.view(49152, 64);
+  support::View v559(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v566 = arena_.view(49152, 128);
+  support::View v571 = arena_.view(32768, 2);
+  support::View v573 = arena_.view(66048, 64);
+  support::View v560(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v574 = arena_.view(65536, 128);
+  support::View v577 = arena_.view(49152, 4096);
+  support::View v594 = arena_.view(49152, 4096);
+  support::View v597 = arena_.view(65536, 128);
+  support::View v595(param25_experts_ffn_1_w_out_vr); // updated in place
+  support::View v602 = arena_.view(65536, 64);
+  support::View v607 = arena_.view(49152, 2);
+  support::View v609 = arena_.view(81920, 128);
+  support::View v596(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v610 = arena_.view(82688, 64);
+  support::View v613 = arena_.view(65536, 4096);
+  support::View v524 = arena_.view(82944, 32);
+  support::View v576 = arena_.view(32768, 4096);
+  support::View v578 = arena_.view(83200, 1);
+  support::View v612 = arena_.view(49152, 4096);
+  support::View v614 = arena_.view(81920, 1);
+  repeated2(v233, v521, v524, v192, v558, v561, v321, v559, v315, v566, v571, v573, v560, v574,
+            v576, v577, v578, v187, v594, v597, v595, v602, v607, v609, v596, v610, v612, v613,
+            v614);
+
+  // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %349 over model for mul at
+  // 131:3; merged with 5 more partial sums over model (%424, %460, %526, ...): 272 B in one buffer)
+  support::allReduceBucket(group_model, {v369, v423, v459, v524, v578, v614});
+
+  // 7 statements from moe.mesh:131:3 mul (1 of 2)
+  support::View v367(param13_route_0_w_gate_vr); // updated in place
+  support::View v375 = arena_.view(65536, 2);
+  support::View v380 = arena_.view(65600, 1);
+  support::View v382 = arena_.view(66048, 32);
+  support::View v368(param14_route_0_w_gate_vc); // updated in place
+  support::View v383 = arena_.view(66176, 2);
+  support::View v386 = arena_.view(65792, 64);
+  support::View v385 = arena_.view(65536, 64);
+  support::View v387 = arena_.view(66496, 1);
+  repeated7(v369, v321, v367, v315, v375, v366, v380, v382, v368, v383, v302, v385, v386, v387);
+
+  // 7 statements from moe.mesh:131:3 mul (2 of 2)
+  support::View v522(param21_route_1_w_gate_vr); // updated in place
+  support::View v530 = arena_.view(65792, 2);
+  support::View v535 = arena_.view(65856, 1);
+  support::View v537 = arena_.view(66304, 32);
+  support::View v523(param22_route_1_w_gate_vc); // updated in place
+  support::View v538 = arena_.view(66432, 2);
   support::View v541 = arena_.view(66048, 64);
-  support::View v528(param24_experts_ffn_1_w_in_vc); // updated in place
-  support::View v542 = arena_.view(65536, 128);
-  support::View v545 = arena_.view(49152, 4096);
-  support::View v562 = arena_.view(49152, 4096);
-  support::View v565 = arena_.view(65536, 128);
-  support::View v563(param25_experts_ffn_1_w_out_vr); // updated in place
-  support::View v570 = arena_.view(65536, 64);
-  support::View v575 = arena_.view(49152, 2);
-  support::View v577 = arena_.view(81920, 128);
-  support::View v564(param26_experts_ffn_1_w_out_vc); // updated in place
-  support::View v578 = arena_.view(82688, 64);
-  support::View v581 = arena_.view(65536, 4096);
-  support::View v492 = arena_.view(82944, 32);
-  support::View v544 = arena_.view(32768, 4096);
-  support::View v546 = arena_.view(83200, 1);
-  support::View v580 = arena_.view(49152, 4096);
-  support::View v582 = arena_.view(81920, 1);
-  repeated1(v200, v489, v492, v158, v526, v529, v289, v527, v283, v534, v539, v541, v528, v542,
-            v544, v545, v546, v153, v562, v565, v563, v570, v575, v577, v564, v578, v580, v581,
-            v582);
+  support::View v540 = arena_.view(65792, 64);
+  support::View v542 = arena_.view(66304, 1);
+  repeated7(v524, v321, v522, v315, v530, v521, v535, v537, v523, v538, v233, v540, v541, v542);
 
-  // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
-  // 124:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
+  // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %366 over model for sqrt at
+  // 131:3; merged with 1 more partial sum over model (%543): 8 B in one buffer)
+  support::allReduceBucket(group_model, {v387, v542});
 
-  // 7 statements from moe.mesh:124:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v335(param13_route_0_w_gate_vr); // updated in place
-  support::View v343 = arena_.view(65536, 2);
-  support::View v348 = arena_.view(65600, 1);
-  support::View v350 = arena_.view(66048, 32);
-  support::View v336(param14_route_0_w_gate_vc); // updated in place
-  support::View v351 = arena_.view(66176, 2);
-  support::View v354 = arena_.view(65792, 64);
-  support::View v353 = arena_.view(65536, 64);
-  support::View v355 = arena_.view(66496, 1);
-  repeated7(v337, v289, v335, v283, v343, v334, v348, v350, v336, v351, v270, v353, v354, v355);
+  // 9 statements from moe.mesh:131:3 sqrt (1 of 2)
+  support::View v391 = arena_.view(66048, 1);
+  support::View v394 = arena_.view(394368, 1);
+  support::View v398 = arena_.view(66112, 1);
+  support::View v427 = arena_.view(65536, 1);
+  support::View v430 = arena_.view(394432, 1);
+  support::View v434 = arena_.view(65600, 1);
+  support::View v463 = arena_.view(0, 1);
+  support::View v466 = arena_.view(394496, 1);
+  support::View v470 = arena_.view(64, 1);
+  repeated4(v387, v391, v394, v398, v385, v10, v423, v427, v430, v434, v421, v30, v459, v463, v466,
+            v470, v457, v31);
 
-  // 7 statements from moe.mesh:124:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v490(param21_route_1_w_gate_vr); // updated in place
-  support::View v498 = arena_.view(65792, 2);
-  support::View v503 = arena_.view(65856, 1);
-  support::View v505 = arena_.view(66304, 32);
-  support::View v491(param22_route_1_w_gate_vc); // updated in place
-  support::View v506 = arena_.view(66432, 2);
-  support::View v509 = arena_.view(66048, 64);
-  support::View v508 = arena_.view(65792, 64);
-  support::View v510 = arena_.view(66304, 1);
-  repeated7(v492, v289, v490, v283, v498, v489, v503, v505, v491, v506, v200, v508, v509, v510);
+  // 14 statements from moe.mesh:131:3 square (2 of 2)
+  support::View v476(param19_norm_1_gain_v); // updated in place
+  support::View v482 = arena_.view(0, 32);
+  support::View v483 = arena_.view(128, 32);
+  support::View v484 = arena_.view(256, 1);
+  support::View v487 = arena_.view(320, 1);
+  support::View v489 = arena_.view(128, 32);
+  support::View v490 = arena_.view(256, 1);
+  support::View v493 = arena_.view(128, 1);
+  support::View v499(param20_norm_1_bias_v); // updated in place
+  support::View v505 = arena_.view(0, 32);
+  support::View v506 = arena_.view(128, 32);
+  support::View v507 = arena_.view(256, 1);
+  support::View v510 = arena_.view(320, 1);
+  support::View v87(param7_norm_1_bias); // updated in place
+  support::View v512 = arena_.view(128, 32);
+  support::View v513 = arena_.view(256, 1);
+  support::View v516 = arena_.view(128, 1);
+  repeated3(v240, v321, v476, v315, v482, v483, v484, v487, v86, v489, v490, v493, v237, v499, v505,
+            v506, v507, v510, v87, v512, v513, v516);
 
-  // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
-  // 124:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::allReduceBucket(group_model, {v355, v510});
-
-  // 9 statements from moe.mesh:124:3 sqrt (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v359 = arena_.view(66048, 1);
-  support::View v362 = arena_.view(395392, 1);
-  support::View v366 = arena_.view(66112, 1);
-  support::View v395 = arena_.view(65536, 1);
-  support::View v398 = arena_.view(395456, 1);
-  support::View v402 = arena_.view(65600, 1);
-  support::View v431 = arena_.view(0, 1);
-  support::View v434 = arena_.view(395520, 1);
-  support::View v438 = arena_.view(64, 1);
-  repeated4(v355, v359, v362, v366, v353, v10, v391, v395, v398, v402, v389, v24, v427, v431, v434,
-            v438, v425, v25);
-
-  // 14 statements from moe.mesh:124:3 square (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v444(param19_norm_1_gain_v); // updated in place
-  support::View v450 = arena_.view(0, 32);
-  support::View v451 = arena_.view(128, 32);
-  support::View v452 = arena_.view(256, 1);
-  support::View v455 = arena_.view(320, 1);
-  support::View v457 = arena_.view(128, 32);
-  support::View v458 = arena_.view(256, 1);
-  support::View v461 = arena_.view(128, 1);
-  support::View v467(param20_norm_1_bias_v); // updated in place
-  support::View v473 = arena_.view(0, 32);
-  support::View v474 = arena_.view(128, 32);
-  support::View v475 = arena_.view(256, 1);
-  support::View v478 = arena_.view(320, 1);
-  support::View v70(param7_norm_1_bias); // updated in place
-  support::View v480 = arena_.view(128, 32);
-  support::View v481 = arena_.view(256, 1);
-  support::View v484 = arena_.view(128, 1);
-  repeated3(v207, v289, v444, v283, v450, v451, v452, v455, v69, v457, v458, v461, v204, v467, v473,
-            v474, v475, v478, v70, v480, v481, v484);
-
-  // 9 statements from moe.mesh:124:3 sqrt (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:124:3");
-  support::View v514 = arena_.view(0, 1);
-  support::View v517 = arena_.view(395584, 1);
-  support::View v521 = arena_.view(64, 1);
-  support::View v550 = arena_.view(0, 1);
-  support::View v553 = arena_.view(395648, 1);
-  support::View v557 = arena_.view(64, 1);
-  support::View v586 = arena_.view(0, 1);
-  support::View v589 = arena_.view(395712, 1);
-  support::View v593 = arena_.view(64, 1);
-  repeated4(v510, v514, v517, v521, v508, v76, v546, v550, v553, v557, v544, v90, v582, v586, v589,
-            v593, v580, v91);
+  // 9 statements from moe.mesh:131:3 sqrt (2 of 2)
+  support::View v546 = arena_.view(0, 1);
+  support::View v549 = arena_.view(394560, 1);
+  support::View v553 = arena_.view(64, 1);
+  support::View v582 = arena_.view(0, 1);
+  support::View v585 = arena_.view(394624, 1);
+  support::View v589 = arena_.view(64, 1);
+  support::View v618 = arena_.view(0, 1);
+  support::View v621 = arena_.view(394688, 1);
+  support::View v625 = arena_.view(64, 1);
+  repeated4(v542, v546, v549, v553, v540, v93, v578, v582, v585, v589, v576, v113, v614, v618, v621,
+            v625, v612, v114);
 }
 
 void MoeTrain::repeated0(
@@ -1613,43 +1628,37 @@ void MoeTrain::repeated0(
     support::ConstView a20, support::View a21, support::View a22, support::ConstView a23,
     support::ConstView a24, support::ConstView a25, support::ConstView a26, support::View a27,
     support::View a28, support::ConstView a29, support::ConstView a30, support::ConstView a31,
-    support::ConstView a32, support::ConstView a33, support::View a34, support::View a35,
-    support::View a36, support::View a37, support::ConstView a38, support::View a39,
-    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
-    support::View a44, support::ConstView a45, support::View a46, support::View a47) {
-  MESHRT_TRACE_SPAN(world_);
+    support::ConstView a32, support::View a33, support::View a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
+    support::View a40, support::ConstView a41, support::View a42, support::View a43,
+    support::ConstView a44, support::View a45, support::View a46) {
 
-  // moe.mesh:82:10 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:82:10", "backward");
+  // moe.mesh:89:10 einsum
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // moe.mesh:82:10 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:82:10", "backward");
+  // moe.mesh:89:10 einsum
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // moe.mesh:80:20 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:80:20", "backward");
+  // moe.mesh:87:20 einsum
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // moe.mesh:80:20 einsum -> grad/experts_ffn[1]/w_out
-  MESHRT_TRACE("gemm", "moe.mesh:80:20", "backward");
+  // moe.mesh:87:20 einsum -> grad/experts_ffn[1]/w_out
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan3.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:16 gt
-  // moe.mesh:79:16 where
-  MESHRT_TRACE("loop", "moe.mesh:79:16", "backward");
+  // moe.mesh:86:16 gt
+  // moe.mesh:86:16 where
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -1665,29 +1674,25 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:79:21 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:79:21", "backward");
+  // moe.mesh:86:21 einsum
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:21 einsum -> grad/experts_ffn[1]/w_in
-  MESHRT_TRACE("gemm", "moe.mesh:79:21", "backward");
+  // moe.mesh:86:21 einsum -> grad/experts_ffn[1]/w_in
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
-  // moe.mesh:78:19 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:78:19", "backward");
+  // moe.mesh:85:19 einsum
   // dims: experts, groups, capacity, d_model, tokens
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
   einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
-  // moe.mesh:73:57 mul
-  MESHRT_TRACE("loop", "moe.mesh:73:57", "backward");
+  // moe.mesh:80:57 mul
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a2p = a2.data();
@@ -1700,8 +1705,7 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:73:57 sum
-  MESHRT_TRACE("sum", "moe.mesh:73:57", "backward");
+  // moe.mesh:80:57 sum
   static const support::Shape shape9_1 = {1, 64};
   static const support::Shape shape9_3 = {5120, 80};
   static const support::Shape shape9_4 = {2, 40};
@@ -1709,8 +1713,7 @@ void MoeTrain::repeated0(
   support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:73:27 mul
-  MESHRT_TRACE("loop", "moe.mesh:73:27", "backward");
+  // moe.mesh:80:27 mul
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a2p = a2.data();
@@ -1723,8 +1726,7 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:73:27 sum
-  MESHRT_TRACE("sum", "moe.mesh:73:27", "backward");
+  // moe.mesh:80:27 sum
   static const support::Shape shape11_1 = {1, 64};
   static const support::Shape shape11_3 = {5120, 80};
   static const support::Shape shape11_4 = {2, 40};
@@ -1732,25 +1734,23 @@ void MoeTrain::repeated0(
   support::reduce(a22.data(), shape11_1, a21.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:73:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
-  // 73:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:73:66");
+  // moe.mesh:80:66 bucketed_all_reduce_sum (resolve the partial sum of %186 over model for div at
+  // 80:66; merged with 1 more partial sum over model (%203): 512 B in one buffer)
   support::allReduceBucket(group_model, {a19, a22});
 
-  // moe.mesh:73:36 div
-  // moe.mesh:73:36 mul
-  // moe.mesh:73:36 neg
-  // moe.mesh:73:66 div
-  // moe.mesh:73:66 mul
-  // moe.mesh:73:66 neg
-  // moe.mesh:73:36 add
-  // moe.mesh:59:15 ge
-  // moe.mesh:59:15 where
-  // moe.mesh:73:36 div
-  // moe.mesh:59:29 add
-  // moe.mesh:73:66 div
-  // moe.mesh:59:29 add
-  MESHRT_TRACE("loop", "moe.mesh:73:36", "backward");
+  // moe.mesh:80:36 div
+  // moe.mesh:80:36 mul
+  // moe.mesh:80:36 neg
+  // moe.mesh:80:66 div
+  // moe.mesh:80:66 mul
+  // moe.mesh:80:66 neg
+  // moe.mesh:80:36 add
+  // moe.mesh:66:15 ge
+  // moe.mesh:66:15 where
+  // moe.mesh:80:36 div
+  // moe.mesh:66:29 add
+  // moe.mesh:80:66 div
+  // moe.mesh:66:29 add
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -1792,28 +1792,25 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:93:23 mul
-  // moe.mesh:92:23 mul
-  // moe.mesh:92:23 broadcast
-  // moe.mesh:58:15 broadcast
-  // moe.mesh:58:29 mul
-  // moe.mesh:54:25 mul
-  // moe.mesh:57:15 broadcast
-  // moe.mesh:57:25 mul
-  // moe.mesh:54:25 add
-  // moe.mesh:92:23 add
+  // moe.mesh:100:23 mul
+  // moe.mesh:99:23 mul
+  // moe.mesh:99:23 broadcast
+  // moe.mesh:64:15 broadcast
+  // moe.mesh:64:25 mul
+  // moe.mesh:65:15 broadcast
+  // moe.mesh:65:25 mul
+  // moe.mesh:64:25 add
+  // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
-  MESHRT_TRACE("loop", "moe.mesh:93:23", "backward");
   {
+    float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
-    float *__restrict a35p = a35.data();
     const float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a31p = a31.data();
     const float *__restrict a27p = a27.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a31p = a31.data();
     const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         const float s0 = 0.02f;
@@ -1822,456 +1819,125 @@ void MoeTrain::repeated0(
         const float s3 = 0.015625f;
         const float s4 = (s2 * s3);
         const float s5 = s4;
-        const float s6 = a28p[i0];
+        const float s6 = a27p[i0];
         const float s7 = s6;
         const float s8 = a30p[i0 * 2 + i1];
         const float s9 = (s7 * s8);
-        const float s10 = a31p[i0 * 2 + i1];
-        const float s11 = (s9 * s10);
-        const float s12 = a27p[i0];
-        const float s13 = s12;
-        const float s14 = a32p[i0 * 2 + i1];
-        const float s15 = (s13 * s14);
-        const float s16 = (s15 + s11);
-        const float s17 = (s16 + s5);
-        const float s18 = a33p[i0 * 2 + i1];
-        const float s19 = (s17 * s18);
+        const float s10 = a28p[i0];
+        const float s11 = s10;
+        const float s12 = a31p[i0 * 2 + i1];
+        const float s13 = (s11 * s12);
+        const float s14 = (s13 + s9);
+        const float s15 = (s14 + s5);
+        const float s16 = a32p[i0 * 2 + i1];
+        const float s17 = (s15 * s16);
+        a33p[i0 * 2 + i1] = s15;
         a34p[i0 * 2 + i1] = s17;
-        a35p[i0 * 2 + i1] = s19;
       }
     }
   }
 
   // moe.mesh:35:15 sum
-  MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
   static const support::Shape shape15_1 = {1, 64};
   static const support::Shape shape15_3 = {128, 2};
   static const support::Shape shape15_4 = {2};
   static const support::Shape shape15_5 = {1};
-  support::reduce(a36.data(), shape15_1, a35.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(a35.data(), shape15_1, a34.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %182 over model for sub at 35:15)
-  MESHRT_TRACE_SITE("moe.mesh:35:15");
-  group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %217 over model for sub at 35:15)
+  group_model.allReduce(a35.data(), a35.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
-  MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
   {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a36p = a36.data();
+    float *__restrict a36p = a36.data();
     const float *__restrict a33p = a33.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a32p = a32.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a34p[i0 * 2 + i1];
-        const float s1 = a36p[i0];
+        const float s0 = a33p[i0 * 2 + i1];
+        const float s1 = a35p[i0];
         const float s2 = (s0 - s1);
-        const float s3 = a33p[i0 * 2 + i1];
+        const float s3 = a32p[i0 * 2 + i1];
         const float s4 = (s3 * s2);
-        a37p[i0 * 2 + i1] = s4;
+        a36p[i0 * 2 + i1] = s4;
       }
     }
   }
 
   // moe.mesh:35:23 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
+  einsumPlan18.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:23 einsum -> grad/route[1]/w_gate
-  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan19.run(a37.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
-  // moe.mesh:119:34 mul
-  // moe.mesh:119:34 add
-  MESHRT_TRACE("loop", "moe.mesh:119:34", "backward");
+  // moe.mesh:126:34 mul
+  // moe.mesh:126:34 add
   {
-    float *__restrict a43p = a43.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a42p = a42.data();
+    float *__restrict a42p = a42.data();
+    const float *__restrict a38p = a38.data();
+    const float *__restrict a41p = a41.data();
     const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = a42p[i0];
+      const float s0 = a38p[i0];
+      const float s1 = a41p[i0];
       const float s2 = (s0 * s1);
       const float s3 = a16p[i0];
       const float s4 = (s3 + s2);
-      a43p[i0] = s4;
+      a42p[i0] = s4;
     }
   }
 
-  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
-  MESHRT_TRACE_SITE("moe.mesh:26:40");
-  group_model.allReduce(a43.data(), a43.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
+  group_model.allReduce(a42.data(), a42.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
-  MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
   static const support::Shape shape22_1 = {32};
   static const support::Shape shape22_3 = {1};
   static const support::Shape shape22_4 = {1, 64};
   static const support::Shape shape22_5 = {2048, 32};
-  support::reduce(a44.data(), shape22_1, a43.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(a43.data(), shape22_1, a42.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   {
-    float *__restrict a46p = a46.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a45p = a45.data();
+    float *__restrict a45p = a45.data();
+    const float *__restrict a42p = a42.data();
+    const float *__restrict a44p = a44.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a43p[i0];
-      const float s1 = a45p[i0];
+      const float s0 = a42p[i0];
+      const float s1 = a44p[i0];
       const float s2 = (s0 * s1);
-      a46p[i0] = s2;
+      a45p[i0] = s2;
     }
   }
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
-  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {1, 64};
   static const support::Shape shape24_5 = {2048, 32};
-  support::reduce(a47.data(), shape24_1, a46.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(a46.data(), shape24_1, a45.data(), shape24_3, shape24_4, shape24_5,
                   support::Reduce::Sum, 1.0);
 }
 
-void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View a2,
-                         support::ConstView a3, support::View a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::View a10, support::View a11, support::View a12,
-                         support::View a13, support::View a14, support::View a15, support::View a16,
-                         support::ConstView a17, support::View a18, support::View a19,
-                         support::View a20, support::View a21, support::View a22, support::View a23,
-                         support::View a24, support::View a25, support::View a26, support::View a27,
-                         support::View a28) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:124:3 square
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a1p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {2};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.25);
-
-  // moe.mesh:124:3 square
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a4p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
-  static const support::Shape shape3_1 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a5p[i0];
-      const float s1 = a6p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = a7p[i0];
-      const float s4 = a8p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a7p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
-  static const support::Shape shape5_1 = {2, 64};
-  static const support::Shape shape5_3 = {2048, 1};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {64};
-  support::reduce(a9.data(), shape5_1, a4.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
-  static const support::Shape shape6_1 = {2};
-  static const support::Shape shape6_3 = {32};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a10.data(), shape6_1, a7.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a7p[i0 * 32 + i1];
-        const float s1 = a10p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a11p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = a6p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = a8p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a12p[i0] = s6;
-      a13p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = a3p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = a11p[i0 * 32 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a13p[i0 * 64 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a14p[i0 * 2048 + i1 * 64 + i2] = s4;
-          a15p[i0 * 2048 + i1 * 64 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {2, 32, 64};
-  static const support::Shape shape10_5 = {2048, 64, 1};
-  support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:124:3 square
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a18p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
-  static const support::Shape shape12_1 = {2, 64};
-  static const support::Shape shape12_3 = {2048, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a19.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = a6p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = a8p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a20p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 1};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {32};
-  support::reduce(a21.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
-  static const support::Shape shape15_1 = {2};
-  static const support::Shape shape15_3 = {64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(a22.data(), shape15_1, a20.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a20p[i0 * 64 + i1];
-        const float s1 = a22p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a23p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    float *__restrict a25p = a25.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = a6p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = a8p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a24p[i0] = s6;
-      a25p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a17p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = a23p[i0 * 64 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a25p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a26p[i0 * 2048 + i1 * 32 + i2] = s4;
-          a27p[i0 * 2048 + i1 * 32 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {2, 64, 32};
-  static const support::Shape shape19_5 = {2048, 32, 1};
-  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.0001220703125);
-}
-
-void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::ConstView a4, support::View a5,
                          support::View a6, support::ConstView a7, support::View a8,
-                         support::View a9, support::View a10, support::View a11, support::View a12,
-                         support::View a13, support::View a14, support::View a15, support::View a16,
-                         const char *t0) {
-  MESHRT_TRACE_SPAN(world_);
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::View a12, support::View a13, support::View a14, support::View a15,
+                         support::View a16, support::View a17, support::View a18, support::View a19,
+                         support::View a20, const char *t0) {
 
   // moe.mesh:26:10 layer_norm
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -2281,8 +1947,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
-  // moe.mesh:119:36 random_uniform
-  MESHRT_TRACE("random_uniform", "moe.mesh:119:36", "forward");
+  // moe.mesh:126:36 random_uniform
   support::fillRandomUniform(
       a2.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
@@ -2293,8 +1958,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  // moe.mesh:119:34 mul
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
+  // moe.mesh:126:34 mul
   {
     float *__restrict a5p = a5.data();
     float *__restrict a6p = a6.data();
@@ -2318,14 +1982,12 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:35:23 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
-  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape4_2 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {128, 2};
@@ -2335,8 +1997,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
-  // moe.mesh:42:24 max
-  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
+  // moe.mesh:43:18 max
   static const support::Shape shape5_1 = {1, 64};
   static const support::Shape shape5_3 = {128, 2};
   static const support::Shape shape5_4 = {2};
@@ -2344,79 +2005,399 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast
-  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
   {
-    float *__restrict a11p = a11.data();
+    float *__restrict a12p = a12.data();
+    float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
     const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         const float s0 = a9p[i0 * 2 + i1];
-        const float s1 = a10p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        a11p[i0 * 2 + i1] = s3;
+        const float s1 = a9p[i0 * 2 + i1];
+        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+        const float s3 = a9p[i0 * 2 + i1];
+        const float s4 = a10p[i0];
+        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+        const float s7 = a11p[i1];
+        const float s8 = support::wrapI32(4.0);
+        const float s9 = (s6 != 0 ? s7 : s8);
+        a12p[i0 * 2 + i1] = s2;
+        a13p[i0 * 2 + i1] = s9;
       }
     }
   }
 
-  // moe.mesh:91:17 mean -> density
-  MESHRT_TRACE("mean", "moe.mesh:91:17", "forward");
-  static const support::Shape shape8_1 = {1, 2};
-  static const support::Shape shape8_3 = {128, 1};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {2};
-  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+  // moe.mesh:43:18 min
+  static const support::Shape shape8_1 = {1, 64};
+  static const support::Shape shape8_3 = {128, 2};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(a14.data(), shape8_1, a13.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Min, 1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot
+  static const support::Shape shape10_1 = {1, 64, 2};
+  static const support::Shape shape10_3 = {64, 1, 0};
+  static const support::Shape shape10_4 = {0, 0, 1};
+  support::oneHot(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:98:17 mean -> density
+  static const support::Shape shape11_1 = {1, 2};
+  static const support::Shape shape11_3 = {128, 1};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {2};
+  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:92:23 mean -> density_proxy
-  MESHRT_TRACE("mean", "moe.mesh:92:23", "forward");
-  static const support::Shape shape9_1 = {1, 2};
-  static const support::Shape shape9_3 = {128, 1};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {2};
-  support::reduce(a13.data(), shape9_1, a9.data(), shape9_3, shape9_4, shape9_5,
+  // moe.mesh:99:23 mean -> density_proxy
+  static const support::Shape shape12_1 = {1, 2};
+  static const support::Shape shape12_3 = {128, 1};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {2};
+  support::reduce(a17.data(), shape12_1, a9.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:93:23 mul
-  MESHRT_TRACE("loop", "moe.mesh:93:23", "forward");
+  // moe.mesh:100:23 mul
   {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a13p[i0];
+      const float s0 = a16p[i0];
+      const float s1 = a17p[i0];
       const float s2 = (s0 * s1);
-      a14p[i0] = s2;
+      a18p[i0] = s2;
     }
   }
 
-  // moe.mesh:93:10 mean
-  MESHRT_TRACE("mean", "moe.mesh:93:10", "forward");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {1, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
+  // moe.mesh:100:10 mean
+  static const support::Shape shape14_1 = {};
+  static const support::Shape shape14_3 = {};
+  static const support::Shape shape14_4 = {1, 2};
+  static const support::Shape shape14_5 = {2, 1};
+  support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.125);
 
-  // moe.mesh:93:40 mul -> balance
-  MESHRT_TRACE("loop", "moe.mesh:93:40", "forward");
+  // moe.mesh:100:40 mul -> balance
   {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float s0 = a15p[0];
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float s0 = a19p[0];
     const float s1 = 16.0f;
     const float s2 = (s0 * s1);
-    a16p[0] = s2;
+    a20p[0] = s2;
   }
+}
+
+void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::View a11, support::View a12,
+                         support::View a13, support::View a14, support::View a15, support::View a16,
+                         support::ConstView a17, support::View a18, support::View a19,
+                         support::View a20, support::View a21, support::View a22, support::View a23,
+                         support::View a24, support::View a25, support::View a26, support::View a27,
+                         support::View a28) {
+
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 add
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a1p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape1_1 = {32};
+  static const support::Shape shape1_3 = {2};
+  static const support::Shape shape1_4 = {2};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.25);
+
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 add
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a4p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape3_1 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a5p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a7p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a7p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape5_1 = {2, 64};
+  static const support::Shape shape5_3 = {2048, 1};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {64};
+  support::reduce(a9.data(), shape5_1, a4.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape6_1 = {2};
+  static const support::Shape shape6_3 = {32};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(a10.data(), shape6_1, a7.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a7p[i0 * 32 + i1];
+        const float s1 = a10p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a11p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 rsqrt
+  {
+    float *__restrict a12p = a12.data();
+    float *__restrict a13p = a13.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a12p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a12p[i0] = s6;
+      a13p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 square
+  {
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 64; ++i2) {
+          const float s0 = a3p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = a11p[i0 * 32 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a13p[i0 * 64 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          a14p[i0 * 2048 + i1 * 64 + i2] = s4;
+          a15p[i0 * 2048 + i1 * 64 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {2, 32, 64};
+  static const support::Shape shape10_5 = {2048, 64, 1};
+  support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 add
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a17p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a18p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape12_1 = {2, 64};
+  static const support::Shape shape12_3 = {2048, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a19.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a19p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a20p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a20p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 1};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {32};
+  support::reduce(a21.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape15_1 = {2};
+  static const support::Shape shape15_3 = {64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(a22.data(), shape15_1, a20.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
+  {
+    float *__restrict a23p = a23.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a20p[i0 * 64 + i1];
+        const float s1 = a22p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a23p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 rsqrt
+  {
+    float *__restrict a24p = a24.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a24p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a24p[i0] = s6;
+      a25p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 square
+  {
+    float *__restrict a26p = a26.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a17p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = a23p[i0 * 64 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a25p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          a26p[i0 * 2048 + i1 * 32 + i2] = s4;
+          a27p[i0 * 2048 + i1 * 32 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {2, 64, 32};
+  static const support::Shape shape19_5 = {2048, 32, 1};
+  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.0001220703125);
 }
 
 void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -2426,17 +2407,15 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
                          support::View a13, support::View a14, support::View a15, support::View a16,
                          support::View a17, support::View a18, support::View a19, support::View a20,
                          support::View a21) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:124:3 square
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 rsqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 rsqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 square
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2465,8 +2444,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -2474,10 +2452,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2490,8 +2467,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a7p[0] = s5;
   }
 
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2502,8 +2478,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -2511,10 +2486,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 maximum
-  // moe.mesh:124:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2527,10 +2501,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a11p[0] = s5;
   }
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 sub -> next/norm[0]/gain
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/norm[0]/gain
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -2548,15 +2521,14 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 square
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 rsqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 rsqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 square
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2585,8 +2557,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -2594,10 +2565,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a16.data(), shape8_1, a15.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2610,8 +2580,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a17p[0] = s5;
   }
 
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -2622,8 +2591,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32};
@@ -2631,10 +2599,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a20.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 maximum
-  // moe.mesh:124:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2647,10 +2614,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a21p[0] = s5;
   }
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 sub -> next/norm[0]/bias
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/norm[0]/bias
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -2675,12 +2641,10 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
                          support::View a9, support::ConstView a10, support::View a11,
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::ConstView a16, support::View a17) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -2693,10 +2657,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a1p[0] = s5;
   }
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 maximum
-  // moe.mesh:124:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -2709,10 +2672,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a3p[0] = s5;
   }
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 sub -> next/route[0]/w_gate
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/route[0]/w_gate
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -2730,10 +2692,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     }
   }
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2746,10 +2707,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a7p[0] = s5;
   }
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 maximum
-  // moe.mesh:124:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2762,10 +2722,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a9p[0] = s5;
   }
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_in
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2783,10 +2742,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     }
   }
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -2799,10 +2757,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a13p[0] = s5;
   }
 
-  // moe.mesh:124:3 sqrt
-  // moe.mesh:124:3 maximum
-  // moe.mesh:124:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -2815,10 +2772,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a15p[0] = s5;
   }
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_out
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2837,51 +2793,228 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   }
 }
 
-void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::View a6, support::View a7, support::View a8, support::View a9,
+                         support::View a10, support::View a11, support::View a12, support::View a13,
+                         support::View a14, support::View a15) {
+
+  // moe.mesh:43:18 max
+  static const support::Shape shape0_1 = {1, 64};
+  static const support::Shape shape0_3 = {128, 2};
+  static const support::Shape shape0_4 = {2};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a1p[i0 * 2 + i1];
+        const float s1 = a0p[i0];
+        const float s2 = (s0 == s1 ? 1.0f : 0.0f);
+        const float s3 = a2p[i0 * 2 + i1];
+        const float s4 = support::wrapI32(double(support::maximum(s2, s3)));
+        const float s5 = a3p[i1];
+        const float s6 = support::wrapI32(4.0);
+        const float s7 = (s4 != 0 ? s5 : s6);
+        a4p[i0 * 2 + i1] = s7;
+      }
+    }
+  }
+
+  // moe.mesh:43:18 min
+  static const support::Shape shape3_1 = {1, 64};
+  static const support::Shape shape3_3 = {128, 2};
+  static const support::Shape shape3_4 = {2};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Min, 1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot -> first
+  static const support::Shape shape5_1 = {1, 64, 2};
+  static const support::Shape shape5_3 = {64, 1, 0};
+  static const support::Shape shape5_4 = {0, 0, 1};
+  support::oneHot(a6.data(), shape5_1, a5.data(), shape5_3, shape5_4,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:51:34 mul
+  // moe.mesh:51:28 sub
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = 2.0f;
+      const float s1 = a6p[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = a1p[i0];
+      const float s4 = (s3 - s2);
+      a7p[i0] = s4;
+    }
+  }
+
+  // moe.mesh:43:18 max
+  static const support::Shape shape7_1 = {1, 64};
+  static const support::Shape shape7_3 = {128, 2};
+  static const support::Shape shape7_4 = {2};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(a8.data(), shape7_1, a7.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:43:18 ne
+  // moe.mesh:43:18 eq
+  // moe.mesh:43:18 maximum
+  // moe.mesh:43:18 where
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a7p[i0 * 2 + i1];
+        const float s1 = a7p[i0 * 2 + i1];
+        const float s2 = (s0 != s1 ? 1.0f : 0.0f);
+        const float s3 = a7p[i0 * 2 + i1];
+        const float s4 = a8p[i0];
+        const float s5 = (s3 == s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
+        const float s7 = a3p[i1];
+        const float s8 = support::wrapI32(4.0);
+        const float s9 = (s6 != 0 ? s7 : s8);
+        a9p[i0 * 2 + i1] = s9;
+      }
+    }
+  }
+
+  // moe.mesh:43:18 min
+  static const support::Shape shape10_1 = {1, 64};
+  static const support::Shape shape10_3 = {128, 2};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a10.data(), shape10_1, a9.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Min, 1.0);
+
+  // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
+
+  // moe.mesh:43:10 one_hot -> mask2
+  static const support::Shape shape12_1 = {1, 64, 2};
+  static const support::Shape shape12_3 = {64, 1, 0};
+  static const support::Shape shape12_4 = {0, 0, 1};
+  support::oneHot(a11.data(), shape12_1, a10.data(), shape12_3, shape12_4,
+                  support::shardStart(world_, {"model"}, 2));
+
+  // moe.mesh:64:25 mul
+  {
+    float *__restrict a12p = a12.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a6p[i0];
+      const float s2 = (s0 * s1);
+      a12p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:64:15 sum -> gate1
+  static const support::Shape shape14_1 = {1, 64};
+  static const support::Shape shape14_3 = {128, 2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a13.data(), shape14_1, a12.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:65:25 mul
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a11p[i0];
+      const float s2 = (s0 * s1);
+      a14p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:65:15 sum -> gate2
+  static const support::Shape shape16_1 = {1, 64};
+  static const support::Shape shape16_3 = {128, 2};
+  static const support::Shape shape16_4 = {2};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(a15.data(), shape16_1, a14.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::View a4, support::View a5,
                          support::ConstView a6, support::ConstView a7, support::ConstView a8,
                          support::View a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:59:15 maximum -> total
-  // moe.mesh:73:36 div
-  // moe.mesh:73:66 div
-  MESHRT_TRACE("loop", "moe.mesh:59:15", "forward");
+  // moe.mesh:66:29 add
+  // moe.mesh:66:15 maximum -> total
+  // moe.mesh:80:36 div
   {
+    float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
     const float *__restrict a0p = a0.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = a0p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = a1p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = a2p[i0];
-      const float s6 = (s5 / s2);
-      a3p[i0] = s2;
-      a4p[i0] = s4;
-      a5p[i0] = s6;
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 1e-09f;
+      const float s4 = support::maximum(s2, s3);
+      const float s5 = a0p[i0];
+      const float s6 = (s5 / s4);
+      a2p[i0] = s2;
+      a3p[i0] = s4;
+      a4p[i0] = s6;
     }
   }
 
-  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
-  // 73:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:73:27");
-  support::allReduceBucket(group_model, {a4, a5});
+  // moe.mesh:80:66 div
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a3p[i0];
+      const float s2 = (s0 / s1);
+      a5p[i0] = s2;
+    }
+  }
 
-  // moe.mesh:70:59 mul -> dispatch2
-  // moe.mesh:72:28 add -> dispatch
-  // moe.mesh:73:57 mul
-  // moe.mesh:73:27 mul
-  // moe.mesh:73:45 add -> combine
-  MESHRT_TRACE("loop", "moe.mesh:70:59", "forward");
+  // moe.mesh:77:59 mul -> dispatch2
+  // moe.mesh:79:28 add -> dispatch
+  // moe.mesh:80:57 mul
+  // moe.mesh:80:27 mul
+  // moe.mesh:80:45 add -> combine
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2913,22 +3046,19 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:78:19 einsum -> expert_in
-  MESHRT_TRACE("gemm", "moe.mesh:78:19", "forward");
+  // moe.mesh:85:19 einsum -> expert_in
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:21 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:79:21", "forward");
+  // moe.mesh:86:21 einsum
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
-  // moe.mesh:79:16 relu -> hidden
-  MESHRT_TRACE("loop", "moe.mesh:79:16", "forward");
+  // moe.mesh:86:16 relu -> hidden
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -2939,153 +3069,20 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:80:20 einsum -> expert_out
-  MESHRT_TRACE("gemm", "moe.mesh:80:20", "forward");
+  // moe.mesh:87:20 einsum -> expert_out
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
-  // moe.mesh:82:10 einsum
-  MESHRT_TRACE("gemm", "moe.mesh:82:10", "forward");
+  // moe.mesh:89:10 einsum
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
-  // moe.mesh:121:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 121:11)
-  MESHRT_TRACE_SITE("moe.mesh:121:11");
+  // moe.mesh:128:11 all_reduce_sum (resolve the partial sum of %80 over model for add at 128:11)
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
-}
-
-void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View a2,
-                         support::View a3, support::View a4, support::View a5, support::View a6,
-                         support::View a7, support::View a8, support::View a9, support::View a10,
-                         support::View a11) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:42:24 max
-  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
-  static const support::Shape shape0_1 = {1, 64};
-  static const support::Shape shape0_3 = {128, 2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
-  group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask1
-  // moe.mesh:54:32 sub
-  // moe.mesh:54:25 mul -> remaining
-  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a1p[i0 * 2 + i1];
-        const float s1 = a0p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = a1p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        a2p[i0 * 2 + i1] = s3;
-        a3p[i0 * 2 + i1] = s5;
-        a4p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
-
-  // moe.mesh:42:24 max
-  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
-  static const support::Shape shape3_1 = {1, 64};
-  static const support::Shape shape3_3 = {128, 2};
-  static const support::Shape shape3_4 = {2};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("moe.mesh:42:24");
-  group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:57:25 mul
-  MESHRT_TRACE("loop", "moe.mesh:57:25", "forward");
-  {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a1p[i0];
-      const float s1 = a2p[i0];
-      const float s2 = (s0 * s1);
-      a6p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:57:15 sum -> gate1
-  MESHRT_TRACE("sum", "moe.mesh:57:15", "forward");
-  static const support::Shape shape6_1 = {1, 64};
-  static const support::Shape shape6_3 = {128, 2};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a7.data(), shape6_1, a6.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:42:21 ge
-  // moe.mesh:42:10 cast -> mask2
-  // moe.mesh:58:29 mul
-  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a4p[i0 * 2 + i1];
-        const float s1 = a5p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = a4p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        a8p[i0 * 2 + i1] = s3;
-        a9p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:58:15 sum -> gate2
-  MESHRT_TRACE("sum", "moe.mesh:58:15", "forward");
-  static const support::Shape shape8_1 = {1, 64};
-  static const support::Shape shape8_3 = {128, 2};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:59:29 add
-  MESHRT_TRACE("loop", "moe.mesh:59:29", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a10p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
 }
 
 void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -3093,12 +3090,10 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3116,8 +3111,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
+  // moe.mesh:131:3 mean
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {32};
@@ -3125,8 +3119,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {32};
@@ -3134,9 +3127,8 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:124:3 div
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -3150,11 +3142,10 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 add
-  // moe.mesh:124:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  // moe.mesh:131:3 rsqrt
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -3175,10 +3166,9 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 mul
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 square
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -3199,8 +3189,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {32, 2};
@@ -3213,10 +3202,8 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:64:19 cumsum -> position1
-  MESHRT_TRACE("cumsum", "moe.mesh:64:19", "forward");
+  // moe.mesh:71:19 cumsum -> position1
   static const support::Shape shape0_2 = {1, 2};
   static const support::Shape shape0_3 = {128, 1};
   static const support::Shape shape0_4 = {128, 1};
@@ -3226,8 +3213,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:67:27 cast
-  MESHRT_TRACE("loop", "moe.mesh:67:27", "forward");
+  // moe.mesh:74:27 cast
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3238,15 +3224,13 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:67:19 one_hot
-  MESHRT_TRACE("one_hot", "moe.mesh:67:19", "forward");
+  // moe.mesh:74:19 one_hot
   static const support::Shape shape2_1 = {1, 64, 2, 40};
   static const support::Shape shape2_3 = {128, 2, 1, 0};
   static const support::Shape shape2_4 = {0, 0, 0, 1};
   support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
 
-  // moe.mesh:67:59 mul -> dispatch1
-  MESHRT_TRACE("loop", "moe.mesh:67:59", "forward");
+  // moe.mesh:74:59 mul -> dispatch1
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3261,8 +3245,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:68:15 sum -> kept1
-  MESHRT_TRACE("sum", "moe.mesh:68:15", "forward");
+  // moe.mesh:75:15 sum -> kept1
   static const support::Shape shape4_1 = {1, 64, 2};
   static const support::Shape shape4_3 = {5120, 80, 40};
   static const support::Shape shape4_4 = {40};
@@ -3270,8 +3253,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::reduce(a5.data(), shape4_1, a4.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:19 cumsum
-  MESHRT_TRACE("cumsum", "moe.mesh:69:19", "forward");
+  // moe.mesh:76:19 cumsum
   static const support::Shape shape5_2 = {1, 2};
   static const support::Shape shape5_3 = {128, 1};
   static const support::Shape shape5_4 = {128, 1};
@@ -3281,8 +3263,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::along(a6.data(), a7.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:69:58 sum
-  MESHRT_TRACE("sum", "moe.mesh:69:58", "forward");
+  // moe.mesh:76:58 sum
   static const support::Shape shape6_1 = {1, 2};
   static const support::Shape shape6_3 = {128, 1};
   static const support::Shape shape6_4 = {64};
@@ -3290,9 +3271,8 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::reduce(a8.data(), shape6_1, a5.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:56 add -> position2
-  // moe.mesh:70:27 cast
-  MESHRT_TRACE("loop", "moe.mesh:69:56", "forward");
+  // moe.mesh:76:56 add -> position2
+  // moe.mesh:77:27 cast
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a6p = a6.data();
@@ -3308,8 +3288,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:70:19 one_hot
-  MESHRT_TRACE("one_hot", "moe.mesh:70:19", "forward");
+  // moe.mesh:77:19 one_hot
   static const support::Shape shape8_1 = {1, 64, 2, 40};
   static const support::Shape shape8_3 = {128, 2, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 0, 1};
@@ -3319,10 +3298,8 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
 void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
-  MESHRT_TRACE_SPAN(world_);
 
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3333,8 +3310,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2};
@@ -3342,8 +3318,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.0078125);
 
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3354,8 +3329,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {2, 32, 64};
@@ -3363,8 +3337,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0001220703125);
 
-  // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 square
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3375,8 +3348,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:124:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
+  // moe.mesh:131:3 mean
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {2, 64, 32};

@@ -42,9 +42,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 99328;
+  static constexpr size_t kArenaBytes = 99584;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 412176;
+  static constexpr size_t kTemporaryBytes = 411664;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 256;
 
@@ -95,9 +95,8 @@ public:
                  support::View a23, support::View a24, support::View a25, support::View a26,
                  support::View a27, support::View a28, support::View a29, support::View a30,
                  support::View a31, support::View a32, support::View a33, support::View a34,
-                 support::View a35, support::View a36, support::ConstView a37, support::View a38,
-                 support::View a39, support::ConstView a40, support::View a41, support::View a42,
-                 support::View a43);
+                 support::View a35, support::ConstView a36, support::View a37, support::View a38,
+                 support::ConstView a39, support::View a40, support::View a41, support::View a42);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 
@@ -243,22 +242,22 @@ public:
                  support::View a11, support::ConstView a12, support::View a13, support::View a14,
                  support::View a15, support::View a16, support::View a17, support::View a18,
                  support::View a19, support::View a20, support::View a21);
-  void repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
-                 support::ConstView a3, support::View a4, support::View a5, support::View a6,
-                 support::View a7, support::View a8, support::View a9, support::View a10,
-                 support::View a11, support::View a12, support::View a13, support::View a14,
-                 support::View a15, support::View a16);
-  void repeated5(support::ConstView a0, support::View a1, support::ConstView a2, support::View a3,
+  void repeated4(support::ConstView a0, support::View a1, support::ConstView a2, support::View a3,
                  support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
                  support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
                  support::ConstView a12, support::View a13, support::ConstView a14,
                  support::View a15, support::ConstView a16, support::View a17);
-  void repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                 support::View a3, support::View a4, support::View a5, support::ConstView a6,
-                 support::ConstView a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::View a13,
-                 support::ConstView a14, support::View a15, support::View a16,
-                 support::ConstView a17, support::View a18, support::View a19);
+  void repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
+                 support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                 support::View a7, support::View a8, support::View a9, support::View a10,
+                 support::View a11, support::View a12, support::View a13, support::View a14,
+                 support::View a15);
+  void repeated6(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::ConstView a7,
+                 support::ConstView a8, support::View a9, support::View a10, support::View a11,
+                 support::ConstView a12, support::View a13, support::ConstView a14,
+                 support::View a15, support::View a16, support::ConstView a17, support::View a18,
+                 support::View a19);
   void repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7, support::View a8, support::View a9, support::ConstView a10,

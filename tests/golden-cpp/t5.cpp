@@ -650,352 +650,349 @@ void Translate::computeInvariants() {
   // t5.mesh:68:66 iota
   // t5.mesh:68:82 iota
   // t5.mesh:117:36 iota
-  support::View v128 = persistent_.view(18944, 8);
+  support::View v124 = persistent_.view(18944, 8);
   static const support::Shape shape19_1 = {8};
   static const support::Shape shape19_2 = {1};
-  support::iota(v128.data(), shape19_1, shape19_2, 0);
+  support::iota(v124.data(), shape19_1, shape19_2, 0);
 
   // t5.mesh:114:35 ge
-  support::View v130 = persistent_.view(19008, 64);
+  support::View v126 = persistent_.view(19008, 64);
   {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v126p = v126.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 8; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v128p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v124p[i0];
+        const float s1 = v124p[i1];
         const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v130p[i0 * 8 + i1] = s2;
+        v126p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:114:16 cast -> causal
-  support::View v131 = persistent_.view(19264, 64);
+  support::View v127 = persistent_.view(19264, 64);
   {
-    float *__restrict v131p = v131.data();
-    const float *__restrict v130p = v130.data();
+    float *__restrict v127p = v127.data();
+    const float *__restrict v126p = v126.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v130p[i0];
+      const float s0 = v126p[i0];
       const float s1 = s0;
-      v131p[i0] = s1;
+      v127p[i0] = s1;
     }
   }
 
   // t5.mesh:68:80 sub
-  support::View v134 = persistent_.view(19520, 64);
+  support::View v130 = persistent_.view(19520, 64);
   {
-    float *__restrict v134p = v134.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v130p = v130.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 8; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v128p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v124p[i0];
+        const float s1 = v124p[i1];
         const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v134p[i0 * 8 + i1] = s2;
+        v130p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:68:58 maximum
-  support::View v136 = persistent_.view(19776, 64);
+  support::View v132 = persistent_.view(19776, 64);
   {
-    float *__restrict v136p = v136.data();
-    const float *__restrict v134p = v134.data();
+    float *__restrict v132p = v132.data();
+    const float *__restrict v130p = v130.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v134p[i0];
+      const float s0 = v130p[i0];
       const float s1 = support::wrapI32(0.0);
       const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v136p[i0] = s2;
+      v132p[i0] = s2;
     }
   }
 
   // t5.mesh:47:18 maximum
-  support::View v138 = persistent_.view(20032, 64);
+  support::View v134 = persistent_.view(20032, 64);
   {
-    float *__restrict v138p = v138.data();
-    const float *__restrict v136p = v136.data();
+    float *__restrict v134p = v134.data();
+    const float *__restrict v132p = v132.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v136p[i0];
+      const float s0 = v132p[i0];
       const float s1 = support::wrapI32(4.0);
       const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v138p[i0] = s2;
+      v134p[i0] = s2;
     }
   }
 
   // t5.mesh:47:13 cast
-  support::View v139 = persistent_.view(20288, 64);
+  support::View v135 = persistent_.view(20288, 64);
   {
-    float *__restrict v139p = v139.data();
-    const float *__restrict v138p = v138.data();
+    float *__restrict v135p = v135.data();
+    const float *__restrict v134p = v134.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v138p[i0];
+      const float s0 = v134p[i0];
       const float s1 = s0;
-      v139p[i0] = s1;
+      v135p[i0] = s1;
     }
   }
 
   // t5.mesh:47:48 div -> far
-  support::View v141 = persistent_.view(20608, 64);
+  support::View v137 = persistent_.view(20608, 64);
   {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v139p = v139.data();
+    float *__restrict v137p = v137.data();
+    const float *__restrict v135p = v135.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v139p[i0];
+      const float s0 = v135p[i0];
       const float s1 = 4.0f;
       const float s2 = (s0 / s1);
-      v141p[i0] = s2;
+      v137p[i0] = s2;
     }
   }
 
   // t5.mesh:48:22 log
-  support::View v142 = persistent_.view(20864, 64);
+  support::View v138 = persistent_.view(20864, 64);
   {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v141p = v141.data();
+    float *__restrict v138p = v138.data();
+    const float *__restrict v137p = v137.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v141p[i0];
+      const float s0 = v137p[i0];
       const float s1 = support::flog(s0);
-      v142p[i0] = s1;
+      v138p[i0] = s1;
     }
   }
 
   // t5.mesh:48:31 div
-  support::View v144 = persistent_.view(21184, 64);
+  support::View v140 = persistent_.view(21184, 64);
   {
-    float *__restrict v144p = v144.data();
-    const float *__restrict v142p = v142.data();
+    float *__restrict v140p = v140.data();
+    const float *__restrict v138p = v138.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v142p[i0];
+      const float s0 = v138p[i0];
       const float s1 = 2.0794415f;
       const float s2 = (s0 / s1);
-      v144p[i0] = s2;
+      v140p[i0] = s2;
     }
   }
 
   // t5.mesh:48:57 mul
-  support::View v146 = persistent_.view(21440, 64);
+  support::View v142 = persistent_.view(21440, 64);
+  {
+    float *__restrict v142p = v142.data();
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v140p[i0];
+      const float s1 = 4.0f;
+      const float s2 = (s0 * s1);
+      v142p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:16 floor -> spread
+  support::View v143 = persistent_.view(21696, 64);
+  {
+    float *__restrict v143p = v143.data();
+    const float *__restrict v142p = v142.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v142p[i0];
+      const float s1 = support::ffloor(s0);
+      v143p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:25 cast
+  support::View v144 = persistent_.view(21952, 64);
+  {
+    float *__restrict v144p = v144.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = support::castToI32(s0);
+      v144p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:43 add
+  support::View v146 = persistent_.view(22208, 64);
   {
     float *__restrict v146p = v146.data();
     const float *__restrict v144p = v144.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v144p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 * s1);
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
       v146p[i0] = s2;
     }
   }
 
-  // t5.mesh:48:16 floor -> spread
-  support::View v147 = persistent_.view(21696, 64);
+  // t5.mesh:49:20 maximum
+  support::View v148 = persistent_.view(22464, 64);
   {
-    float *__restrict v147p = v147.data();
+    float *__restrict v148p = v148.data();
     const float *__restrict v146p = v146.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v146p[i0];
-      const float s1 = support::ffloor(s0);
-      v147p[i0] = s1;
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v148p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:25 cast
-  support::View v148 = persistent_.view(21952, 64);
-  {
-    float *__restrict v148p = v148.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v147p[i0];
-      const float s1 = support::castToI32(s0);
-      v148p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:49:43 add
-  support::View v150 = persistent_.view(22208, 64);
+  // t5.mesh:49:20 minimum -> log_spaced
+  support::View v150 = persistent_.view(22784, 64);
   {
     float *__restrict v150p = v150.data();
     const float *__restrict v148p = v148.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v148p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      const float s1 = support::wrapI32(7.0);
+      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
       v150p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:20 maximum
-  support::View v152 = persistent_.view(22464, 64);
+  // t5.mesh:50:18 lt
+  support::View v152 = persistent_.view(23040, 64);
   {
     float *__restrict v152p = v152.data();
-    const float *__restrict v150p = v150.data();
+    const float *__restrict v132p = v132.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v150p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      const float s0 = v132p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
       v152p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:20 minimum -> log_spaced
-  support::View v154 = persistent_.view(22784, 64);
+  // t5.mesh:50:10 where
+  support::View v153 = persistent_.view(23296, 64);
   {
-    float *__restrict v154p = v154.data();
+    float *__restrict v153p = v153.data();
     const float *__restrict v152p = v152.data();
+    const float *__restrict v132p = v132.data();
+    const float *__restrict v150p = v150.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v152p[i0];
-      const float s1 = support::wrapI32(7.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v154p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:50:18 lt
-  support::View v156 = persistent_.view(23040, 64);
-  {
-    float *__restrict v156p = v156.data();
-    const float *__restrict v136p = v136.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v136p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v156p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:50:10 where
-  support::View v157 = persistent_.view(23296, 64);
-  {
-    float *__restrict v157p = v157.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v136p = v136.data();
-    const float *__restrict v154p = v154.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v156p[i0];
-      const float s1 = v136p[i0];
-      const float s2 = v154p[i0];
+      const float s1 = v132p[i0];
+      const float s2 = v150p[i0];
       const float s3 = (s0 != 0 ? s1 : s2);
-      v157p[i0] = s3;
+      v153p[i0] = s3;
     }
   }
 
   // t5.mesh:115:62 sub
-  support::View v162 = persistent_.view(23616, 64);
+  support::View v158 = persistent_.view(23616, 64);
   {
-    float *__restrict v162p = v162.data();
-    const float *__restrict v131p = v131.data();
+    float *__restrict v158p = v158.data();
+    const float *__restrict v127p = v127.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v131p[i0];
+      const float s0 = v127p[i0];
       const float s1 = 1.0f;
       const float s2 = (s0 - s1);
-      v162p[i0] = s2;
+      v158p[i0] = s2;
     }
   }
 
   // t5.mesh:115:69 mul
-  support::View v164 = persistent_.view(23936, 64);
+  support::View v160 = persistent_.view(23936, 64);
   {
-    float *__restrict v164p = v164.data();
-    const float *__restrict v162p = v162.data();
+    float *__restrict v160p = v160.data();
+    const float *__restrict v158p = v158.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v162p[i0];
+      const float s0 = v158p[i0];
       const float s1 = 1000000000.0f;
       const float s2 = (s0 * s1);
-      v164p[i0] = s2;
+      v160p[i0] = s2;
     }
   }
 
   // t5.mesh:117:22 iota
-  support::View v166 = persistent_.view(24192, 2);
+  support::View v162 = persistent_.view(24192, 2);
   static const support::Shape shape39_1 = {2};
   static const support::Shape shape39_2 = {1};
-  support::iota(v166.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v162.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
 
   // t5.mesh:117:34 add
-  support::View v168 = persistent_.view(24256, 16);
+  support::View v164 = persistent_.view(24256, 16);
   {
-    float *__restrict v168p = v168.data();
-    const float *__restrict v166p = v166.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v164p = v164.data();
+    const float *__restrict v162p = v162.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v166p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v162p[i0];
+        const float s1 = v124p[i1];
         const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v168p[i0 * 8 + i1] = s2;
+        v164p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:117:50 add
-  support::View v170 = persistent_.view(24320, 256);
+  support::View v166 = persistent_.view(24320, 256);
   {
-    float *__restrict v170p = v170.data();
-    const float *__restrict v168p = v168.data();
+    float *__restrict v166p = v166.data();
+    const float *__restrict v164p = v164.data();
     const float *__restrict v2p = v2.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v168p[i0];
+        const float s0 = v164p[i0];
         const float s1 = v2p[i1];
         const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v170p[i0 * 16 + i1] = s2;
+        v166p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:117:17 cast
-  support::View v171 = persistent_.view(25344, 256);
+  support::View v167 = persistent_.view(25344, 256);
   {
-    float *__restrict v171p = v171.data();
-    const float *__restrict v170p = v170.data();
+    float *__restrict v167p = v167.data();
+    const float *__restrict v166p = v166.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v170p[i0];
+      const float s0 = v166p[i0];
       const float s1 = s0;
-      v171p[i0] = s1;
+      v167p[i0] = s1;
     }
   }
 
   // t5.mesh:117:71 mul -> no_bias
-  support::View v173 = persistent_.view(26432, 256);
+  support::View v169 = persistent_.view(26432, 256);
   {
-    float *__restrict v173p = v173.data();
-    const float *__restrict v171p = v171.data();
+    float *__restrict v169p = v169.data();
+    const float *__restrict v167p = v167.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v171p[i0];
+      const float s0 = v167p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 * s1);
-      v173p[i0] = s2;
+      v169p[i0] = s2;
     }
   }
 
   // t5.mesh:133:17 iota
-  support::View v323 = persistent_.view(27520, 32);
+  support::View v311 = persistent_.view(27520, 32);
   static const support::Shape shape44_1 = {32};
   static const support::Shape shape44_2 = {1};
-  support::iota(v323.data(), shape44_1, shape44_2, support::shardStart(world_, {"model"}, 32));
+  support::iota(v311.data(), shape44_1, shape44_2, support::shardStart(world_, {"model"}, 32));
 }
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "translate");
-  // Arena: 20992 bytes for 286016 bytes of temporaries (placed by liveness).
+  // Arena: 23040 bytes for 251200 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v318 = arena_.view(2048, 512);
-  support::View v326 = arena_.view(4096, 16);
+  support::View v306 = arena_.view(2048, 512);
+  support::View v314 = arena_.view(4096, 16);
 
   Outputs outputs;
-  outputs.logits = support::Tensor{{2, 8, 32}, support::Buffer(v318.begin(), v318.end())};
-  outputs.predictions = support::Tensor{{2, 8}, support::Buffer(v326.begin(), v326.end())};
+  outputs.logits = support::Tensor{{2, 8, 32}, support::Buffer(v306.begin(), v306.end())};
+  outputs.predictions = support::Tensor{{2, 8}, support::Buffer(v314.begin(), v314.end())};
   return outputs;
 }
 
 void Translate::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
-  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v32 = param0_encoder_relative_bias_table;
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -1005,8 +1002,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
-  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v34 = arena_.view(12288, 512);
+  support::View v34 = arena_.view(16384, 512);
   {
     float *__restrict v34p = v34.data();
     const float *__restrict v33p = v33.data();
@@ -1020,7 +1016,6 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -1030,7 +1025,6 @@ void Translate::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -1039,1190 +1033,971 @@ void Translate::runPart0(const Inputs &inputs) {
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
   // t5.mesh:118:17 shift
-  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v174 = arena_.view(2048, 16);
+  support::View v170 = arena_.view(2048, 16);
   static const support::Shape shape4_2 = {2, 8};
-  support::shift(v174, v1, shape4_2, 1, 1, nullptr);
+  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
 
   // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v175 = arena_.view(0, 512);
+  support::View v171 = arena_.view(0, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
   static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v175.data(), shape5_1, v174.data(), shape5_3, shape5_4,
+  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
-  support::View v176 = arena_.view(14336, 512);
+  support::View v172 = arena_.view(18432, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v175.data(), v35.data(), v176.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
 
-  // 12 statements from t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x
-  // over model for square at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one
-  // buffer) (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  support::View v39 = arena_.view(0, 1024);
-  support::View v178 = arena_.view(16384, 512);
-  support::View v40 = arena_.view(8192, 1024);
-  support::View v41 = arena_.view(0, 32);
-  support::View v44 = arena_.view(8192, 32);
-  const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
-  support::View v46 = arena_.view(0, 1024);
-  support::View v179 = arena_.view(8192, 512);
-  support::View v180 = arena_.view(10240, 16);
-  support::View v183 = arena_.view(8192, 16);
-  const support::Buffer &v177 = param20_decoder_rms_norm_0_scale;
-  support::View v185 = arena_.view(16384, 512);
-  repeated1(v39, v37, v178, v176, v40, v41, v44, v38, v46, v179, v180, v183, v177, v185);
-
-  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  const support::Buffer &v47 = param3_encoder_attention_0_q;
-  support::View v52 = arena_.view(8192, 512);
-  const support::Buffer &v48 = param4_encoder_attention_0_k;
-  support::View v53 = arena_.view(10240, 512);
-  const support::Buffer &v49 = param5_encoder_attention_0_v;
-  support::View v55 = arena_.view(18432, 512);
-  support::View v57 = arena_.view(0, 1024);
-  support::View v58 = arena_.view(8192, 1024);
-  support::View v59 = arena_.view(0, 1024);
-  const support::Buffer &v50 = param6_encoder_attention_0_o;
-  support::View v60 = arena_.view(8192, 1024);
-  support::View v61 = arena_.view(0, 1024);
-  repeated4(v46, v47, v52, v48, v53, v49, v55, v57, v34, v58, v59, v50, v60, v37, v61);
-
-  // t5.mesh:56:10 gather
-  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
-  const support::Buffer &v158 = param19_decoder_relative_bias_table;
-  support::View v157 = persistent_.view(23296, 64);
-  support::View v159 = arena_.view(4096, 128);
-  static const support::Shape shape9_1 = {8, 8, 2};
-  static const support::Shape shape9_3 = {0, 0, 1};
-  static const support::Shape shape9_5 = {8, 1, 0};
-  support::gather(v159.data(), shape9_1, v158.data(), shape9_3, v157.data(), shape9_5, 8, 2, 0);
-
-  // t5.mesh:56:10 transpose
-  // t5.mesh:115:52 add -> self_bias
-  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v164 = persistent_.view(23936, 64);
-  support::View v165 = arena_.view(20480, 128);
-  {
-    float *__restrict v165p = v165.data();
-    const float *__restrict v159p = v159.data();
-    const float *__restrict v164p = v164.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v159p[i0 + i1 * 2];
-        const float s1 = s0;
-        const float s2 = v164p[i1];
-        const float s3 = (s1 + s2);
-        v165p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  const support::Buffer &v186 = param21_decoder_attention_0_q;
-  support::View v191 = arena_.view(4096, 256);
-  const support::Buffer &v187 = param22_decoder_attention_0_k;
-  support::View v192 = arena_.view(5120, 256);
-  const support::Buffer &v188 = param23_decoder_attention_0_v;
-  support::View v194 = arena_.view(6144, 256);
-  support::View v196 = arena_.view(7168, 256);
-  support::View v197 = arena_.view(4096, 256);
-  support::View v198 = arena_.view(7168, 256);
-  const support::Buffer &v189 = param24_decoder_attention_0_o;
-  support::View v199 = arena_.view(4096, 512);
-  support::View v200 = arena_.view(16384, 512);
-  repeated3(v185, v186, v191, v187, v192, v188, v194, v196, v165, v197, v198, v189, v199, v176,
-            v200);
-
-  // 12 statements from t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x
-  // over model for square at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one
-  // buffer) (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  support::View v63 = arena_.view(4096, 1024);
-  support::View v202 = arena_.view(14336, 512);
-  support::View v64 = arena_.view(8192, 1024);
-  support::View v65 = arena_.view(4096, 32);
-  support::View v68 = arena_.view(8192, 32);
-  const support::Buffer &v62 = param7_encoder_rms_norm_1_0_scale;
-  support::View v70 = arena_.view(4096, 1024);
-  support::View v203 = arena_.view(8192, 512);
-  support::View v204 = arena_.view(10240, 16);
-  support::View v207 = arena_.view(8192, 16);
-  const support::Buffer &v201 = param25_decoder_rms_norm_1_0_scale;
-  support::View v209 = arena_.view(14336, 512);
-  repeated1(v63, v61, v202, v200, v64, v65, v68, v62, v70, v203, v204, v207, v201, v209);
-
-  // 10 statements from t5.mesh:91:22 einsum (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  const support::Buffer &v71 = param8_encoder_dense_relu_dense_0_wi;
-  support::View v74 = arena_.view(8192, 1024);
-  support::View v75 = arena_.view(4096, 1024);
-  const support::Buffer &v72 = param9_encoder_dense_relu_dense_0_wo;
-  support::View v76 = arena_.view(8192, 1024);
-  support::View v77 = arena_.view(4096, 1024);
-  support::View v79 = arena_.view(0, 1024);
-  support::View v80 = arena_.view(8192, 1024);
-  support::View v81 = arena_.view(0, 32);
-  support::View v84 = arena_.view(8192, 32);
-  const support::Buffer &v78 = param10_encoder_rms_norm_1_scale;
-  support::View v86 = arena_.view(0, 1024);
-  repeated2(v70, v71, v74, v75, v72, v76, v61, v77, v79, v80, v81, v84, v78, v86);
-
-  // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  group_model.allReduce(v86.data(), v86.size(), meshrt::ReduceOp::Sum);
-
-  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  const support::Buffer &v87 = param11_encoder_attention_1_q;
-  support::View v92 = arena_.view(8192, 512);
-  const support::Buffer &v88 = param12_encoder_attention_1_k;
-  support::View v93 = arena_.view(10240, 512);
-  const support::Buffer &v89 = param13_encoder_attention_1_v;
-  support::View v95 = arena_.view(18432, 512);
-  support::View v97 = arena_.view(0, 1024);
-  support::View v98 = arena_.view(8192, 1024);
-  support::View v99 = arena_.view(0, 1024);
-  const support::Buffer &v90 = param14_encoder_attention_1_o;
-  support::View v100 = arena_.view(8192, 1024);
-  support::View v101 = arena_.view(0, 1024);
-  repeated4(v86, v87, v92, v88, v93, v89, v95, v97, v34, v98, v99, v90, v100, v77, v101);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::View v103 = arena_.copy(4096, v101);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
+  // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
+  // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v37, v172});
 
   // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v104 = arena_.view(8192, 1024);
+  support::View v40 = arena_.view(0, 1024);
   {
-    float *__restrict v104p = v104.data();
-    const float *__restrict v103p = v103.data();
+    float *__restrict v40p = v40.data();
+    const float *__restrict v37p = v37.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v103p[i0];
+      const float s0 = v37p[i0];
       const float s1 = s0 * s0;
-      v104p[i0] = s1;
+      v40p[i0] = s1;
     }
   }
 
   // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v105 = arena_.view(4096, 32);
-  static const support::Shape shape19_1 = {2, 16};
-  static const support::Shape shape19_3 = {512, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v105.data(), shape19_1, v104.data(), shape19_3, shape19_4, shape19_5,
+  support::View v41 = arena_.view(8192, 32);
+  static const support::Shape shape9_1 = {2, 16};
+  static const support::Shape shape9_3 = {512, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v41.data(), shape9_1, v40.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v108 = arena_.view(8192, 32);
+  support::View v44 = arena_.view(8320, 32);
   {
-    float *__restrict v108p = v108.data();
-    const float *__restrict v105p = v105.data();
+    float *__restrict v44p = v44.data();
+    const float *__restrict v41p = v41.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v105p[i0];
+      const float s0 = v41p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v108p[i0] = s3;
+      v44p[i0] = s3;
     }
   }
 
   // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  const support::Buffer &v102 = param15_encoder_rms_norm_1_1_scale;
-  support::View v110 = arena_.view(4096, 1024);
+  // t5.mesh:40:53 mul -> n
+  const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
+  support::View v46 = arena_.view(0, 1024);
   {
-    float *__restrict v110p = v110.data();
-    const float *__restrict v101p = v101.data();
-    const float *__restrict v108p = v108.data();
-    const float *__restrict v102p = v102.data();
+    float *__restrict v46p = v46.data();
+    const float *__restrict v37p = v37.data();
+    const float *__restrict v44p = v44.data();
+    const float *__restrict v38p = v38.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v101p[i0 * 32 + i1];
-        const float s1 = v108p[i0];
+        const float s0 = v37p[i0 * 32 + i1];
+        const float s1 = v44p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v102p[i1];
+        const float s3 = v38p[i1];
         const float s4 = (s2 * s3);
-        v110p[i0 * 32 + i1] = s4;
+        v46p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %103 over model for einsum at 91:22)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  group_model.allReduce(v110.data(), v110.size(), meshrt::ReduceOp::Sum);
+  // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  const support::Buffer &v47 = param3_encoder_attention_0_q;
+  support::View v51 = arena_.view(8192, 512);
+  const support::Buffer &v48 = param4_encoder_attention_0_k;
+  support::View v52 = arena_.view(10240, 512);
+  const support::Buffer &v49 = param5_encoder_attention_0_v;
+  support::View v54 = arena_.view(12288, 512);
+  support::View v56 = arena_.view(0, 1024);
+  support::View v57 = arena_.view(8192, 1024);
+  support::View v58 = arena_.view(0, 1024);
+  const support::Buffer &v50 = param6_encoder_attention_0_o;
+  support::View v59 = arena_.view(8192, 1024);
+  repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
-  // 10 statements from t5.mesh:91:22 einsum (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  const support::Buffer &v111 = param16_encoder_dense_relu_dense_1_wi;
-  support::View v114 = arena_.view(8192, 1024);
-  support::View v115 = arena_.view(4096, 1024);
-  const support::Buffer &v112 = param17_encoder_dense_relu_dense_1_wo;
-  support::View v116 = arena_.view(8192, 1024);
-  support::View v117 = arena_.view(4096, 1024);
-  support::View v119 = arena_.view(0, 1024);
-  support::View v120 = arena_.view(8192, 1024);
-  support::View v121 = arena_.view(0, 32);
-  support::View v124 = arena_.view(8192, 32);
-  const support::Buffer &v118 = param18_encoder_rms_norm_scale;
-  support::View v126 = arena_.view(0, 1024);
-  repeated2(v110, v111, v114, v115, v112, v116, v101, v117, v119, v120, v121, v124, v118, v126);
+  // t5.mesh:56:10 gather
+  const support::Buffer &v154 = param19_decoder_relative_bias_table;
+  support::View v153 = persistent_.view(23296, 64);
+  support::View v155 = arena_.view(0, 128);
+  static const support::Shape shape13_1 = {8, 8, 2};
+  static const support::Shape shape13_3 = {0, 0, 1};
+  static const support::Shape shape13_5 = {8, 1, 0};
+  support::gather(v155.data(), shape13_1, v154.data(), shape13_3, v153.data(), shape13_5, 8, 2, 0);
+
+  // t5.mesh:56:10 transpose
+  // t5.mesh:115:52 add -> self_bias
+  support::View v160 = persistent_.view(23936, 64);
+  support::View v161 = arena_.view(22528, 128);
+  {
+    float *__restrict v161p = v161.data();
+    const float *__restrict v155p = v155.data();
+    const float *__restrict v160p = v160.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v155p[i0 + i1 * 2];
+        const float s1 = s0;
+        const float s2 = v160p[i1];
+        const float s3 = (s1 + s2);
+        v161p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:40:25 square
+  support::View v175 = arena_.view(0, 512);
+  {
+    float *__restrict v175p = v175.data();
+    const float *__restrict v172p = v172.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v172p[i0];
+      const float s1 = s0 * s0;
+      v175p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  support::View v176 = arena_.view(2048, 16);
+  static const support::Shape shape16_1 = {2, 8};
+  static const support::Shape shape16_3 = {256, 32};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v176.data(), shape16_1, v175.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  support::View v179 = arena_.view(2112, 16);
+  {
+    float *__restrict v179p = v179.data();
+    const float *__restrict v176p = v176.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = v176p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v179p[i0] = s3;
+    }
+  }
+
+  // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  const support::Buffer &v173 = param20_decoder_rms_norm_0_scale;
+  support::View v181 = arena_.view(0, 512);
+  const support::Buffer &v182 = param21_decoder_attention_0_q;
+  support::View v186 = arena_.view(2048, 256);
+  const support::Buffer &v183 = param22_decoder_attention_0_k;
+  support::View v187 = arena_.view(3072, 256);
+  const support::Buffer &v184 = param23_decoder_attention_0_v;
+  support::View v189 = arena_.view(12288, 256);
+  support::View v191 = arena_.view(0, 256);
+  support::View v192 = arena_.view(1024, 256);
+  support::View v193 = arena_.view(0, 256);
+  const support::Buffer &v185 = param24_decoder_attention_0_o;
+  support::View v194 = arena_.view(20480, 512);
+  repeated2(v172, v179, v173, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192, v193,
+            v185, v194);
+
+  // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
+  // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v59, v194});
+
+  // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
+  support::View v61 = arena_.view(0, 1024);
+  support::View v63 = arena_.view(12288, 1024);
+  support::View v64 = arena_.view(4096, 32);
+  support::View v67 = arena_.view(8192, 32);
+  const support::Buffer &v62 = param7_encoder_rms_norm_1_0_scale;
+  support::View v69 = arena_.view(4096, 1024);
+  const support::Buffer &v70 = param8_encoder_dense_relu_dense_0_wi;
+  support::View v72 = arena_.view(8192, 1024);
+  support::View v73 = arena_.view(4096, 1024);
+  const support::Buffer &v71 = param9_encoder_dense_relu_dense_0_wo;
+  support::View v74 = arena_.view(8192, 1024);
+  support::View v76 = arena_.view(4096, 1024);
+  support::View v78 = arena_.view(12288, 1024);
+  support::View v79 = arena_.view(0, 32);
+  support::View v82 = arena_.view(8192, 32);
+  const support::Buffer &v77 = param10_encoder_rms_norm_1_scale;
+  support::View v84 = arena_.view(0, 1024);
+  repeated1(v37, v59, v61, v63, v64, v67, v62, v69, v70, v72, v73, v71, v74, v76, v78, v79, v82,
+            v77, v84);
+
+  // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  const support::Buffer &v85 = param11_encoder_attention_1_q;
+  support::View v89 = arena_.view(8192, 512);
+  const support::Buffer &v86 = param12_encoder_attention_1_k;
+  support::View v90 = arena_.view(10240, 512);
+  const support::Buffer &v87 = param13_encoder_attention_1_v;
+  support::View v92 = arena_.view(12288, 512);
+  support::View v94 = arena_.view(0, 1024);
+  support::View v95 = arena_.view(8192, 1024);
+  support::View v96 = arena_.view(0, 1024);
+  const support::Buffer &v88 = param14_encoder_attention_1_o;
+  support::View v97 = arena_.view(8192, 1024);
+  repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
+
+  // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
+  group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
+
+  // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
+  support::View v99 = arena_.view(0, 1024);
+  support::View v101 = arena_.view(12288, 1024);
+  support::View v102 = arena_.view(4096, 32);
+  support::View v105 = arena_.view(8192, 32);
+  const support::Buffer &v100 = param15_encoder_rms_norm_1_1_scale;
+  support::View v107 = arena_.view(4096, 1024);
+  const support::Buffer &v108 = param16_encoder_dense_relu_dense_1_wi;
+  support::View v110 = arena_.view(8192, 1024);
+  support::View v111 = arena_.view(4096, 1024);
+  const support::Buffer &v109 = param17_encoder_dense_relu_dense_1_wo;
+  support::View v112 = arena_.view(8192, 1024);
+  support::View v114 = arena_.view(4096, 1024);
+  support::View v116 = arena_.view(12288, 1024);
+  support::View v117 = arena_.view(0, 32);
+  support::View v120 = arena_.view(8192, 32);
+  const support::Buffer &v115 = param18_encoder_rms_norm_scale;
+  support::View v122 = arena_.view(0, 1024);
+  repeated1(v76, v97, v99, v101, v102, v105, v100, v107, v108, v110, v111, v109, v112, v114, v116,
+            v117, v120, v115, v122);
 }
 
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:113:9 transpose
-  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
-  support::View v127 = arena_.view(4096, 1024);
+  support::View v123 = arena_.view(4096, 1024);
   {
-    float *__restrict v127p = v127.data();
+    float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v35p[i0 + i1 * 32];
         const float s1 = s0;
-        v127p[i0 * 32 + i1] = s1;
+        v123p[i0 * 32 + i1] = s1;
       }
     }
   }
 
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  support::View v209 = arena_.view(14336, 512);
-  const support::Buffer &v210 = param26_decoder_attention_1_0_q;
-  support::View v215 = arena_.view(18432, 256);
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(v209.data(), v210.data(), v215.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 all_reduce_sum (resolve the partial sum of %117 over model for einsum at 81:21)
-  MESHRT_TRACE_SITE("t5.mesh:81:21");
-  support::View v126 = arena_.view(0, 1024);
-  group_model.allReduce(v126.data(), v126.size(), meshrt::ReduceOp::Sum);
-
-  // 23 statements from t5.mesh:81:21 einsum (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:81:21");
-  const support::Buffer &v211 = param27_decoder_attention_1_0_k;
-  support::View v217 = arena_.view(8192, 512);
-  const support::Buffer &v212 = param28_decoder_attention_1_0_v;
-  support::View v219 = arena_.view(10240, 512);
-  support::View v221 = arena_.view(12288, 512);
-  support::View v173 = persistent_.view(26432, 256);
-  support::View v222 = arena_.view(8192, 512);
-  support::View v223 = arena_.view(12288, 512);
-  const support::Buffer &v213 = param29_decoder_attention_1_0_o;
-  support::View v224 = arena_.view(8192, 512);
-  support::View v200 = arena_.view(16384, 512);
-  support::View v225 = arena_.view(10240, 512);
+  // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  support::View v172 = arena_.view(18432, 512);
+  support::View v194 = arena_.view(20480, 512);
+  support::View v196 = arena_.view(8192, 512);
+  support::View v198 = arena_.view(10240, 512);
+  support::View v199 = arena_.view(12288, 16);
+  support::View v202 = arena_.view(12352, 16);
+  const support::Buffer &v197 = param25_decoder_rms_norm_1_0_scale;
+  support::View v204 = arena_.view(10240, 512);
+  const support::Buffer &v205 = param26_decoder_attention_1_0_q;
+  support::View v209 = arena_.view(16384, 256);
+  support::View v122 = arena_.view(0, 1024);
+  const support::Buffer &v206 = param27_decoder_attention_1_0_k;
+  support::View v210 = arena_.view(10240, 512);
+  const support::Buffer &v207 = param28_decoder_attention_1_0_v;
+  support::View v212 = arena_.view(12288, 512);
+  support::View v214 = arena_.view(14336, 512);
+  support::View v169 = persistent_.view(26432, 256);
+  support::View v215 = arena_.view(10240, 512);
+  support::View v216 = arena_.view(14336, 512);
+  const support::Buffer &v208 = param29_decoder_attention_1_0_o;
+  support::View v217 = arena_.view(10240, 512);
+  support::View v219 = arena_.view(12288, 512);
+  support::View v221 = arena_.view(14336, 512);
+  support::View v222 = arena_.view(8192, 16);
+  support::View v225 = arena_.view(10240, 16);
+  const support::Buffer &v220 = param30_decoder_rms_norm_2_0_scale;
   support::View v227 = arena_.view(8192, 512);
-  support::View v228 = arena_.view(12288, 512);
-  support::View v229 = arena_.view(8192, 16);
-  support::View v232 = arena_.view(12288, 16);
-  const support::Buffer &v226 = param30_decoder_rms_norm_2_0_scale;
+  const support::Buffer &v228 = param31_decoder_dense_relu_dense_0_wi;
+  support::View v230 = arena_.view(10240, 512);
+  support::View v231 = arena_.view(8192, 512);
+  const support::Buffer &v229 = param32_decoder_dense_relu_dense_0_wo;
+  support::View v232 = arena_.view(10240, 512);
+  support::View v236 = arena_.view(14336, 512);
+  support::View v237 = arena_.view(10240, 16);
   support::View v234 = arena_.view(8192, 512);
-  const support::Buffer &v235 = param31_decoder_dense_relu_dense_0_wi;
-  support::View v238 = arena_.view(12288, 512);
-  support::View v239 = arena_.view(8192, 512);
-  const support::Buffer &v236 = param32_decoder_dense_relu_dense_0_wo;
-  support::View v240 = arena_.view(12288, 512);
-  support::View v241 = arena_.view(8192, 512);
-  support::View v243 = arena_.view(10240, 512);
-  support::View v244 = arena_.view(12288, 512);
-  support::View v245 = arena_.view(10240, 16);
-  support::View v248 = arena_.view(12288, 16);
-  repeated0(v126, v211, v217, v212, v219, v215, v221, v173, v222, v223, v213, v224, v200, v225,
-            v227, v228, v229, v232, v226, v234, v235, v238, v239, v236, v240, v241, v243, v244,
-            v245, v248);
+  support::View v240 = arena_.view(12288, 16);
+  repeated0(v172, v194, v196, v198, v199, v202, v197, v204, v205, v209, v122, v206, v210, v207,
+            v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v227, v228,
+            v230, v231, v229, v232, v234, v236, v237, v240);
 
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  const support::Buffer &v242 = param33_decoder_rms_norm_1_scale;
-  support::View v250 = arena_.view(10240, 512);
-  {
-    float *__restrict v250p = v250.data();
-    const float *__restrict v241p = v241.data();
-    const float *__restrict v248p = v248.data();
-    const float *__restrict v242p = v242.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v241p[i0 * 32 + i1];
-        const float s1 = v248p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v242p[i1];
-        const float s4 = (s2 * s3);
-        v250p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  const support::Buffer &v235 = param33_decoder_rms_norm_1_scale;
+  support::View v242 = arena_.view(10240, 512);
+  const support::Buffer &v243 = param34_decoder_attention_1_q;
+  support::View v247 = arena_.view(12288, 256);
+  const support::Buffer &v244 = param35_decoder_attention_1_k;
+  support::View v248 = arena_.view(13312, 256);
+  const support::Buffer &v245 = param36_decoder_attention_1_v;
+  support::View v250 = arena_.view(14336, 256);
+  support::View v252 = arena_.view(10240, 256);
+  support::View v161 = arena_.view(22528, 128);
+  support::View v253 = arena_.view(11264, 256);
+  support::View v254 = arena_.view(12288, 256);
+  const support::Buffer &v246 = param37_decoder_attention_1_o;
+  support::View v255 = arena_.view(10240, 512);
+  repeated2(v234, v240, v235, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253, v254,
+            v246, v255);
 
-  // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  group_model.allReduce(v250.data(), v250.size(), meshrt::ReduceOp::Sum);
+  // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
+  group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
-  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  const support::Buffer &v251 = param34_decoder_attention_1_q;
-  support::View v256 = arena_.view(12288, 256);
-  const support::Buffer &v252 = param35_decoder_attention_1_k;
-  support::View v257 = arena_.view(13312, 256);
-  const support::Buffer &v253 = param36_decoder_attention_1_v;
-  support::View v259 = arena_.view(14336, 256);
-  support::View v261 = arena_.view(10240, 256);
-  support::View v165 = arena_.view(20480, 128);
-  support::View v262 = arena_.view(11264, 256);
-  support::View v263 = arena_.view(12288, 256);
-  const support::Buffer &v254 = param37_decoder_attention_1_o;
-  support::View v264 = arena_.view(10240, 512);
-  support::View v265 = arena_.view(12288, 512);
-  repeated3(v250, v251, v256, v252, v257, v253, v259, v261, v165, v262, v263, v254, v264, v241,
-            v265);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::View v267 = arena_.copy(8192, v265);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(v267.data(), v267.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v268 = arena_.view(10240, 512);
-  {
-    float *__restrict v268p = v268.data();
-    const float *__restrict v267p = v267.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v267p[i0];
-      const float s1 = s0 * s0;
-      v268p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v269 = arena_.view(8192, 16);
-  static const support::Shape shape10_1 = {2, 8};
-  static const support::Shape shape10_3 = {256, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v269.data(), shape10_1, v268.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v272 = arena_.view(10240, 16);
-  {
-    float *__restrict v272p = v272.data();
-    const float *__restrict v269p = v269.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v269p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v272p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  const support::Buffer &v266 = param38_decoder_rms_norm_1_1_scale;
-  support::View v274 = arena_.view(8192, 512);
-  {
-    float *__restrict v274p = v274.data();
-    const float *__restrict v265p = v265.data();
-    const float *__restrict v272p = v272.data();
-    const float *__restrict v266p = v266.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v265p[i0 * 32 + i1];
-        const float s1 = v272p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v266p[i1];
-        const float s4 = (s2 * s3);
-        v274p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // t5.mesh:80:17 all_reduce_sum (resolve the partial sum of %255 over model for einsum at 80:17)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  group_model.allReduce(v274.data(), v274.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  const support::Buffer &v275 = param39_decoder_attention_1_1_q;
-  support::View v280 = arena_.view(14336, 256);
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(v274.data(), v275.data(), v280.data(), 1.0f, 0.0f);
-
-  // 23 statements from t5.mesh:81:21 einsum (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:81:21");
-  const support::Buffer &v276 = param40_decoder_attention_1_1_k;
-  support::View v281 = arena_.view(8192, 512);
-  const support::Buffer &v277 = param41_decoder_attention_1_1_v;
-  support::View v283 = arena_.view(10240, 512);
-  support::View v285 = arena_.view(0, 512);
-  support::View v286 = arena_.view(2048, 512);
-  support::View v287 = arena_.view(0, 512);
-  const support::Buffer &v278 = param42_decoder_attention_1_1_o;
+  // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  support::View v257 = arena_.view(12288, 512);
+  support::View v259 = arena_.view(14336, 512);
+  support::View v260 = arena_.view(8192, 16);
+  support::View v263 = arena_.view(10240, 16);
+  const support::Buffer &v258 = param38_decoder_rms_norm_1_1_scale;
+  support::View v265 = arena_.view(8192, 512);
+  const support::Buffer &v266 = param39_decoder_attention_1_1_q;
+  support::View v270 = arena_.view(14336, 256);
+  const support::Buffer &v267 = param40_decoder_attention_1_1_k;
+  support::View v271 = arena_.view(8192, 512);
+  const support::Buffer &v268 = param41_decoder_attention_1_1_v;
+  support::View v273 = arena_.view(10240, 512);
+  support::View v275 = arena_.view(0, 512);
+  support::View v276 = arena_.view(2048, 512);
+  support::View v277 = arena_.view(0, 512);
+  const support::Buffer &v269 = param42_decoder_attention_1_1_o;
+  support::View v278 = arena_.view(2048, 512);
+  support::View v280 = arena_.view(0, 512);
+  support::View v282 = arena_.view(8192, 512);
+  support::View v283 = arena_.view(2048, 16);
+  support::View v286 = arena_.view(8192, 16);
+  const support::Buffer &v281 = param43_decoder_rms_norm_2_1_scale;
   support::View v288 = arena_.view(2048, 512);
-  support::View v289 = arena_.view(0, 512);
-  support::View v291 = arena_.view(2048, 512);
-  support::View v292 = arena_.view(8192, 512);
-  support::View v293 = arena_.view(2048, 16);
-  support::View v296 = arena_.view(8192, 16);
-  const support::Buffer &v290 = param43_decoder_rms_norm_2_1_scale;
-  support::View v298 = arena_.view(2048, 512);
-  const support::Buffer &v299 = param44_decoder_dense_relu_dense_1_wi;
-  support::View v302 = arena_.view(8192, 512);
-  support::View v303 = arena_.view(2048, 512);
-  const support::Buffer &v300 = param45_decoder_dense_relu_dense_1_wo;
-  support::View v304 = arena_.view(8192, 512);
-  support::View v305 = arena_.view(2048, 512);
-  support::View v307 = arena_.view(0, 512);
-  support::View v308 = arena_.view(8192, 512);
-  support::View v309 = arena_.view(0, 16);
-  support::View v312 = arena_.view(8192, 16);
-  repeated0(v126, v276, v281, v277, v283, v280, v285, v173, v286, v287, v278, v288, v265, v289,
-            v291, v292, v293, v296, v290, v298, v299, v302, v303, v300, v304, v305, v307, v308,
-            v309, v312);
+  const support::Buffer &v289 = param44_decoder_dense_relu_dense_1_wi;
+  support::View v291 = arena_.view(8192, 512);
+  support::View v292 = arena_.view(2048, 512);
+  const support::Buffer &v290 = param45_decoder_dense_relu_dense_1_wo;
+  support::View v293 = arena_.view(8192, 512);
+  support::View v297 = arena_.view(10240, 512);
+  support::View v298 = arena_.view(0, 16);
+  support::View v295 = arena_.view(2048, 512);
+  support::View v301 = arena_.view(8192, 16);
+  repeated0(v234, v255, v257, v259, v260, v263, v258, v265, v266, v270, v122, v267, v271, v268,
+            v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v288, v289,
+            v291, v292, v290, v293, v295, v297, v298, v301);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  const support::Buffer &v306 = param46_decoder_rms_norm_scale;
-  support::View v316 = arena_.view(0, 512);
+  const support::Buffer &v296 = param46_decoder_rms_norm_scale;
+  support::View v305 = arena_.view(0, 512);
   {
-    float *__restrict v316p = v316.data();
-    const float *__restrict v305p = v305.data();
-    const float *__restrict v312p = v312.data();
-    const float *__restrict v306p = v306.data();
+    float *__restrict v305p = v305.data();
+    const float *__restrict v295p = v295.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v296p = v296.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v305p[i0 * 32 + i1];
-        const float s1 = v312p[i0];
+        const float s0 = v295p[i0 * 32 + i1];
+        const float s1 = v301p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v306p[i1];
+        const float s3 = v296p[i1];
         const float s4 = (s2 * s3);
         const float s5 = 0.17677669f;
         const float s6 = (s4 * s5);
-        v316p[i0 * 32 + i1] = s6;
+        v305p[i0 * 32 + i1] = s6;
       }
     }
   }
 
-  // t5.mesh:125:10 all_reduce_sum (resolve the partial sum of %293 over model for einsum at 125:10)
-  MESHRT_TRACE_SITE("t5.mesh:125:10");
-  group_model.allReduce(v316.data(), v316.size(), meshrt::ReduceOp::Sum);
-
   // t5.mesh:125:10 einsum -> logits
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v318 = arena_.view(2048, 512);
+  support::View v306 = arena_.view(2048, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
-  MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
-  support::View v319 = arena_.view(4096, 16);
-  static const support::Shape shape19_1 = {2, 8};
-  static const support::Shape shape19_3 = {256, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v319.data(), shape19_1, v318.data(), shape19_3, shape19_4, shape19_5,
+  support::View v307 = arena_.view(4096, 16);
+  static const support::Shape shape7_1 = {2, 8};
+  static const support::Shape shape7_3 = {256, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v307.data(), shape7_1, v306.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  MESHRT_TRACE_SITE("t5.mesh:133:17");
-  group_model.allReduce(v319.data(), v319.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(v307.data(), v307.size(), meshrt::ReduceOp::Max);
 
   // t5.mesh:133:17 ne
   // t5.mesh:133:17 eq
   // t5.mesh:133:17 maximum
   // t5.mesh:133:17 where
-  MESHRT_TRACE("loop", "t5.mesh:133:17", "forward");
-  support::View v323 = persistent_.view(27520, 32);
-  support::View v325 = arena_.view(0, 512);
+  support::View v311 = persistent_.view(27520, 32);
+  support::View v313 = arena_.view(0, 512);
   {
-    float *__restrict v325p = v325.data();
-    const float *__restrict v318p = v318.data();
-    const float *__restrict v319p = v319.data();
-    const float *__restrict v323p = v323.data();
+    float *__restrict v313p = v313.data();
+    const float *__restrict v306p = v306.data();
+    const float *__restrict v307p = v307.data();
+    const float *__restrict v311p = v311.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v318p[i0 * 32 + i1];
-        const float s1 = v318p[i0 * 32 + i1];
+        const float s0 = v306p[i0 * 32 + i1];
+        const float s1 = v306p[i0 * 32 + i1];
         const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = v318p[i0 * 32 + i1];
-        const float s4 = v319p[i0];
+        const float s3 = v306p[i0 * 32 + i1];
+        const float s4 = v307p[i0];
         const float s5 = (s3 == s4 ? 1.0f : 0.0f);
         const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = v323p[i1];
+        const float s7 = v311p[i1];
         const float s8 = support::wrapI32(64.0);
         const float s9 = (s6 != 0 ? s7 : s8);
-        v325p[i0 * 32 + i1] = s9;
+        v313p[i0 * 32 + i1] = s9;
       }
     }
   }
 
   // t5.mesh:133:17 min -> predictions
-  MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
-  support::View v326 = arena_.view(4096, 16);
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v326.data(), shape22_1, v325.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Min, 1.0);
-
-  // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
-  // minima)
-  MESHRT_TRACE_SITE("t5.mesh:133:17");
-  group_model.allReduce(v326.data(), v326.size(), meshrt::ReduceOp::Min);
-}
-
-void Translate::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                          support::ConstView a3, support::View a4, support::ConstView a5,
-                          support::View a6, support::ConstView a7, support::View a8,
-                          support::View a9, support::ConstView a10, support::View a11,
-                          support::ConstView a12, support::View a13, support::View a14,
-                          support::View a15, support::View a16, support::View a17,
-                          support::ConstView a18, support::View a19, support::ConstView a20,
-                          support::View a21, support::View a22, support::ConstView a23,
-                          support::View a24, support::View a25, support::View a26,
-                          support::View a27, support::View a28, support::View a29) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, targets, heads, d_kv, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a6p[i0 * 256 + i1];
-        const float s1 = a7p[i1];
-        const float s2 = (s0 + s1);
-        a8p[i0 * 256 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape4_2 = {2, 2, 8};
-  static const support::Shape shape4_3 = {256, 128, 16};
-  static const support::Shape shape4_4 = {256, 128, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
-                 support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, inputs, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan5Operands[] = {a9.data(), a4.data(), a10.data()};
-  einsumPlan5.run(einsumPlan5Operands, a11.data(), 1.0f, 0.0f);
-
-  // t5.mesh:122:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a13p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a14, a13);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = s0 * s0;
-      a15p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
+  support::View v314 = arena_.view(4096, 16);
   static const support::Shape shape10_1 = {2, 8};
   static const support::Shape shape10_3 = {256, 32};
   static const support::Shape shape10_4 = {32};
   static const support::Shape shape10_5 = {1};
-  support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v314.data(), shape10_1, v313.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Min, 1.0);
+
+  // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
+  // minima)
+  group_model.allReduce(v314.data(), v314.size(), meshrt::ReduceOp::Min);
+}
+
+void Translate::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                          support::View a3, support::View a4, support::View a5,
+                          support::ConstView a6, support::View a7, support::ConstView a8,
+                          support::View a9, support::ConstView a10, support::ConstView a11,
+                          support::View a12, support::ConstView a13, support::View a14,
+                          support::View a15, support::ConstView a16, support::View a17,
+                          support::View a18, support::ConstView a19, support::View a20,
+                          support::View a21, support::View a22, support::View a23,
+                          support::View a24, support::ConstView a25, support::View a26,
+                          support::ConstView a27, support::View a28, support::View a29,
+                          support::ConstView a30, support::View a31, support::View a32,
+                          support::View a33, support::View a34, support::View a35) {
+
+  // t5.mesh:121:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a2p[i0] = s2;
+      a3p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape1_1 = {2, 8};
+  static const support::Shape shape1_3 = {256, 32};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a16p[i0];
+      const float s0 = a4p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a17p[i0] = s3;
+      a5p[i0] = s3;
     }
   }
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a17p[i0];
+        const float s0 = a2p[i0 * 32 + i1];
+        const float s1 = a5p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
+        const float s3 = a6p[i1];
         const float s4 = (s2 * s3);
-        a19p[i0 * 32 + i1] = s4;
+        a7p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %219 over model for einsum at 91:22)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+  // t5.mesh:80:17 einsum -> queries
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
-  // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
-  // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  // t5.mesh:81:21 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
-  // t5.mesh:91:17 relu
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
+  // t5.mesh:82:23 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  // dims: batch, targets, heads, d_kv, inputs
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan7.run(a9.data(), a12.data(), a15.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
   {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a22p[i0] = s1;
+    float *__restrict a17p = a17.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a15p[i0 * 256 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        a17p[i0 * 256 + i1] = s2;
+      }
     }
   }
 
-  // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
-  // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+  // t5.mesh:84:17 softmax -> weights
+  static const support::Shape shape9_2 = {2, 2, 8};
+  static const support::Shape shape9_3 = {256, 128, 16};
+  static const support::Shape shape9_4 = {256, 128, 16};
+  static const support::Shape shape9_5 = {16};
+  static const support::Shape shape9_6 = {1};
+  static const support::Shape shape9_7 = {1};
+  support::along(a18.data(), a17.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // t5.mesh:123:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a24p[i0];
-      const float s2 = (s0 + s1);
-      a25p[i0] = s2;
-    }
-  }
+  // t5.mesh:85:10 einsum
+  // dims: batch, heads, targets, inputs, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 2, 8, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan10Operands[] = {a18.data(), a14.data(), a19.data()};
+  einsumPlan10.run(einsumPlan10Operands, a20.data(), 1.0f, 0.0f);
 
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a26, a25);
+  // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a26.data(), a26.size(), meshrt::ReduceOp::Sum);
-
+  // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a20p = a20.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a26p[i0];
-      const float s1 = s0 * s0;
-      a27p[i0] = s1;
+      const float s0 = a2p[i0];
+      const float s1 = a20p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a21p[i0] = s2;
+      a22p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
+  static const support::Shape shape13_1 = {2, 8};
+  static const support::Shape shape13_3 = {256, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a23.data(), shape13_1, a22.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a23p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a24p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = a24p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a25p[i1];
+        const float s4 = (s2 * s3);
+        a26p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:91:22 einsum
+  // dims: batch, targets, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan16.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:17 relu
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a28p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      a29p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:91:10 einsum
+  // dims: batch, targets, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan18.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+
+  // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
+  group_model.allReduce(a31.data(), a31.size(), meshrt::ReduceOp::Sum);
+
+  // t5.mesh:123:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a32p = a32.data();
+    float *__restrict a33p = a33.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a31p = a31.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = a31p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a32p[i0] = s2;
+      a33p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
   static const support::Shape shape21_5 = {1};
-  support::reduce(a28.data(), shape21_1, a27.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a34.data(), shape21_1, a33.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a34p = a34.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a28p[i0];
+      const float s0 = a34p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a29p[i0] = s3;
+      a35p[i0] = s3;
     }
   }
 }
 
-void Translate::repeated1(support::View a0, support::ConstView a1, support::View a2,
-                          support::ConstView a3, support::View a4, support::View a5,
-                          support::View a6, support::ConstView a7, support::View a8,
-                          support::View a9, support::View a10, support::View a11,
-                          support::ConstView a12, support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
+void Translate::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
+                          support::View a3, support::View a4, support::View a5,
+                          support::ConstView a6, support::View a7, support::ConstView a8,
+                          support::View a9, support::View a10, support::ConstView a11,
+                          support::View a12, support::View a13, support::View a14,
+                          support::View a15, support::View a16, support::ConstView a17,
+                          support::View a18) {
 
-  // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a0, a1);
-
-  // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a2, a3);
-
-  // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  support::allReduceBucket(group_model, {a0, a2});
-
+  // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
-    float *__restrict a4p = a4.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      a4p[i0] = s1;
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a2p[i0] = s2;
+      a3p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape4_1 = {2, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a5.data(), shape4_1, a4.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape1_1 = {2, 16};
+  static const support::Shape shape1_3 = {512, 32};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a5p[i0];
+      const float s0 = a4p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a6p[i0] = s3;
+      a5p[i0] = s3;
     }
   }
 
   // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
+  // t5.mesh:40:53 mul
   {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a1p[i0 * 32 + i1];
-        const float s1 = a6p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a7p[i1];
-        const float s4 = (s2 * s3);
-        a8p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a9p = a9.data();
+    float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape8_1 = {2, 8};
-  static const support::Shape shape8_3 = {256, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a11p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a3p[i0 * 32 + i1];
-        const float s1 = a11p[i0];
+        const float s0 = a2p[i0 * 32 + i1];
+        const float s1 = a5p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
+        const float s3 = a6p[i1];
         const float s4 = (s2 * s3);
-        a13p[i0 * 32 + i1] = s4;
+        a7p[i0 * 32 + i1] = s4;
       }
     }
   }
-
-  // t5.mesh:80:17 bucketed_all_reduce_sum -> n (resolve the partial sum of n over model for einsum
-  // at 80:17; merged with 1 more partial sum over model (n): 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::allReduceBucket(group_model, {a8, a13});
-}
-
-void Translate::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
-                          support::View a3, support::ConstView a4, support::View a5,
-                          support::ConstView a6, support::View a7, support::View a8,
-                          support::View a9, support::View a10, support::View a11,
-                          support::ConstView a12, support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+  einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a2p = a2.data();
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a2p[i0];
+      const float s0 = a9p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a3p[i0] = s1;
+      a10p[i0] = s1;
     }
   }
 
   // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+
+  // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
+  group_model.allReduce(a12.data(), a12.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:105:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a5p = a5.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = a5p[i0];
-      const float s2 = (s0 + s1);
-      a7p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a8, a7);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Sum);
-
   // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
+    float *__restrict a13p = a13.data();
+    float *__restrict a14p = a14.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
+      const float s0 = a2p[i0];
+      const float s1 = a12p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a13p[i0] = s2;
+      a14p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a10.data(), shape7_1, a9.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape9_1 = {2, 16};
+  static const support::Shape shape9_3 = {512, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(a15.data(), shape9_1, a14.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a10p[i0];
+      const float s0 = a15p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a11p[i0] = s3;
+      a16p[i0] = s3;
     }
   }
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a7p[i0 * 32 + i1];
-        const float s1 = a11p[i0];
+        const float s0 = a13p[i0 * 32 + i1];
+        const float s1 = a16p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
+        const float s3 = a17p[i1];
         const float s4 = (s2 * s3);
-        a13p[i0 * 32 + i1] = s4;
+        a18p[i0 * 32 + i1] = s4;
       }
     }
   }
+}
+
+void Translate::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                          support::View a3, support::ConstView a4, support::View a5,
+                          support::ConstView a6, support::View a7, support::ConstView a8,
+                          support::View a9, support::View a10, support::ConstView a11,
+                          support::View a12, support::View a13, support::ConstView a14,
+                          support::View a15) {
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul -> n
+  {
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a1p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a2p[i1];
+        const float s4 = (s2 * s3);
+        a3p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:80:17 einsum -> queries
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a3.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  // dims: batch, targets, heads, d_kv, targets_keys
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan4.run(a5.data(), a7.data(), a10.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
+  {
+    float *__restrict a12p = a12.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a10p[i0 * 128 + i1];
+        const float s1 = a11p[i1];
+        const float s2 = (s0 + s1);
+        a12p[i0 * 128 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:84:17 softmax -> weights
+  static const support::Shape shape6_2 = {2, 2, 8};
+  static const support::Shape shape6_3 = {128, 64, 8};
+  static const support::Shape shape6_4 = {128, 64, 8};
+  static const support::Shape shape6_5 = {8};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a13.data(), a12.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::Softmax, 1e-05, 8, nullptr);
+
+  // t5.mesh:85:10 einsum
+  // dims: batch, heads, targets, targets_keys, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 8, 8, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan7Operands[] = {a13.data(), a9.data(), a14.data()};
+  einsumPlan7.run(einsumPlan7Operands, a15.data(), 1.0f, 0.0f);
 }
 
 void Translate::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
                           support::ConstView a3, support::View a4, support::ConstView a5,
                           support::View a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::ConstView a11,
-                          support::View a12, support::ConstView a13, support::View a14) {
-  MESHRT_TRACE_SPAN(world_);
+                          support::View a12) {
 
   // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, targets, heads, d_kv, targets_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a7p[i0 * 128 + i1];
-        const float s1 = a8p[i1];
-        const float s2 = (s0 + s1);
-        a9p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape5_2 = {2, 2, 8};
-  static const support::Shape shape5_3 = {128, 64, 8};
-  static const support::Shape shape5_4 = {128, 64, 8};
-  static const support::Shape shape5_5 = {8};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
-                 support::Along::Softmax, 1e-05, 8, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, targets_keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 8, 8, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
-  einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
-
-  // t5.mesh:121:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a12p[i0];
-      const float s2 = (s0 + s1);
-      a14p[i0] = s2;
-    }
-  }
-}
-
-void Translate::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
-                          support::ConstView a3, support::View a4, support::ConstView a5,
-                          support::View a6, support::View a7, support::ConstView a8,
-                          support::View a9, support::View a10, support::ConstView a11,
-                          support::View a12, support::ConstView a13, support::View a14) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2238,7 +2013,6 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 16};
   static const support::Shape shape5_3 = {512, 256, 16};
   static const support::Shape shape5_4 = {512, 256, 16};
@@ -2249,7 +2023,6 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 16, 16, 8, 32},
@@ -2257,20 +2030,6 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
        {{0, 2, 5}, {}}});
   const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
-
-  // t5.mesh:104:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a12p[i0];
-      const float s2 = (s0 + s1);
-      a14p[i0] = s2;
-    }
-  }
 }
 
 Translate::Inputs Translate::synthesizeInputs(uint64_t seed) const {
@@ -2942,7 +2701,6 @@ void PositionBuckets::computeInvariants() {
 }
 
 PositionBuckets::Outputs PositionBuckets::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "position_buckets");
   // Arena: 0 bytes for 0 bytes of temporaries (placed by liveness).
   support::View v29 = persistent_.view(17856, 256);
   support::View v55 = persistent_.view(22720, 64);
@@ -3035,7 +2793,6 @@ support::Shape T5Train::inputShape(const std::string &name) {
 T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "t5_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder/relative_bias/table: normal (t5.mesh:55)
   param0_encoder_relative_bias_table.resize(16);
@@ -3844,364 +3601,365 @@ void T5Train::computeInvariants() {
   // t5.mesh:68:66 iota
   // t5.mesh:68:82 iota
   // t5.mesh:117:36 iota
-  support::View v128 = persistent_.view(21312, 8);
+  support::View v124 = persistent_.view(21312, 8);
   static const support::Shape shape19_1 = {8};
   static const support::Shape shape19_2 = {1};
-  support::iota(v128.data(), shape19_1, shape19_2, 0);
+  support::iota(v124.data(), shape19_1, shape19_2, 0);
 
   // t5.mesh:114:35 ge
-  support::View v130 = persistent_.view(21376, 64);
+  support::View v126 = persistent_.view(21376, 64);
   {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v126p = v126.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 8; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v128p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v124p[i0];
+        const float s1 = v124p[i1];
         const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        v130p[i0 * 8 + i1] = s2;
+        v126p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:114:16 cast -> causal
-  support::View v131 = persistent_.view(21632, 64);
+  support::View v127 = persistent_.view(21632, 64);
   {
-    float *__restrict v131p = v131.data();
-    const float *__restrict v130p = v130.data();
+    float *__restrict v127p = v127.data();
+    const float *__restrict v126p = v126.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v130p[i0];
+      const float s0 = v126p[i0];
       const float s1 = s0;
-      v131p[i0] = s1;
+      v127p[i0] = s1;
     }
   }
 
   // t5.mesh:68:80 sub
-  support::View v134 = persistent_.view(21888, 64);
+  support::View v130 = persistent_.view(21888, 64);
   {
-    float *__restrict v134p = v134.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v130p = v130.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 8; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v128p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v124p[i0];
+        const float s1 = v124p[i1];
         const float s2 = support::wrapI32(double((double(s0) - double(s1))));
-        v134p[i0 * 8 + i1] = s2;
+        v130p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:68:58 maximum
-  support::View v136 = persistent_.view(22144, 64);
+  support::View v132 = persistent_.view(22144, 64);
   {
-    float *__restrict v136p = v136.data();
-    const float *__restrict v134p = v134.data();
+    float *__restrict v132p = v132.data();
+    const float *__restrict v130p = v130.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v134p[i0];
+      const float s0 = v130p[i0];
       const float s1 = support::wrapI32(0.0);
       const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v136p[i0] = s2;
+      v132p[i0] = s2;
     }
   }
 
   // t5.mesh:47:18 maximum
-  support::View v138 = persistent_.view(22400, 64);
+  support::View v134 = persistent_.view(22400, 64);
   {
-    float *__restrict v138p = v138.data();
-    const float *__restrict v136p = v136.data();
+    float *__restrict v134p = v134.data();
+    const float *__restrict v132p = v132.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v136p[i0];
+      const float s0 = v132p[i0];
       const float s1 = support::wrapI32(4.0);
       const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
-      v138p[i0] = s2;
+      v134p[i0] = s2;
     }
   }
 
   // t5.mesh:47:13 cast
-  support::View v139 = persistent_.view(22656, 64);
+  support::View v135 = persistent_.view(22656, 64);
   {
-    float *__restrict v139p = v139.data();
-    const float *__restrict v138p = v138.data();
+    float *__restrict v135p = v135.data();
+    const float *__restrict v134p = v134.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v138p[i0];
+      const float s0 = v134p[i0];
       const float s1 = s0;
-      v139p[i0] = s1;
+      v135p[i0] = s1;
     }
   }
 
   // t5.mesh:47:48 div -> far
-  support::View v141 = persistent_.view(22976, 64);
+  support::View v137 = persistent_.view(22976, 64);
   {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v139p = v139.data();
+    float *__restrict v137p = v137.data();
+    const float *__restrict v135p = v135.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v139p[i0];
+      const float s0 = v135p[i0];
       const float s1 = 4.0f;
       const float s2 = (s0 / s1);
-      v141p[i0] = s2;
+      v137p[i0] = s2;
     }
   }
 
   // t5.mesh:48:22 log
-  support::View v142 = persistent_.view(23232, 64);
+  support::View v138 = persistent_.view(23232, 64);
   {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v141p = v141.data();
+    float *__restrict v138p = v138.data();
+    const float *__restrict v137p = v137.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v141p[i0];
+      const float s0 = v137p[i0];
       const float s1 = support::flog(s0);
-      v142p[i0] = s1;
+      v138p[i0] = s1;
     }
   }
 
   // t5.mesh:48:31 div
-  support::View v144 = persistent_.view(23552, 64);
+  support::View v140 = persistent_.view(23552, 64);
   {
-    float *__restrict v144p = v144.data();
-    const float *__restrict v142p = v142.data();
+    float *__restrict v140p = v140.data();
+    const float *__restrict v138p = v138.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v142p[i0];
+      const float s0 = v138p[i0];
       const float s1 = 2.0794415f;
       const float s2 = (s0 / s1);
-      v144p[i0] = s2;
+      v140p[i0] = s2;
     }
   }
 
   // t5.mesh:48:57 mul
-  support::View v146 = persistent_.view(23808, 64);
+  support::View v142 = persistent_.view(23808, 64);
+  {
+    float *__restrict v142p = v142.data();
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v140p[i0];
+      const float s1 = 4.0f;
+      const float s2 = (s0 * s1);
+      v142p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:16 floor -> spread
+  support::View v143 = persistent_.view(24064, 64);
+  {
+    float *__restrict v143p = v143.data();
+    const float *__restrict v142p = v142.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v142p[i0];
+      const float s1 = support::ffloor(s0);
+      v143p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:25 cast
+  support::View v144 = persistent_.view(24320, 64);
+  {
+    float *__restrict v144p = v144.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = support::castToI32(s0);
+      v144p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:43 add
+  support::View v146 = persistent_.view(24576, 64);
   {
     float *__restrict v146p = v146.data();
     const float *__restrict v144p = v144.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v144p[i0];
-      const float s1 = 4.0f;
-      const float s2 = (s0 * s1);
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
       v146p[i0] = s2;
     }
   }
 
-  // t5.mesh:48:16 floor -> spread
-  support::View v147 = persistent_.view(24064, 64);
+  // t5.mesh:49:20 maximum
+  support::View v148 = persistent_.view(24832, 64);
   {
-    float *__restrict v147p = v147.data();
+    float *__restrict v148p = v148.data();
     const float *__restrict v146p = v146.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v146p[i0];
-      const float s1 = support::ffloor(s0);
-      v147p[i0] = s1;
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v148p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:25 cast
-  support::View v148 = persistent_.view(24320, 64);
-  {
-    float *__restrict v148p = v148.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v147p[i0];
-      const float s1 = support::castToI32(s0);
-      v148p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:49:43 add
-  support::View v150 = persistent_.view(24576, 64);
+  // t5.mesh:49:20 minimum -> log_spaced
+  support::View v150 = persistent_.view(25152, 64);
   {
     float *__restrict v150p = v150.data();
     const float *__restrict v148p = v148.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v148p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      const float s1 = support::wrapI32(7.0);
+      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
       v150p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:20 maximum
-  support::View v152 = persistent_.view(24832, 64);
+  // t5.mesh:50:18 lt
+  support::View v152 = persistent_.view(25408, 64);
   {
     float *__restrict v152p = v152.data();
-    const float *__restrict v150p = v150.data();
+    const float *__restrict v132p = v132.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v150p[i0];
-      const float s1 = support::wrapI32(0.0);
-      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      const float s0 = v132p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
       v152p[i0] = s2;
     }
   }
 
-  // t5.mesh:49:20 minimum -> log_spaced
-  support::View v154 = persistent_.view(25152, 64);
+  // t5.mesh:50:10 where
+  support::View v153 = persistent_.view(25664, 64);
   {
-    float *__restrict v154p = v154.data();
+    float *__restrict v153p = v153.data();
     const float *__restrict v152p = v152.data();
+    const float *__restrict v132p = v132.data();
+    const float *__restrict v150p = v150.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v152p[i0];
-      const float s1 = support::wrapI32(7.0);
-      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
-      v154p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:50:18 lt
-  support::View v156 = persistent_.view(25408, 64);
-  {
-    float *__restrict v156p = v156.data();
-    const float *__restrict v136p = v136.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v136p[i0];
-      const float s1 = support::wrapI32(4.0);
-      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
-      v156p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:50:10 where
-  support::View v157 = persistent_.view(25664, 64);
-  {
-    float *__restrict v157p = v157.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v136p = v136.data();
-    const float *__restrict v154p = v154.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v156p[i0];
-      const float s1 = v136p[i0];
-      const float s2 = v154p[i0];
+      const float s1 = v132p[i0];
+      const float s2 = v150p[i0];
       const float s3 = (s0 != 0 ? s1 : s2);
-      v157p[i0] = s3;
+      v153p[i0] = s3;
     }
   }
 
   // t5.mesh:115:62 sub
-  support::View v162 = persistent_.view(25920, 64);
+  support::View v158 = persistent_.view(25920, 64);
   {
-    float *__restrict v162p = v162.data();
-    const float *__restrict v131p = v131.data();
+    float *__restrict v158p = v158.data();
+    const float *__restrict v127p = v127.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v131p[i0];
+      const float s0 = v127p[i0];
       const float s1 = 1.0f;
       const float s2 = (s0 - s1);
-      v162p[i0] = s2;
+      v158p[i0] = s2;
     }
   }
 
   // t5.mesh:115:69 mul
-  support::View v164 = persistent_.view(26240, 64);
+  support::View v160 = persistent_.view(26240, 64);
   {
-    float *__restrict v164p = v164.data();
-    const float *__restrict v162p = v162.data();
+    float *__restrict v160p = v160.data();
+    const float *__restrict v158p = v158.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v162p[i0];
+      const float s0 = v158p[i0];
       const float s1 = 1000000000.0f;
       const float s2 = (s0 * s1);
-      v164p[i0] = s2;
+      v160p[i0] = s2;
     }
   }
 
   // t5.mesh:117:22 iota
-  support::View v166 = persistent_.view(26496, 2);
+  support::View v162 = persistent_.view(26496, 2);
   static const support::Shape shape39_1 = {2};
   static const support::Shape shape39_2 = {1};
-  support::iota(v166.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
+  support::iota(v162.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
 
   // t5.mesh:117:34 add
-  support::View v168 = persistent_.view(26560, 16);
+  support::View v164 = persistent_.view(26560, 16);
   {
-    float *__restrict v168p = v168.data();
-    const float *__restrict v166p = v166.data();
-    const float *__restrict v128p = v128.data();
+    float *__restrict v164p = v164.data();
+    const float *__restrict v162p = v162.data();
+    const float *__restrict v124p = v124.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = v166p[i0];
-        const float s1 = v128p[i1];
+        const float s0 = v162p[i0];
+        const float s1 = v124p[i1];
         const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v168p[i0 * 8 + i1] = s2;
+        v164p[i0 * 8 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:117:50 add
-  support::View v170 = persistent_.view(26624, 256);
+  support::View v166 = persistent_.view(26624, 256);
   {
-    float *__restrict v170p = v170.data();
-    const float *__restrict v168p = v168.data();
+    float *__restrict v166p = v166.data();
+    const float *__restrict v164p = v164.data();
     const float *__restrict v2p = v2.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v168p[i0];
+        const float s0 = v164p[i0];
         const float s1 = v2p[i1];
         const float s2 = support::wrapI32(double((double(s0) + double(s1))));
-        v170p[i0 * 16 + i1] = s2;
+        v166p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // t5.mesh:117:17 cast
-  support::View v171 = persistent_.view(27648, 256);
+  support::View v167 = persistent_.view(27648, 256);
   {
-    float *__restrict v171p = v171.data();
-    const float *__restrict v170p = v170.data();
+    float *__restrict v167p = v167.data();
+    const float *__restrict v166p = v166.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v170p[i0];
+      const float s0 = v166p[i0];
       const float s1 = s0;
-      v171p[i0] = s1;
+      v167p[i0] = s1;
     }
   }
 
   // t5.mesh:117:71 mul -> no_bias
-  support::View v173 = persistent_.view(28736, 256);
+  support::View v169 = persistent_.view(28736, 256);
   {
-    float *__restrict v173p = v173.data();
-    const float *__restrict v171p = v171.data();
+    float *__restrict v169p = v169.data();
+    const float *__restrict v167p = v167.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v171p[i0];
+      const float s0 = v167p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 * s1);
-      v173p[i0] = s2;
+      v169p[i0] = s2;
     }
   }
 
   // t5.mesh:56:10 one_hot
-  support::View v563 = persistent_.view(29888, 512);
+  support::View v544 = persistent_.view(29888, 512);
   static const support::Shape shape44_1 = {8, 8, 8};
   static const support::Shape shape44_3 = {8, 1, 0};
   static const support::Shape shape44_4 = {0, 0, 1};
-  support::oneHot(v563.data(), shape44_1, v157.data(), shape44_3, shape44_4, 0);
+  support::oneHot(v544.data(), shape44_1, v153.data(), shape44_3, shape44_4, 0);
 
   // t5.mesh:56:10 one_hot
-  support::View v712 = persistent_.view(31936, 2048);
+  support::View v688 = persistent_.view(31936, 2048);
   static const support::Shape shape45_1 = {16, 16, 8};
   static const support::Shape shape45_3 = {16, 1, 0};
   static const support::Shape shape45_4 = {0, 0, 1};
-  support::oneHot(v712.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
+  support::oneHot(v688.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 194624 bytes for 1169540 bytes of temporaries (placed by liveness).
+  // Arena: 194624 bytes for 1134660 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  support::View v327 = arena_.view(194560, 1);
-  support::View v325 = arena_.view(194496, 1);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
+  runPart6(inputs);
+  support::View v315 = arena_.view(194560, 1);
+  support::View v313 = arena_.view(194496, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v327.begin(), v327.end())};
-  outputs.target_probability = support::Tensor{{}, support::Buffer(v325.begin(), v325.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v315.begin(), v315.end())};
+  outputs.target_probability = support::Tensor{{}, support::Buffer(v313.begin(), v313.end())};
   return outputs;
 }
 
 void T5Train::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
-  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -4211,8 +3969,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
-  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v34 = arena_.view(65536, 512);
+  support::View v34 = arena_.view(61440, 512);
   {
     float *__restrict v34p = v34.data();
     const float *__restrict v33p = v33.data();
@@ -4226,7 +3983,6 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -4236,7 +3992,6 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -4244,270 +3999,267 @@ void T5Train::runPart0(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
-  // t5.mesh:149:53 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
+  // t5.mesh:118:17 shift
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v320 = arena_.view(94208, 512);
-  static const support::Shape shape4_1 = {2, 8, 32};
-  static const support::Shape shape4_3 = {8, 1, 0};
-  static const support::Shape shape4_4 = {0, 0, 1};
-  support::oneHot(v320.data(), shape4_1, v1.data(), shape4_3, shape4_4,
+  support::View v170 = arena_.view(8192, 16);
+  static const support::Shape shape4_2 = {2, 8};
+  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
+
+  // t5.mesh:96:17 one_hot
+  support::View v171 = arena_.view(131072, 512);
+  static const support::Shape shape5_1 = {2, 8, 32};
+  static const support::Shape shape5_3 = {8, 1, 0};
+  static const support::Shape shape5_4 = {0, 0, 1};
+  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
+                  support::shardStart(world_, {"model"}, 32));
+
+  // t5.mesh:96:10 einsum -> x
+  support::View v172 = arena_.view(133120, 512);
+  // dims: batch, targets, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
+
+  // t5.mesh:149:53 one_hot
+  support::View v308 = arena_.view(94208, 512);
+  static const support::Shape shape7_1 = {2, 8, 32};
+  static const support::Shape shape7_3 = {8, 1, 0};
+  static const support::Shape shape7_4 = {0, 0, 1};
+  support::oneHot(v308.data(), shape7_1, v1.data(), shape7_3, shape7_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
-  MESHRT_TRACE("loop", "t5.mesh:149:51", "backward");
-  support::View v334 = arena_.view(96256, 512);
+  support::View v322 = arena_.view(96256, 512);
   {
-    float *__restrict v334p = v334.data();
-    const float *__restrict v320p = v320.data();
+    float *__restrict v322p = v322.data();
+    const float *__restrict v308p = v308.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = -0.03125f;
-      const float s1 = v320p[i0];
+      const float s1 = v308p[i0];
       const float s2 = (s0 * s1);
-      v334p[i0] = s2;
+      v322p[i0] = s2;
     }
   }
 
   // t5.mesh:149:24 sum
-  MESHRT_TRACE("sum", "t5.mesh:149:24", "backward");
-  support::View v335 = arena_.view(190464, 16);
-  static const support::Shape shape6_1 = {2, 8};
-  static const support::Shape shape6_3 = {256, 32};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v335.data(), shape6_1, v334.data(), shape6_3, shape6_4, shape6_5,
+  support::View v323 = arena_.view(190464, 16);
+  static const support::Shape shape9_1 = {2, 8};
+  static const support::Shape shape9_3 = {256, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v323.data(), shape9_1, v322.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v764 = arena_.view(8192, 16);
+  support::View v740 = arena_.view(8192, 16);
   {
-    float *__restrict v764p = v764.data();
+    float *__restrict v740p = v740.data();
     const float *__restrict v32p = v32.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v32p[i0];
       const float s1 = s0 * s0;
-      v764p[i0] = s1;
+      v740p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v765 = arena_.view(192256, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {8, 2};
-  static const support::Shape shape8_5 = {2, 1};
-  support::reduce(v765.data(), shape8_1, v764.data(), shape8_3, shape8_4, shape8_5,
+  support::View v741 = arena_.view(192256, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {8, 2};
+  static const support::Shape shape11_5 = {2, 1};
+  support::reduce(v741.data(), shape11_1, v740.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v802 = arena_.view(8192, 1024);
+  support::View v778 = arena_.view(8192, 1024);
   {
-    float *__restrict v802p = v802.data();
+    float *__restrict v778p = v778.data();
     const float *__restrict v35p = v35.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v35p[i0];
       const float s1 = s0 * s0;
-      v802p[i0] = s1;
+      v778p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v803 = arena_.view(192320, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32, 32};
-  static const support::Shape shape10_5 = {32, 1};
-  support::reduce(v803.data(), shape10_1, v802.data(), shape10_3, shape10_4, shape10_5,
+  support::View v779 = arena_.view(192320, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {32, 32};
+  static const support::Shape shape13_5 = {32, 1};
+  support::reduce(v779.data(), shape13_1, v778.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v863 = arena_.view(8192, 512);
+  support::View v839 = arena_.view(8192, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v901 = arena_.view(8192, 512);
+  support::View v877 = arena_.view(8192, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v939 = arena_.view(8192, 512);
+  support::View v915 = arena_.view(8192, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v975 = arena_.view(8192, 512);
-  support::View v71(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1035 = arena_.view(8192, 1024);
-  support::View v72(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1073 = arena_.view(8192, 1024);
-  support::View v864 = arena_.view(192384, 1);
-  support::View v902 = arena_.view(192448, 1);
-  support::View v940 = arena_.view(192512, 1);
-  support::View v976 = arena_.view(192576, 1);
-  support::View v1036 = arena_.view(192640, 1);
-  support::View v1074 = arena_.view(192704, 1);
-  repeated14(v47, v863, v864, v48, v901, v902, v49, v939, v940, v50, v975, v976, v71, v1035, v1036,
-             v72, v1073, v1074);
+  support::View v951 = arena_.view(8192, 512);
+  support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
+  support::View v1011 = arena_.view(8192, 1024);
+  support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
+  support::View v1049 = arena_.view(8192, 1024);
+  support::View v840 = arena_.view(192384, 1);
+  support::View v878 = arena_.view(192448, 1);
+  support::View v916 = arena_.view(192512, 1);
+  support::View v952 = arena_.view(192576, 1);
+  support::View v1012 = arena_.view(192640, 1);
+  support::View v1050 = arena_.view(192704, 1);
+  repeated15(v47, v839, v840, v48, v877, v878, v49, v915, v916, v50, v951, v952, v70, v1011, v1012,
+             v71, v1049, v1050);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v87(param11_encoder_attention_1_q); // updated in place
-  support::View v1134 = arena_.view(8192, 512);
-  support::View v88(param12_encoder_attention_1_k); // updated in place
-  support::View v1172 = arena_.view(8192, 512);
-  support::View v89(param13_encoder_attention_1_v); // updated in place
-  support::View v1210 = arena_.view(8192, 512);
-  support::View v90(param14_encoder_attention_1_o); // updated in place
-  support::View v1246 = arena_.view(8192, 512);
-  support::View v111(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1306 = arena_.view(8192, 1024);
-  support::View v112(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v1344 = arena_.view(8192, 1024);
-  support::View v1135 = arena_.view(192768, 1);
-  support::View v1173 = arena_.view(192832, 1);
-  support::View v1211 = arena_.view(192896, 1);
-  support::View v1247 = arena_.view(192960, 1);
-  support::View v1307 = arena_.view(193024, 1);
-  support::View v1345 = arena_.view(193088, 1);
-  repeated14(v87, v1134, v1135, v88, v1172, v1173, v89, v1210, v1211, v90, v1246, v1247, v111,
-             v1306, v1307, v112, v1344, v1345);
+  support::View v85(param11_encoder_attention_1_q); // updated in place
+  support::View v1110 = arena_.view(8192, 512);
+  support::View v86(param12_encoder_attention_1_k); // updated in place
+  support::View v1148 = arena_.view(8192, 512);
+  support::View v87(param13_encoder_attention_1_v); // updated in place
+  support::View v1186 = arena_.view(8192, 512);
+  support::View v88(param14_encoder_attention_1_o); // updated in place
+  support::View v1222 = arena_.view(8192, 512);
+  support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
+  support::View v1282 = arena_.view(8192, 1024);
+  support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
+  support::View v1320 = arena_.view(8192, 1024);
+  support::View v1111 = arena_.view(192768, 1);
+  support::View v1149 = arena_.view(192832, 1);
+  support::View v1187 = arena_.view(192896, 1);
+  support::View v1223 = arena_.view(192960, 1);
+  support::View v1283 = arena_.view(193024, 1);
+  support::View v1321 = arena_.view(193088, 1);
+  repeated15(v85, v1110, v1111, v86, v1148, v1149, v87, v1186, v1187, v88, v1222, v1223, v108,
+             v1282, v1283, v109, v1320, v1321);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v158(param19_decoder_relative_bias_table); // updated in place
-  support::View v1404 = arena_.view(8192, 16);
+  support::View v154(param19_decoder_relative_bias_table); // updated in place
+  support::View v1380 = arena_.view(8192, 16);
   {
-    float *__restrict v1404p = v1404.data();
-    const float *__restrict v158p = v158.data();
+    float *__restrict v1380p = v1380.data();
+    const float *__restrict v154p = v154.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v158p[i0];
+      const float s0 = v154p[i0];
       const float s1 = s0 * s0;
-      v1404p[i0] = s1;
+      v1380p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1405 = arena_.view(193152, 1);
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {8, 2};
-  static const support::Shape shape14_5 = {2, 1};
-  support::reduce(v1405.data(), shape14_1, v1404.data(), shape14_3, shape14_4, shape14_5,
+  support::View v1381 = arena_.view(193152, 1);
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {8, 2};
+  static const support::Shape shape17_5 = {2, 1};
+  support::reduce(v1381.data(), shape17_1, v1380.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v186(param21_decoder_attention_0_q); // updated in place
-  support::View v1465 = arena_.view(8192, 512);
-  support::View v187(param22_decoder_attention_0_k); // updated in place
-  support::View v1503 = arena_.view(8192, 512);
-  support::View v188(param23_decoder_attention_0_v); // updated in place
-  support::View v1541 = arena_.view(8192, 512);
-  support::View v189(param24_decoder_attention_0_o); // updated in place
-  support::View v1577 = arena_.view(8192, 512);
-  support::View v210(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1638 = arena_.view(8192, 512);
-  support::View v211(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1676 = arena_.view(8192, 512);
-  support::View v212(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1714 = arena_.view(8192, 512);
-  support::View v213(param29_decoder_attention_1_0_o); // updated in place
-  support::View v1750 = arena_.view(8192, 512);
-  support::View v235(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1810 = arena_.view(8192, 1024);
-  support::View v236(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1848 = arena_.view(8192, 1024);
-  support::View v1466 = arena_.view(193216, 1);
-  support::View v1504 = arena_.view(193280, 1);
-  support::View v1542 = arena_.view(193344, 1);
-  support::View v1578 = arena_.view(193408, 1);
-  support::View v1639 = arena_.view(193472, 1);
-  support::View v1677 = arena_.view(193536, 1);
-  support::View v1715 = arena_.view(193600, 1);
-  support::View v1751 = arena_.view(193664, 1);
-  support::View v1811 = arena_.view(193728, 1);
-  support::View v1849 = arena_.view(193792, 1);
-  repeated12(v186, v1465, v1466, v187, v1503, v1504, v188, v1541, v1542, v189, v1577, v1578, v210,
-             v1638, v1639, v211, v1676, v1677, v212, v1714, v1715, v213, v1750, v1751, v235, v1810,
-             v1811, v236, v1848, v1849);
+  support::View v182(param21_decoder_attention_0_q); // updated in place
+  support::View v1441 = arena_.view(8192, 512);
+  support::View v183(param22_decoder_attention_0_k); // updated in place
+  support::View v1479 = arena_.view(8192, 512);
+  support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v1517 = arena_.view(8192, 512);
+  support::View v185(param24_decoder_attention_0_o); // updated in place
+  support::View v1553 = arena_.view(8192, 512);
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v1614 = arena_.view(8192, 512);
+  support::View v206(param27_decoder_attention_1_0_k); // updated in place
+  support::View v1652 = arena_.view(8192, 512);
+  support::View v207(param28_decoder_attention_1_0_v); // updated in place
+  support::View v1690 = arena_.view(8192, 512);
+  support::View v208(param29_decoder_attention_1_0_o); // updated in place
+  support::View v1726 = arena_.view(8192, 512);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v1786 = arena_.view(8192, 1024);
+  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
+  support::View v1824 = arena_.view(8192, 1024);
+  support::View v1442 = arena_.view(193216, 1);
+  support::View v1480 = arena_.view(193280, 1);
+  support::View v1518 = arena_.view(193344, 1);
+  support::View v1554 = arena_.view(193408, 1);
+  support::View v1615 = arena_.view(193472, 1);
+  support::View v1653 = arena_.view(193536, 1);
+  support::View v1691 = arena_.view(193600, 1);
+  support::View v1727 = arena_.view(193664, 1);
+  support::View v1787 = arena_.view(193728, 1);
+  support::View v1825 = arena_.view(193792, 1);
+  repeated11(v182, v1441, v1442, v183, v1479, v1480, v184, v1517, v1518, v185, v1553, v1554, v205,
+             v1614, v1615, v206, v1652, v1653, v207, v1690, v1691, v208, v1726, v1727, v228, v1786,
+             v1787, v229, v1824, v1825);
 
   // 20 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v251(param34_decoder_attention_1_q); // updated in place
-  support::View v1909 = arena_.view(8192, 512);
-  support::View v252(param35_decoder_attention_1_k); // updated in place
-  support::View v1947 = arena_.view(8192, 512);
-  support::View v253(param36_decoder_attention_1_v); // updated in place
-  support::View v1985 = arena_.view(8192, 512);
-  support::View v254(param37_decoder_attention_1_o); // updated in place
-  support::View v2021 = arena_.view(8192, 512);
-  support::View v275(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2082 = arena_.view(8192, 512);
-  support::View v276(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2120 = arena_.view(8192, 512);
-  support::View v277(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2158 = arena_.view(8192, 512);
-  support::View v278(param42_decoder_attention_1_1_o); // updated in place
-  support::View v2194 = arena_.view(8192, 512);
-  support::View v299(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2254 = arena_.view(8192, 1024);
-  support::View v300(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v2292 = arena_.view(8192, 1024);
-  support::View v1910 = arena_.view(193856, 1);
-  support::View v1948 = arena_.view(193920, 1);
-  support::View v1986 = arena_.view(193984, 1);
-  support::View v2022 = arena_.view(194048, 1);
-  support::View v2083 = arena_.view(194112, 1);
-  support::View v2121 = arena_.view(194176, 1);
-  support::View v2159 = arena_.view(194240, 1);
-  support::View v2195 = arena_.view(194304, 1);
-  support::View v2255 = arena_.view(194368, 1);
-  support::View v2293 = arena_.view(194432, 1);
-  repeated12(v251, v1909, v1910, v252, v1947, v1948, v253, v1985, v1986, v254, v2021, v2022, v275,
-             v2082, v2083, v276, v2120, v2121, v277, v2158, v2159, v278, v2194, v2195, v299, v2254,
-             v2255, v300, v2292, v2293);
+  support::View v243(param34_decoder_attention_1_q); // updated in place
+  support::View v1885 = arena_.view(8192, 512);
+  support::View v244(param35_decoder_attention_1_k); // updated in place
+  support::View v1923 = arena_.view(8192, 512);
+  support::View v245(param36_decoder_attention_1_v); // updated in place
+  support::View v1961 = arena_.view(8192, 512);
+  support::View v246(param37_decoder_attention_1_o); // updated in place
+  support::View v1997 = arena_.view(8192, 512);
+  support::View v266(param39_decoder_attention_1_1_q); // updated in place
+  support::View v2058 = arena_.view(8192, 512);
+  support::View v267(param40_decoder_attention_1_1_k); // updated in place
+  support::View v2096 = arena_.view(8192, 512);
+  support::View v268(param41_decoder_attention_1_1_v); // updated in place
+  support::View v2134 = arena_.view(8192, 512);
+  support::View v269(param42_decoder_attention_1_1_o); // updated in place
+  support::View v2170 = arena_.view(8192, 512);
+  support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
+  support::View v2230 = arena_.view(8192, 1024);
+  support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
+  support::View v2268 = arena_.view(8192, 1024);
+  support::View v1886 = arena_.view(193856, 1);
+  support::View v1924 = arena_.view(193920, 1);
+  support::View v1962 = arena_.view(193984, 1);
+  support::View v1998 = arena_.view(194048, 1);
+  support::View v2059 = arena_.view(194112, 1);
+  support::View v2097 = arena_.view(194176, 1);
+  support::View v2135 = arena_.view(194240, 1);
+  support::View v2171 = arena_.view(194304, 1);
+  support::View v2231 = arena_.view(194368, 1);
+  support::View v2269 = arena_.view(194432, 1);
+  repeated11(v243, v1885, v1886, v244, v1923, v1924, v245, v1961, v1962, v246, v1997, v1998, v266,
+             v2058, v2059, v267, v2096, v2097, v268, v2134, v2135, v269, v2170, v2171, v289, v2230,
+             v2231, v290, v2268, v2269);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 36 more partial sums over model (%337, %766, %804, ...): 4.2 KiB in one
+  // at 40:25; merged with 37 more partial sums over model (x, %325, %742, ...): 6.2 KiB in one
   // buffer)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::View v39 = arena_.copy(8192, v37);
-
-  // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 36 more partial sums over model (%337, %766, %804, ...): 4.2 KiB in one
-  // buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model,
-                           {v39,   v335,  v765,  v803,  v864,  v902,  v940,  v976,  v1036, v1074,
-                            v1135, v1173, v1211, v1247, v1307, v1345, v1405, v1466, v1504, v1542,
-                            v1578, v1639, v1677, v1715, v1751, v1811, v1849, v1910, v1948, v1986,
-                            v2022, v2083, v2121, v2159, v2195, v2255, v2293});
+                           {v37,   v172,  v323,  v741,  v779,  v840,  v878,  v916,  v952,  v1012,
+                            v1050, v1111, v1149, v1187, v1223, v1283, v1321, v1381, v1442, v1480,
+                            v1518, v1554, v1615, v1653, v1691, v1727, v1787, v1825, v1886, v1924,
+                            v1962, v1998, v2059, v2097, v2135, v2171, v2231, v2269});
 
   // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v40 = arena_.view(12288, 1024);
+  support::View v40 = arena_.view(8192, 1024);
   {
     float *__restrict v40p = v40.data();
-    const float *__restrict v39p = v39.data();
+    const float *__restrict v37p = v37.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v39p[i0];
+      const float s0 = v37p[i0];
       const float s1 = s0 * s0;
       v40p[i0] = s1;
     }
   }
 
   // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v41 = arena_.view(16384, 32);
-  static const support::Shape shape20_1 = {2, 16};
-  static const support::Shape shape20_3 = {512, 32};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v41.data(), shape20_1, v40.data(), shape20_3, shape20_4, shape20_5,
+  support::View v41 = arena_.view(12288, 32);
+  static const support::Shape shape22_1 = {2, 16};
+  static const support::Shape shape22_3 = {512, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v41.data(), shape22_1, v40.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(190976, 32);
   {
     float *__restrict v44p = v44.data();
@@ -4520,959 +4272,855 @@ void T5Train::runPart0(const Inputs &inputs) {
       v44p[i0] = s3;
     }
   }
+}
+
+void T5Train::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  support::View v45 = arena_.view(12288, 1024);
+  // t5.mesh:40:53 mul -> n
+  support::View v37 = arena_.view(4096, 1024);
+  support::View v44 = arena_.view(190976, 32);
+  support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
+  support::View v45 = arena_.view(8192, 1024);
+  support::View v46 = arena_.view(12288, 1024);
   {
     float *__restrict v45p = v45.data();
+    float *__restrict v46p = v46.data();
     const float *__restrict v37p = v37.data();
     const float *__restrict v44p = v44.data();
+    const float *__restrict v38p = v38.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v37p[i0 * 32 + i1];
         const float s1 = v44p[i0];
         const float s2 = (s0 * s1);
+        const float s3 = v38p[i1];
+        const float s4 = (s2 * s3);
         v45p[i0 * 32 + i1] = s2;
+        v46p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v46 = arena_.view(16384, 1024);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v45p = v45.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v45p[i0 * 32 + i1];
-        const float s1 = v38p[i1];
-        const float s2 = (s0 * s1);
-        v46p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-}
-
-void T5Train::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
-
-  // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
-  // resolved together, 8.0 KiB in one buffer) (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::View v45 = arena_.view(12288, 1024);
-  support::View v46 = arena_.view(16384, 1024);
+  // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v52 = arena_.view(131072, 512);
+  support::View v51 = arena_.view(135168, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v53 = arena_.view(133120, 512);
+  support::View v52 = arena_.view(137216, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v55 = arena_.view(135168, 512);
+  support::View v54 = arena_.view(139264, 512);
+  support::View v56 = arena_.view(16384, 1024);
+  support::View v34 = arena_.view(61440, 512);
   support::View v57 = arena_.view(20480, 1024);
-  support::View v34 = arena_.view(65536, 512);
-  support::View v58 = arena_.view(24576, 1024);
-  support::View v59 = arena_.view(20480, 1024);
+  support::View v58 = arena_.view(16384, 1024);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v60 = arena_.view(24576, 1024);
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v61 = arena_.view(28672, 1024);
-  support::View v63 = arena_.view(4096, 1024);
-  support::View v64 = arena_.view(24576, 1024);
-  support::View v65 = arena_.view(32768, 32);
-  support::View v68 = arena_.view(191104, 32);
-  support::View v69 = arena_.view(24576, 1024);
-  support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v70 = arena_.view(32768, 1024);
-  support::View v71(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v74 = arena_.view(36864, 1024);
-  support::View v75 = arena_.view(40960, 1024);
-  support::View v72(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v76 = arena_.view(45056, 1024);
-  support::View v77 = arena_.view(49152, 1024);
-  support::View v79 = arena_.view(28672, 1024);
-  support::View v80 = arena_.view(45056, 1024);
-  support::View v81 = arena_.view(53248, 32);
-  support::View v84 = arena_.view(191232, 32);
-  support::View v85 = arena_.view(45056, 1024);
-  support::View v78(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v86 = arena_.view(53248, 1024);
-  repeated8(v45, v46, v47, v52, v48, v53, v49, v55, v57, v34, v58, v59, v50, v60, v37, v61, v63,
-            v64, v65, v68, v69, v62, v70, v71, v74, v75, v72, v76, v77, v79, v80, v81, v84, v85,
-            v78, v86);
+  support::View v59 = arena_.view(20480, 1024);
+  repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
-  // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
-  // resolved together, 8.0 KiB in one buffer) (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::View v87(param11_encoder_attention_1_q); // updated in place
-  support::View v92 = arena_.view(137216, 512);
-  support::View v88(param12_encoder_attention_1_k); // updated in place
-  support::View v93 = arena_.view(139264, 512);
-  support::View v89(param13_encoder_attention_1_v); // updated in place
-  support::View v95 = arena_.view(141312, 512);
+  // t5.mesh:56:10 gather
+  support::View v154(param19_decoder_relative_bias_table); // updated in place
+  support::View v153 = persistent_.view(25664, 64);
+  support::View v155 = arena_.view(24576, 128);
+  static const support::Shape shape2_1 = {8, 8, 2};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {8, 1, 0};
+  support::gather(v155.data(), shape2_1, v154.data(), shape2_3, v153.data(), shape2_5, 8, 2, 0);
+
+  // t5.mesh:56:10 transpose
+  // t5.mesh:115:52 add -> self_bias
+  support::View v160 = persistent_.view(26240, 64);
+  support::View v161 = arena_.view(102400, 128);
+  {
+    float *__restrict v161p = v161.data();
+    const float *__restrict v155p = v155.data();
+    const float *__restrict v160p = v160.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v155p[i0 + i1 * 2];
+        const float s1 = s0;
+        const float s2 = v160p[i1];
+        const float s3 = (s1 + s2);
+        v161p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:40:25 square
+  support::View v172 = arena_.view(133120, 512);
+  support::View v175 = arena_.view(24576, 512);
+  {
+    float *__restrict v175p = v175.data();
+    const float *__restrict v172p = v172.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v172p[i0];
+      const float s1 = s0 * s0;
+      v175p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  support::View v176 = arena_.view(26624, 16);
+  static const support::Shape shape5_1 = {2, 8};
+  static const support::Shape shape5_3 = {256, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v176.data(), shape5_1, v175.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  support::View v179 = arena_.view(192000, 16);
+  {
+    float *__restrict v179p = v179.data();
+    const float *__restrict v176p = v176.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = v176p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v179p[i0] = s3;
+    }
+  }
+
+  // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
+  support::View v181 = arena_.view(143360, 512);
+  support::View v182(param21_decoder_attention_0_q); // updated in place
+  support::View v186 = arena_.view(184320, 256);
+  support::View v183(param22_decoder_attention_0_k); // updated in place
+  support::View v187 = arena_.view(185344, 256);
+  support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v189 = arena_.view(186368, 256);
+  support::View v191 = arena_.view(24576, 256);
+  support::View v192 = arena_.view(25600, 256);
+  support::View v193 = arena_.view(187392, 256);
+  support::View v185(param24_decoder_attention_0_o); // updated in place
+  support::View v180 = arena_.view(141312, 512);
+  support::View v194 = arena_.view(98304, 512);
+  repeated14(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
+             v193, v185, v194);
+
+  // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
+  // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v59, v194});
+
+  // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
+  support::View v61 = arena_.view(24576, 1024);
+  support::View v63 = arena_.view(28672, 1024);
+  support::View v64 = arena_.view(20480, 32);
+  support::View v67 = arena_.view(191104, 32);
+  support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
+  support::View v69 = arena_.view(28672, 1024);
+  support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
+  support::View v72 = arena_.view(32768, 1024);
+  support::View v73 = arena_.view(36864, 1024);
+  support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
+  support::View v74 = arena_.view(40960, 1024);
+  support::View v76 = arena_.view(45056, 1024);
+  support::View v78 = arena_.view(49152, 1024);
+  support::View v79 = arena_.view(40960, 32);
+  support::View v82 = arena_.view(191232, 32);
+  support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
+  support::View v68 = arena_.view(20480, 1024);
+  support::View v83 = arena_.view(40960, 1024);
+  support::View v84 = arena_.view(49152, 1024);
+  repeated13(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
+             v82, v77, v83, v84);
+
+  // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  support::View v85(param11_encoder_attention_1_q); // updated in place
+  support::View v89 = arena_.view(145408, 512);
+  support::View v86(param12_encoder_attention_1_k); // updated in place
+  support::View v90 = arena_.view(147456, 512);
+  support::View v87(param13_encoder_attention_1_v); // updated in place
+  support::View v92 = arena_.view(149504, 512);
+  support::View v94 = arena_.view(53248, 1024);
+  support::View v95 = arena_.view(57344, 1024);
+  support::View v96 = arena_.view(53248, 1024);
+  support::View v88(param14_encoder_attention_1_o); // updated in place
   support::View v97 = arena_.view(57344, 1024);
-  support::View v98 = arena_.view(61440, 1024);
-  support::View v99 = arena_.view(57344, 1024);
-  support::View v90(param14_encoder_attention_1_o); // updated in place
-  support::View v100 = arena_.view(61440, 1024);
+  repeated17(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
+
+  // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
+  group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
+
+  // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
+  support::View v99 = arena_.view(61440, 1024);
   support::View v101 = arena_.view(65536, 1024);
-  support::View v103 = arena_.view(49152, 1024);
-  support::View v104 = arena_.view(61440, 1024);
-  support::View v105 = arena_.view(69632, 32);
-  support::View v108 = arena_.view(191360, 32);
-  support::View v109 = arena_.view(61440, 1024);
-  support::View v102(param15_encoder_rms_norm_1_1_scale); // updated in place
+  support::View v102 = arena_.view(57344, 32);
+  support::View v105 = arena_.view(191360, 32);
+  support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
+  support::View v107 = arena_.view(65536, 1024);
+  support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v110 = arena_.view(69632, 1024);
-  support::View v111(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v114 = arena_.view(73728, 1024);
-  support::View v115 = arena_.view(77824, 1024);
-  support::View v112(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v116 = arena_.view(81920, 1024);
-  support::View v117 = arena_.view(86016, 1024);
-  support::View v119 = arena_.view(65536, 1024);
-  support::View v120 = arena_.view(81920, 1024);
-  support::View v121 = arena_.view(90112, 32);
-  support::View v124 = arena_.view(191488, 32);
-  support::View v125 = arena_.view(81920, 1024);
-  support::View v118(param18_encoder_rms_norm_scale); // updated in place
-  support::View v126 = arena_.view(86016, 1024);
-  repeated8(v85, v86, v87, v92, v88, v93, v89, v95, v97, v34, v98, v99, v90, v100, v77, v101, v103,
-            v104, v105, v108, v109, v102, v110, v111, v114, v115, v112, v116, v117, v119, v120,
-            v121, v124, v125, v118, v126);
+  support::View v111 = arena_.view(73728, 1024);
+  support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
+  support::View v112 = arena_.view(77824, 1024);
+  support::View v114 = arena_.view(81920, 1024);
+  support::View v116 = arena_.view(86016, 1024);
+  support::View v117 = arena_.view(77824, 32);
+  support::View v120 = arena_.view(191488, 32);
+  support::View v115(param18_encoder_rms_norm_scale); // updated in place
+  support::View v106 = arena_.view(57344, 1024);
+  support::View v121 = arena_.view(77824, 1024);
+  support::View v122 = arena_.view(86016, 1024);
+  repeated13(v76, v97, v99, v101, v102, v105, v100, v106, v107, v108, v110, v111, v109, v112, v114,
+             v116, v117, v120, v115, v121, v122);
 
   // t5.mesh:113:9 transpose
-  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
-  support::View v127 = arena_.view(90112, 1024);
+  support::View v123 = arena_.view(90112, 1024);
   {
-    float *__restrict v127p = v127.data();
+    float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v35p[i0 + i1 * 32];
         const float s1 = s0;
-        v127p[i0 * 32 + i1] = s1;
+        v123p[i0 * 32 + i1] = s1;
       }
     }
   }
 
-  // t5.mesh:56:10 gather
-  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
-  support::View v158(param19_decoder_relative_bias_table); // updated in place
-  support::View v157 = persistent_.view(25664, 64);
-  support::View v159 = arena_.view(98304, 128);
-  static const support::Shape shape3_1 = {8, 8, 2};
-  static const support::Shape shape3_3 = {0, 0, 1};
-  static const support::Shape shape3_5 = {8, 1, 0};
-  support::gather(v159.data(), shape3_1, v158.data(), shape3_3, v157.data(), shape3_5, 8, 2, 0);
+  // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  support::View v196 = arena_.view(151552, 512);
+  support::View v198 = arena_.view(100352, 512);
+  support::View v199 = arena_.view(98304, 16);
+  support::View v202 = arena_.view(192064, 16);
+  support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
+  support::View v204 = arena_.view(155648, 512);
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v209 = arena_.view(188416, 256);
+  support::View v206(param27_decoder_attention_1_0_k); // updated in place
+  support::View v210 = arena_.view(118784, 512);
+  support::View v207(param28_decoder_attention_1_0_v); // updated in place
+  support::View v212 = arena_.view(120832, 512);
+  support::View v214 = arena_.view(98304, 512);
+  support::View v169 = persistent_.view(28736, 256);
+  support::View v215 = arena_.view(100352, 512);
+  support::View v216 = arena_.view(122880, 512);
+  support::View v208(param29_decoder_attention_1_0_o); // updated in place
+  support::View v217 = arena_.view(98304, 512);
+  support::View v219 = arena_.view(124928, 512);
+  support::View v221 = arena_.view(100352, 512);
+  support::View v222 = arena_.view(98304, 16);
+  support::View v225 = arena_.view(192128, 16);
+  support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
+  support::View v227 = arena_.view(129024, 512);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v230 = arena_.view(114688, 512);
+  support::View v231 = arena_.view(116736, 512);
+  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
+  support::View v232 = arena_.view(98304, 512);
+  support::View v236 = arena_.view(100352, 512);
+  support::View v237 = arena_.view(98304, 16);
+  support::View v203 = arena_.view(153600, 512);
+  support::View v226 = arena_.view(126976, 512);
+  support::View v234 = arena_.view(110592, 512);
+  support::View v240 = arena_.view(192192, 16);
+  repeated8(v172, v194, v196, v198, v199, v202, v197, v203, v204, v205, v209, v122, v206, v210,
+            v207, v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v226,
+            v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
 
-  // t5.mesh:56:10 transpose
-  // t5.mesh:115:52 add -> self_bias
-  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v164 = persistent_.view(26240, 64);
-  support::View v165 = arena_.view(104448, 128);
-  {
-    float *__restrict v165p = v165.data();
-    const float *__restrict v159p = v159.data();
-    const float *__restrict v164p = v164.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v159p[i0 + i1 * 2];
-        const float s1 = s0;
-        const float s2 = v164p[i1];
-        const float s3 = (s1 + s2);
-        v165p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
+  // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
+  support::View v242 = arena_.view(157696, 512);
+  support::View v243(param34_decoder_attention_1_q); // updated in place
+  support::View v247 = arena_.view(180224, 256);
+  support::View v244(param35_decoder_attention_1_k); // updated in place
+  support::View v248 = arena_.view(181248, 256);
+  support::View v245(param36_decoder_attention_1_v); // updated in place
+  support::View v250 = arena_.view(182272, 256);
+  support::View v252 = arena_.view(98304, 256);
+  support::View v253 = arena_.view(99328, 256);
+  support::View v254 = arena_.view(183296, 256);
+  support::View v246(param37_decoder_attention_1_o); // updated in place
+  support::View v241 = arena_.view(112640, 512);
+  support::View v255 = arena_.view(98304, 512);
+  repeated14(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
+             v254, v246, v255);
 
-  // t5.mesh:118:17 shift
-  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
-  const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v174 = arena_.view(98304, 16);
-  static const support::Shape shape5_2 = {2, 8};
-  support::shift(v174, v1, shape5_2, 1, 1, nullptr);
+  // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
+  group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v175 = arena_.view(143360, 512);
-  static const support::Shape shape6_1 = {2, 8, 32};
-  static const support::Shape shape6_3 = {8, 1, 0};
-  static const support::Shape shape6_4 = {0, 0, 1};
-  support::oneHot(v175.data(), shape6_1, v174.data(), shape6_3, shape6_4,
-                  support::shardStart(world_, {"model"}, 32));
-
-  // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
-  support::View v176 = arena_.view(98304, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v175.data(), v35.data(), v176.data(), 1.0f, 0.0f);
-
-  // t5.mesh:40:25 bucketed_all_reduce_sum (3 partial sums (%116, %117, x) over model resolved
-  // together, 10.0 KiB in one buffer)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::View v178 = arena_.copy(145408, v176);
-
-  // t5.mesh:40:25 bucketed_all_reduce_sum (3 partial sums (%116, %117, x) over model resolved
-  // together, 10.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  support::allReduceBucket(group_model, {v125, v126, v178});
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v179 = arena_.view(100352, 512);
-  {
-    float *__restrict v179p = v179.data();
-    const float *__restrict v178p = v178.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v178p[i0];
-      const float s1 = s0 * s0;
-      v179p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v180 = arena_.view(102400, 16);
-  static const support::Shape shape11_1 = {2, 8};
-  static const support::Shape shape11_3 = {256, 32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v180.data(), shape11_1, v179.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v183 = arena_.view(192000, 16);
-  {
-    float *__restrict v183p = v183.data();
-    const float *__restrict v180p = v180.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v180p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v183p[i0] = s3;
-    }
-  }
+  // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  support::View v257 = arena_.view(159744, 512);
+  support::View v259 = arena_.view(100352, 512);
+  support::View v260 = arena_.view(98304, 16);
+  support::View v263 = arena_.view(190528, 16);
+  support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
+  support::View v265 = arena_.view(163840, 512);
+  support::View v266(param39_decoder_attention_1_1_q); // updated in place
+  support::View v270 = arena_.view(189440, 256);
+  support::View v267(param40_decoder_attention_1_1_k); // updated in place
+  support::View v271 = arena_.view(102400, 512);
+  support::View v268(param41_decoder_attention_1_1_v); // updated in place
+  support::View v273 = arena_.view(104448, 512);
+  support::View v275 = arena_.view(98304, 512);
+  support::View v276 = arena_.view(100352, 512);
+  support::View v277 = arena_.view(106496, 512);
+  support::View v269(param42_decoder_attention_1_1_o); // updated in place
+  support::View v278 = arena_.view(98304, 512);
+  support::View v280 = arena_.view(108544, 512);
+  support::View v282 = arena_.view(100352, 512);
+  support::View v283 = arena_.view(98304, 16);
+  support::View v286 = arena_.view(190592, 16);
+  support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
+  support::View v288 = arena_.view(167936, 512);
+  support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
+  support::View v291 = arena_.view(98304, 512);
+  support::View v292 = arena_.view(100352, 512);
+  support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
+  support::View v293 = arena_.view(169984, 512);
+  support::View v297 = arena_.view(174080, 512);
+  support::View v298 = arena_.view(169984, 16);
+  support::View v264 = arena_.view(161792, 512);
+  support::View v287 = arena_.view(165888, 512);
+  support::View v295 = arena_.view(172032, 512);
+  support::View v301 = arena_.view(190656, 16);
+  repeated8(v234, v255, v257, v259, v260, v263, v258, v264, v265, v266, v270, v122, v267, v271,
+            v268, v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v287,
+            v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
 
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  support::View v184 = arena_.view(147456, 512);
-  {
-    float *__restrict v184p = v184.data();
-    const float *__restrict v176p = v176.data();
-    const float *__restrict v183p = v183.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v176p[i0 * 32 + i1];
-        const float s1 = v183p[i0];
-        const float s2 = (s0 * s1);
-        v184p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // 44 statements from t5.mesh:40:53 mul -> n (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v177(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v185 = arena_.view(149504, 512);
-  support::View v186(param21_decoder_attention_0_q); // updated in place
-  support::View v191 = arena_.view(184320, 256);
-  support::View v187(param22_decoder_attention_0_k); // updated in place
-  support::View v192 = arena_.view(185344, 256);
-  support::View v188(param23_decoder_attention_0_v); // updated in place
-  support::View v194 = arena_.view(186368, 256);
-  support::View v196 = arena_.view(100352, 256);
-  support::View v197 = arena_.view(101376, 256);
-  support::View v198 = arena_.view(187392, 256);
-  support::View v189(param24_decoder_attention_0_o); // updated in place
-  support::View v199 = arena_.view(100352, 512);
-  support::View v200 = arena_.view(102400, 512);
-  support::View v202 = arena_.view(151552, 512);
-  support::View v203 = arena_.view(98304, 512);
-  support::View v204 = arena_.view(100352, 16);
-  support::View v207 = arena_.view(192064, 16);
-  support::View v208 = arena_.view(153600, 512);
-  support::View v201(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v209 = arena_.view(155648, 512);
-  support::View v210(param26_decoder_attention_1_0_q); // updated in place
-  support::View v215 = arena_.view(188416, 256);
-  support::View v211(param27_decoder_attention_1_0_k); // updated in place
-  support::View v217 = arena_.view(118784, 512);
-  support::View v212(param28_decoder_attention_1_0_v); // updated in place
-  support::View v219 = arena_.view(120832, 512);
-  support::View v221 = arena_.view(98304, 512);
-  support::View v173 = persistent_.view(28736, 256);
-  support::View v222 = arena_.view(100352, 512);
-  support::View v223 = arena_.view(122880, 512);
-  support::View v213(param29_decoder_attention_1_0_o); // updated in place
-  support::View v224 = arena_.view(98304, 512);
-  support::View v225 = arena_.view(100352, 512);
-  support::View v227 = arena_.view(124928, 512);
-  support::View v228 = arena_.view(98304, 512);
-  support::View v229 = arena_.view(102400, 16);
-  support::View v232 = arena_.view(192128, 16);
-  support::View v233 = arena_.view(126976, 512);
-  support::View v226(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v234 = arena_.view(129024, 512);
-  support::View v235(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v238 = arena_.view(114688, 512);
-  support::View v239 = arena_.view(116736, 512);
-  support::View v236(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v240 = arena_.view(98304, 512);
-  support::View v241 = arena_.view(102400, 512);
-  support::View v243 = arena_.view(110592, 512);
-  support::View v244 = arena_.view(98304, 512);
-  support::View v245 = arena_.view(100352, 16);
-  support::View v248 = arena_.view(192192, 16);
-  support::View v249 = arena_.view(112640, 512);
-  repeated3(v184, v177, v185, v186, v191, v187, v192, v188, v194, v196, v165, v197, v198, v189,
-            v199, v176, v200, v202, v203, v204, v207, v208, v201, v209, v210, v215, v126, v211,
-            v217, v212, v219, v221, v173, v222, v223, v213, v224, v225, v227, v228, v229, v232,
-            v233, v226, v234, v235, v238, v239, v236, v240, v241, v243, v244, v245, v248, v249);
-
-  // 44 statements from t5.mesh:40:53 mul -> n (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v242(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v250 = arena_.view(157696, 512);
-  support::View v251(param34_decoder_attention_1_q); // updated in place
-  support::View v256 = arena_.view(180224, 256);
-  support::View v252(param35_decoder_attention_1_k); // updated in place
-  support::View v257 = arena_.view(181248, 256);
-  support::View v253(param36_decoder_attention_1_v); // updated in place
-  support::View v259 = arena_.view(182272, 256);
-  support::View v261 = arena_.view(98304, 256);
-  support::View v262 = arena_.view(99328, 256);
-  support::View v263 = arena_.view(183296, 256);
-  support::View v254(param37_decoder_attention_1_o); // updated in place
-  support::View v264 = arena_.view(98304, 512);
-  support::View v265 = arena_.view(100352, 512);
-  support::View v267 = arena_.view(159744, 512);
-  support::View v268 = arena_.view(98304, 512);
-  support::View v269 = arena_.view(102400, 16);
-  support::View v272 = arena_.view(190528, 16);
-  support::View v273 = arena_.view(161792, 512);
-  support::View v266(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v274 = arena_.view(163840, 512);
-  support::View v275(param39_decoder_attention_1_1_q); // updated in place
-  support::View v280 = arena_.view(189440, 256);
-  support::View v276(param40_decoder_attention_1_1_k); // updated in place
-  support::View v281 = arena_.view(102400, 512);
-  support::View v277(param41_decoder_attention_1_1_v); // updated in place
-  support::View v283 = arena_.view(104448, 512);
-  support::View v285 = arena_.view(98304, 512);
-  support::View v286 = arena_.view(106496, 512);
-  support::View v287 = arena_.view(108544, 512);
-  support::View v278(param42_decoder_attention_1_1_o); // updated in place
-  support::View v288 = arena_.view(98304, 512);
-  support::View v289 = arena_.view(106496, 512);
-  support::View v291 = arena_.view(165888, 512);
-  support::View v292 = arena_.view(98304, 512);
-  support::View v293 = arena_.view(100352, 16);
-  support::View v296 = arena_.view(190592, 16);
-  support::View v297 = arena_.view(167936, 512);
-  support::View v290(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v298 = arena_.view(169984, 512);
-  support::View v299(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v302 = arena_.view(98304, 512);
-  support::View v303 = arena_.view(100352, 512);
-  support::View v300(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v304 = arena_.view(172032, 512);
-  support::View v305 = arena_.view(174080, 512);
-  support::View v307 = arena_.view(106496, 512);
-  support::View v308 = arena_.view(172032, 512);
-  support::View v309 = arena_.view(176128, 16);
-  support::View v312 = arena_.view(190656, 16);
-  support::View v313 = arena_.view(172032, 512);
-  repeated3(v249, v242, v250, v251, v256, v252, v257, v253, v259, v261, v165, v262, v263, v254,
-            v264, v241, v265, v267, v268, v269, v272, v273, v266, v274, v275, v280, v126, v276,
-            v281, v277, v283, v285, v173, v286, v287, v278, v288, v289, v291, v292, v293, v296,
-            v297, v290, v298, v299, v302, v303, v300, v304, v305, v307, v308, v309, v312, v313);
-
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  support::View v306(param46_decoder_rms_norm_scale); // updated in place
-  support::View v316 = arena_.view(174080, 512);
+  support::View v296(param46_decoder_rms_norm_scale); // updated in place
+  support::View v302 = arena_.view(169984, 512);
+  support::View v305 = arena_.view(174080, 512);
   {
-    float *__restrict v316p = v316.data();
-    const float *__restrict v313p = v313.data();
-    const float *__restrict v306p = v306.data();
+    float *__restrict v302p = v302.data();
+    float *__restrict v305p = v305.data();
+    const float *__restrict v295p = v295.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v296p = v296.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v313p[i0 * 32 + i1];
-        const float s1 = v306p[i1];
+        const float s0 = v295p[i0 * 32 + i1];
+        const float s1 = v301p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = 0.17677669f;
+        const float s3 = v296p[i1];
         const float s4 = (s2 * s3);
-        v316p[i0 * 32 + i1] = s4;
+        const float s5 = 0.17677669f;
+        const float s6 = (s4 * s5);
+        v302p[i0 * 32 + i1] = s2;
+        v305p[i0 * 32 + i1] = s6;
       }
     }
   }
 
-  // t5.mesh:125:10 bucketed_all_reduce_sum (2 partial sums (%290, %293) over model resolved
-  // together, 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:125:10");
-  support::allReduceBucket(group_model, {v313, v316});
-
   // t5.mesh:125:10 einsum -> logits
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v318 = arena_.view(176128, 512);
+  support::View v306 = arena_.view(176128, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
-  MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
-  support::View v319 = arena_.view(178176, 512);
-  static const support::Shape shape19_2 = {2, 8};
-  static const support::Shape shape19_3 = {256, 32};
-  static const support::Shape shape19_4 = {256, 32};
-  static const support::Shape shape19_5 = {32};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v319.data(), v318.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v307 = arena_.view(178176, 512);
+  static const support::Shape shape20_2 = {2, 8};
+  static const support::Shape shape20_3 = {256, 32};
+  static const support::Shape shape20_4 = {256, 32};
+  static const support::Shape shape20_5 = {32};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v307.data(), v306.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:51 mul
-  MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
-  support::View v320 = arena_.view(94208, 512);
-  support::View v321 = arena_.view(176128, 512);
+  support::View v308 = arena_.view(94208, 512);
+  support::View v309 = arena_.view(176128, 512);
   {
-    float *__restrict v321p = v321.data();
-    const float *__restrict v319p = v319.data();
-    const float *__restrict v320p = v320.data();
+    float *__restrict v309p = v309.data();
+    const float *__restrict v307p = v307.data();
+    const float *__restrict v308p = v308.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v319p[i0];
-      const float s1 = v320p[i0];
+      const float s0 = v307p[i0];
+      const float s1 = v308p[i0];
       const float s2 = (s0 * s1);
-      v321p[i0] = s2;
+      v309p[i0] = s2;
     }
   }
 
   // t5.mesh:149:20 sum -> token_logp
-  MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
-  support::View v322 = arena_.view(190720, 16);
-  static const support::Shape shape21_1 = {2, 8};
-  static const support::Shape shape21_3 = {256, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v322.data(), shape21_1, v321.data(), shape21_3, shape21_4, shape21_5,
+  support::View v310 = arena_.view(190720, 16);
+  static const support::Shape shape22_1 = {2, 8};
+  static const support::Shape shape22_3 = {256, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v310.data(), shape22_1, v309.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:149:24 exp
   // t5.mesh:149:24 mul
   // t5.mesh:149:24 sub
-  MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
-  support::View v335 = arena_.view(190464, 16);
-  support::View v334 = arena_.view(96256, 512);
-  support::View v339 = arena_.view(94208, 512);
+  support::View v323 = arena_.view(190464, 16);
+  support::View v322 = arena_.view(96256, 512);
+  support::View v327 = arena_.view(94208, 512);
   {
-    float *__restrict v339p = v339.data();
-    const float *__restrict v319p = v319.data();
-    const float *__restrict v335p = v335.data();
-    const float *__restrict v334p = v334.data();
+    float *__restrict v327p = v327.data();
+    const float *__restrict v307p = v307.data();
+    const float *__restrict v323p = v323.data();
+    const float *__restrict v322p = v322.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v319p[i0 * 32 + i1];
+        const float s0 = v307p[i0 * 32 + i1];
         const float s1 = support::fexp(s0);
-        const float s2 = v335p[i0];
+        const float s2 = v323p[i0];
         const float s3 = (s1 * s2);
-        const float s4 = v334p[i0 * 32 + i1];
+        const float s4 = v322p[i0 * 32 + i1];
         const float s5 = (s4 - s3);
-        v339p[i0 * 32 + i1] = s5;
+        v327p[i0 * 32 + i1] = s5;
       }
     }
   }
-
-  // t5.mesh:125:10 einsum
-  // t5.mesh:125:29 mul
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v340 = arena_.view(96256, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v339.data(), v127.data(), v340.data(), 0.17677669f, 0.0f);
 }
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:125:10 einsum
+  // t5.mesh:125:29 mul
+  support::View v327 = arena_.view(94208, 512);
+  support::View v123 = arena_.view(90112, 1024);
+  support::View v328 = arena_.view(96256, 512);
+  // dims: batch, targets, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan0.run(v327.data(), v123.data(), v328.data(), 0.17677669f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
-  MESHRT_TRACE("copy", "t5.mesh:40:53", "backward");
-  support::View v322 = arena_.view(190720, 16);
-  support::View v323 = arena_.copy(90112, v322);
-
-  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
-  // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v340 = arena_.view(96256, 512);
-  support::allReduceBucket(group_model, {v340, v323});
+  support::View v310 = arena_.view(190720, 16);
+  support::allReduceBucket(group_model, {v328, v310});
 
   // t5.mesh:150:29 exp
-  MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
-  support::View v324 = arena_.view(90176, 16);
+  support::View v312 = arena_.view(90112, 16);
   {
-    float *__restrict v324p = v324.data();
-    const float *__restrict v323p = v323.data();
+    float *__restrict v312p = v312.data();
+    const float *__restrict v310p = v310.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v323p[i0];
+      const float s0 = v310p[i0];
       const float s1 = support::fexp(s0);
-      v324p[i0] = s1;
+      v312p[i0] = s1;
     }
   }
 
   // t5.mesh:150:24 mean -> target_probability
-  MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
-  support::View v325 = arena_.view(194496, 1);
+  support::View v313 = arena_.view(194496, 1);
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {2, 8};
   static const support::Shape shape3_5 = {8, 1};
-  support::reduce(v325.data(), shape3_1, v324.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v313.data(), shape3_1, v312.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:15 mean
-  MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
-  support::View v326 = arena_.view(90112, 1);
+  support::View v314 = arena_.view(90112, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {2, 8};
   static const support::Shape shape4_5 = {8, 1};
-  support::reduce(v326.data(), shape4_1, v322.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(v314.data(), shape4_1, v310.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
-  MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
-  support::View v327 = arena_.view(194560, 1);
+  support::View v315 = arena_.view(194560, 1);
   {
-    float *__restrict v327p = v327.data();
-    const float *__restrict v326p = v326.data();
-    const float s0 = v326p[0];
+    float *__restrict v315p = v315.data();
+    const float *__restrict v314p = v314.data();
+    const float s0 = v314p[0];
     const float s1 = -s0;
-    v327p[0] = s1;
+    v315p[0] = s1;
   }
 
-  // t5.mesh:152:3 all_reduce_sum -> loss (resolve output 'loss')
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  auto request0 = support::startAllReduce(group_data_model, {v327}, meshrt::ReduceOp::Sum);
-
   // t5.mesh:125:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v339 = arena_.view(94208, 512);
-  support::View v316 = arena_.view(174080, 512);
-  support::View v341 = arena_.view(90112, 1024);
+  support::View v305 = arena_.view(174080, 512);
+  support::View v329 = arena_.view(90112, 1024);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(v339.data(), v316.data(), v341.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v327.data(), v305.data(), v329.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v313 = arena_.view(172032, 512);
-  support::View v346 = arena_.view(94208, 512);
+  support::View v302 = arena_.view(169984, 512);
+  support::View v333 = arena_.view(94208, 512);
   {
-    float *__restrict v346p = v346.data();
-    const float *__restrict v340p = v340.data();
-    const float *__restrict v313p = v313.data();
+    float *__restrict v333p = v333.data();
+    const float *__restrict v328p = v328.data();
+    const float *__restrict v302p = v302.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v340p[i0];
-      const float s1 = v313p[i0];
+      const float s0 = v328p[i0];
+      const float s1 = v302p[i0];
       const float s2 = (s0 * s1);
-      v346p[i0] = s2;
+      v333p[i0] = s2;
     }
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v347 = arena_.view(191616, 32);
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 8};
-  static const support::Shape shape9_5 = {256, 32};
-  support::reduce(v347.data(), shape9_1, v346.data(), shape9_3, shape9_4, shape9_5,
+  support::View v334 = arena_.view(191616, 32);
+  static const support::Shape shape8_1 = {32};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {2, 8};
+  static const support::Shape shape8_5 = {256, 32};
+  support::reduce(v334.data(), shape8_1, v333.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v306(param46_decoder_rms_norm_scale); // updated in place
-  support::View v312 = arena_.view(190656, 16);
-  support::View v307 = arena_.view(106496, 512);
-  support::View v348 = arena_.view(94208, 512);
-  support::View v349 = arena_.view(172032, 512);
+  support::View v296(param46_decoder_rms_norm_scale); // updated in place
+  support::View v301 = arena_.view(190656, 16);
+  support::View v295 = arena_.view(172032, 512);
+  support::View v335 = arena_.view(94208, 512);
+  support::View v336 = arena_.view(169984, 512);
   {
-    float *__restrict v348p = v348.data();
-    float *__restrict v349p = v349.data();
-    const float *__restrict v340p = v340.data();
-    const float *__restrict v306p = v306.data();
-    const float *__restrict v312p = v312.data();
-    const float *__restrict v307p = v307.data();
+    float *__restrict v335p = v335.data();
+    float *__restrict v336p = v336.data();
+    const float *__restrict v328p = v328.data();
+    const float *__restrict v296p = v296.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v295p = v295.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v340p[i0 * 32 + i1];
-        const float s1 = v306p[i1];
+        const float s0 = v328p[i0 * 32 + i1];
+        const float s1 = v296p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v312p[i0];
+        const float s3 = v301p[i0];
         const float s4 = (s2 * s3);
-        const float s5 = v307p[i0 * 32 + i1];
+        const float s5 = v295p[i0 * 32 + i1];
         const float s6 = (s2 * s5);
-        v348p[i0 * 32 + i1] = s4;
-        v349p[i0 * 32 + i1] = s6;
+        v335p[i0 * 32 + i1] = s4;
+        v336p[i0 * 32 + i1] = s6;
       }
     }
   }
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v350 = arena_.view(96256, 16);
-  support::View v361 = arena_.view(172032, 512);
-  support::View v300(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v362 = arena_.view(106496, 512);
-  support::View v303 = arena_.view(100352, 512);
-  support::View v302 = arena_.view(98304, 512);
-  support::View v366 = arena_.view(174080, 512);
-  support::View v299(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v367 = arena_.view(106496, 512);
-  support::View v298 = arena_.view(169984, 512);
-  support::View v297 = arena_.view(167936, 512);
-  support::View v372 = arena_.view(169984, 512);
-  support::View v290(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v296 = arena_.view(190592, 16);
-  support::View v291 = arena_.view(165888, 512);
-  support::View v375 = arena_.view(167936, 512);
-  support::View v376 = arena_.view(169984, 512);
-  support::View v377 = arena_.view(106496, 16);
-  support::View v386 = arena_.view(169984, 512);
-  support::View v283 = arena_.view(104448, 512);
-  support::View v278(param42_decoder_attention_1_1_o); // updated in place
-  support::View v387 = arena_.view(106496, 512);
-  support::View v287 = arena_.view(108544, 512);
-  support::View v388 = arena_.view(165888, 512);
-  support::View v390 = arena_.view(104448, 512);
-  support::View v391 = arena_.view(172032, 32);
-  support::View v393 = arena_.view(104448, 512);
-  support::View v281 = arena_.view(102400, 512);
-  support::View v280 = arena_.view(189440, 256);
-  support::View v395 = arena_.view(172032, 512);
-  support::View v277(param41_decoder_attention_1_1_v); // updated in place
-  support::View v126 = arena_.view(86016, 1024);
-  support::View v276(param40_decoder_attention_1_1_k); // updated in place
-  support::View v363 = arena_.view(94208, 1024);
-  support::View v368 = arena_.view(98304, 1024);
-  support::View v373 = arena_.view(191744, 32);
-  support::View v389 = arena_.view(167936, 512);
-  support::View v394 = arena_.view(178176, 256);
-  support::View v397 = arena_.view(102400, 1024);
-  support::View v398 = arena_.view(174080, 512);
-  support::View v400 = arena_.view(106496, 1024);
-  repeated5(v350, v349, v307, v312, v348, v361, v300, v362, v303, v363, v302, v366, v299, v367,
-            v298, v368, v297, v372, v373, v290, v296, v291, v375, v376, v377, v386, v283, v278,
-            v387, v287, v388, v389, v390, v391, v393, v281, v394, v280, v395, v277, v397, v126,
-            v398, v276, v400);
+  support::View v337 = arena_.view(96256, 16);
+  support::View v348 = arena_.view(169984, 512);
+  support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
+  support::View v349 = arena_.view(172032, 512);
+  support::View v292 = arena_.view(100352, 512);
+  support::View v291 = arena_.view(98304, 512);
+  support::View v353 = arena_.view(174080, 512);
+  support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
+  support::View v354 = arena_.view(172032, 512);
+  support::View v288 = arena_.view(167936, 512);
+  support::View v287 = arena_.view(165888, 512);
+  support::View v358 = arena_.view(167936, 512);
+  support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
+  support::View v286 = arena_.view(190592, 16);
+  support::View v280 = arena_.view(108544, 512);
+  support::View v361 = arena_.view(165888, 512);
+  support::View v362 = arena_.view(167936, 512);
+  support::View v363 = arena_.view(169984, 16);
+  support::View v372 = arena_.view(167936, 512);
+  support::View v273 = arena_.view(104448, 512);
+  support::View v269(param42_decoder_attention_1_1_o); // updated in place
+  support::View v373 = arena_.view(108544, 512);
+  support::View v277 = arena_.view(106496, 512);
+  support::View v374 = arena_.view(165888, 512);
+  support::View v376 = arena_.view(104448, 512);
+  support::View v377 = arena_.view(172032, 32);
+  support::View v379 = arena_.view(104448, 512);
+  support::View v271 = arena_.view(102400, 512);
+  support::View v270 = arena_.view(189440, 256);
+  support::View v381 = arena_.view(172032, 512);
+  support::View v268(param41_decoder_attention_1_1_v); // updated in place
+  support::View v122 = arena_.view(86016, 1024);
+  support::View v267(param40_decoder_attention_1_1_k); // updated in place
+  support::View v350 = arena_.view(94208, 1024);
+  support::View v355 = arena_.view(98304, 1024);
+  support::View v359 = arena_.view(191744, 32);
+  support::View v375 = arena_.view(169984, 512);
+  support::View v380 = arena_.view(178176, 256);
+  support::View v383 = arena_.view(102400, 1024);
+  support::View v384 = arena_.view(174080, 512);
+  support::View v386 = arena_.view(106496, 1024);
+  repeated4(v337, v336, v295, v301, v335, v348, v290, v349, v292, v350, v291, v353, v289, v354,
+            v288, v355, v287, v358, v359, v281, v286, v280, v361, v362, v363, v372, v273, v269,
+            v373, v277, v374, v375, v376, v377, v379, v271, v380, v270, v381, v268, v383, v122,
+            v384, v267, v386);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v402 = arena_.view(165888, 512);
+  support::View v388 = arena_.view(165888, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan12.run(v395.data(), v126.data(), v402.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v381.data(), v122.data(), v388.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v275(param39_decoder_attention_1_1_q); // updated in place
-  support::View v403 = arena_.view(172032, 512);
+  support::View v266(param39_decoder_attention_1_1_q); // updated in place
+  support::View v389 = arena_.view(172032, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v394.data(), v275.data(), v403.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v380.data(), v266.data(), v389.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request2 = support::startAllReduce(group_model, {v403}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {v389}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v274 = arena_.view(163840, 512);
-  support::View v404 = arena_.view(176128, 512);
+  support::View v265 = arena_.view(163840, 512);
+  support::View v390 = arena_.view(176128, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(v394.data(), v274.data(), v404.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v380.data(), v265.data(), v390.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request2);
+  group_model.wait(request1);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v273 = arena_.view(161792, 512);
-  support::View v408 = arena_.view(163840, 512);
-  support::View v266(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v272 = arena_.view(190528, 16);
-  support::View v267 = arena_.view(159744, 512);
-  support::View v411 = arena_.view(161792, 512);
-  support::View v412 = arena_.view(163840, 512);
-  support::View v413 = arena_.view(169984, 16);
-  support::View v422 = arena_.view(163840, 512);
-  support::View v259 = arena_.view(182272, 256);
-  support::View v254(param37_decoder_attention_1_o); // updated in place
-  support::View v423 = arena_.view(161792, 256);
-  support::View v263 = arena_.view(183296, 256);
-  support::View v424 = arena_.view(172032, 256);
-  support::View v426 = arena_.view(162816, 256);
-  support::View v427 = arena_.view(169984, 32);
-  support::View v429 = arena_.view(162816, 256);
-  support::View v257 = arena_.view(181248, 256);
-  support::View v431 = arena_.view(189440, 256);
-  support::View v256 = arena_.view(180224, 256);
-  support::View v432 = arena_.view(181248, 256);
-  support::View v253(param36_decoder_attention_1_v); // updated in place
-  support::View v434 = arena_.view(161792, 512);
-  support::View v250 = arena_.view(157696, 512);
-  support::View v252(param35_decoder_attention_1_k); // updated in place
-  support::View v437 = arena_.view(172032, 512);
-  support::View v251(param34_decoder_attention_1_q); // updated in place
-  support::View v440 = arena_.view(180224, 512);
-  support::View v409 = arena_.view(191872, 32);
-  support::View v425 = arena_.view(159744, 512);
-  support::View v430 = arena_.view(190464, 128);
-  support::View v435 = arena_.view(169984, 512);
-  support::View v439 = arena_.view(178176, 512);
-  support::View v441 = arena_.view(182272, 512);
-  repeated9(v403, v273, v408, v409, v266, v272, v386, v267, v411, v412, v413, v422, v259, v254,
-            v423, v263, v424, v425, v426, v427, v429, v430, v257, v431, v256, v432, v253, v434,
-            v250, v435, v252, v437, v439, v251, v440, v441);
+  support::View v264 = arena_.view(161792, 512);
+  support::View v393 = arena_.view(163840, 512);
+  support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
+  support::View v263 = arena_.view(190528, 16);
+  support::View v257 = arena_.view(159744, 512);
+  support::View v396 = arena_.view(161792, 512);
+  support::View v397 = arena_.view(163840, 512);
+  support::View v398 = arena_.view(167936, 16);
+  support::View v407 = arena_.view(163840, 512);
+  support::View v250 = arena_.view(182272, 256);
+  support::View v246(param37_decoder_attention_1_o); // updated in place
+  support::View v408 = arena_.view(161792, 256);
+  support::View v254 = arena_.view(183296, 256);
+  support::View v409 = arena_.view(172032, 256);
+  support::View v411 = arena_.view(162816, 256);
+  support::View v412 = arena_.view(167936, 32);
+  support::View v414 = arena_.view(162816, 256);
+  support::View v248 = arena_.view(181248, 256);
+  support::View v416 = arena_.view(189440, 256);
+  support::View v247 = arena_.view(180224, 256);
+  support::View v417 = arena_.view(181248, 256);
+  support::View v245(param36_decoder_attention_1_v); // updated in place
+  support::View v419 = arena_.view(161792, 512);
+  support::View v242 = arena_.view(157696, 512);
+  support::View v244(param35_decoder_attention_1_k); // updated in place
+  support::View v422 = arena_.view(172032, 512);
+  support::View v243(param34_decoder_attention_1_q); // updated in place
+  support::View v425 = arena_.view(180224, 512);
+  support::View v394 = arena_.view(191872, 32);
+  support::View v410 = arena_.view(159744, 512);
+  support::View v415 = arena_.view(190464, 128);
+  support::View v420 = arena_.view(167936, 512);
+  support::View v424 = arena_.view(178176, 512);
+  support::View v426 = arena_.view(182272, 512);
+  repeated7(v389, v264, v393, v394, v258, v263, v372, v257, v396, v397, v398, v407, v250, v246,
+            v408, v254, v409, v410, v411, v412, v414, v415, v248, v416, v247, v417, v245, v419,
+            v242, v420, v244, v422, v424, v243, v425, v426);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %409 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request3 = support::startAllReduce(group_model, {v441}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {v426}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v442 = arena_.view(161792, 512);
+  support::View v427 = arena_.view(161792, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v431.data(), v250.data(), v442.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v416.data(), v242.data(), v427.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request3);
+  group_model.wait(request2);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v249 = arena_.view(112640, 512);
-  support::View v446 = arena_.view(157696, 512);
-  support::View v242(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v248 = arena_.view(192192, 16);
-  support::View v243 = arena_.view(110592, 512);
-  support::View v447 = arena_.view(189440, 32);
-  support::View v449 = arena_.view(112640, 512);
-  support::View v450 = arena_.view(157696, 512);
-  repeated17(v441, v249, v446, v447, v242, v248, v422, v243, v449, v450);
+  support::View v241 = arena_.view(112640, 512);
+  support::View v430 = arena_.view(157696, 512);
+  support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
+  support::View v240 = arena_.view(192192, 16);
+  support::View v234 = arena_.view(110592, 512);
+  support::View v431 = arena_.view(189440, 32);
+  support::View v433 = arena_.view(112640, 512);
+  support::View v434 = arena_.view(157696, 512);
+  repeated19(v426, v241, v430, v431, v235, v240, v407, v234, v433, v434);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v451 = arena_.view(163840, 16);
-  support::View v460 = arena_.view(157696, 512);
-  support::View v236(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v461 = arena_.view(163840, 512);
-  support::View v239 = arena_.view(116736, 512);
-  support::View v238 = arena_.view(114688, 512);
-  support::View v464 = arena_.view(172032, 512);
-  support::View v235(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v465 = arena_.view(163840, 512);
-  support::View v234 = arena_.view(129024, 512);
-  support::View v233 = arena_.view(126976, 512);
-  support::View v470 = arena_.view(129024, 512);
-  support::View v226(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v232 = arena_.view(192128, 16);
-  support::View v227 = arena_.view(124928, 512);
-  support::View v473 = arena_.view(126976, 512);
-  support::View v474 = arena_.view(129024, 512);
-  support::View v475 = arena_.view(163840, 16);
-  support::View v484 = arena_.view(157696, 512);
-  support::View v219 = arena_.view(120832, 512);
-  support::View v213(param29_decoder_attention_1_0_o); // updated in place
-  support::View v485 = arena_.view(124928, 512);
-  support::View v223 = arena_.view(122880, 512);
-  support::View v486 = arena_.view(126976, 512);
-  support::View v488 = arena_.view(120832, 512);
-  support::View v489 = arena_.view(129024, 32);
-  support::View v491 = arena_.view(120832, 512);
-  support::View v217 = arena_.view(118784, 512);
-  support::View v215 = arena_.view(188416, 256);
-  support::View v493 = arena_.view(172032, 512);
-  support::View v212(param28_decoder_attention_1_0_v); // updated in place
-  support::View v211(param27_decoder_attention_1_0_k); // updated in place
-  support::View v462 = arena_.view(110592, 1024);
-  support::View v466 = arena_.view(114688, 1024);
-  support::View v471 = arena_.view(183296, 32);
-  support::View v487 = arena_.view(163840, 512);
-  support::View v492 = arena_.view(182272, 256);
-  support::View v495 = arena_.view(118784, 1024);
-  support::View v497 = arena_.view(180224, 512);
-  support::View v499 = arena_.view(122880, 1024);
-  repeated5(v451, v450, v243, v248, v449, v460, v236, v461, v239, v462, v238, v464, v235, v465,
-            v234, v466, v233, v470, v471, v226, v232, v227, v473, v474, v475, v484, v219, v213,
-            v485, v223, v486, v487, v488, v489, v491, v217, v492, v215, v493, v212, v495, v126,
-            v497, v211, v499);
+  support::View v435 = arena_.view(163840, 16);
+  support::View v444 = arena_.view(157696, 512);
+  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
+  support::View v445 = arena_.view(163840, 512);
+  support::View v231 = arena_.view(116736, 512);
+  support::View v230 = arena_.view(114688, 512);
+  support::View v448 = arena_.view(172032, 512);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v449 = arena_.view(163840, 512);
+  support::View v227 = arena_.view(129024, 512);
+  support::View v226 = arena_.view(126976, 512);
+  support::View v453 = arena_.view(129024, 512);
+  support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
+  support::View v225 = arena_.view(192128, 16);
+  support::View v219 = arena_.view(124928, 512);
+  support::View v456 = arena_.view(126976, 512);
+  support::View v457 = arena_.view(129024, 512);
+  support::View v458 = arena_.view(163840, 16);
+  support::View v467 = arena_.view(157696, 512);
+  support::View v212 = arena_.view(120832, 512);
+  support::View v208(param29_decoder_attention_1_0_o); // updated in place
+  support::View v468 = arena_.view(124928, 512);
+  support::View v216 = arena_.view(122880, 512);
+  support::View v469 = arena_.view(126976, 512);
+  support::View v471 = arena_.view(120832, 512);
+  support::View v472 = arena_.view(129024, 32);
+  support::View v474 = arena_.view(120832, 512);
+  support::View v210 = arena_.view(118784, 512);
+  support::View v209 = arena_.view(188416, 256);
+  support::View v476 = arena_.view(172032, 512);
+  support::View v207(param28_decoder_attention_1_0_v); // updated in place
+  support::View v206(param27_decoder_attention_1_0_k); // updated in place
+  support::View v446 = arena_.view(110592, 1024);
+  support::View v450 = arena_.view(114688, 1024);
+  support::View v454 = arena_.view(183296, 32);
+  support::View v470 = arena_.view(163840, 512);
+  support::View v475 = arena_.view(182272, 256);
+  support::View v478 = arena_.view(118784, 1024);
+  support::View v480 = arena_.view(180224, 512);
+  support::View v482 = arena_.view(122880, 1024);
+  repeated4(v435, v434, v234, v240, v433, v444, v229, v445, v231, v446, v230, v448, v228, v449,
+            v227, v450, v226, v453, v454, v220, v225, v219, v456, v457, v458, v467, v212, v208,
+            v468, v216, v469, v470, v471, v472, v474, v210, v475, v209, v476, v207, v478, v122,
+            v480, v206, v482);
 
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
-  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  support::View v500 = arena_.view(126976, 1024);
+  support::View v483 = arena_.view(126976, 1024);
   {
-    float *__restrict v500p = v500.data();
-    const float *__restrict v397p = v397.data();
-    const float *__restrict v400p = v400.data();
-    const float *__restrict v495p = v495.data();
-    const float *__restrict v499p = v499.data();
+    float *__restrict v483p = v483.data();
+    const float *__restrict v383p = v383.data();
+    const float *__restrict v386p = v386.data();
+    const float *__restrict v478p = v478.data();
+    const float *__restrict v482p = v482.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v397p[i0];
-      const float s1 = v400p[i0];
+      const float s0 = v383p[i0];
+      const float s1 = v386p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v495p[i0];
+      const float s3 = v478p[i0];
       const float s4 = (s2 + s3);
-      const float s5 = v499p[i0];
+      const float s5 = v482p[i0];
       const float s6 = (s4 + s5);
-      v500p[i0] = s6;
+      v483p[i0] = s6;
     }
   }
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v501 = arena_.view(118784, 512);
+  support::View v484 = arena_.view(118784, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan24.run(v493.data(), v126.data(), v501.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v476.data(), v122.data(), v484.data(), 1.0f, 0.0f);
+}
+
+void T5Train::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v210(param26_decoder_attention_1_0_q); // updated in place
-  support::View v502 = arena_.view(86016, 512);
+  support::View v475 = arena_.view(182272, 256);
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v485 = arena_.view(86016, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan25.run(v492.data(), v210.data(), v502.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v475.data(), v205.data(), v485.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
   // together, 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request5 = support::startAllReduce(group_model, {v500, v502}, meshrt::ReduceOp::Sum);
+  support::View v483 = arena_.view(126976, 1024);
+  auto request4 = support::startAllReduce(group_model, {v483, v485}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v209 = arena_.view(155648, 512);
-  support::View v503 = arena_.view(120832, 512);
+  support::View v204 = arena_.view(155648, 512);
+  support::View v486 = arena_.view(120832, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan27.run(v492.data(), v209.data(), v503.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v475.data(), v204.data(), v486.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request5);
+  group_model.wait(request4);
 
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v208 = arena_.view(153600, 512);
-  support::View v507 = arena_.view(88064, 512);
-  support::View v201(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v207 = arena_.view(192064, 16);
-  support::View v202 = arena_.view(151552, 512);
-  support::View v510 = arena_.view(88064, 512);
-  support::View v511 = arena_.view(102400, 512);
-  support::View v512 = arena_.view(86016, 16);
-  support::View v521 = arena_.view(106496, 512);
-  support::View v194 = arena_.view(186368, 256);
-  support::View v189(param24_decoder_attention_0_o); // updated in place
-  support::View v522 = arena_.view(86016, 256);
-  support::View v198 = arena_.view(187392, 256);
-  support::View v523 = arena_.view(88064, 256);
-  support::View v525 = arena_.view(87040, 256);
-  support::View v526 = arena_.view(89088, 32);
-  support::View v528 = arena_.view(87040, 256);
-  support::View v192 = arena_.view(185344, 256);
-  support::View v531 = arena_.view(104448, 256);
-  support::View v191 = arena_.view(184320, 256);
-  support::View v532 = arena_.view(102400, 256);
-  support::View v188(param23_decoder_attention_0_v); // updated in place
-  support::View v534 = arena_.view(86016, 512);
-  support::View v185 = arena_.view(149504, 512);
-  support::View v187(param22_decoder_attention_0_k); // updated in place
-  support::View v537 = arena_.view(88064, 512);
-  support::View v186(param21_decoder_attention_0_q); // updated in place
-  support::View v540 = arena_.view(102400, 512);
-  support::View v508 = arena_.view(156160, 32);
-  support::View v524 = arena_.view(122880, 512);
-  support::View v529 = arena_.view(155648, 128);
-  support::View v535 = arena_.view(124928, 512);
-  support::View v539 = arena_.view(151552, 512);
-  support::View v541 = arena_.view(108544, 512);
-  repeated9(v502, v208, v507, v508, v201, v207, v484, v202, v510, v511, v512, v521, v194, v189,
-            v522, v198, v523, v524, v525, v526, v528, v529, v192, v531, v191, v532, v188, v534,
-            v185, v535, v187, v537, v539, v186, v540, v541);
+  support::View v203 = arena_.view(153600, 512);
+  support::View v489 = arena_.view(88064, 512);
+  support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
+  support::View v202 = arena_.view(192064, 16);
+  support::View v467 = arena_.view(157696, 512);
+  support::View v196 = arena_.view(151552, 512);
+  support::View v492 = arena_.view(88064, 512);
+  support::View v493 = arena_.view(102400, 512);
+  support::View v494 = arena_.view(86016, 16);
+  support::View v503 = arena_.view(106496, 512);
+  support::View v189 = arena_.view(186368, 256);
+  support::View v185(param24_decoder_attention_0_o); // updated in place
+  support::View v504 = arena_.view(86016, 256);
+  support::View v193 = arena_.view(187392, 256);
+  support::View v505 = arena_.view(88064, 256);
+  support::View v507 = arena_.view(87040, 256);
+  support::View v508 = arena_.view(89088, 32);
+  support::View v510 = arena_.view(87040, 256);
+  support::View v187 = arena_.view(185344, 256);
+  support::View v513 = arena_.view(104448, 256);
+  support::View v186 = arena_.view(184320, 256);
+  support::View v514 = arena_.view(102400, 256);
+  support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v516 = arena_.view(86016, 512);
+  support::View v181 = arena_.view(143360, 512);
+  support::View v183(param22_decoder_attention_0_k); // updated in place
+  support::View v519 = arena_.view(88064, 512);
+  support::View v182(param21_decoder_attention_0_q); // updated in place
+  support::View v522 = arena_.view(102400, 512);
+  support::View v490 = arena_.view(156160, 32);
+  support::View v506 = arena_.view(122880, 512);
+  support::View v511 = arena_.view(155648, 128);
+  support::View v517 = arena_.view(124928, 512);
+  support::View v521 = arena_.view(151552, 512);
+  support::View v523 = arena_.view(108544, 512);
+  repeated7(v485, v203, v489, v490, v197, v202, v467, v196, v492, v493, v494, v503, v189, v185,
+            v504, v193, v505, v506, v507, v508, v510, v511, v187, v513, v186, v514, v184, v516,
+            v181, v517, v183, v519, v521, v182, v522, v523);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v542 = arena_.view(153600, 512);
+  support::View v524 = arena_.view(153600, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan30(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan30.run(v531.data(), v185.data(), v542.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v513.data(), v181.data(), v524.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v118(param18_encoder_rms_norm_scale); // updated in place
-  support::View v124 = arena_.view(191488, 32);
-  support::View v119 = arena_.view(65536, 1024);
-  support::View v572 = arena_.view(86016, 1024);
-  support::View v573 = arena_.view(102400, 1024);
+  support::View v115(param18_encoder_rms_norm_scale); // updated in place
+  support::View v120 = arena_.view(191488, 32);
+  support::View v114 = arena_.view(81920, 1024);
+  support::View v552 = arena_.view(86016, 1024);
+  support::View v553 = arena_.view(102400, 1024);
   {
-    float *__restrict v572p = v572.data();
-    float *__restrict v573p = v573.data();
-    const float *__restrict v500p = v500.data();
-    const float *__restrict v118p = v118.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v119p = v119.data();
+    float *__restrict v552p = v552.data();
+    float *__restrict v553p = v553.data();
+    const float *__restrict v483p = v483.data();
+    const float *__restrict v115p = v115.data();
+    const float *__restrict v120p = v120.data();
+    const float *__restrict v114p = v114.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v500p[i0 * 32 + i1];
-        const float s1 = v118p[i1];
+        const float s0 = v483p[i0 * 32 + i1];
+        const float s1 = v115p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v124p[i0];
+        const float s3 = v120p[i0];
         const float s4 = (s2 * s3);
-        const float s5 = v119p[i0 * 32 + i1];
+        const float s5 = v114p[i0 * 32 + i1];
         const float s6 = (s2 * s5);
-        v572p[i0 * 32 + i1] = s4;
-        v573p[i0 * 32 + i1] = s6;
+        v552p[i0 * 32 + i1] = s4;
+        v553p[i0 * 32 + i1] = s6;
       }
     }
   }
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v574 = arena_.view(149504, 32);
-  static const support::Shape shape32_1 = {2, 16};
-  static const support::Shape shape32_3 = {512, 32};
-  static const support::Shape shape32_4 = {32};
-  static const support::Shape shape32_5 = {1};
-  support::reduce(v574.data(), shape32_1, v573.data(), shape32_3, shape32_4, shape32_5,
+  support::View v554 = arena_.view(143360, 32);
+  static const support::Shape shape7_1 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v554.data(), shape7_1, v553.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5484,101 +5132,94 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v583 = arena_.view(102400, 1024);
+  support::View v563 = arena_.view(102400, 1024);
   {
-    float *__restrict v583p = v583.data();
-    const float *__restrict v119p = v119.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v572p = v572.data();
+    float *__restrict v563p = v563.data();
+    const float *__restrict v114p = v114.data();
+    const float *__restrict v120p = v120.data();
+    const float *__restrict v554p = v554.data();
+    const float *__restrict v552p = v552.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v119p[i0 * 32 + i1];
+        const float s0 = v114p[i0 * 32 + i1];
         const float s1 = 2.0f;
         const float s2 = (s0 * s1);
-        const float s3 = v124p[i0];
+        const float s3 = v120p[i0];
         const float s4 = s3 * s3;
-        const float s5 = v124p[i0];
+        const float s5 = v120p[i0];
         const float s6 = (s5 * s4);
         const float s7 = -0.5f;
         const float s8 = (s6 * s7);
-        const float s9 = v574p[i0];
+        const float s9 = v554p[i0];
         const float s10 = (s9 * s8);
         const float s11 = 0.03125f;
         const float s12 = (s10 * s11);
         const float s13 = s12;
         const float s14 = (s13 * s2);
-        const float s15 = v572p[i0 * 32 + i1];
+        const float s15 = v552p[i0 * 32 + i1];
         const float s16 = (s15 + s14);
-        v583p[i0 * 32 + i1] = s16;
+        v563p[i0 * 32 + i1] = s16;
       }
     }
   }
 
   // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v112(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v584 = arena_.view(65536, 1024);
+  support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
+  support::View v564 = arena_.view(81920, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan34.run(v583.data(), v112.data(), v584.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v563.data(), v109.data(), v564.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v114 = arena_.view(73728, 1024);
-  support::View v587 = arena_.view(86016, 1024);
+  support::View v110 = arena_.view(69632, 1024);
+  support::View v567 = arena_.view(86016, 1024);
   {
-    float *__restrict v587p = v587.data();
-    const float *__restrict v114p = v114.data();
-    const float *__restrict v584p = v584.data();
+    float *__restrict v567p = v567.data();
+    const float *__restrict v110p = v110.data();
+    const float *__restrict v564p = v564.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v114p[i0];
+      const float s0 = v110p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v584p[i0];
+      const float s3 = v564p[i0];
       const float s4 = 0.0f;
       const float s5 = (s2 != 0 ? s3 : s4);
-      v587p[i0] = s5;
+      v567p[i0] = s5;
     }
   }
 
   // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v111(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v588 = arena_.view(65536, 1024);
+  support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
+  support::View v568 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan36.run(v587.data(), v111.data(), v588.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v567.data(), v108.data(), v568.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %546 over model for mul at
-  // 40:53; merged with 1 more partial sum over model (%543): 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::allReduceBucket(group_model, {v588, v541});
+  // 40:53; merged with 1 more partial sum over model (%525): 6.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v568, v523});
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v184 = arena_.view(147456, 512);
-  support::View v546 = arena_.view(73728, 512);
-  support::View v177(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v183 = arena_.view(192000, 16);
-  support::View v178 = arena_.view(145408, 512);
-  support::View v547 = arena_.view(147456, 32);
-  support::View v549 = arena_.view(73728, 512);
-  support::View v550 = arena_.view(75776, 512);
-  repeated17(v541, v184, v546, v547, v177, v183, v521, v178, v549, v550);
+  support::View v180 = arena_.view(141312, 512);
+  support::View v527 = arena_.view(81920, 512);
+  support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
+  support::View v179 = arena_.view(192000, 16);
+  support::View v172 = arena_.view(133120, 512);
+  support::View v528 = arena_.view(141312, 32);
+  support::View v530 = arena_.view(81920, 512);
+  support::View v531 = arena_.view(83968, 512);
+  repeated19(v523, v180, v527, v528, v173, v179, v503, v172, v530, v531);
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v551 = arena_.view(108544, 16);
-  static const support::Shape shape39_1 = {2, 8};
-  static const support::Shape shape39_3 = {256, 32};
-  static const support::Shape shape39_4 = {32};
-  static const support::Shape shape39_5 = {1};
-  support::reduce(v551.data(), shape39_1, v550.data(), shape39_3, shape39_4, shape39_5,
+  support::View v532 = arena_.view(108544, 16);
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v532.data(), shape14_1, v531.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5590,380 +5231,404 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v560 = arena_.view(106496, 512);
+  support::View v541 = arena_.view(106496, 512);
   {
-    float *__restrict v560p = v560.data();
-    const float *__restrict v178p = v178.data();
-    const float *__restrict v183p = v183.data();
-    const float *__restrict v551p = v551.data();
-    const float *__restrict v549p = v549.data();
+    float *__restrict v541p = v541.data();
+    const float *__restrict v172p = v172.data();
+    const float *__restrict v179p = v179.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v530p = v530.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v178p[i0 * 32 + i1];
+        const float s0 = v172p[i0 * 32 + i1];
         const float s1 = 2.0f;
         const float s2 = (s0 * s1);
-        const float s3 = v183p[i0];
+        const float s3 = v179p[i0];
         const float s4 = s3 * s3;
-        const float s5 = v183p[i0];
+        const float s5 = v179p[i0];
         const float s6 = (s5 * s4);
         const float s7 = -0.5f;
         const float s8 = (s6 * s7);
-        const float s9 = v551p[i0];
+        const float s9 = v532p[i0];
         const float s10 = (s9 * s8);
         const float s11 = 0.03125f;
         const float s12 = (s10 * s11);
         const float s13 = s12;
         const float s14 = (s13 * s2);
-        const float s15 = v549p[i0 * 32 + i1];
+        const float s15 = v530p[i0 * 32 + i1];
         const float s16 = (s15 + s14);
-        v560p[i0 * 32 + i1] = s16;
+        v541p[i0 * 32 + i1] = s16;
       }
     }
   }
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
-  support::View v175 = arena_.view(143360, 512);
-  support::View v561 = arena_.view(73728, 1024);
+  support::View v171 = arena_.view(131072, 512);
+  support::View v542 = arena_.view(81920, 1024);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan41(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan41.run(v560.data(), v175.data(), v561.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v541.data(), v171.data(), v542.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v562 = arena_.view(106496, 128);
+  support::View v415 = arena_.view(190464, 128);
+  support::View v543 = arena_.view(106496, 128);
   {
-    float *__restrict v562p = v562.data();
-    const float *__restrict v430p = v430.data();
-    const float *__restrict v529p = v529.data();
+    float *__restrict v543p = v543.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v511p = v511.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v430p[i0 + i1 * 64];
-        const float s1 = v529p[i0 + i1 * 64];
+        const float s0 = v415p[i0 + i1 * 64];
+        const float s1 = v511p[i0 + i1 * 64];
         const float s2 = (s0 + s1);
         const float s3 = s2;
-        v562p[i0 * 2 + i1] = s3;
+        v543p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v563 = persistent_.view(29888, 512);
-  support::View v564 = arena_.view(143360, 16);
+  support::View v544 = persistent_.view(29888, 512);
+  support::View v545 = arena_.view(131072, 16);
   // dims: targets, targets_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan43(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{8, 8, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan43.run(v563.data(), v562.data(), v564.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v544.data(), v543.data(), v545.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v125 = arena_.view(81920, 1024);
-  support::View v570 = arena_.view(106496, 1024);
+  support::View v121 = arena_.view(77824, 1024);
+  support::View v550 = arena_.view(106496, 1024);
   {
-    float *__restrict v570p = v570.data();
-    const float *__restrict v500p = v500.data();
-    const float *__restrict v125p = v125.data();
+    float *__restrict v550p = v550.data();
+    const float *__restrict v483p = v483.data();
+    const float *__restrict v121p = v121.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v500p[i0];
-      const float s1 = v125p[i0];
+      const float s0 = v483p[i0];
+      const float s1 = v121p[i0];
       const float s2 = (s0 * s1);
-      v570p[i0] = s2;
+      v550p[i0] = s2;
     }
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v571 = arena_.view(126976, 32);
-  static const support::Shape shape45_1 = {32};
-  static const support::Shape shape45_3 = {1};
-  static const support::Shape shape45_4 = {2, 16};
-  static const support::Shape shape45_5 = {512, 32};
-  support::reduce(v571.data(), shape45_1, v570.data(), shape45_3, shape45_4, shape45_5,
+  support::View v551 = arena_.view(126976, 32);
+  static const support::Shape shape20_1 = {32};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {2, 16};
+  static const support::Shape shape20_5 = {512, 32};
+  support::reduce(v551.data(), shape20_1, v550.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v115 = arena_.view(77824, 1024);
-  support::View v585 = arena_.view(81920, 1024);
+  support::View v111 = arena_.view(73728, 1024);
+  support::View v565 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan46(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan46.run(v583.data(), v115.data(), v585.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v563.data(), v111.data(), v565.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v110 = arena_.view(69632, 1024);
-  support::View v589 = arena_.view(77824, 1024);
+  support::View v107 = arena_.view(65536, 1024);
+  support::View v569 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan47(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan47.run(v587.data(), v110.data(), v589.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v567.data(), v107.data(), v569.data(), 1.0f, 0.0f);
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v109 = arena_.view(61440, 1024);
-  support::View v593 = arena_.view(69632, 1024);
-  support::View v102(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v108 = arena_.view(191360, 32);
-  support::View v103 = arena_.view(49152, 1024);
-  support::View v596 = arena_.view(61440, 1024);
-  support::View v597 = arena_.view(69632, 1024);
-  support::View v598 = arena_.view(86016, 32);
-  support::View v607 = arena_.view(65536, 1024);
-  support::View v95 = arena_.view(141312, 512);
-  support::View v90(param14_encoder_attention_1_o); // updated in place
-  support::View v608 = arena_.view(49152, 1024);
-  support::View v99 = arena_.view(57344, 1024);
-  support::View v609 = arena_.view(69632, 512);
-  support::View v611 = arena_.view(61440, 1024);
-  support::View v612 = arena_.view(71680, 64);
-  support::View v614 = arena_.view(61440, 1024);
-  support::View v93 = arena_.view(139264, 512);
-  support::View v616 = arena_.view(102400, 512);
-  support::View v92 = arena_.view(137216, 512);
-  support::View v617 = arena_.view(71680, 512);
-  support::View v89(param13_encoder_attention_1_v); // updated in place
-  support::View v619 = arena_.view(49152, 1024);
-  support::View v86 = arena_.view(53248, 1024);
-  support::View v88(param12_encoder_attention_1_k); // updated in place
-  support::View v622 = arena_.view(57344, 1024);
-  support::View v87(param11_encoder_attention_1_q); // updated in place
-  support::View v625 = arena_.view(61440, 1024);
-  support::View v626 = arena_.view(69632, 1024);
-  support::View v85 = arena_.view(45056, 1024);
-  support::View v631 = arena_.view(49152, 1024);
-  support::View v78(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v84 = arena_.view(191232, 32);
-  support::View v79 = arena_.view(28672, 1024);
-  support::View v634 = arena_.view(45056, 1024);
-  support::View v635 = arena_.view(49152, 1024);
-  support::View v636 = arena_.view(53248, 32);
-  support::View v594 = arena_.view(108544, 32);
-  support::View v610 = arena_.view(86016, 512);
-  support::View v615 = arena_.view(88064, 512);
-  support::View v620 = arena_.view(104448, 512);
-  support::View v624 = arena_.view(106496, 512);
-  support::View v627 = arena_.view(57344, 512);
-  support::View v632 = arena_.view(102400, 32);
-  support::View v645 = arena_.view(49152, 1024);
-  repeated4(v588, v109, v593, v594, v102, v108, v583, v103, v596, v597, v598, v607, v95, v90, v608,
-            v99, v609, v610, v611, v612, v614, v615, v93, v616, v92, v617, v89, v619, v86, v620,
-            v88, v622, v624, v87, v625, v626, v627, v85, v631, v632, v78, v84, v79, v634, v635,
-            v636, v645);
+  support::View v106 = arena_.view(57344, 1024);
+  support::View v572 = arena_.view(65536, 1024);
+  support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
+  support::View v105 = arena_.view(191360, 32);
+  support::View v99 = arena_.view(61440, 1024);
+  support::View v575 = arena_.view(57344, 1024);
+  support::View v576 = arena_.view(65536, 1024);
+  support::View v577 = arena_.view(69632, 32);
+  support::View v586 = arena_.view(65536, 1024);
+  support::View v92 = arena_.view(149504, 512);
+  support::View v88(param14_encoder_attention_1_o); // updated in place
+  support::View v587 = arena_.view(57344, 1024);
+  support::View v96 = arena_.view(53248, 1024);
+  support::View v588 = arena_.view(69632, 512);
+  support::View v590 = arena_.view(61440, 1024);
+  support::View v591 = arena_.view(71680, 64);
+  support::View v593 = arena_.view(61440, 1024);
+  support::View v90 = arena_.view(147456, 512);
+  support::View v595 = arena_.view(102400, 512);
+  support::View v89 = arena_.view(145408, 512);
+  support::View v596 = arena_.view(71680, 512);
+  support::View v87(param13_encoder_attention_1_v); // updated in place
+  support::View v598 = arena_.view(53248, 1024);
+  support::View v84 = arena_.view(49152, 1024);
+  support::View v86(param12_encoder_attention_1_k); // updated in place
+  support::View v601 = arena_.view(57344, 1024);
+  support::View v85(param11_encoder_attention_1_q); // updated in place
+  support::View v604 = arena_.view(61440, 1024);
+  support::View v605 = arena_.view(69632, 1024);
+  support::View v83 = arena_.view(40960, 1024);
+  support::View v609 = arena_.view(49152, 1024);
+  support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
+  support::View v82 = arena_.view(191232, 32);
+  support::View v76 = arena_.view(45056, 1024);
+  support::View v612 = arena_.view(40960, 1024);
+  support::View v613 = arena_.view(49152, 1024);
+  support::View v614 = arena_.view(55296, 32);
+  support::View v573 = arena_.view(108544, 32);
+  support::View v589 = arena_.view(86016, 512);
+  support::View v594 = arena_.view(88064, 512);
+  support::View v599 = arena_.view(104448, 512);
+  support::View v603 = arena_.view(106496, 512);
+  support::View v606 = arena_.view(53248, 512);
+  support::View v610 = arena_.view(102400, 32);
+  support::View v623 = arena_.view(49152, 1024);
+  repeated3(v568, v106, v572, v573, v100, v105, v563, v99, v575, v576, v577, v586, v92, v88, v587,
+            v96, v588, v589, v590, v591, v593, v594, v90, v595, v89, v596, v87, v598, v84, v599,
+            v86, v601, v603, v85, v604, v605, v606, v83, v609, v610, v77, v82, v76, v612, v613,
+            v614, v623);
+}
+
+void T5Train::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v72(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v646 = arena_.view(28672, 1024);
+  support::View v623 = arena_.view(49152, 1024);
+  support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
+  support::View v624 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan49(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan49.run(v645.data(), v72.data(), v646.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v623.data(), v71.data(), v624.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v75 = arena_.view(40960, 1024);
-  support::View v647 = arena_.view(45056, 1024);
+  support::View v73 = arena_.view(36864, 1024);
+  support::View v625 = arena_.view(45056, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan50(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan50.run(v645.data(), v75.data(), v647.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v623.data(), v73.data(), v625.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v74 = arena_.view(36864, 1024);
-  support::View v649 = arena_.view(40960, 1024);
+  support::View v72 = arena_.view(32768, 1024);
+  support::View v627 = arena_.view(36864, 1024);
   {
-    float *__restrict v649p = v649.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v646p = v646.data();
+    float *__restrict v627p = v627.data();
+    const float *__restrict v72p = v72.data();
+    const float *__restrict v624p = v624.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v74p[i0];
+      const float s0 = v72p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v646p[i0];
+      const float s3 = v624p[i0];
       const float s4 = 0.0f;
       const float s5 = (s2 != 0 ? s3 : s4);
-      v649p[i0] = s5;
+      v627p[i0] = s5;
     }
   }
 
   // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v71(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v650 = arena_.view(28672, 1024);
+  support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
+  support::View v628 = arena_.view(32768, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan52(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan52.run(v649.data(), v71.data(), v650.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v627.data(), v70.data(), v628.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request7 = support::startAllReduce(group_model, {v650}, meshrt::ReduceOp::Sum);
+  auto request6 = support::startAllReduce(group_model, {v628}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v70 = arena_.view(32768, 1024);
-  support::View v651 = arena_.view(36864, 1024);
+  support::View v69 = arena_.view(28672, 1024);
+  support::View v629 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan54(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan54.run(v649.data(), v70.data(), v651.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v627.data(), v69.data(), v629.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request7);
+  group_model.wait(request6);
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v69 = arena_.view(24576, 1024);
-  support::View v655 = arena_.view(32768, 1024);
+  support::View v68 = arena_.view(20480, 1024);
+  support::View v632 = arena_.view(28672, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v68 = arena_.view(191104, 32);
-  support::View v63 = arena_.view(4096, 1024);
-  support::View v658 = arena_.view(24576, 1024);
-  support::View v659 = arena_.view(32768, 1024);
-  support::View v660 = arena_.view(40960, 32);
-  support::View v669 = arena_.view(28672, 1024);
-  support::View v55 = arena_.view(135168, 512);
+  support::View v67 = arena_.view(191104, 32);
+  support::View v61 = arena_.view(24576, 1024);
+  support::View v635 = arena_.view(20480, 1024);
+  support::View v636 = arena_.view(28672, 1024);
+  support::View v637 = arena_.view(32768, 32);
+  support::View v646 = arena_.view(28672, 1024);
+  support::View v54 = arena_.view(139264, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v670 = arena_.view(4096, 1024);
-  support::View v59 = arena_.view(20480, 1024);
-  support::View v671 = arena_.view(32768, 512);
-  support::View v673 = arena_.view(24576, 1024);
-  support::View v674 = arena_.view(34816, 64);
-  support::View v676 = arena_.view(24576, 1024);
-  support::View v53 = arena_.view(133120, 512);
-  support::View v679 = arena_.view(49152, 512);
-  support::View v52 = arena_.view(131072, 512);
-  support::View v680 = arena_.view(34816, 512);
+  support::View v647 = arena_.view(20480, 1024);
+  support::View v58 = arena_.view(16384, 1024);
+  support::View v648 = arena_.view(32768, 512);
+  support::View v650 = arena_.view(24576, 1024);
+  support::View v651 = arena_.view(34816, 64);
+  support::View v653 = arena_.view(24576, 1024);
+  support::View v52 = arena_.view(137216, 512);
+  support::View v656 = arena_.view(49152, 512);
+  support::View v51 = arena_.view(135168, 512);
+  support::View v657 = arena_.view(34816, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v682 = arena_.view(4096, 1024);
-  support::View v46 = arena_.view(16384, 1024);
+  support::View v659 = arena_.view(16384, 1024);
+  support::View v46 = arena_.view(12288, 1024);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v685 = arena_.view(20480, 1024);
+  support::View v662 = arena_.view(20480, 1024);
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v688 = arena_.view(24576, 1024);
-  support::View v689 = arena_.view(32768, 1024);
-  support::View v45 = arena_.view(12288, 1024);
-  support::View v694 = arena_.view(4096, 1024);
+  support::View v665 = arena_.view(24576, 1024);
+  support::View v666 = arena_.view(32768, 1024);
+  support::View v45 = arena_.view(8192, 1024);
+  support::View v670 = arena_.view(12288, 1024);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
   support::View v44 = arena_.view(190976, 32);
-  support::View v39 = arena_.view(8192, 1024);
-  support::View v697 = arena_.view(4096, 1024);
-  support::View v698 = arena_.view(12288, 1024);
-  support::View v699 = arena_.view(16384, 32);
-  support::View v656 = arena_.view(102528, 32);
-  support::View v672 = arena_.view(40960, 512);
-  support::View v677 = arena_.view(43008, 512);
-  support::View v683 = arena_.view(51200, 512);
-  support::View v687 = arena_.view(53248, 512);
-  support::View v690 = arena_.view(55296, 512);
-  support::View v695 = arena_.view(102656, 32);
-  support::View v708 = arena_.view(12288, 1024);
-  repeated4(v650, v69, v655, v656, v62, v68, v645, v63, v658, v659, v660, v669, v55, v50, v670, v59,
-            v671, v672, v673, v674, v676, v677, v53, v679, v52, v680, v49, v682, v46, v683, v48,
-            v685, v687, v47, v688, v689, v690, v45, v694, v695, v38, v44, v39, v697, v698, v699,
-            v708);
+  support::View v37 = arena_.view(4096, 1024);
+  support::View v673 = arena_.view(8192, 1024);
+  support::View v674 = arena_.view(12288, 1024);
+  support::View v675 = arena_.view(16384, 32);
+  support::View v633 = arena_.view(102528, 32);
+  support::View v649 = arena_.view(36864, 512);
+  support::View v654 = arena_.view(38912, 512);
+  support::View v660 = arena_.view(51200, 512);
+  support::View v664 = arena_.view(55296, 512);
+  support::View v667 = arena_.view(57344, 512);
+  support::View v671 = arena_.view(102656, 32);
+  support::View v684 = arena_.view(12288, 1024);
+  repeated3(v628, v68, v632, v633, v62, v67, v623, v61, v635, v636, v637, v646, v54, v50, v647, v58,
+            v648, v649, v650, v651, v653, v654, v52, v656, v51, v657, v49, v659, v46, v660, v48,
+            v662, v664, v47, v665, v666, v667, v45, v670, v671, v38, v44, v37, v673, v674, v675,
+            v684);
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v36 = arena_.view(0, 1024);
-  support::View v709 = arena_.view(4096, 1024);
+  support::View v685 = arena_.view(4096, 1024);
   // dims: batch, inputs, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan57(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan57.run(v708.data(), v36.data(), v709.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v684.data(), v36.data(), v685.data(), 1.0f, 0.0f);
 
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
-  MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
-  support::View v710 = arena_.view(0, 1024);
+  support::View v329 = arena_.view(90112, 1024);
+  support::View v542 = arena_.view(81920, 1024);
+  support::View v686 = arena_.view(0, 1024);
   {
-    float *__restrict v710p = v710.data();
-    const float *__restrict v341p = v341.data();
-    const float *__restrict v561p = v561.data();
-    const float *__restrict v709p = v709.data();
+    float *__restrict v686p = v686.data();
+    const float *__restrict v329p = v329.data();
+    const float *__restrict v542p = v542.data();
+    const float *__restrict v685p = v685.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v341p[i0 + i1 * 32];
+        const float s0 = v329p[i0 + i1 * 32];
         const float s1 = s0;
-        const float s2 = v561p[i0 * 32 + i1];
+        const float s2 = v542p[i0 * 32 + i1];
         const float s3 = (s2 + s1);
-        const float s4 = v709p[i0 * 32 + i1];
+        const float s4 = v685p[i0 * 32 + i1];
         const float s5 = (s3 + s4);
-        v710p[i0 * 32 + i1] = s5;
+        v686p[i0 * 32 + i1] = s5;
       }
     }
   }
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v711 = arena_.view(4096, 512);
+  support::View v594 = arena_.view(88064, 512);
+  support::View v687 = arena_.view(4096, 512);
   {
-    float *__restrict v711p = v711.data();
-    const float *__restrict v615p = v615.data();
-    const float *__restrict v677p = v677.data();
+    float *__restrict v687p = v687.data();
+    const float *__restrict v594p = v594.data();
+    const float *__restrict v654p = v654.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v615p[i0 + i1 * 256];
-        const float s1 = v677p[i0 + i1 * 256];
+        const float s0 = v594p[i0 + i1 * 256];
+        const float s1 = v654p[i0 + i1 * 256];
         const float s2 = (s0 + s1);
         const float s3 = s2;
-        v711p[i0 * 2 + i1] = s3;
+        v687p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v712 = persistent_.view(31936, 2048);
-  support::View v713 = arena_.view(24832, 16);
+  support::View v688 = persistent_.view(31936, 2048);
+  support::View v689 = arena_.view(24832, 16);
   // dims: inputs, inputs_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan60(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{16, 16, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan60.run(v712.data(), v711.data(), v713.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v688.data(), v687.data(), v689.data(), 1.0f, 0.0f);
 
-  // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (48 partial sums
-  // (target_probability, grad/decoder/rms_norm/scale, grad/decoder/dense_relu_dense[1]/wo, ...)
-  // over data resolved together, 85.6 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::allReduceBucket(group_data, {v325, v347, v363, v368, v373, v389, v398, v402, v404, v409,
-                                        v425, v435, v439, v442, v447, v462, v466, v471, v487, v497,
-                                        v501, v503, v508, v524, v535, v539, v542, v547, v564, v571,
-                                        v585, v589, v594, v610, v620, v624, v627, v632, v647, v651,
-                                        v656, v672, v683, v687, v690, v695, v710, v713});
+  // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
+  // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
+  // KiB in one buffer)
+  support::View v313 = arena_.view(194496, 1);
+  support::View v315 = arena_.view(194560, 1);
+  support::View v334 = arena_.view(191616, 32);
+  support::View v350 = arena_.view(94208, 1024);
+  support::View v355 = arena_.view(98304, 1024);
+  support::View v359 = arena_.view(191744, 32);
+  support::View v375 = arena_.view(169984, 512);
+  support::View v384 = arena_.view(174080, 512);
+  support::View v388 = arena_.view(165888, 512);
+  support::View v390 = arena_.view(176128, 512);
+  support::View v394 = arena_.view(191872, 32);
+  support::View v410 = arena_.view(159744, 512);
+  support::View v420 = arena_.view(167936, 512);
+  support::View v424 = arena_.view(178176, 512);
+  support::View v427 = arena_.view(161792, 512);
+  support::View v431 = arena_.view(189440, 32);
+  support::View v446 = arena_.view(110592, 1024);
+  support::View v450 = arena_.view(114688, 1024);
+  support::View v454 = arena_.view(183296, 32);
+  support::View v470 = arena_.view(163840, 512);
+  support::View v480 = arena_.view(180224, 512);
+  support::View v484 = arena_.view(118784, 512);
+  support::View v486 = arena_.view(120832, 512);
+  support::View v490 = arena_.view(156160, 32);
+  support::View v506 = arena_.view(122880, 512);
+  support::View v517 = arena_.view(124928, 512);
+  support::View v521 = arena_.view(151552, 512);
+  support::View v524 = arena_.view(153600, 512);
+  support::View v528 = arena_.view(141312, 32);
+  support::View v545 = arena_.view(131072, 16);
+  support::View v551 = arena_.view(126976, 32);
+  support::View v565 = arena_.view(77824, 1024);
+  support::View v569 = arena_.view(73728, 1024);
+  support::View v573 = arena_.view(108544, 32);
+  support::View v589 = arena_.view(86016, 512);
+  support::View v599 = arena_.view(104448, 512);
+  support::View v603 = arena_.view(106496, 512);
+  support::View v606 = arena_.view(53248, 512);
+  support::View v610 = arena_.view(102400, 32);
+  support::allReduceBucket(group_data, {v313, v315, v334, v350, v355, v359, v375, v384, v388, v390,
+                                        v394, v410, v420, v424, v427, v431, v446, v450, v454, v470,
+                                        v480, v484, v486, v490, v506, v517, v521, v524, v528, v545,
+                                        v551, v565, v569, v573, v589, v599, v603, v606, v610, v625,
+                                        v629, v633, v649, v660, v664, v667, v671, v686, v689});
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v736 = arena_.view(24896, 16);
+  support::View v712 = arena_.view(24896, 16);
   {
-    float *__restrict v736p = v736.data();
-    const float *__restrict v713p = v713.data();
+    float *__restrict v712p = v712.data();
+    const float *__restrict v689p = v689.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v713p[i0];
+      const float s0 = v689p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v736p[i0] = s3;
+      v712p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v739 = arena_.view(24960, 8);
-  static const support::Shape shape63_1 = {8};
-  static const support::Shape shape63_3 = {2};
-  static const support::Shape shape63_4 = {2};
-  static const support::Shape shape63_5 = {1};
-  support::reduce(v739.data(), shape63_1, v736.data(), shape63_3, shape63_4, shape63_5,
+  support::View v715 = arena_.view(24960, 8);
+  static const support::Shape shape14_1 = {8};
+  static const support::Shape shape14_3 = {2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v715.data(), shape14_1, v712.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 step
@@ -6061,15 +5726,14 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v729 = arena_.view(93568, 1);
-  support::View v732 = arena_.view(93632, 1);
-  support::View v740 = arena_.view(93696, 1);
+  support::View v705 = arena_.view(90624, 1);
+  support::View v708 = arena_.view(90688, 1);
+  support::View v716 = arena_.view(90752, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v729p = v729.data();
-    float *__restrict v732p = v732.data();
-    float *__restrict v740p = v740.data();
+    float *__restrict v705p = v705.data();
+    float *__restrict v708p = v708.data();
+    float *__restrict v716p = v716.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -6091,359 +5755,398 @@ void T5Train::runPart2(const Inputs &inputs) {
     const float s18 = (s17 - s16);
     const float s19 = 1.0f;
     const float s20 = (s19 - s18);
-    v729p[0] = s14;
-    v732p[0] = s18;
-    v740p[0] = s20;
+    v705p[0] = s14;
+    v708p[0] = s18;
+    v716p[0] = s20;
   }
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v774 = arena_.view(4096, 1024);
+  support::View v750 = arena_.view(4096, 1024);
   {
-    float *__restrict v774p = v774.data();
-    const float *__restrict v710p = v710.data();
+    float *__restrict v750p = v750.data();
+    const float *__restrict v686p = v686.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v710p[i0];
+      const float s0 = v686p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v774p[i0] = s3;
+      v750p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v782 = arena_.view(24576, 32);
-  static const support::Shape shape66_1 = {32};
-  static const support::Shape shape66_3 = {1};
-  static const support::Shape shape66_4 = {32};
-  static const support::Shape shape66_5 = {32};
-  support::reduce(v782.data(), shape66_1, v774.data(), shape66_3, shape66_4, shape66_5,
+  support::View v758 = arena_.view(24576, 32);
+  static const support::Shape shape17_1 = {32};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {32};
+  support::reduce(v758.data(), shape17_1, v750.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v777 = arena_.view(8192, 32);
-  static const support::Shape shape67_1 = {32};
-  static const support::Shape shape67_3 = {32};
-  static const support::Shape shape67_4 = {32};
-  static const support::Shape shape67_5 = {1};
-  support::reduce(v777.data(), shape67_1, v774.data(), shape67_3, shape67_4, shape67_5,
+  support::View v753 = arena_.view(8192, 32);
+  static const support::Shape shape18_1 = {32};
+  static const support::Shape shape18_3 = {32};
+  static const support::Shape shape18_4 = {32};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v753.data(), shape18_1, v750.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v775(param49_shared_embedding_vr); // updated in place
+  support::View v751(param49_shared_embedding_vr); // updated in place
   {
-    float *__restrict v775p = v775.data();
-    const float *__restrict v777p = v777.data();
-    const float *__restrict v740p = v740.data();
-    const float *__restrict v732p = v732.data();
+    float *__restrict v751p = v751.data();
+    const float *__restrict v753p = v753.data();
+    const float *__restrict v716p = v716.data();
+    const float *__restrict v708p = v708.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v777p[i0];
-      const float s1 = v740p[0];
+      const float s0 = v753p[i0];
+      const float s1 = v716p[0];
       const float s2 = (s0 * s1);
-      const float s3 = v775p[i0];
-      const float s4 = v732p[0];
+      const float s3 = v751p[i0];
+      const float s4 = v708p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      v775p[i0] = s6;
+      v751p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v788 = arena_.view(25024, 1);
-  static const support::Shape shape69_1 = {};
-  static const support::Shape shape69_3 = {};
-  static const support::Shape shape69_4 = {32};
-  static const support::Shape shape69_5 = {1};
-  support::reduce(v788.data(), shape69_1, v775.data(), shape69_3, shape69_4, shape69_5,
+  support::View v764 = arena_.view(25024, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v764.data(), shape20_1, v751.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.015625);
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v835 = arena_.view(4096, 512);
-  support::View v838 = arena_.view(6144, 64);
-  support::View v836(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v873 = arena_.view(4096, 512);
-  support::View v876 = arena_.view(6144, 64);
-  support::View v874(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v911 = arena_.view(4096, 512);
-  support::View v914 = arena_.view(6144, 64);
-  support::View v912(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v949 = arena_.view(4096, 512);
-  support::View v952 = arena_.view(6144, 16);
-  support::View v950(param58_encoder_attention_0_o_vr); // updated in place
-  support::View v957 = arena_.view(6144, 64);
-  support::View v962 = arena_.view(4096, 2);
-  support::View v964 = arena_.view(6656, 16);
-  support::View v951(param59_encoder_attention_0_o_vc); // updated in place
-  support::View v965 = arena_.view(6400, 64);
-  support::View v968 = arena_.view(4096, 512);
-  support::View v1008 = arena_.view(4096, 1024);
-  support::View v1045 = arena_.view(8192, 1024);
-  support::View v1048 = arena_.view(12288, 32);
-  support::View v1046(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v843 = arena_.view(28672, 256);
-  support::View v849 = arena_.view(65536, 32);
-  support::View v881 = arena_.view(29696, 256);
-  support::View v887 = arena_.view(67584, 32);
-  support::View v919 = arena_.view(30720, 256);
-  support::View v925 = arena_.view(67712, 32);
-  support::View v967 = arena_.view(43008, 512);
-  support::View v969 = arena_.view(93760, 1);
-  support::View v1011 = arena_.view(67840, 32);
-  support::View v1053 = arena_.view(67968, 32);
-  support::View v1059 = arena_.view(69120, 1);
-  repeated6(v690, v835, v843, v838, v740, v836, v732, v849, v687, v873, v881, v876, v874, v887,
-            v683, v911, v919, v914, v912, v925, v672, v949, v952, v950, v957, v962, v964, v951,
-            v965, v967, v968, v969, v651, v1008, v1011, v647, v1045, v1053, v1048, v1046, v1059);
+  support::View v811 = arena_.view(4096, 512);
+  support::View v814 = arena_.view(6144, 64);
+  support::View v812(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v849 = arena_.view(4096, 512);
+  support::View v852 = arena_.view(6144, 64);
+  support::View v850(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v887 = arena_.view(4096, 512);
+  support::View v890 = arena_.view(6144, 64);
+  support::View v888(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v925 = arena_.view(4096, 512);
+  support::View v928 = arena_.view(6144, 16);
+  support::View v926(param58_encoder_attention_0_o_vr); // updated in place
+  support::View v933 = arena_.view(6144, 64);
+  support::View v938 = arena_.view(4096, 2);
+  support::View v940 = arena_.view(6656, 16);
+  support::View v927(param59_encoder_attention_0_o_vc); // updated in place
+  support::View v941 = arena_.view(6400, 64);
+  support::View v944 = arena_.view(4096, 512);
+  support::View v984 = arena_.view(4096, 1024);
+  support::View v1021 = arena_.view(8192, 1024);
+  support::View v1024 = arena_.view(12288, 32);
+  support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v819 = arena_.view(28672, 256);
+  support::View v825 = arena_.view(69632, 32);
+  support::View v857 = arena_.view(29696, 256);
+  support::View v863 = arena_.view(71680, 32);
+  support::View v895 = arena_.view(30720, 256);
+  support::View v901 = arena_.view(71808, 32);
+  support::View v943 = arena_.view(49152, 512);
+  support::View v945 = arena_.view(90816, 1);
+  support::View v987 = arena_.view(71936, 32);
+  support::View v1029 = arena_.view(72064, 32);
+  support::View v1035 = arena_.view(73472, 1);
+  repeated5(v667, v811, v819, v814, v716, v812, v708, v825, v664, v849, v857, v852, v850, v863,
+            v660, v887, v895, v890, v888, v901, v649, v925, v928, v926, v933, v938, v940, v927,
+            v941, v943, v944, v945, v629, v984, v987, v625, v1021, v1029, v1024, v1022, v1035);
 
   // 31 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1106 = arena_.view(8192, 512);
-  support::View v1109 = arena_.view(10240, 64);
-  support::View v1107(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1144 = arena_.view(8192, 512);
-  support::View v1147 = arena_.view(10240, 64);
-  support::View v1145(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1182 = arena_.view(8192, 512);
-  support::View v1185 = arena_.view(10240, 64);
-  support::View v1183(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1220 = arena_.view(8192, 512);
-  support::View v1223 = arena_.view(10240, 16);
-  support::View v1221(param72_encoder_attention_1_o_vr); // updated in place
-  support::View v1228 = arena_.view(10240, 64);
-  support::View v1233 = arena_.view(8192, 2);
-  support::View v1235 = arena_.view(10752, 16);
-  support::View v1222(param73_encoder_attention_1_o_vc); // updated in place
-  support::View v1236 = arena_.view(10496, 64);
-  support::View v1239 = arena_.view(8192, 512);
-  support::View v1279 = arena_.view(8192, 1024);
-  support::View v1316 = arena_.view(12288, 1024);
-  support::View v1319 = arena_.view(16384, 32);
-  support::View v1317(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1114 = arena_.view(31744, 256);
-  support::View v1120 = arena_.view(68096, 32);
-  support::View v1152 = arena_.view(32768, 256);
-  support::View v1158 = arena_.view(68224, 32);
-  support::View v1190 = arena_.view(33792, 256);
-  support::View v1196 = arena_.view(68352, 32);
-  support::View v1238 = arena_.view(40960, 512);
-  support::View v1240 = arena_.view(93824, 1);
-  support::View v1282 = arena_.view(68480, 32);
-  support::View v1324 = arena_.view(68608, 32);
-  support::View v1330 = arena_.view(69184, 1);
-  repeated6(v627, v1106, v1114, v1109, v740, v1107, v732, v1120, v624, v1144, v1152, v1147, v1145,
-            v1158, v620, v1182, v1190, v1185, v1183, v1196, v610, v1220, v1223, v1221, v1228, v1233,
-            v1235, v1222, v1236, v1238, v1239, v1240, v589, v1279, v1282, v585, v1316, v1324, v1319,
-            v1317, v1330);
+  support::View v1082 = arena_.view(8192, 512);
+  support::View v1085 = arena_.view(10240, 64);
+  support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1120 = arena_.view(8192, 512);
+  support::View v1123 = arena_.view(10240, 64);
+  support::View v1121(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1158 = arena_.view(8192, 512);
+  support::View v1161 = arena_.view(10240, 64);
+  support::View v1159(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1196 = arena_.view(8192, 512);
+  support::View v1199 = arena_.view(10240, 16);
+  support::View v1197(param72_encoder_attention_1_o_vr); // updated in place
+  support::View v1204 = arena_.view(10240, 64);
+  support::View v1209 = arena_.view(8192, 2);
+  support::View v1211 = arena_.view(10752, 16);
+  support::View v1198(param73_encoder_attention_1_o_vc); // updated in place
+  support::View v1212 = arena_.view(10496, 64);
+  support::View v1215 = arena_.view(8192, 512);
+  support::View v1255 = arena_.view(8192, 1024);
+  support::View v1292 = arena_.view(12288, 1024);
+  support::View v1295 = arena_.view(16384, 32);
+  support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1090 = arena_.view(31744, 256);
+  support::View v1096 = arena_.view(72192, 32);
+  support::View v1128 = arena_.view(32768, 256);
+  support::View v1134 = arena_.view(72320, 32);
+  support::View v1166 = arena_.view(33792, 256);
+  support::View v1172 = arena_.view(72448, 32);
+  support::View v1214 = arena_.view(59392, 512);
+  support::View v1216 = arena_.view(90880, 1);
+  support::View v1258 = arena_.view(72576, 32);
+  support::View v1300 = arena_.view(72704, 32);
+  support::View v1306 = arena_.view(73536, 1);
+  repeated5(v606, v1082, v1090, v1085, v716, v1083, v708, v1096, v603, v1120, v1128, v1123, v1121,
+            v1134, v599, v1158, v1166, v1161, v1159, v1172, v589, v1196, v1199, v1197, v1204, v1209,
+            v1211, v1198, v1212, v1214, v1215, v1216, v569, v1255, v1258, v565, v1292, v1300, v1295,
+            v1293, v1306);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v1377 = arena_.view(68992, 16);
+  support::View v1353 = arena_.view(73344, 16);
   {
-    float *__restrict v1377p = v1377.data();
-    const float *__restrict v564p = v564.data();
+    float *__restrict v1353p = v1353.data();
+    const float *__restrict v545p = v545.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v564p[i0];
+      const float s0 = v545p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v1377p[i0] = s3;
+      v1353p[i0] = s3;
     }
   }
+}
+
+void T5Train::runPart5(const Inputs &inputs) {
+  (void)inputs;
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v1380 = arena_.view(69056, 8);
-  static const support::Shape shape73_1 = {8};
-  static const support::Shape shape73_3 = {2};
-  static const support::Shape shape73_4 = {2};
-  static const support::Shape shape73_5 = {1};
-  support::reduce(v1380.data(), shape73_1, v1377.data(), shape73_3, shape73_4, shape73_5,
+  support::View v1353 = arena_.view(73344, 16);
+  support::View v1356 = arena_.view(73408, 8);
+  static const support::Shape shape0_1 = {8};
+  static const support::Shape shape0_3 = {2};
+  static const support::Shape shape0_4 = {2};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v1356.data(), shape0_1, v1353.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.25);
 
   // 55 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1437 = arena_.view(12288, 512);
-  support::View v1440 = arena_.view(14336, 64);
-  support::View v1438(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v1475 = arena_.view(12288, 512);
-  support::View v1478 = arena_.view(14336, 64);
-  support::View v1476(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v1513 = arena_.view(12288, 512);
-  support::View v1516 = arena_.view(14336, 64);
-  support::View v1514(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v1551 = arena_.view(12288, 512);
-  support::View v1554 = arena_.view(14336, 16);
-  support::View v1552(param89_decoder_attention_0_o_vr); // updated in place
-  support::View v1559 = arena_.view(14336, 64);
-  support::View v1564 = arena_.view(12288, 2);
-  support::View v1566 = arena_.view(14848, 16);
-  support::View v1553(param90_decoder_attention_0_o_vc); // updated in place
-  support::View v1567 = arena_.view(14592, 64);
-  support::View v1570 = arena_.view(12288, 512);
-  support::View v1610 = arena_.view(12288, 512);
-  support::View v1613 = arena_.view(14336, 64);
-  support::View v1611(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v1648 = arena_.view(12288, 512);
-  support::View v1651 = arena_.view(14336, 64);
-  support::View v1649(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v1686 = arena_.view(12288, 512);
-  support::View v1689 = arena_.view(14336, 64);
-  support::View v1687(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v1724 = arena_.view(12288, 512);
-  support::View v1727 = arena_.view(14336, 16);
-  support::View v1725(param98_decoder_attention_1_0_o_vr); // updated in place
-  support::View v1732 = arena_.view(14336, 64);
-  support::View v1737 = arena_.view(12288, 2);
-  support::View v1739 = arena_.view(14848, 16);
-  support::View v1726(param99_decoder_attention_1_0_o_vc); // updated in place
-  support::View v1740 = arena_.view(14592, 64);
-  support::View v1743 = arena_.view(12288, 512);
-  support::View v1783 = arena_.view(12288, 1024);
-  support::View v1820 = arena_.view(16384, 1024);
-  support::View v1823 = arena_.view(20480, 32);
-  support::View v1821(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1445 = arena_.view(34816, 256);
-  support::View v1451 = arena_.view(68736, 32);
-  support::View v1483 = arena_.view(35840, 256);
-  support::View v1489 = arena_.view(68864, 32);
-  support::View v1521 = arena_.view(69632, 256);
-  support::View v1527 = arena_.view(70656, 32);
-  support::View v1569 = arena_.view(49152, 512);
-  support::View v1571 = arena_.view(93888, 1);
-  support::View v1618 = arena_.view(71680, 256);
-  support::View v1624 = arena_.view(72704, 32);
-  support::View v1656 = arena_.view(73728, 256);
-  support::View v1662 = arena_.view(74752, 32);
-  support::View v1694 = arena_.view(75776, 256);
-  support::View v1700 = arena_.view(76800, 32);
-  support::View v1742 = arena_.view(59392, 512);
-  support::View v1744 = arena_.view(93952, 1);
-  support::View v1786 = arena_.view(92160, 32);
-  support::View v1828 = arena_.view(92288, 32);
-  support::View v1834 = arena_.view(94016, 1);
-  repeated1(v542, v1437, v1445, v1440, v740, v1438, v732, v1451, v539, v1475, v1483, v1478, v1476,
-            v1489, v535, v1513, v1521, v1516, v1514, v1527, v524, v1551, v1554, v1552, v1559, v1564,
-            v1566, v1553, v1567, v1569, v1570, v1571, v503, v1610, v1618, v1613, v1611, v1624, v501,
-            v1648, v1656, v1651, v1649, v1662, v497, v1686, v1694, v1689, v1687, v1700, v487, v1724,
-            v1727, v1725, v1732, v1737, v1739, v1726, v1740, v1742, v1743, v1744, v466, v1783,
-            v1786, v462, v1820, v1828, v1823, v1821, v1834);
+  support::View v524 = arena_.view(153600, 512);
+  support::View v1413 = arena_.view(12288, 512);
+  support::View v1416 = arena_.view(14336, 64);
+  support::View v716 = arena_.view(90752, 1);
+  support::View v1414(param83_decoder_attention_0_q_vr); // updated in place
+  support::View v708 = arena_.view(90688, 1);
+  support::View v521 = arena_.view(151552, 512);
+  support::View v1451 = arena_.view(12288, 512);
+  support::View v1454 = arena_.view(14336, 64);
+  support::View v1452(param85_decoder_attention_0_k_vr); // updated in place
+  support::View v517 = arena_.view(124928, 512);
+  support::View v1489 = arena_.view(12288, 512);
+  support::View v1492 = arena_.view(14336, 64);
+  support::View v1490(param87_decoder_attention_0_v_vr); // updated in place
+  support::View v506 = arena_.view(122880, 512);
+  support::View v1527 = arena_.view(12288, 512);
+  support::View v1530 = arena_.view(14336, 16);
+  support::View v1528(param89_decoder_attention_0_o_vr); // updated in place
+  support::View v1535 = arena_.view(14336, 64);
+  support::View v1540 = arena_.view(12288, 2);
+  support::View v1542 = arena_.view(14848, 16);
+  support::View v1529(param90_decoder_attention_0_o_vc); // updated in place
+  support::View v1543 = arena_.view(14592, 64);
+  support::View v1546 = arena_.view(12288, 512);
+  support::View v486 = arena_.view(120832, 512);
+  support::View v1586 = arena_.view(12288, 512);
+  support::View v1589 = arena_.view(14336, 64);
+  support::View v1587(param92_decoder_attention_1_0_q_vr); // updated in place
+  support::View v484 = arena_.view(118784, 512);
+  support::View v1624 = arena_.view(12288, 512);
+  support::View v1627 = arena_.view(14336, 64);
+  support::View v1625(param94_decoder_attention_1_0_k_vr); // updated in place
+  support::View v480 = arena_.view(180224, 512);
+  support::View v1662 = arena_.view(12288, 512);
+  support::View v1665 = arena_.view(14336, 64);
+  support::View v1663(param96_decoder_attention_1_0_v_vr); // updated in place
+  support::View v470 = arena_.view(163840, 512);
+  support::View v1700 = arena_.view(12288, 512);
+  support::View v1703 = arena_.view(14336, 16);
+  support::View v1701(param98_decoder_attention_1_0_o_vr); // updated in place
+  support::View v1708 = arena_.view(14336, 64);
+  support::View v1713 = arena_.view(12288, 2);
+  support::View v1715 = arena_.view(14848, 16);
+  support::View v1702(param99_decoder_attention_1_0_o_vc); // updated in place
+  support::View v1716 = arena_.view(14592, 64);
+  support::View v1719 = arena_.view(12288, 512);
+  support::View v450 = arena_.view(114688, 1024);
+  support::View v1759 = arena_.view(12288, 1024);
+  support::View v446 = arena_.view(110592, 1024);
+  support::View v1796 = arena_.view(16384, 1024);
+  support::View v1799 = arena_.view(20480, 32);
+  support::View v1797(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1421 = arena_.view(34816, 256);
+  support::View v1427 = arena_.view(72832, 32);
+  support::View v1459 = arena_.view(35840, 256);
+  support::View v1465 = arena_.view(72960, 32);
+  support::View v1497 = arena_.view(36864, 256);
+  support::View v1503 = arena_.view(73088, 32);
+  support::View v1545 = arena_.view(61440, 512);
+  support::View v1547 = arena_.view(90944, 1);
+  support::View v1594 = arena_.view(37888, 256);
+  support::View v1600 = arena_.view(73216, 32);
+  support::View v1632 = arena_.view(38912, 256);
+  support::View v1638 = arena_.view(87040, 32);
+  support::View v1670 = arena_.view(39936, 256);
+  support::View v1676 = arena_.view(87168, 32);
+  support::View v1718 = arena_.view(63488, 512);
+  support::View v1720 = arena_.view(91008, 1);
+  support::View v1762 = arena_.view(87296, 32);
+  support::View v1804 = arena_.view(87424, 32);
+  support::View v1810 = arena_.view(89344, 1);
+  repeated1(v524, v1413, v1421, v1416, v716, v1414, v708, v1427, v521, v1451, v1459, v1454, v1452,
+            v1465, v517, v1489, v1497, v1492, v1490, v1503, v506, v1527, v1530, v1528, v1535, v1540,
+            v1542, v1529, v1543, v1545, v1546, v1547, v486, v1586, v1594, v1589, v1587, v1600, v484,
+            v1624, v1632, v1627, v1625, v1638, v480, v1662, v1670, v1665, v1663, v1676, v470, v1700,
+            v1703, v1701, v1708, v1713, v1715, v1702, v1716, v1718, v1719, v1720, v450, v1759,
+            v1762, v446, v1796, v1804, v1799, v1797, v1810);
 
   // 55 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1881 = arena_.view(16384, 512);
-  support::View v1884 = arena_.view(18432, 64);
-  support::View v1882(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v1919 = arena_.view(16384, 512);
-  support::View v1922 = arena_.view(18432, 64);
-  support::View v1920(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v1957 = arena_.view(16384, 512);
-  support::View v1960 = arena_.view(18432, 64);
-  support::View v1958(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v1995 = arena_.view(16384, 512);
-  support::View v1998 = arena_.view(18432, 16);
-  support::View v1996(param112_decoder_attention_1_o_vr); // updated in place
-  support::View v2003 = arena_.view(18432, 64);
-  support::View v2008 = arena_.view(16384, 2);
-  support::View v2010 = arena_.view(18944, 16);
-  support::View v1997(param113_decoder_attention_1_o_vc); // updated in place
-  support::View v2011 = arena_.view(18688, 64);
-  support::View v2014 = arena_.view(16384, 512);
-  support::View v2054 = arena_.view(16384, 512);
-  support::View v2057 = arena_.view(18432, 64);
-  support::View v2055(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v2092 = arena_.view(16384, 512);
-  support::View v2095 = arena_.view(18432, 64);
-  support::View v2093(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v2130 = arena_.view(16384, 512);
-  support::View v2133 = arena_.view(18432, 64);
-  support::View v2131(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v2168 = arena_.view(16384, 512);
-  support::View v2171 = arena_.view(18432, 16);
-  support::View v2169(param121_decoder_attention_1_1_o_vr); // updated in place
-  support::View v2176 = arena_.view(18432, 64);
-  support::View v2181 = arena_.view(16384, 2);
-  support::View v2183 = arena_.view(18944, 16);
-  support::View v2170(param122_decoder_attention_1_1_o_vc); // updated in place
-  support::View v2184 = arena_.view(18688, 64);
-  support::View v2187 = arena_.view(16384, 512);
-  support::View v2227 = arena_.view(16384, 1024);
-  support::View v2264 = arena_.view(20480, 1024);
-  support::View v2267 = arena_.view(24704, 32);
-  support::View v2265(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1889 = arena_.view(86016, 256);
-  support::View v1895 = arena_.view(92416, 32);
-  support::View v1927 = arena_.view(87040, 256);
-  support::View v1933 = arena_.view(92544, 32);
-  support::View v1965 = arena_.view(88064, 256);
-  support::View v1971 = arena_.view(92672, 32);
-  support::View v2013 = arena_.view(61440, 512);
-  support::View v2015 = arena_.view(94080, 1);
-  support::View v2062 = arena_.view(89088, 256);
-  support::View v2068 = arena_.view(92800, 32);
-  support::View v2100 = arena_.view(90112, 256);
-  support::View v2106 = arena_.view(92928, 32);
-  support::View v2138 = arena_.view(91136, 256);
-  support::View v2144 = arena_.view(93056, 32);
-  support::View v2186 = arena_.view(63488, 512);
-  support::View v2188 = arena_.view(94144, 1);
-  support::View v2230 = arena_.view(93184, 32);
-  support::View v2272 = arena_.view(93312, 32);
-  support::View v2278 = arena_.view(102784, 1);
-  repeated1(v442, v1881, v1889, v1884, v740, v1882, v732, v1895, v439, v1919, v1927, v1922, v1920,
-            v1933, v435, v1957, v1965, v1960, v1958, v1971, v425, v1995, v1998, v1996, v2003, v2008,
-            v2010, v1997, v2011, v2013, v2014, v2015, v404, v2054, v2062, v2057, v2055, v2068, v402,
-            v2092, v2100, v2095, v2093, v2106, v398, v2130, v2138, v2133, v2131, v2144, v389, v2168,
-            v2171, v2169, v2176, v2181, v2183, v2170, v2184, v2186, v2187, v2188, v368, v2227,
-            v2230, v363, v2264, v2272, v2267, v2265, v2278);
+  support::View v427 = arena_.view(161792, 512);
+  support::View v1857 = arena_.view(16384, 512);
+  support::View v1860 = arena_.view(18432, 64);
+  support::View v1858(param106_decoder_attention_1_q_vr); // updated in place
+  support::View v424 = arena_.view(178176, 512);
+  support::View v1895 = arena_.view(16384, 512);
+  support::View v1898 = arena_.view(18432, 64);
+  support::View v1896(param108_decoder_attention_1_k_vr); // updated in place
+  support::View v420 = arena_.view(167936, 512);
+  support::View v1933 = arena_.view(16384, 512);
+  support::View v1936 = arena_.view(18432, 64);
+  support::View v1934(param110_decoder_attention_1_v_vr); // updated in place
+  support::View v410 = arena_.view(159744, 512);
+  support::View v1971 = arena_.view(16384, 512);
+  support::View v1974 = arena_.view(18432, 16);
+  support::View v1972(param112_decoder_attention_1_o_vr); // updated in place
+  support::View v1979 = arena_.view(18432, 64);
+  support::View v1984 = arena_.view(16384, 2);
+  support::View v1986 = arena_.view(18944, 16);
+  support::View v1973(param113_decoder_attention_1_o_vc); // updated in place
+  support::View v1987 = arena_.view(18688, 64);
+  support::View v1990 = arena_.view(16384, 512);
+  support::View v390 = arena_.view(176128, 512);
+  support::View v2030 = arena_.view(16384, 512);
+  support::View v2033 = arena_.view(18432, 64);
+  support::View v2031(param115_decoder_attention_1_1_q_vr); // updated in place
+  support::View v388 = arena_.view(165888, 512);
+  support::View v2068 = arena_.view(16384, 512);
+  support::View v2071 = arena_.view(18432, 64);
+  support::View v2069(param117_decoder_attention_1_1_k_vr); // updated in place
+  support::View v384 = arena_.view(174080, 512);
+  support::View v2106 = arena_.view(16384, 512);
+  support::View v2109 = arena_.view(18432, 64);
+  support::View v2107(param119_decoder_attention_1_1_v_vr); // updated in place
+  support::View v375 = arena_.view(169984, 512);
+  support::View v2144 = arena_.view(16384, 512);
+  support::View v2147 = arena_.view(18432, 16);
+  support::View v2145(param121_decoder_attention_1_1_o_vr); // updated in place
+  support::View v2152 = arena_.view(18432, 64);
+  support::View v2157 = arena_.view(16384, 2);
+  support::View v2159 = arena_.view(18944, 16);
+  support::View v2146(param122_decoder_attention_1_1_o_vc); // updated in place
+  support::View v2160 = arena_.view(18688, 64);
+  support::View v2163 = arena_.view(16384, 512);
+  support::View v355 = arena_.view(98304, 1024);
+  support::View v2203 = arena_.view(16384, 1024);
+  support::View v350 = arena_.view(94208, 1024);
+  support::View v2240 = arena_.view(20480, 1024);
+  support::View v2243 = arena_.view(24704, 32);
+  support::View v2241(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1865 = arena_.view(81920, 256);
+  support::View v1871 = arena_.view(87552, 32);
+  support::View v1903 = arena_.view(82944, 256);
+  support::View v1909 = arena_.view(87680, 32);
+  support::View v1941 = arena_.view(83968, 256);
+  support::View v1947 = arena_.view(87808, 32);
+  support::View v1989 = arena_.view(65536, 512);
+  support::View v1991 = arena_.view(91072, 1);
+  support::View v2038 = arena_.view(84992, 256);
+  support::View v2044 = arena_.view(87936, 32);
+  support::View v2076 = arena_.view(86016, 256);
+  support::View v2082 = arena_.view(89088, 32);
+  support::View v2114 = arena_.view(88064, 256);
+  support::View v2120 = arena_.view(89216, 32);
+  support::View v2162 = arena_.view(67584, 512);
+  support::View v2164 = arena_.view(91136, 1);
+  support::View v2206 = arena_.view(90112, 32);
+  support::View v2248 = arena_.view(90240, 32);
+  support::View v2254 = arena_.view(90368, 1);
+  repeated1(v427, v1857, v1865, v1860, v716, v1858, v708, v1871, v424, v1895, v1903, v1898, v1896,
+            v1909, v420, v1933, v1941, v1936, v1934, v1947, v410, v1971, v1974, v1972, v1979, v1984,
+            v1986, v1973, v1987, v1989, v1990, v1991, v390, v2030, v2038, v2033, v2031, v2044, v388,
+            v2068, v2076, v2071, v2069, v2082, v384, v2106, v2114, v2109, v2107, v2120, v375, v2144,
+            v2147, v2145, v2152, v2157, v2159, v2146, v2160, v2162, v2163, v2164, v355, v2203,
+            v2206, v350, v2240, v2248, v2243, v2241, v2254);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
-  // 152:3; merged with 57 more partial sums over model (%741, %784, %789, ...): 21.5 KiB in one
+  // 152:3; merged with 57 more partial sums over model (%717, %760, %765, ...): 21.5 KiB in one
   // buffer)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v819 = arena_.view(28672, 256);
+  support::View v715 = arena_.view(24960, 8);
+  support::View v758 = arena_.view(24576, 32);
+  support::View v764 = arena_.view(25024, 1);
+  support::View v825 = arena_.view(69632, 32);
+  support::View v857 = arena_.view(29696, 256);
+  support::View v863 = arena_.view(71680, 32);
+  support::View v895 = arena_.view(30720, 256);
+  support::View v901 = arena_.view(71808, 32);
+  support::View v945 = arena_.view(90816, 1);
+  support::View v987 = arena_.view(71936, 32);
+  support::View v1029 = arena_.view(72064, 32);
+  support::View v1035 = arena_.view(73472, 1);
+  support::View v1090 = arena_.view(31744, 256);
+  support::View v1096 = arena_.view(72192, 32);
+  support::View v1128 = arena_.view(32768, 256);
+  support::View v1134 = arena_.view(72320, 32);
+  support::View v1166 = arena_.view(33792, 256);
+  support::View v1172 = arena_.view(72448, 32);
+  support::View v1216 = arena_.view(90880, 1);
+  support::View v1258 = arena_.view(72576, 32);
+  support::View v1300 = arena_.view(72704, 32);
+  support::View v1306 = arena_.view(73536, 1);
   support::allReduceBucket(group_model,
-                           {v843,  v739,  v782,  v788,  v849,  v881,  v887,  v919,  v925,  v969,
-                            v1011, v1053, v1059, v1114, v1120, v1152, v1158, v1190, v1196, v1240,
-                            v1282, v1324, v1330, v1380, v1445, v1451, v1483, v1489, v1521, v1527,
-                            v1571, v1618, v1624, v1656, v1662, v1694, v1700, v1744, v1786, v1828,
-                            v1834, v1889, v1895, v1927, v1933, v1965, v1971, v2015, v2062, v2068,
-                            v2100, v2106, v2138, v2144, v2188, v2230, v2272, v2278});
+                           {v819,  v715,  v758,  v764,  v825,  v857,  v863,  v895,  v901,  v945,
+                            v987,  v1029, v1035, v1090, v1096, v1128, v1134, v1166, v1172, v1216,
+                            v1258, v1300, v1306, v1356, v1421, v1427, v1459, v1465, v1497, v1503,
+                            v1547, v1594, v1600, v1632, v1638, v1670, v1676, v1720, v1762, v1804,
+                            v1810, v1865, v1871, v1903, v1909, v1941, v1947, v1991, v2038, v2044,
+                            v2076, v2082, v2114, v2120, v2164, v2206, v2248, v2254});
 
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v737(param47_encoder_relative_bias_table_vr); // updated in place
-  support::View v745 = arena_.view(20480, 2);
-  support::View v750 = arena_.view(20608, 1);
-  support::View v752 = arena_.view(20544, 8);
-  support::View v738(param48_encoder_relative_bias_table_vc); // updated in place
-  support::View v753 = arena_.view(20608, 2);
-  support::View v756 = arena_.view(20480, 16);
-  support::View v755 = arena_.view(93440, 16);
-  support::View v757 = arena_.view(102848, 1);
-  repeated15(v739, v740, v737, v732, v745, v736, v750, v752, v738, v753, v713, v755, v756, v757);
+  support::View v713(param47_encoder_relative_bias_table_vr); // updated in place
+  support::View v721 = arena_.view(20480, 2);
+  support::View v712 = arena_.view(24896, 16);
+  support::View v726 = arena_.view(20608, 1);
+  support::View v728 = arena_.view(20544, 8);
+  support::View v714(param48_encoder_relative_bias_table_vc); // updated in place
+  support::View v729 = arena_.view(20608, 2);
+  support::View v689 = arena_.view(24832, 16);
+  support::View v732 = arena_.view(20480, 16);
+  support::View v731 = arena_.view(90496, 16);
+  support::View v733 = arena_.view(91200, 1);
+  repeated16(v715, v716, v713, v708, v721, v712, v726, v728, v714, v729, v689, v731, v732, v733);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v791 = arena_.view(65664, 32);
+  support::View v751(param49_shared_embedding_vr); // updated in place
+  support::View v767 = arena_.view(69760, 32);
   {
-    float *__restrict v791p = v791.data();
-    const float *__restrict v775p = v775.data();
-    const float *__restrict v788p = v788.data();
+    float *__restrict v767p = v767.data();
+    const float *__restrict v751p = v751.data();
+    const float *__restrict v764p = v764.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v775p[i0];
-      const float s1 = v788p[0];
+      const float s0 = v751p[i0];
+      const float s1 = v764p[0];
       const float s2 = (s0 / s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v791p[i0] = s3;
+      v767p[i0] = s3;
     }
   }
 
@@ -6451,351 +6154,360 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v776(param50_shared_embedding_vc); // updated in place
-  support::View v792 = arena_.view(65792, 32);
+  support::View v752(param50_shared_embedding_vc); // updated in place
+  support::View v768 = arena_.view(69888, 32);
   {
-    float *__restrict v776p = v776.data();
-    float *__restrict v792p = v792.data();
-    const float *__restrict v782p = v782.data();
-    const float *__restrict v740p = v740.data();
-    const float *__restrict v732p = v732.data();
+    float *__restrict v752p = v752.data();
+    float *__restrict v768p = v768.data();
+    const float *__restrict v758p = v758.data();
+    const float *__restrict v716p = v716.data();
+    const float *__restrict v708p = v708.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v782p[i0];
-      const float s1 = v740p[0];
+      const float s0 = v758p[i0];
+      const float s1 = v716p[0];
       const float s2 = (s0 * s1);
-      const float s3 = v776p[i0];
-      const float s4 = v732p[0];
+      const float s3 = v752p[i0];
+      const float s4 = v708p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       const float s7 = 1.0f / support::fsqrt(s6);
-      v776p[i0] = s6;
-      v792p[i0] = s7;
+      v752p[i0] = s6;
+      v768p[i0] = s7;
     }
   }
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v794 = arena_.view(20480, 1024);
-  support::View v795 = arena_.view(24576, 1024);
+  support::View v686 = arena_.view(0, 1024);
+  support::View v770 = arena_.view(20480, 1024);
+  support::View v771 = arena_.view(24576, 1024);
   {
-    float *__restrict v794p = v794.data();
-    float *__restrict v795p = v795.data();
-    const float *__restrict v710p = v710.data();
-    const float *__restrict v791p = v791.data();
-    const float *__restrict v792p = v792.data();
+    float *__restrict v770p = v770.data();
+    float *__restrict v771p = v771.data();
+    const float *__restrict v686p = v686.data();
+    const float *__restrict v767p = v767.data();
+    const float *__restrict v768p = v768.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v710p[i0 * 32 + i1];
-        const float s1 = v791p[i0];
+        const float s0 = v686p[i0 * 32 + i1];
+        const float s1 = v767p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v792p[i1];
+        const float s3 = v768p[i1];
         const float s4 = (s2 * s3);
         const float s5 = s4 * s4;
-        v794p[i0 * 32 + i1] = s4;
-        v795p[i0 * 32 + i1] = s5;
+        v770p[i0 * 32 + i1] = s4;
+        v771p[i0 * 32 + i1] = s5;
       }
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v796 = arena_.view(102912, 1);
-  static const support::Shape shape81_1 = {};
-  static const support::Shape shape81_3 = {};
-  static const support::Shape shape81_4 = {32, 32};
-  static const support::Shape shape81_5 = {32, 1};
-  support::reduce(v796.data(), shape81_1, v795.data(), shape81_3, shape81_4, shape81_5,
+  support::View v772 = arena_.view(91264, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {32, 32};
+  static const support::Shape shape8_5 = {32, 1};
+  support::reduce(v772.data(), shape8_1, v771.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 23 statements from t5.mesh:152:3 div (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v852 = arena_.view(3072, 64);
-  support::View v837(param53_encoder_attention_0_q_vc); // updated in place
-  support::View v853 = arena_.view(2048, 256);
-  support::View v856 = arena_.view(0, 512);
-  support::View v890 = arena_.view(3072, 64);
-  support::View v875(param55_encoder_attention_0_k_vc); // updated in place
-  support::View v891 = arena_.view(2048, 256);
-  support::View v894 = arena_.view(0, 512);
-  support::View v928 = arena_.view(3072, 64);
-  support::View v913(param57_encoder_attention_0_v_vc); // updated in place
-  support::View v929 = arena_.view(2048, 256);
-  support::View v932 = arena_.view(0, 512);
-  support::View v1009(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v1017 = arena_.view(0, 32);
-  support::View v1022 = arena_.view(128, 1);
-  support::View v1024 = arena_.view(24576, 32);
-  support::View v1010(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1025 = arena_.view(24704, 32);
-  support::View v1028 = arena_.view(4096, 1024);
-  support::View v1062 = arena_.view(28672, 32);
-  support::View v1047(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1063 = arena_.view(28800, 32);
-  support::View v1066 = arena_.view(24576, 1024);
-  support::View v855 = arena_.view(65536, 512);
-  support::View v857 = arena_.view(102976, 1);
-  support::View v893 = arena_.view(55296, 512);
-  support::View v895 = arena_.view(103040, 1);
-  support::View v931 = arena_.view(53248, 512);
-  support::View v933 = arena_.view(103104, 1);
-  support::View v1027 = arena_.view(0, 1024);
-  support::View v1029 = arena_.view(103168, 1);
-  support::View v1065 = arena_.view(4096, 1024);
-  support::View v1067 = arena_.view(103232, 1);
-  repeated7(v836, v849, v852, v843, v740, v837, v732, v853, v690, v855, v856, v857, v874, v887,
-            v890, v881, v875, v891, v687, v893, v894, v895, v912, v925, v928, v919, v913, v929,
-            v683, v931, v932, v933, v1011, v1009, v1017, v1008, v1022, v1024, v1010, v1025, v651,
-            v1027, v1028, v1029, v1046, v1059, v1062, v1053, v1047, v1063, v647, v1065, v1066,
-            v1067);
+  support::View v812(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v828 = arena_.view(3072, 64);
+  support::View v813(param53_encoder_attention_0_q_vc); // updated in place
+  support::View v829 = arena_.view(2048, 256);
+  support::View v667 = arena_.view(57344, 512);
+  support::View v832 = arena_.view(0, 512);
+  support::View v850(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v866 = arena_.view(3072, 64);
+  support::View v851(param55_encoder_attention_0_k_vc); // updated in place
+  support::View v867 = arena_.view(2048, 256);
+  support::View v664 = arena_.view(55296, 512);
+  support::View v870 = arena_.view(0, 512);
+  support::View v888(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v904 = arena_.view(3072, 64);
+  support::View v889(param57_encoder_attention_0_v_vc); // updated in place
+  support::View v905 = arena_.view(2048, 256);
+  support::View v660 = arena_.view(51200, 512);
+  support::View v908 = arena_.view(0, 512);
+  support::View v985(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v993 = arena_.view(0, 32);
+  support::View v984 = arena_.view(4096, 1024);
+  support::View v998 = arena_.view(128, 1);
+  support::View v1000 = arena_.view(24576, 32);
+  support::View v986(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1001 = arena_.view(24704, 32);
+  support::View v629 = arena_.view(40960, 1024);
+  support::View v1004 = arena_.view(4096, 1024);
+  support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1038 = arena_.view(28672, 32);
+  support::View v1023(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1039 = arena_.view(28800, 32);
+  support::View v625 = arena_.view(45056, 1024);
+  support::View v1042 = arena_.view(24576, 1024);
+  support::View v831 = arena_.view(69632, 512);
+  support::View v833 = arena_.view(91328, 1);
+  support::View v869 = arena_.view(57344, 512);
+  support::View v871 = arena_.view(91392, 1);
+  support::View v907 = arena_.view(55296, 512);
+  support::View v909 = arena_.view(91456, 1);
+  support::View v1003 = arena_.view(0, 1024);
+  support::View v1005 = arena_.view(91520, 1);
+  support::View v1041 = arena_.view(4096, 1024);
+  support::View v1043 = arena_.view(91584, 1);
+  repeated6(v812, v825, v828, v819, v716, v813, v708, v829, v667, v831, v832, v833, v850, v863,
+            v866, v857, v851, v867, v664, v869, v870, v871, v888, v901, v904, v895, v889, v905,
+            v660, v907, v908, v909, v987, v985, v993, v984, v998, v1000, v986, v1001, v629, v1003,
+            v1004, v1005, v1022, v1035, v1038, v1029, v1023, v1039, v625, v1041, v1042, v1043);
 
   // 23 statements from t5.mesh:152:3 div (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1123 = arena_.view(27648, 64);
-  support::View v1108(param67_encoder_attention_1_q_vc); // updated in place
-  support::View v1124 = arena_.view(26624, 256);
-  support::View v1127 = arena_.view(24576, 512);
-  support::View v1161 = arena_.view(27648, 64);
-  support::View v1146(param69_encoder_attention_1_k_vc); // updated in place
-  support::View v1162 = arena_.view(26624, 256);
-  support::View v1165 = arena_.view(24576, 512);
-  support::View v1199 = arena_.view(27648, 64);
-  support::View v1184(param71_encoder_attention_1_v_vc); // updated in place
-  support::View v1200 = arena_.view(26624, 256);
-  support::View v1203 = arena_.view(24576, 512);
-  support::View v1280(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v1288 = arena_.view(24576, 32);
-  support::View v1293 = arena_.view(8192, 1);
-  support::View v1295 = arena_.view(28672, 32);
-  support::View v1281(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v1296 = arena_.view(28800, 32);
-  support::View v1299 = arena_.view(24576, 1024);
-  support::View v1333 = arena_.view(32768, 32);
-  support::View v1318(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v1334 = arena_.view(32896, 32);
-  support::View v1337 = arena_.view(28672, 1024);
-  support::View v1126 = arena_.view(45056, 512);
-  support::View v1128 = arena_.view(103296, 1);
-  support::View v1164 = arena_.view(47104, 512);
-  support::View v1166 = arena_.view(103360, 1);
-  support::View v1202 = arena_.view(51200, 512);
-  support::View v1204 = arena_.view(103424, 1);
-  support::View v1298 = arena_.view(8192, 1024);
-  support::View v1300 = arena_.view(103488, 1);
-  support::View v1336 = arena_.view(24576, 1024);
-  support::View v1338 = arena_.view(103552, 1);
-  repeated7(v1107, v1120, v1123, v1114, v740, v1108, v732, v1124, v627, v1126, v1127, v1128, v1145,
-            v1158, v1161, v1152, v1146, v1162, v624, v1164, v1165, v1166, v1183, v1196, v1199,
-            v1190, v1184, v1200, v620, v1202, v1203, v1204, v1282, v1280, v1288, v1279, v1293,
-            v1295, v1281, v1296, v589, v1298, v1299, v1300, v1317, v1330, v1333, v1324, v1318,
-            v1334, v585, v1336, v1337, v1338);
+  support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1099 = arena_.view(27648, 64);
+  support::View v1084(param67_encoder_attention_1_q_vc); // updated in place
+  support::View v1100 = arena_.view(26624, 256);
+  support::View v606 = arena_.view(53248, 512);
+  support::View v1103 = arena_.view(24576, 512);
+  support::View v1121(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1137 = arena_.view(27648, 64);
+  support::View v1122(param69_encoder_attention_1_k_vc); // updated in place
+  support::View v1138 = arena_.view(26624, 256);
+  support::View v603 = arena_.view(106496, 512);
+  support::View v1141 = arena_.view(24576, 512);
+  support::View v1159(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1175 = arena_.view(27648, 64);
+  support::View v1160(param71_encoder_attention_1_v_vc); // updated in place
+  support::View v1176 = arena_.view(26624, 256);
+  support::View v599 = arena_.view(104448, 512);
+  support::View v1179 = arena_.view(24576, 512);
+  support::View v1256(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v1264 = arena_.view(24576, 32);
+  support::View v1255 = arena_.view(8192, 1024);
+  support::View v1269 = arena_.view(8192, 1);
+  support::View v1271 = arena_.view(28672, 32);
+  support::View v1257(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v1272 = arena_.view(28800, 32);
+  support::View v569 = arena_.view(73728, 1024);
+  support::View v1275 = arena_.view(24576, 1024);
+  support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1309 = arena_.view(32768, 32);
+  support::View v1294(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v1310 = arena_.view(32896, 32);
+  support::View v565 = arena_.view(77824, 1024);
+  support::View v1313 = arena_.view(28672, 1024);
+  support::View v1102 = arena_.view(40960, 512);
+  support::View v1104 = arena_.view(91648, 1);
+  support::View v1140 = arena_.view(43008, 512);
+  support::View v1142 = arena_.view(91712, 1);
+  support::View v1178 = arena_.view(45056, 512);
+  support::View v1180 = arena_.view(91776, 1);
+  support::View v1274 = arena_.view(8192, 1024);
+  support::View v1276 = arena_.view(91840, 1);
+  support::View v1312 = arena_.view(24576, 1024);
+  support::View v1314 = arena_.view(91904, 1);
+  repeated6(v1083, v1096, v1099, v1090, v716, v1084, v708, v1100, v606, v1102, v1103, v1104, v1121,
+            v1134, v1137, v1128, v1122, v1138, v603, v1140, v1141, v1142, v1159, v1172, v1175,
+            v1166, v1160, v1176, v599, v1178, v1179, v1180, v1258, v1256, v1264, v1255, v1269,
+            v1271, v1257, v1272, v569, v1274, v1275, v1276, v1293, v1306, v1309, v1300, v1294,
+            v1310, v565, v1312, v1313, v1314);
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1378(param80_decoder_relative_bias_table_vr); // updated in place
-  support::View v1386 = arena_.view(28672, 2);
-  support::View v1391 = arena_.view(28800, 1);
-  support::View v1393 = arena_.view(28736, 8);
-  support::View v1379(param81_decoder_relative_bias_table_vc); // updated in place
-  support::View v1394 = arena_.view(28800, 2);
-  support::View v1397 = arena_.view(28672, 16);
-  support::View v1396 = arena_.view(93504, 16);
-  support::View v1398 = arena_.view(103616, 1);
-  repeated15(v1380, v740, v1378, v732, v1386, v1377, v1391, v1393, v1379, v1394, v564, v1396, v1397,
-             v1398);
+  support::View v1354(param80_decoder_relative_bias_table_vr); // updated in place
+  support::View v1362 = arena_.view(28672, 2);
+  support::View v1367 = arena_.view(28800, 1);
+  support::View v1369 = arena_.view(28736, 8);
+  support::View v1355(param81_decoder_relative_bias_table_vc); // updated in place
+  support::View v1370 = arena_.view(28800, 2);
+  support::View v545 = arena_.view(131072, 16);
+  support::View v1373 = arena_.view(28672, 16);
+  support::View v1372 = arena_.view(90560, 16);
+  support::View v1374 = arena_.view(91968, 1);
+  repeated16(v1356, v716, v1354, v708, v1362, v1353, v1367, v1369, v1355, v1370, v545, v1372, v1373,
+             v1374);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1454 = arena_.view(31744, 64);
-  support::View v1439(param84_decoder_attention_0_q_vc); // updated in place
-  support::View v1455 = arena_.view(30720, 256);
-  support::View v1458 = arena_.view(28672, 512);
-  support::View v1492 = arena_.view(31744, 64);
-  support::View v1477(param86_decoder_attention_0_k_vc); // updated in place
-  support::View v1493 = arena_.view(30720, 256);
-  support::View v1496 = arena_.view(28672, 512);
-  support::View v1530 = arena_.view(31744, 64);
-  support::View v1515(param88_decoder_attention_0_v_vc); // updated in place
-  support::View v1531 = arena_.view(30720, 256);
-  support::View v1534 = arena_.view(28672, 512);
-  support::View v1627 = arena_.view(31744, 64);
-  support::View v1612(param93_decoder_attention_1_0_q_vc); // updated in place
-  support::View v1628 = arena_.view(30720, 256);
-  support::View v1631 = arena_.view(28672, 512);
-  support::View v1665 = arena_.view(31744, 64);
-  support::View v1650(param95_decoder_attention_1_0_k_vc); // updated in place
-  support::View v1666 = arena_.view(30720, 256);
-  support::View v1669 = arena_.view(28672, 512);
-  support::View v1703 = arena_.view(31744, 64);
-  support::View v1688(param97_decoder_attention_1_0_v_vc); // updated in place
-  support::View v1704 = arena_.view(30720, 256);
-  support::View v1707 = arena_.view(28672, 512);
-  support::View v1784(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v1792 = arena_.view(28672, 32);
-  support::View v1797 = arena_.view(12288, 1);
-  support::View v1799 = arena_.view(32768, 32);
-  support::View v1785(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1800 = arena_.view(32896, 32);
-  support::View v1803 = arena_.view(28672, 1024);
-  support::View v1837 = arena_.view(36864, 32);
-  support::View v1822(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1838 = arena_.view(36992, 32);
-  support::View v1841 = arena_.view(32768, 1024);
-  support::View v1457 = arena_.view(57344, 512);
-  support::View v1459 = arena_.view(103680, 1);
-  support::View v1495 = arena_.view(67584, 512);
-  support::View v1497 = arena_.view(103744, 1);
-  support::View v1533 = arena_.view(69632, 512);
-  support::View v1535 = arena_.view(103808, 1);
-  support::View v1630 = arena_.view(71680, 512);
-  support::View v1632 = arena_.view(103872, 1);
-  support::View v1668 = arena_.view(73728, 512);
-  support::View v1670 = arena_.view(103936, 1);
-  support::View v1706 = arena_.view(75776, 512);
-  support::View v1708 = arena_.view(104000, 1);
-  support::View v1802 = arena_.view(12288, 1024);
-  support::View v1804 = arena_.view(92160, 1);
-  support::View v1840 = arena_.view(28672, 1024);
-  support::View v1842 = arena_.view(92224, 1);
-  repeated2(v1438, v1451, v1454, v1445, v740, v1439, v732, v1455, v542, v1457, v1458, v1459, v1476,
-            v1489, v1492, v1483, v1477, v1493, v539, v1495, v1496, v1497, v1514, v1527, v1530,
-            v1521, v1515, v1531, v535, v1533, v1534, v1535, v1611, v1624, v1627, v1618, v1612,
-            v1628, v503, v1630, v1631, v1632, v1649, v1662, v1665, v1656, v1650, v1666, v501, v1668,
-            v1669, v1670, v1687, v1700, v1703, v1694, v1688, v1704, v497, v1706, v1707, v1708,
-            v1786, v1784, v1792, v1783, v1797, v1799, v1785, v1800, v466, v1802, v1803, v1804,
-            v1821, v1834, v1837, v1828, v1822, v1838, v462, v1840, v1841, v1842);
+  support::View v1430 = arena_.view(31744, 64);
+  support::View v1415(param84_decoder_attention_0_q_vc); // updated in place
+  support::View v1431 = arena_.view(30720, 256);
+  support::View v1434 = arena_.view(28672, 512);
+  support::View v1468 = arena_.view(31744, 64);
+  support::View v1453(param86_decoder_attention_0_k_vc); // updated in place
+  support::View v1469 = arena_.view(30720, 256);
+  support::View v1472 = arena_.view(28672, 512);
+  support::View v1506 = arena_.view(31744, 64);
+  support::View v1491(param88_decoder_attention_0_v_vc); // updated in place
+  support::View v1507 = arena_.view(30720, 256);
+  support::View v1510 = arena_.view(28672, 512);
+  support::View v1603 = arena_.view(31744, 64);
+  support::View v1588(param93_decoder_attention_1_0_q_vc); // updated in place
+  support::View v1604 = arena_.view(30720, 256);
+  support::View v1607 = arena_.view(28672, 512);
+  support::View v1641 = arena_.view(31744, 64);
+  support::View v1626(param95_decoder_attention_1_0_k_vc); // updated in place
+  support::View v1642 = arena_.view(30720, 256);
+  support::View v1645 = arena_.view(28672, 512);
+  support::View v1679 = arena_.view(31744, 64);
+  support::View v1664(param97_decoder_attention_1_0_v_vc); // updated in place
+  support::View v1680 = arena_.view(30720, 256);
+  support::View v1683 = arena_.view(28672, 512);
+  support::View v1760(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v1768 = arena_.view(28672, 32);
+  support::View v1773 = arena_.view(12288, 1);
+  support::View v1775 = arena_.view(32768, 32);
+  support::View v1761(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1776 = arena_.view(32896, 32);
+  support::View v1779 = arena_.view(28672, 1024);
+  support::View v1813 = arena_.view(36864, 32);
+  support::View v1798(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1814 = arena_.view(36992, 32);
+  support::View v1817 = arena_.view(32768, 1024);
+  support::View v1433 = arena_.view(47104, 512);
+  support::View v1435 = arena_.view(92032, 1);
+  support::View v1471 = arena_.view(51200, 512);
+  support::View v1473 = arena_.view(92096, 1);
+  support::View v1509 = arena_.view(53248, 512);
+  support::View v1511 = arena_.view(92160, 1);
+  support::View v1606 = arena_.view(71680, 512);
+  support::View v1608 = arena_.view(92224, 1);
+  support::View v1644 = arena_.view(73728, 512);
+  support::View v1646 = arena_.view(92288, 1);
+  support::View v1682 = arena_.view(75776, 512);
+  support::View v1684 = arena_.view(92352, 1);
+  support::View v1778 = arena_.view(12288, 1024);
+  support::View v1780 = arena_.view(92416, 1);
+  support::View v1816 = arena_.view(28672, 1024);
+  support::View v1818 = arena_.view(92480, 1);
+  repeated2(v1414, v1427, v1430, v1421, v716, v1415, v708, v1431, v524, v1433, v1434, v1435, v1452,
+            v1465, v1468, v1459, v1453, v1469, v521, v1471, v1472, v1473, v1490, v1503, v1506,
+            v1497, v1491, v1507, v517, v1509, v1510, v1511, v1587, v1600, v1603, v1594, v1588,
+            v1604, v486, v1606, v1607, v1608, v1625, v1638, v1641, v1632, v1626, v1642, v484, v1644,
+            v1645, v1646, v1663, v1676, v1679, v1670, v1664, v1680, v480, v1682, v1683, v1684,
+            v1762, v1760, v1768, v1759, v1773, v1775, v1761, v1776, v450, v1778, v1779, v1780,
+            v1797, v1810, v1813, v1804, v1798, v1814, v446, v1816, v1817, v1818);
 
   // 35 statements from t5.mesh:152:3 div (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1898 = arena_.view(35840, 64);
-  support::View v1883(param107_decoder_attention_1_q_vc); // updated in place
-  support::View v1899 = arena_.view(34816, 256);
-  support::View v1902 = arena_.view(32768, 512);
-  support::View v1936 = arena_.view(35840, 64);
-  support::View v1921(param109_decoder_attention_1_k_vc); // updated in place
-  support::View v1937 = arena_.view(34816, 256);
-  support::View v1940 = arena_.view(32768, 512);
-  support::View v1974 = arena_.view(35840, 64);
-  support::View v1959(param111_decoder_attention_1_v_vc); // updated in place
-  support::View v1975 = arena_.view(34816, 256);
-  support::View v1978 = arena_.view(32768, 512);
-  support::View v2071 = arena_.view(35840, 64);
-  support::View v2056(param116_decoder_attention_1_1_q_vc); // updated in place
-  support::View v2072 = arena_.view(34816, 256);
-  support::View v2075 = arena_.view(32768, 512);
-  support::View v2109 = arena_.view(35840, 64);
-  support::View v2094(param118_decoder_attention_1_1_k_vc); // updated in place
-  support::View v2110 = arena_.view(34816, 256);
-  support::View v2113 = arena_.view(32768, 512);
-  support::View v2147 = arena_.view(35840, 64);
-  support::View v2132(param120_decoder_attention_1_1_v_vc); // updated in place
-  support::View v2148 = arena_.view(34816, 256);
-  support::View v2151 = arena_.view(32768, 512);
-  support::View v2228(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v2236 = arena_.view(32768, 32);
-  support::View v2241 = arena_.view(16384, 1);
-  support::View v2243 = arena_.view(36864, 32);
-  support::View v2229(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v2244 = arena_.view(36992, 32);
-  support::View v2247 = arena_.view(32768, 1024);
-  support::View v2281 = arena_.view(90112, 32);
-  support::View v2266(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v2282 = arena_.view(90240, 32);
-  support::View v2285 = arena_.view(36864, 1024);
-  support::View v1901 = arena_.view(77824, 512);
-  support::View v1903 = arena_.view(92288, 1);
-  support::View v1939 = arena_.view(79872, 512);
-  support::View v1941 = arena_.view(92352, 1);
-  support::View v1977 = arena_.view(81920, 512);
-  support::View v1979 = arena_.view(92416, 1);
-  support::View v2074 = arena_.view(83968, 512);
-  support::View v2076 = arena_.view(92480, 1);
-  support::View v2112 = arena_.view(86016, 512);
-  support::View v2114 = arena_.view(90368, 1);
-  support::View v2150 = arena_.view(88064, 512);
-  support::View v2152 = arena_.view(90432, 1);
-  support::View v2246 = arena_.view(16384, 1024);
-  support::View v2248 = arena_.view(90496, 1);
-  support::View v2284 = arena_.view(32768, 1024);
-  support::View v2286 = arena_.view(90112, 1);
-  repeated2(v1882, v1895, v1898, v1889, v740, v1883, v732, v1899, v442, v1901, v1902, v1903, v1920,
-            v1933, v1936, v1927, v1921, v1937, v439, v1939, v1940, v1941, v1958, v1971, v1974,
-            v1965, v1959, v1975, v435, v1977, v1978, v1979, v2055, v2068, v2071, v2062, v2056,
-            v2072, v404, v2074, v2075, v2076, v2093, v2106, v2109, v2100, v2094, v2110, v402, v2112,
-            v2113, v2114, v2131, v2144, v2147, v2138, v2132, v2148, v398, v2150, v2151, v2152,
-            v2230, v2228, v2236, v2227, v2241, v2243, v2229, v2244, v368, v2246, v2247, v2248,
-            v2265, v2278, v2281, v2272, v2266, v2282, v363, v2284, v2285, v2286);
+  support::View v1874 = arena_.view(35840, 64);
+  support::View v1859(param107_decoder_attention_1_q_vc); // updated in place
+  support::View v1875 = arena_.view(34816, 256);
+  support::View v1878 = arena_.view(32768, 512);
+  support::View v1912 = arena_.view(35840, 64);
+  support::View v1897(param109_decoder_attention_1_k_vc); // updated in place
+  support::View v1913 = arena_.view(34816, 256);
+  support::View v1916 = arena_.view(32768, 512);
+  support::View v1950 = arena_.view(35840, 64);
+  support::View v1935(param111_decoder_attention_1_v_vc); // updated in place
+  support::View v1951 = arena_.view(34816, 256);
+  support::View v1954 = arena_.view(32768, 512);
+  support::View v2047 = arena_.view(35840, 64);
+  support::View v2032(param116_decoder_attention_1_1_q_vc); // updated in place
+  support::View v2048 = arena_.view(34816, 256);
+  support::View v2051 = arena_.view(32768, 512);
+  support::View v2085 = arena_.view(35840, 64);
+  support::View v2070(param118_decoder_attention_1_1_k_vc); // updated in place
+  support::View v2086 = arena_.view(34816, 256);
+  support::View v2089 = arena_.view(32768, 512);
+  support::View v2123 = arena_.view(35840, 64);
+  support::View v2108(param120_decoder_attention_1_1_v_vc); // updated in place
+  support::View v2124 = arena_.view(34816, 256);
+  support::View v2127 = arena_.view(32768, 512);
+  support::View v2204(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v2212 = arena_.view(32768, 32);
+  support::View v2217 = arena_.view(16384, 1);
+  support::View v2219 = arena_.view(36864, 32);
+  support::View v2205(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v2220 = arena_.view(36992, 32);
+  support::View v2223 = arena_.view(32768, 1024);
+  support::View v2257 = arena_.view(90112, 32);
+  support::View v2242(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v2258 = arena_.view(90368, 32);
+  support::View v2261 = arena_.view(36864, 1024);
+  support::View v1877 = arena_.view(77824, 512);
+  support::View v1879 = arena_.view(92544, 1);
+  support::View v1915 = arena_.view(79872, 512);
+  support::View v1917 = arena_.view(92608, 1);
+  support::View v1953 = arena_.view(81920, 512);
+  support::View v1955 = arena_.view(92672, 1);
+  support::View v2050 = arena_.view(83968, 512);
+  support::View v2052 = arena_.view(92736, 1);
+  support::View v2088 = arena_.view(86016, 512);
+  support::View v2090 = arena_.view(92800, 1);
+  support::View v2126 = arena_.view(88064, 512);
+  support::View v2128 = arena_.view(92864, 1);
+  support::View v2222 = arena_.view(16384, 1024);
+  support::View v2224 = arena_.view(92928, 1);
+  support::View v2260 = arena_.view(32768, 1024);
+  support::View v2262 = arena_.view(90112, 1);
+  repeated2(v1858, v1871, v1874, v1865, v716, v1859, v708, v1875, v427, v1877, v1878, v1879, v1896,
+            v1909, v1912, v1903, v1897, v1913, v424, v1915, v1916, v1917, v1934, v1947, v1950,
+            v1941, v1935, v1951, v420, v1953, v1954, v1955, v2031, v2044, v2047, v2038, v2032,
+            v2048, v390, v2050, v2051, v2052, v2069, v2082, v2085, v2076, v2070, v2086, v388, v2088,
+            v2089, v2090, v2107, v2120, v2123, v2114, v2108, v2124, v384, v2126, v2127, v2128,
+            v2206, v2204, v2212, v2203, v2217, v2219, v2205, v2220, v355, v2222, v2223, v2224,
+            v2241, v2254, v2257, v2248, v2242, v2258, v350, v2260, v2261, v2262);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
-  // 152:3; merged with 28 more partial sums over model (%797, %858, %896, ...): 116 B in one
+  // 152:3; merged with 28 more partial sums over model (%773, %834, %872, ...): 116 B in one
   // buffer)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_model,
-                           {v757,  v796,  v857,  v895,  v933,  v1029, v1067, v1128, v1166, v1204,
-                            v1300, v1338, v1398, v1459, v1497, v1535, v1632, v1670, v1708, v1804,
-                            v1842, v1903, v1941, v1979, v2076, v2114, v2152, v2248, v2286});
+                           {v733,  v772,  v833,  v871,  v909,  v1005, v1043, v1104, v1142, v1180,
+                            v1276, v1314, v1374, v1435, v1473, v1511, v1608, v1646, v1684, v1780,
+                            v1818, v1879, v1917, v1955, v2052, v2090, v2128, v2224, v2262});
 
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v761 = arena_.view(36864, 1);
-  support::View v765 = arena_.view(192256, 1);
-  support::View v769 = arena_.view(36928, 1);
+  support::View v737 = arena_.view(36864, 1);
+  support::View v741 = arena_.view(192256, 1);
+  support::View v705 = arena_.view(90624, 1);
+  support::View v745 = arena_.view(36928, 1);
   support::View v32(param0_encoder_relative_bias_table); // updated in place
-  repeated16(v757, v761, v765, v729, v769, v755, v32);
+  repeated18(v733, v737, v741, v705, v745, v731, v32);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v800 = arena_.view(36864, 1);
+  support::View v776 = arena_.view(36864, 1);
   {
-    float *__restrict v800p = v800.data();
-    const float *__restrict v796p = v796.data();
-    const float s0 = v796p[0];
+    float *__restrict v776p = v776.data();
+    const float *__restrict v772p = v772.data();
+    const float s0 = v772p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v800p[0] = s5;
+    v776p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v803 = arena_.view(192320, 1);
-  support::View v807 = arena_.view(36928, 1);
+  support::View v779 = arena_.view(192320, 1);
+  support::View v783 = arena_.view(36928, 1);
   {
-    float *__restrict v807p = v807.data();
-    const float *__restrict v803p = v803.data();
-    const float *__restrict v729p = v729.data();
-    const float s0 = v803p[0];
+    float *__restrict v783p = v783.data();
+    const float *__restrict v779p = v779.data();
+    const float *__restrict v705p = v705.data();
+    const float s0 = v779p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
-    const float s4 = v729p[0];
+    const float s4 = v705p[0];
     const float s5 = (s3 * s4);
-    v807p[0] = s5;
+    v783p[0] = s5;
   }
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/shared/embedding
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
-    const float *__restrict v794p = v794.data();
-    const float *__restrict v800p = v800.data();
-    const float *__restrict v807p = v807.data();
+    const float *__restrict v770p = v770.data();
+    const float *__restrict v776p = v776.data();
+    const float *__restrict v783p = v783.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v794p[i0];
-      const float s1 = v800p[0];
+      const float s0 = v770p[i0];
+      const float s1 = v776p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v807p[0];
+      const float s3 = v783p[0];
       const float s4 = (s2 * s3);
       const float s5 = v35p[i0];
       const float s6 = (s5 - s4);
@@ -6804,260 +6516,345 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v813(param51_encoder_rms_norm_0_scale_v); // updated in place
-  support::View v819 = arena_.view(20480, 32);
-  support::View v820 = arena_.view(20608, 32);
-  support::View v821 = arena_.view(20736, 1);
-  support::View v824 = arena_.view(20800, 1);
-  support::View v826 = arena_.view(20608, 32);
-  support::View v827 = arena_.view(20736, 1);
-  support::View v830 = arena_.view(20608, 1);
-  support::View v861 = arena_.view(20480, 1);
-  support::View v864 = arena_.view(192384, 1);
-  support::View v868 = arena_.view(20544, 1);
-  support::View v899 = arena_.view(20480, 1);
-  support::View v902 = arena_.view(192448, 1);
-  support::View v906 = arena_.view(20544, 1);
-  support::View v937 = arena_.view(20480, 1);
-  support::View v940 = arena_.view(192512, 1);
-  support::View v944 = arena_.view(20544, 1);
-  support::View v973 = arena_.view(20480, 1);
-  support::View v976 = arena_.view(192576, 1);
-  support::View v980 = arena_.view(20544, 1);
-  support::View v986(param60_encoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v992 = arena_.view(20480, 32);
-  support::View v993 = arena_.view(20608, 32);
-  support::View v994 = arena_.view(20736, 1);
-  support::View v997 = arena_.view(20800, 1);
-  support::View v999 = arena_.view(20608, 32);
-  support::View v1000 = arena_.view(20736, 1);
-  support::View v1003 = arena_.view(20608, 1);
-  support::View v1033 = arena_.view(20480, 1);
-  support::View v1036 = arena_.view(192640, 1);
-  support::View v1040 = arena_.view(20544, 1);
-  support::View v1071 = arena_.view(0, 1);
-  support::View v1074 = arena_.view(192704, 1);
-  support::View v1078 = arena_.view(64, 1);
-  support::View v1084(param65_encoder_rms_norm_1_scale_v); // updated in place
-  support::View v1090 = arena_.view(0, 32);
-  support::View v1091 = arena_.view(128, 32);
-  support::View v1092 = arena_.view(256, 1);
-  support::View v1095 = arena_.view(320, 1);
-  support::View v1097 = arena_.view(128, 32);
-  support::View v1098 = arena_.view(256, 1);
-  support::View v1101 = arena_.view(128, 1);
-  support::View v1132 = arena_.view(0, 1);
-  support::View v1135 = arena_.view(192768, 1);
-  support::View v1139 = arena_.view(64, 1);
-  support::View v1170 = arena_.view(0, 1);
-  support::View v1173 = arena_.view(192832, 1);
-  support::View v1177 = arena_.view(64, 1);
-  support::View v1208 = arena_.view(0, 1);
-  support::View v1211 = arena_.view(192896, 1);
-  support::View v1215 = arena_.view(64, 1);
-  support::View v1244 = arena_.view(0, 1);
-  support::View v1247 = arena_.view(192960, 1);
-  support::View v1251 = arena_.view(64, 1);
-  support::View v1257(param74_encoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v1263 = arena_.view(0, 32);
-  support::View v1264 = arena_.view(128, 32);
-  support::View v1265 = arena_.view(256, 1);
-  support::View v1268 = arena_.view(320, 1);
-  support::View v1270 = arena_.view(128, 32);
-  support::View v1271 = arena_.view(256, 1);
-  support::View v1274 = arena_.view(128, 1);
-  support::View v1307 = arena_.view(193024, 1);
-  support::View v1304 = arena_.view(0, 1);
-  support::View v1311 = arena_.view(64, 1);
-  repeated0(v695, v740, v813, v732, v819, v820, v821, v824, v38, v826, v827, v729, v830, v857, v861,
-            v864, v868, v855, v47, v895, v899, v902, v906, v893, v48, v933, v937, v940, v944, v931,
-            v49, v969, v973, v976, v980, v967, v50, v656, v986, v992, v993, v994, v997, v62, v999,
-            v1000, v1003, v1029, v1033, v1036, v1040, v1027, v71, v1067, v1071, v1074, v1078, v1065,
-            v72, v632, v1084, v1090, v1091, v1092, v1095, v78, v1097, v1098, v1101, v1128, v1132,
-            v1135, v1139, v1126, v87, v1166, v1170, v1173, v1177, v1164, v88, v1204, v1208, v1211,
-            v1215, v1202, v89, v1240, v1244, v1247, v1251, v1238, v90, v594, v1257, v1263, v1264,
-            v1265, v1268, v102, v1270, v1271, v1274, v1300, v1304, v1307, v1311);
+  support::View v671 = arena_.view(102656, 32);
+  support::View v789(param51_encoder_rms_norm_0_scale_v); // updated in place
+  support::View v795 = arena_.view(20480, 32);
+  support::View v796 = arena_.view(20608, 32);
+  support::View v797 = arena_.view(20736, 1);
+  support::View v800 = arena_.view(20800, 1);
+  support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
+  support::View v802 = arena_.view(20608, 32);
+  support::View v803 = arena_.view(20736, 1);
+  support::View v806 = arena_.view(20608, 1);
+  support::View v837 = arena_.view(20480, 1);
+  support::View v840 = arena_.view(192384, 1);
+  support::View v844 = arena_.view(20544, 1);
+  support::View v47(param3_encoder_attention_0_q); // updated in place
+  support::View v875 = arena_.view(20480, 1);
+  support::View v878 = arena_.view(192448, 1);
+  support::View v882 = arena_.view(20544, 1);
+  support::View v48(param4_encoder_attention_0_k); // updated in place
+  support::View v913 = arena_.view(20480, 1);
+  support::View v916 = arena_.view(192512, 1);
+  support::View v920 = arena_.view(20544, 1);
+  support::View v49(param5_encoder_attention_0_v); // updated in place
+  support::View v949 = arena_.view(20480, 1);
+  support::View v952 = arena_.view(192576, 1);
+  support::View v956 = arena_.view(20544, 1);
+  support::View v943 = arena_.view(49152, 512);
+  support::View v50(param6_encoder_attention_0_o); // updated in place
+  support::View v633 = arena_.view(102528, 32);
+  support::View v962(param60_encoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v968 = arena_.view(20480, 32);
+  support::View v969 = arena_.view(20608, 32);
+  support::View v970 = arena_.view(20736, 1);
+  support::View v973 = arena_.view(20800, 1);
+  support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
+  support::View v975 = arena_.view(20608, 32);
+  support::View v976 = arena_.view(20736, 1);
+  support::View v979 = arena_.view(20608, 1);
+  support::View v1009 = arena_.view(20480, 1);
+  support::View v1012 = arena_.view(192640, 1);
+  support::View v1016 = arena_.view(20544, 1);
+  support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
+  support::View v1047 = arena_.view(0, 1);
+  support::View v1050 = arena_.view(192704, 1);
+  support::View v1054 = arena_.view(64, 1);
+  support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
+  support::View v610 = arena_.view(102400, 32);
+  support::View v1060(param65_encoder_rms_norm_1_scale_v); // updated in place
+  support::View v1066 = arena_.view(0, 32);
+  support::View v1067 = arena_.view(128, 32);
+  support::View v1068 = arena_.view(256, 1);
+  support::View v1071 = arena_.view(320, 1);
+  support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
+  support::View v1073 = arena_.view(128, 32);
+  support::View v1074 = arena_.view(256, 1);
+  support::View v1077 = arena_.view(128, 1);
+  support::View v1108 = arena_.view(0, 1);
+  support::View v1111 = arena_.view(192768, 1);
+  support::View v1115 = arena_.view(64, 1);
+  support::View v85(param11_encoder_attention_1_q); // updated in place
+  support::View v1146 = arena_.view(0, 1);
+  support::View v1149 = arena_.view(192832, 1);
+  support::View v1153 = arena_.view(64, 1);
+  support::View v86(param12_encoder_attention_1_k); // updated in place
+  support::View v1184 = arena_.view(0, 1);
+  support::View v1187 = arena_.view(192896, 1);
+  support::View v1191 = arena_.view(64, 1);
+  support::View v87(param13_encoder_attention_1_v); // updated in place
+  support::View v1220 = arena_.view(0, 1);
+  support::View v1223 = arena_.view(192960, 1);
+  support::View v1227 = arena_.view(64, 1);
+  support::View v1214 = arena_.view(59392, 512);
+  support::View v88(param14_encoder_attention_1_o); // updated in place
+  support::View v573 = arena_.view(108544, 32);
+  support::View v1233(param74_encoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v1239 = arena_.view(0, 32);
+  support::View v1240 = arena_.view(128, 32);
+  support::View v1241 = arena_.view(256, 1);
+  support::View v1244 = arena_.view(320, 1);
+  support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
+  support::View v1246 = arena_.view(128, 32);
+  support::View v1247 = arena_.view(256, 1);
+  support::View v1250 = arena_.view(128, 1);
+  support::View v1283 = arena_.view(193024, 1);
+  support::View v1280 = arena_.view(0, 1);
+  support::View v1287 = arena_.view(64, 1);
+  repeated0(v671, v716, v789, v708, v795, v796, v797, v800, v38, v802, v803, v705, v806, v833, v837,
+            v840, v844, v831, v47, v871, v875, v878, v882, v869, v48, v909, v913, v916, v920, v907,
+            v49, v945, v949, v952, v956, v943, v50, v633, v962, v968, v969, v970, v973, v62, v975,
+            v976, v979, v1005, v1009, v1012, v1016, v1003, v70, v1043, v1047, v1050, v1054, v1041,
+            v71, v610, v1060, v1066, v1067, v1068, v1071, v77, v1073, v1074, v1077, v1104, v1108,
+            v1111, v1115, v1102, v85, v1142, v1146, v1149, v1153, v1140, v86, v1180, v1184, v1187,
+            v1191, v1178, v87, v1216, v1220, v1223, v1227, v1214, v88, v573, v1233, v1239, v1240,
+            v1241, v1244, v100, v1246, v1247, v1250, v1276, v1280, v1283, v1287);
 
   // 11 statements from t5.mesh:152:3 div (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1342 = arena_.view(0, 1);
-  support::View v1345 = arena_.view(193088, 1);
-  support::View v1349 = arena_.view(64, 1);
-  support::View v1355(param79_encoder_rms_norm_scale_v); // updated in place
-  support::View v1361 = arena_.view(0, 32);
-  support::View v1362 = arena_.view(128, 32);
-  support::View v1363 = arena_.view(256, 1);
-  support::View v1366 = arena_.view(320, 1);
-  support::View v1368 = arena_.view(128, 32);
-  support::View v1369 = arena_.view(256, 1);
-  support::View v1372 = arena_.view(128, 1);
-  repeated10(v1298, v1304, v1311, v111, v1338, v1342, v1345, v729, v1349, v1336, v112, v571, v740,
-             v1355, v732, v1361, v1362, v1363, v1366, v118, v1368, v1369, v1372);
+  support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
+  support::View v1318 = arena_.view(0, 1);
+  support::View v1321 = arena_.view(193088, 1);
+  support::View v1325 = arena_.view(64, 1);
+  support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
+  support::View v551 = arena_.view(126976, 32);
+  support::View v1331(param79_encoder_rms_norm_scale_v); // updated in place
+  support::View v1337 = arena_.view(0, 32);
+  support::View v1338 = arena_.view(128, 32);
+  support::View v1339 = arena_.view(256, 1);
+  support::View v1342 = arena_.view(320, 1);
+  support::View v115(param18_encoder_rms_norm_scale); // updated in place
+  support::View v1344 = arena_.view(128, 32);
+  support::View v1345 = arena_.view(256, 1);
+  support::View v1348 = arena_.view(128, 1);
+  repeated9(v1274, v1280, v1287, v108, v1314, v1318, v1321, v705, v1325, v1312, v109, v551, v716,
+            v1331, v708, v1337, v1338, v1339, v1342, v115, v1344, v1345, v1348);
 
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1402 = arena_.view(0, 1);
-  support::View v1405 = arena_.view(193152, 1);
-  support::View v1409 = arena_.view(64, 1);
-  support::View v158(param19_decoder_relative_bias_table); // updated in place
-  repeated16(v1398, v1402, v1405, v729, v1409, v1396, v158);
+  support::View v1378 = arena_.view(0, 1);
+  support::View v1381 = arena_.view(193152, 1);
+  support::View v1385 = arena_.view(64, 1);
+  support::View v154(param19_decoder_relative_bias_table); // updated in place
+  repeated18(v1374, v1378, v1381, v705, v1385, v1372, v154);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1415(param82_decoder_rms_norm_0_scale_v); // updated in place
-  support::View v1421 = arena_.view(0, 32);
-  support::View v1422 = arena_.view(128, 32);
-  support::View v1423 = arena_.view(256, 1);
-  support::View v1426 = arena_.view(320, 1);
-  support::View v1428 = arena_.view(128, 32);
-  support::View v1429 = arena_.view(256, 1);
-  support::View v1432 = arena_.view(128, 1);
-  support::View v1466 = arena_.view(193216, 1);
-  support::View v1463 = arena_.view(0, 1);
-  support::View v1470 = arena_.view(64, 1);
-  repeated13(v547, v740, v1415, v732, v1421, v1422, v1423, v1426, v177, v1428, v1429, v729, v1432,
-             v1459, v1463, v1466, v1470);
+  support::View v528 = arena_.view(141312, 32);
+  support::View v1391(param82_decoder_rms_norm_0_scale_v); // updated in place
+  support::View v1397 = arena_.view(0, 32);
+  support::View v1398 = arena_.view(128, 32);
+  support::View v1399 = arena_.view(256, 1);
+  support::View v1402 = arena_.view(320, 1);
+  support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
+  support::View v1404 = arena_.view(128, 32);
+  support::View v1405 = arena_.view(256, 1);
+  support::View v1408 = arena_.view(128, 1);
+  support::View v1442 = arena_.view(193216, 1);
+  support::View v1439 = arena_.view(0, 1);
+  support::View v1446 = arena_.view(64, 1);
+  repeated12(v528, v716, v1391, v708, v1397, v1398, v1399, v1402, v173, v1404, v1405, v705, v1408,
+             v1435, v1439, v1442, v1446);
 
   // 10 statements from t5.mesh:152:3 div (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1501 = arena_.view(0, 1);
-  support::View v1504 = arena_.view(193280, 1);
-  support::View v1508 = arena_.view(64, 1);
-  support::View v1539 = arena_.view(0, 1);
-  support::View v1542 = arena_.view(193344, 1);
-  support::View v1546 = arena_.view(64, 1);
-  support::View v1575 = arena_.view(0, 1);
-  support::View v1578 = arena_.view(193408, 1);
-  support::View v1582 = arena_.view(64, 1);
-  repeated11(v1457, v1463, v1470, v186, v1497, v1501, v1504, v729, v1508, v1495, v187, v1535, v1539,
-             v1542, v1546, v1533, v188, v1571, v1575, v1578, v1582, v1569, v189);
+  support::View v182(param21_decoder_attention_0_q); // updated in place
+  support::View v1477 = arena_.view(0, 1);
+  support::View v1480 = arena_.view(193280, 1);
+  support::View v1484 = arena_.view(64, 1);
+  support::View v183(param22_decoder_attention_0_k); // updated in place
+  support::View v1515 = arena_.view(0, 1);
+  support::View v1518 = arena_.view(193344, 1);
+  support::View v1522 = arena_.view(64, 1);
+  support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v1551 = arena_.view(0, 1);
+  support::View v1554 = arena_.view(193408, 1);
+  support::View v1558 = arena_.view(64, 1);
+  support::View v185(param24_decoder_attention_0_o); // updated in place
+  repeated10(v1433, v1439, v1446, v182, v1473, v1477, v1480, v705, v1484, v1471, v183, v1511, v1515,
+             v1518, v1522, v1509, v184, v1547, v1551, v1554, v1558, v1545, v185);
+}
+
+void T5Train::runPart6(const Inputs &inputs) {
+  (void)inputs;
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1588(param91_decoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v1594 = arena_.view(0, 32);
-  support::View v1595 = arena_.view(128, 32);
-  support::View v1596 = arena_.view(256, 1);
-  support::View v1599 = arena_.view(320, 1);
-  support::View v1601 = arena_.view(128, 32);
-  support::View v1602 = arena_.view(256, 1);
-  support::View v1605 = arena_.view(128, 1);
-  support::View v1636 = arena_.view(0, 1);
-  support::View v1639 = arena_.view(193472, 1);
-  support::View v1643 = arena_.view(64, 1);
-  support::View v1674 = arena_.view(0, 1);
-  support::View v1677 = arena_.view(193536, 1);
-  support::View v1681 = arena_.view(64, 1);
-  support::View v1712 = arena_.view(0, 1);
-  support::View v1715 = arena_.view(193600, 1);
-  support::View v1719 = arena_.view(64, 1);
-  support::View v1748 = arena_.view(0, 1);
-  support::View v1751 = arena_.view(193664, 1);
-  support::View v1755 = arena_.view(64, 1);
-  support::View v1761(param100_decoder_rms_norm_2_0_scale_v); // updated in place
-  support::View v1767 = arena_.view(0, 32);
-  support::View v1768 = arena_.view(128, 32);
-  support::View v1769 = arena_.view(256, 1);
-  support::View v1772 = arena_.view(320, 1);
-  support::View v1774 = arena_.view(128, 32);
-  support::View v1775 = arena_.view(256, 1);
-  support::View v1778 = arena_.view(128, 1);
-  support::View v1808 = arena_.view(0, 1);
-  support::View v1811 = arena_.view(193728, 1);
-  support::View v1815 = arena_.view(64, 1);
-  support::View v1846 = arena_.view(0, 1);
-  support::View v1849 = arena_.view(193792, 1);
-  support::View v1853 = arena_.view(64, 1);
-  support::View v1859(param105_decoder_rms_norm_1_scale_v); // updated in place
-  support::View v1865 = arena_.view(0, 32);
-  support::View v1866 = arena_.view(128, 32);
-  support::View v1867 = arena_.view(256, 1);
-  support::View v1870 = arena_.view(320, 1);
-  support::View v1872 = arena_.view(128, 32);
-  support::View v1873 = arena_.view(256, 1);
-  support::View v1876 = arena_.view(128, 1);
-  support::View v1907 = arena_.view(0, 1);
-  support::View v1910 = arena_.view(193856, 1);
-  support::View v1914 = arena_.view(64, 1);
-  support::View v1945 = arena_.view(0, 1);
-  support::View v1948 = arena_.view(193920, 1);
-  support::View v1952 = arena_.view(64, 1);
-  support::View v1983 = arena_.view(0, 1);
-  support::View v1986 = arena_.view(193984, 1);
-  support::View v1990 = arena_.view(64, 1);
-  support::View v2019 = arena_.view(0, 1);
-  support::View v2022 = arena_.view(194048, 1);
-  support::View v2026 = arena_.view(64, 1);
-  support::View v2032(param114_decoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v2038 = arena_.view(0, 32);
-  support::View v2039 = arena_.view(128, 32);
-  support::View v2040 = arena_.view(256, 1);
-  support::View v2043 = arena_.view(320, 1);
-  support::View v2045 = arena_.view(128, 32);
-  support::View v2046 = arena_.view(256, 1);
-  support::View v2049 = arena_.view(128, 1);
-  support::View v2083 = arena_.view(194112, 1);
-  support::View v2080 = arena_.view(0, 1);
-  support::View v2087 = arena_.view(64, 1);
-  repeated0(v508, v740, v1588, v732, v1594, v1595, v1596, v1599, v201, v1601, v1602, v729, v1605,
-            v1632, v1636, v1639, v1643, v1630, v210, v1670, v1674, v1677, v1681, v1668, v211, v1708,
-            v1712, v1715, v1719, v1706, v212, v1744, v1748, v1751, v1755, v1742, v213, v471, v1761,
-            v1767, v1768, v1769, v1772, v226, v1774, v1775, v1778, v1804, v1808, v1811, v1815,
-            v1802, v235, v1842, v1846, v1849, v1853, v1840, v236, v447, v1859, v1865, v1866, v1867,
-            v1870, v242, v1872, v1873, v1876, v1903, v1907, v1910, v1914, v1901, v251, v1941, v1945,
-            v1948, v1952, v1939, v252, v1979, v1983, v1986, v1990, v1977, v253, v2015, v2019, v2022,
-            v2026, v2013, v254, v409, v2032, v2038, v2039, v2040, v2043, v266, v2045, v2046, v2049,
-            v2076, v2080, v2083, v2087);
+  support::View v490 = arena_.view(156160, 32);
+  support::View v716 = arena_.view(90752, 1);
+  support::View v1564(param91_decoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v708 = arena_.view(90688, 1);
+  support::View v1570 = arena_.view(0, 32);
+  support::View v1571 = arena_.view(128, 32);
+  support::View v1572 = arena_.view(256, 1);
+  support::View v1575 = arena_.view(320, 1);
+  support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
+  support::View v1577 = arena_.view(128, 32);
+  support::View v1578 = arena_.view(256, 1);
+  support::View v705 = arena_.view(90624, 1);
+  support::View v1581 = arena_.view(128, 1);
+  support::View v1608 = arena_.view(92224, 1);
+  support::View v1612 = arena_.view(0, 1);
+  support::View v1615 = arena_.view(193472, 1);
+  support::View v1619 = arena_.view(64, 1);
+  support::View v1606 = arena_.view(71680, 512);
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v1646 = arena_.view(92288, 1);
+  support::View v1650 = arena_.view(0, 1);
+  support::View v1653 = arena_.view(193536, 1);
+  support::View v1657 = arena_.view(64, 1);
+  support::View v1644 = arena_.view(73728, 512);
+  support::View v206(param27_decoder_attention_1_0_k); // updated in place
+  support::View v1684 = arena_.view(92352, 1);
+  support::View v1688 = arena_.view(0, 1);
+  support::View v1691 = arena_.view(193600, 1);
+  support::View v1695 = arena_.view(64, 1);
+  support::View v1682 = arena_.view(75776, 512);
+  support::View v207(param28_decoder_attention_1_0_v); // updated in place
+  support::View v1720 = arena_.view(91008, 1);
+  support::View v1724 = arena_.view(0, 1);
+  support::View v1727 = arena_.view(193664, 1);
+  support::View v1731 = arena_.view(64, 1);
+  support::View v1718 = arena_.view(63488, 512);
+  support::View v208(param29_decoder_attention_1_0_o); // updated in place
+  support::View v454 = arena_.view(183296, 32);
+  support::View v1737(param100_decoder_rms_norm_2_0_scale_v); // updated in place
+  support::View v1743 = arena_.view(0, 32);
+  support::View v1744 = arena_.view(128, 32);
+  support::View v1745 = arena_.view(256, 1);
+  support::View v1748 = arena_.view(320, 1);
+  support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
+  support::View v1750 = arena_.view(128, 32);
+  support::View v1751 = arena_.view(256, 1);
+  support::View v1754 = arena_.view(128, 1);
+  support::View v1780 = arena_.view(92416, 1);
+  support::View v1784 = arena_.view(0, 1);
+  support::View v1787 = arena_.view(193728, 1);
+  support::View v1791 = arena_.view(64, 1);
+  support::View v1778 = arena_.view(12288, 1024);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v1818 = arena_.view(92480, 1);
+  support::View v1822 = arena_.view(0, 1);
+  support::View v1825 = arena_.view(193792, 1);
+  support::View v1829 = arena_.view(64, 1);
+  support::View v1816 = arena_.view(28672, 1024);
+  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
+  support::View v431 = arena_.view(189440, 32);
+  support::View v1835(param105_decoder_rms_norm_1_scale_v); // updated in place
+  support::View v1841 = arena_.view(0, 32);
+  support::View v1842 = arena_.view(128, 32);
+  support::View v1843 = arena_.view(256, 1);
+  support::View v1846 = arena_.view(320, 1);
+  support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
+  support::View v1848 = arena_.view(128, 32);
+  support::View v1849 = arena_.view(256, 1);
+  support::View v1852 = arena_.view(128, 1);
+  support::View v1879 = arena_.view(92544, 1);
+  support::View v1883 = arena_.view(0, 1);
+  support::View v1886 = arena_.view(193856, 1);
+  support::View v1890 = arena_.view(64, 1);
+  support::View v1877 = arena_.view(77824, 512);
+  support::View v243(param34_decoder_attention_1_q); // updated in place
+  support::View v1917 = arena_.view(92608, 1);
+  support::View v1921 = arena_.view(0, 1);
+  support::View v1924 = arena_.view(193920, 1);
+  support::View v1928 = arena_.view(64, 1);
+  support::View v1915 = arena_.view(79872, 512);
+  support::View v244(param35_decoder_attention_1_k); // updated in place
+  support::View v1955 = arena_.view(92672, 1);
+  support::View v1959 = arena_.view(0, 1);
+  support::View v1962 = arena_.view(193984, 1);
+  support::View v1966 = arena_.view(64, 1);
+  support::View v1953 = arena_.view(81920, 512);
+  support::View v245(param36_decoder_attention_1_v); // updated in place
+  support::View v1991 = arena_.view(91072, 1);
+  support::View v1995 = arena_.view(0, 1);
+  support::View v1998 = arena_.view(194048, 1);
+  support::View v2002 = arena_.view(64, 1);
+  support::View v1989 = arena_.view(65536, 512);
+  support::View v246(param37_decoder_attention_1_o); // updated in place
+  support::View v394 = arena_.view(191872, 32);
+  support::View v2008(param114_decoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v2014 = arena_.view(0, 32);
+  support::View v2015 = arena_.view(128, 32);
+  support::View v2016 = arena_.view(256, 1);
+  support::View v2019 = arena_.view(320, 1);
+  support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
+  support::View v2021 = arena_.view(128, 32);
+  support::View v2022 = arena_.view(256, 1);
+  support::View v2025 = arena_.view(128, 1);
+  support::View v2052 = arena_.view(92736, 1);
+  support::View v2059 = arena_.view(194112, 1);
+  support::View v2056 = arena_.view(0, 1);
+  support::View v2063 = arena_.view(64, 1);
+  repeated0(v490, v716, v1564, v708, v1570, v1571, v1572, v1575, v197, v1577, v1578, v705, v1581,
+            v1608, v1612, v1615, v1619, v1606, v205, v1646, v1650, v1653, v1657, v1644, v206, v1684,
+            v1688, v1691, v1695, v1682, v207, v1720, v1724, v1727, v1731, v1718, v208, v454, v1737,
+            v1743, v1744, v1745, v1748, v220, v1750, v1751, v1754, v1780, v1784, v1787, v1791,
+            v1778, v228, v1818, v1822, v1825, v1829, v1816, v229, v431, v1835, v1841, v1842, v1843,
+            v1846, v235, v1848, v1849, v1852, v1879, v1883, v1886, v1890, v1877, v243, v1917, v1921,
+            v1924, v1928, v1915, v244, v1955, v1959, v1962, v1966, v1953, v245, v1991, v1995, v1998,
+            v2002, v1989, v246, v394, v2008, v2014, v2015, v2016, v2019, v258, v2021, v2022, v2025,
+            v2052, v2056, v2059, v2063);
 
   // 10 statements from t5.mesh:152:3 div (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2118 = arena_.view(0, 1);
-  support::View v2121 = arena_.view(194176, 1);
-  support::View v2125 = arena_.view(64, 1);
-  support::View v2156 = arena_.view(0, 1);
-  support::View v2159 = arena_.view(194240, 1);
-  support::View v2163 = arena_.view(64, 1);
-  support::View v2192 = arena_.view(0, 1);
-  support::View v2195 = arena_.view(194304, 1);
-  support::View v2199 = arena_.view(64, 1);
-  repeated11(v2074, v2080, v2087, v275, v2114, v2118, v2121, v729, v2125, v2112, v276, v2152, v2156,
-             v2159, v2163, v2150, v277, v2188, v2192, v2195, v2199, v2186, v278);
+  support::View v2050 = arena_.view(83968, 512);
+  support::View v266(param39_decoder_attention_1_1_q); // updated in place
+  support::View v2090 = arena_.view(92800, 1);
+  support::View v2094 = arena_.view(0, 1);
+  support::View v2097 = arena_.view(194176, 1);
+  support::View v2101 = arena_.view(64, 1);
+  support::View v2088 = arena_.view(86016, 512);
+  support::View v267(param40_decoder_attention_1_1_k); // updated in place
+  support::View v2128 = arena_.view(92864, 1);
+  support::View v2132 = arena_.view(0, 1);
+  support::View v2135 = arena_.view(194240, 1);
+  support::View v2139 = arena_.view(64, 1);
+  support::View v2126 = arena_.view(88064, 512);
+  support::View v268(param41_decoder_attention_1_1_v); // updated in place
+  support::View v2164 = arena_.view(91136, 1);
+  support::View v2168 = arena_.view(0, 1);
+  support::View v2171 = arena_.view(194304, 1);
+  support::View v2175 = arena_.view(64, 1);
+  support::View v2162 = arena_.view(67584, 512);
+  support::View v269(param42_decoder_attention_1_1_o); // updated in place
+  repeated10(v2050, v2056, v2063, v266, v2090, v2094, v2097, v705, v2101, v2088, v267, v2128, v2132,
+             v2135, v2139, v2126, v268, v2164, v2168, v2171, v2175, v2162, v269);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2205(param123_decoder_rms_norm_2_1_scale_v); // updated in place
-  support::View v2211 = arena_.view(0, 32);
-  support::View v2212 = arena_.view(128, 32);
-  support::View v2213 = arena_.view(256, 1);
-  support::View v2216 = arena_.view(320, 1);
-  support::View v2218 = arena_.view(128, 32);
-  support::View v2219 = arena_.view(256, 1);
-  support::View v2222 = arena_.view(128, 1);
-  support::View v2255 = arena_.view(194368, 1);
-  support::View v2252 = arena_.view(0, 1);
-  support::View v2259 = arena_.view(64, 1);
-  repeated13(v373, v740, v2205, v732, v2211, v2212, v2213, v2216, v290, v2218, v2219, v729, v2222,
-             v2248, v2252, v2255, v2259);
+  support::View v359 = arena_.view(191744, 32);
+  support::View v2181(param123_decoder_rms_norm_2_1_scale_v); // updated in place
+  support::View v2187 = arena_.view(0, 32);
+  support::View v2188 = arena_.view(128, 32);
+  support::View v2189 = arena_.view(256, 1);
+  support::View v2192 = arena_.view(320, 1);
+  support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
+  support::View v2194 = arena_.view(128, 32);
+  support::View v2195 = arena_.view(256, 1);
+  support::View v2198 = arena_.view(128, 1);
+  support::View v2224 = arena_.view(92928, 1);
+  support::View v2231 = arena_.view(194368, 1);
+  support::View v2228 = arena_.view(0, 1);
+  support::View v2235 = arena_.view(64, 1);
+  repeated12(v359, v716, v2181, v708, v2187, v2188, v2189, v2192, v281, v2194, v2195, v705, v2198,
+             v2224, v2228, v2231, v2235);
 
   // 11 statements from t5.mesh:152:3 div (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2290 = arena_.view(0, 1);
-  support::View v2293 = arena_.view(194432, 1);
-  support::View v2297 = arena_.view(64, 1);
-  support::View v2303(param128_decoder_rms_norm_scale_v); // updated in place
-  support::View v2309 = arena_.view(0, 32);
-  support::View v2310 = arena_.view(128, 32);
-  support::View v2311 = arena_.view(256, 1);
-  support::View v2314 = arena_.view(320, 1);
-  support::View v2316 = arena_.view(128, 32);
-  support::View v2317 = arena_.view(256, 1);
-  support::View v2320 = arena_.view(128, 1);
-  repeated10(v2246, v2252, v2259, v299, v2286, v2290, v2293, v729, v2297, v2284, v300, v347, v740,
-             v2303, v732, v2309, v2310, v2311, v2314, v306, v2316, v2317, v2320);
-
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  group_data_model.wait(request0);
+  support::View v2222 = arena_.view(16384, 1024);
+  support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
+  support::View v2262 = arena_.view(90112, 1);
+  support::View v2266 = arena_.view(0, 1);
+  support::View v2269 = arena_.view(194432, 1);
+  support::View v2273 = arena_.view(64, 1);
+  support::View v2260 = arena_.view(32768, 1024);
+  support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
+  support::View v334 = arena_.view(191616, 32);
+  support::View v2279(param128_decoder_rms_norm_scale_v); // updated in place
+  support::View v2285 = arena_.view(0, 32);
+  support::View v2286 = arena_.view(128, 32);
+  support::View v2287 = arena_.view(256, 1);
+  support::View v2290 = arena_.view(320, 1);
+  support::View v296(param46_decoder_rms_norm_scale); // updated in place
+  support::View v2292 = arena_.view(128, 32);
+  support::View v2293 = arena_.view(256, 1);
+  support::View v2296 = arena_.view(128, 1);
+  repeated9(v2222, v2228, v2235, v289, v2262, v2266, v2269, v705, v2273, v2260, v290, v334, v716,
+            v2279, v708, v2285, v2286, v2287, v2290, v296, v2292, v2293, v2296);
 }
 
 void T5Train::repeated0(
@@ -7087,7 +6884,6 @@ void T5Train::repeated0(
     support::View a95, support::View a96, support::View a97, support::View a98, support::View a99,
     support::View a100, support::View a101, support::View a102, support::ConstView a103,
     support::View a104, support::ConstView a105, support::View a106) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -7097,7 +6893,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -7127,7 +6922,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -7138,7 +6932,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -7152,7 +6945,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -7164,7 +6956,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -7175,7 +6966,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -7192,7 +6982,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[0]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -7213,7 +7002,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -7229,7 +7017,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -7246,7 +7033,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -7267,7 +7053,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -7283,7 +7068,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -7300,7 +7084,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -7321,7 +7104,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -7337,7 +7119,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -7354,7 +7135,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -7375,7 +7155,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a31p = a31.data();
@@ -7391,7 +7170,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -7408,7 +7186,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -7434,7 +7211,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -7464,7 +7240,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {32};
@@ -7475,7 +7250,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -7489,7 +7263,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a43p = a43.data();
@@ -7501,7 +7274,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32};
@@ -7512,7 +7284,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a45p = a45.data();
@@ -7529,7 +7300,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -7550,7 +7320,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -7566,7 +7335,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a49p = a49.data();
@@ -7583,7 +7351,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a52p = a52.data();
     const float *__restrict a51p = a51.data();
@@ -7604,7 +7371,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a53p = a53.data();
@@ -7620,7 +7386,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a55p = a55.data();
@@ -7637,7 +7402,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a58p = a58.data();
     const float *__restrict a57p = a57.data();
@@ -7663,7 +7427,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a60p = a60.data();
     float *__restrict a61p = a61.data();
@@ -7693,7 +7456,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {};
   static const support::Shape shape33_3 = {};
   static const support::Shape shape33_4 = {32};
@@ -7704,7 +7466,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a63p = a63.data();
@@ -7718,7 +7479,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -7730,7 +7490,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape36_1 = {};
   static const support::Shape shape36_3 = {};
   static const support::Shape shape36_4 = {32};
@@ -7741,7 +7500,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     const float *__restrict a67p = a67.data();
@@ -7758,7 +7516,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a65p = a65.data();
     const float *__restrict a61p = a61.data();
@@ -7779,7 +7536,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a70p = a70.data();
     const float *__restrict a69p = a69.data();
@@ -7795,7 +7551,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a72p = a72.data();
     const float *__restrict a71p = a71.data();
@@ -7812,7 +7567,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a74p = a74.data();
     const float *__restrict a73p = a73.data();
@@ -7833,7 +7587,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a75p = a75.data();
@@ -7849,7 +7602,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a77p = a77.data();
@@ -7866,7 +7618,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a80p = a80.data();
     const float *__restrict a79p = a79.data();
@@ -7887,7 +7638,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
@@ -7903,7 +7653,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a84p = a84.data();
     const float *__restrict a83p = a83.data();
@@ -7920,7 +7669,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a86p = a86.data();
     const float *__restrict a85p = a85.data();
@@ -7941,7 +7689,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a88p = a88.data();
     const float *__restrict a87p = a87.data();
@@ -7957,7 +7704,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a90p = a90.data();
     const float *__restrict a89p = a89.data();
@@ -7974,7 +7720,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a92p = a92.data();
     const float *__restrict a91p = a91.data();
@@ -8000,7 +7745,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
@@ -8030,7 +7774,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape52_1 = {};
   static const support::Shape shape52_3 = {};
   static const support::Shape shape52_4 = {32};
@@ -8041,7 +7784,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a98p = a98.data();
     const float *__restrict a97p = a97.data();
@@ -8055,7 +7797,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a100p = a100.data();
     const float *__restrict a99p = a99.data();
@@ -8067,7 +7808,6 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape55_1 = {};
   static const support::Shape shape55_3 = {};
   static const support::Shape shape55_4 = {32};
@@ -8078,7 +7818,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a102p = a102.data();
     const float *__restrict a101p = a101.data();
@@ -8095,7 +7834,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a99p = a99.data();
     const float *__restrict a95p = a95.data();
@@ -8116,7 +7854,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a104p = a104.data();
     const float *__restrict a103p = a103.data();
@@ -8132,7 +7869,6 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a106p = a106.data();
     const float *__restrict a105p = a105.data();
@@ -8165,11 +7901,9 @@ void T5Train::repeated1(
     support::View a59, support::View a60, support::View a61, support::ConstView a62,
     support::View a63, support::View a64, support::ConstView a65, support::View a66,
     support::View a67, support::View a68, support::View a69, support::View a70) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -8183,7 +7917,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -8192,7 +7925,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -8203,7 +7935,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -8222,7 +7953,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -8232,7 +7962,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -8246,7 +7975,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -8255,7 +7983,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -8266,7 +7993,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -8285,7 +8011,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -8295,7 +8020,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -8309,7 +8033,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -8318,7 +8041,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -8329,7 +8051,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -8348,7 +8069,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -8358,7 +8078,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -8372,7 +8091,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -8383,7 +8101,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -8402,7 +8119,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -8411,7 +8127,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -8421,7 +8136,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -8441,7 +8155,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -8465,7 +8178,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8489,7 +8201,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -8499,7 +8210,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -8513,7 +8223,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32, 8};
   static const support::Shape shape25_3 = {16, 1};
   static const support::Shape shape25_4 = {2};
@@ -8522,7 +8231,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape26_1 = {32, 2};
   static const support::Shape shape26_3 = {16, 8};
   static const support::Shape shape26_4 = {8};
@@ -8533,7 +8241,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -8552,7 +8259,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {2};
   static const support::Shape shape28_4 = {2};
@@ -8562,7 +8268,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -8576,7 +8281,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape30_1 = {32, 8};
   static const support::Shape shape30_3 = {16, 1};
   static const support::Shape shape30_4 = {2};
@@ -8585,7 +8289,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape31_1 = {32, 2};
   static const support::Shape shape31_3 = {16, 8};
   static const support::Shape shape31_4 = {8};
@@ -8596,7 +8299,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -8615,7 +8317,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {32};
   static const support::Shape shape33_3 = {2};
   static const support::Shape shape33_4 = {2};
@@ -8625,7 +8326,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a44p = a44.data();
@@ -8639,7 +8339,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape35_1 = {32, 8};
   static const support::Shape shape35_3 = {16, 1};
   static const support::Shape shape35_4 = {2};
@@ -8648,7 +8347,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape36_1 = {32, 2};
   static const support::Shape shape36_3 = {16, 8};
   static const support::Shape shape36_4 = {8};
@@ -8659,7 +8357,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -8678,7 +8375,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape38_1 = {32};
   static const support::Shape shape38_3 = {2};
   static const support::Shape shape38_4 = {2};
@@ -8688,7 +8384,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a50p = a50.data();
@@ -8702,7 +8397,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape40_1 = {2, 8};
   static const support::Shape shape40_3 = {256, 32};
   static const support::Shape shape40_4 = {32};
@@ -8713,7 +8407,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a52p = a52.data();
@@ -8732,7 +8425,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape42_1 = {2, 32};
   static const support::Shape shape42_3 = {256, 1};
   static const support::Shape shape42_4 = {8};
@@ -8741,7 +8433,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape43_1 = {2};
   static const support::Shape shape43_3 = {8};
   static const support::Shape shape43_4 = {8};
@@ -8751,7 +8442,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a53p = a53.data();
@@ -8771,7 +8461,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -8795,7 +8484,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -8819,7 +8507,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape47_1 = {};
   static const support::Shape shape47_3 = {};
   static const support::Shape shape47_4 = {2, 8, 32};
@@ -8829,7 +8516,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -8843,7 +8529,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape49_1 = {32};
   static const support::Shape shape49_3 = {32};
   static const support::Shape shape49_4 = {32};
@@ -8853,7 +8538,6 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -8867,7 +8551,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape51_1 = {32};
   static const support::Shape shape51_3 = {1};
   static const support::Shape shape51_4 = {32};
@@ -8876,7 +8559,6 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape52_1 = {32};
   static const support::Shape shape52_3 = {32};
   static const support::Shape shape52_4 = {32};
@@ -8887,7 +8569,6 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a68p = a68.data();
@@ -8906,7 +8587,6 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape54_1 = {};
   static const support::Shape shape54_3 = {};
   static const support::Shape shape54_4 = {32};
@@ -8937,11 +8617,9 @@ void T5Train::repeated2(
     support::View a72, support::View a73, support::ConstView a74, support::ConstView a75,
     support::View a76, support::ConstView a77, support::View a78, support::View a79,
     support::ConstView a80, support::View a81, support::View a82, support::View a83) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -8961,7 +8639,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -8985,7 +8662,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -9009,7 +8685,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -9019,7 +8694,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -9039,7 +8713,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -9063,7 +8736,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -9087,7 +8759,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -9097,7 +8768,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -9117,7 +8787,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -9141,7 +8810,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -9165,7 +8833,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -9175,7 +8842,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a32p = a32.data();
@@ -9195,7 +8861,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     float *__restrict a37p = a37.data();
@@ -9219,7 +8884,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     float *__restrict a40p = a40.data();
@@ -9243,7 +8907,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {32, 2, 8};
@@ -9253,7 +8916,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a42p = a42.data();
@@ -9273,7 +8935,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -9297,7 +8958,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -9321,7 +8981,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 2, 8};
@@ -9331,7 +8990,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a52p = a52.data();
@@ -9351,7 +9009,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     float *__restrict a57p = a57.data();
@@ -9375,7 +9032,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -9399,7 +9055,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 2, 8};
@@ -9410,7 +9065,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -9429,7 +9083,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {1};
   static const support::Shape shape25_4 = {32};
@@ -9438,7 +9091,6 @@ void T5Train::repeated2(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {32};
@@ -9448,7 +9100,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a67p = a67.data();
     const float *__restrict a63p = a63.data();
@@ -9466,7 +9117,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     float *__restrict a69p = a69.data();
@@ -9490,7 +9140,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a71p = a71.data();
     float *__restrict a72p = a72.data();
@@ -9512,7 +9161,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32, 32};
@@ -9522,7 +9170,6 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a74p = a74.data();
@@ -9540,7 +9187,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     float *__restrict a79p = a79.data();
@@ -9564,7 +9210,6 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a81p = a81.data();
     float *__restrict a82p = a82.data();
@@ -9586,7 +9231,6 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape34_1 = {};
   static const support::Shape shape34_3 = {};
   static const support::Shape shape34_4 = {32, 32};
@@ -9596,465 +9240,6 @@ void T5Train::repeated2(
 }
 
 void T5Train::repeated3(
-    support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
-    support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
-    support::View a8, support::View a9, support::ConstView a10, support::View a11,
-    support::View a12, support::ConstView a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::View a18, support::View a19, support::View a20,
-    support::View a21, support::ConstView a22, support::View a23, support::ConstView a24,
-    support::View a25, support::ConstView a26, support::ConstView a27, support::View a28,
-    support::ConstView a29, support::View a30, support::View a31, support::ConstView a32,
-    support::View a33, support::View a34, support::ConstView a35, support::View a36,
-    support::View a37, support::View a38, support::View a39, support::View a40, support::View a41,
-    support::View a42, support::ConstView a43, support::View a44, support::ConstView a45,
-    support::View a46, support::View a47, support::ConstView a48, support::View a49,
-    support::View a50, support::View a51, support::View a52, support::View a53, support::View a54,
-    support::View a55) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a1p[i1];
-        const float s2 = (s0 * s1);
-        a2p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%174, n) over model resolved
-  // together, 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::allReduceBucket(group_model, {a0, a2});
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a2.data(), a5.data(), a6.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a2.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, targets, heads, d_kv, targets_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(a4.data(), a6.data(), a9.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a9p[i0 * 128 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 + s1);
-        a11p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape7_2 = {2, 2, 8};
-  static const support::Shape shape7_3 = {128, 64, 8};
-  static const support::Shape shape7_4 = {128, 64, 8};
-  static const support::Shape shape7_5 = {8};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(a12.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::Softmax, 1e-05, 8, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, targets_keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 2, 8, 8, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan8Operands[] = {a12.data(), a8.data(), a13.data()};
-  einsumPlan8.run(einsumPlan8Operands, a14.data(), 1.0f, 0.0f);
-
-  // t5.mesh:121:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a14p[i0];
-      const float s2 = (s0 + s1);
-      a16p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a17, a16);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = s0 * s0;
-      a18p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape13_1 = {2, 8};
-  static const support::Shape shape13_3 = {256, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a19.data(), shape13_1, a18.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a20p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a20p[i0];
-        const float s2 = (s0 * s1);
-        a21p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
-        const float s2 = (s0 * s1);
-        a23p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%196, %197) over model resolved
-  // together, 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::allReduceBucket(group_model, {a21, a23});
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan18.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan19.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(a26.data(), a29.data(), a30.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, targets, heads, d_kv, inputs
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(a25.data(), a28.data(), a31.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a31p[i0 * 256 + i1];
-        const float s1 = a32p[i1];
-        const float s2 = (s0 + s1);
-        a33p[i0 * 256 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape23_2 = {2, 2, 8};
-  static const support::Shape shape23_3 = {256, 128, 16};
-  static const support::Shape shape23_4 = {256, 128, 16};
-  static const support::Shape shape23_5 = {16};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(a34.data(), a33.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, inputs, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan24Operands[] = {a34.data(), a30.data(), a35.data()};
-  einsumPlan24.run(einsumPlan24Operands, a36.data(), 1.0f, 0.0f);
-
-  // t5.mesh:122:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a36p = a36.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = a36p[i0];
-      const float s2 = (s0 + s1);
-      a37p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a38, a37);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a38.data(), a38.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a38p = a38.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a38p[i0];
-      const float s1 = s0 * s0;
-      a39p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape29_1 = {2, 8};
-  static const support::Shape shape29_3 = {256, 32};
-  static const support::Shape shape29_4 = {32};
-  static const support::Shape shape29_5 = {1};
-  support::reduce(a40.data(), shape29_1, a39.data(), shape29_3, shape29_4, shape29_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a41p = a41.data();
-    const float *__restrict a40p = a40.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a40p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a41p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a41p = a41.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a37p[i0 * 32 + i1];
-        const float s1 = a41p[i0];
-        const float s2 = (s0 * s1);
-        a42p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  {
-    float *__restrict a44p = a44.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a43p = a43.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a42p[i0 * 32 + i1];
-        const float s1 = a43p[i1];
-        const float s2 = (s0 * s1);
-        a44p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%218, %219) over model resolved
-  // together, 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  support::allReduceBucket(group_model, {a42, a44});
-
-  // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
-  // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan34.run(a44.data(), a45.data(), a46.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:17 relu
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a47p = a47.data();
-    const float *__restrict a46p = a46.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a46p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a47p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
-  // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan36.run(a47.data(), a48.data(), a49.data(), 1.0f, 0.0f);
-
-  // t5.mesh:123:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
-  {
-    float *__restrict a50p = a50.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a37p[i0];
-      const float s1 = a49p[i0];
-      const float s2 = (s0 + s1);
-      a50p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a51, a50);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a51.data(), a51.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a52p = a52.data();
-    const float *__restrict a51p = a51.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a51p[i0];
-      const float s1 = s0 * s0;
-      a52p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape41_1 = {2, 8};
-  static const support::Shape shape41_3 = {256, 32};
-  static const support::Shape shape41_4 = {32};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(a53.data(), shape41_1, a52.data(), shape41_3, shape41_4, shape41_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a54p = a54.data();
-    const float *__restrict a53p = a53.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a53p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a54p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a55p = a55.data();
-    const float *__restrict a50p = a50.data();
-    const float *__restrict a54p = a54.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a50p[i0 * 32 + i1];
-        const float s1 = a54p[i0];
-        const float s2 = (s0 * s1);
-        a55p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-}
-
-void T5Train::repeated4(
     support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
     support::ConstView a4, support::ConstView a5, support::ConstView a6, support::ConstView a7,
     support::View a8, support::View a9, support::View a10, support::View a11,
@@ -10067,10 +9252,8 @@ void T5Train::repeated4(
     support::ConstView a37, support::View a38, support::View a39, support::ConstView a40,
     support::ConstView a41, support::ConstView a42, support::View a43, support::View a44,
     support::View a45, support::View a46) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -10084,7 +9267,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm#1[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 16};
@@ -10096,7 +9278,6 @@ void T5Train::repeated4(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -10123,7 +9304,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -10140,7 +9320,6 @@ void T5Train::repeated4(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -10172,7 +9351,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, inputs_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 16, 2, 8},
@@ -10182,7 +9360,6 @@ void T5Train::repeated4(
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 16, 8},
@@ -10192,7 +9369,6 @@ void T5Train::repeated4(
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 2, 16, 8},
@@ -10202,7 +9378,6 @@ void T5Train::repeated4(
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -10216,7 +9391,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:84:17 sum
-  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 16};
   static const support::Shape shape9_3 = {512, 256, 16};
   static const support::Shape shape9_4 = {16};
@@ -10226,7 +9400,6 @@ void T5Train::repeated4(
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -10245,7 +9418,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:83:60 sum
-  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 16, 16};
   static const support::Shape shape11_3 = {256, 16, 1};
   static const support::Shape shape11_4 = {2};
@@ -10254,49 +9426,42 @@ void T5Train::repeated4(
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -10304,7 +9469,6 @@ void T5Train::repeated4(
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
-  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -10321,21 +9485,17 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %582 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request6 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
+  auto request5 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan21.run(a23.data(), a28.data(), a36.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request6);
+  group_model.wait(request5);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
@@ -10349,7 +9509,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {2, 16};
@@ -10361,7 +9520,6 @@ void T5Train::repeated4(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a43p = a43.data();
     float *__restrict a44p = a44.data();
@@ -10388,7 +9546,6 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape26_1 = {2, 16};
   static const support::Shape shape26_3 = {512, 32};
   static const support::Shape shape26_4 = {32};
@@ -10405,7 +9562,6 @@ void T5Train::repeated4(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a42p = a42.data();
@@ -10437,7 +9593,7 @@ void T5Train::repeated4(
   }
 }
 
-void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
+void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                         support::ConstView a3, support::ConstView a4, support::View a5,
                         support::ConstView a6, support::View a7, support::ConstView a8,
                         support::View a9, support::ConstView a10, support::View a11,
@@ -10452,10 +9608,8 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
                         support::ConstView a37, support::View a38, support::ConstView a39,
                         support::View a40, support::ConstView a41, support::View a42,
                         support::ConstView a43, support::View a44) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape0_1 = {2, 8};
   static const support::Shape shape0_3 = {256, 32};
   static const support::Shape shape0_4 = {32};
@@ -10472,7 +9626,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -10504,14 +9657,12 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -10519,7 +9670,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -10536,28 +9686,23 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %339 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request1 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request1);
+  group_model.wait(request0);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a13p = a13.data();
@@ -10571,7 +9716,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {2, 8};
@@ -10583,7 +9727,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -10610,7 +9753,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape12_1 = {2, 8};
   static const support::Shape shape12_3 = {256, 32};
   static const support::Shape shape12_4 = {32};
@@ -10627,7 +9769,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a21p = a21.data();
@@ -10659,7 +9800,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, inputs, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 16, 2, 8},
@@ -10669,7 +9809,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan14.run(einsumPlan14Operands, a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 32, 2, 16, 8},
@@ -10679,7 +9818,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan15.run(einsumPlan15Operands, a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 2, 16, 8},
@@ -10689,7 +9827,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan16.run(einsumPlan16Operands, a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a28p = a28.data();
@@ -10703,7 +9840,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:84:17 sum
-  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape18_1 = {2, 2, 8};
   static const support::Shape shape18_3 = {256, 128, 16};
   static const support::Shape shape18_4 = {16};
@@ -10713,7 +9849,6 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a28p = a28.data();
@@ -10732,42 +9867,37 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan20.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan21.run(a34.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan22.run(a30.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan23.run(a30.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan24.run(a38.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 }
 
-void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a2, support::View a3,
+void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a2, support::View a3,
                         support::ConstView a4, support::View a5, support::ConstView a6,
                         support::View a7, support::ConstView a8, support::View a9,
                         support::View a10, support::View a11, support::View a12, support::View a13,
@@ -10780,11 +9910,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                         support::View a34, support::ConstView a35, support::View a36,
                         support::View a37, support::View a38, support::View a39,
                         support::View a40) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -10798,7 +9926,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -10807,7 +9934,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -10818,7 +9944,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -10837,7 +9962,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -10847,7 +9971,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -10861,7 +9984,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -10870,7 +9992,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -10881,7 +10002,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -10900,7 +10020,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -10910,7 +10029,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -10924,7 +10042,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -10933,7 +10050,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -10944,7 +10060,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -10963,7 +10078,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -10973,7 +10087,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -10987,7 +10100,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -10998,7 +10110,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -11017,7 +10128,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -11026,7 +10136,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -11036,7 +10145,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -11056,7 +10164,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -11080,7 +10187,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -11104,7 +10210,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -11114,7 +10219,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -11128,7 +10232,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {32};
   static const support::Shape shape25_4 = {32};
@@ -11138,7 +10241,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -11152,7 +10254,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape27_1 = {32};
   static const support::Shape shape27_3 = {1};
   static const support::Shape shape27_4 = {32};
@@ -11161,7 +10262,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {32};
   static const support::Shape shape28_4 = {32};
@@ -11172,7 +10272,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -11191,7 +10290,6 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32};
@@ -11200,7 +10298,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.015625);
 }
 
-void T5Train::repeated7(
+void T5Train::repeated6(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
     support::ConstView a8, support::View a9, support::View a10, support::View a11,
@@ -11215,11 +10313,9 @@ void T5Train::repeated7(
     support::ConstView a44, support::ConstView a45, support::View a46, support::ConstView a47,
     support::View a48, support::View a49, support::ConstView a50, support::View a51,
     support::View a52, support::View a53) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -11239,7 +10335,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -11263,7 +10358,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -11287,7 +10381,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -11297,7 +10390,6 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -11317,7 +10409,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -11341,7 +10432,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -11365,7 +10455,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -11375,7 +10464,6 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -11395,7 +10483,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -11419,7 +10506,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -11443,7 +10529,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -11454,7 +10539,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -11473,7 +10557,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape13_1 = {32};
   static const support::Shape shape13_3 = {1};
   static const support::Shape shape13_4 = {32};
@@ -11482,7 +10565,6 @@ void T5Train::repeated7(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
   static const support::Shape shape14_4 = {32};
@@ -11492,7 +10574,6 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a33p = a33.data();
@@ -11510,7 +10591,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -11534,7 +10614,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -11556,7 +10635,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {32, 32};
@@ -11566,7 +10644,6 @@ void T5Train::repeated7(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a44p = a44.data();
@@ -11584,7 +10661,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     float *__restrict a49p = a49.data();
@@ -11608,7 +10684,6 @@ void T5Train::repeated7(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a51p = a51.data();
     float *__restrict a52p = a52.data();
@@ -11630,7 +10705,6 @@ void T5Train::repeated7(
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {32, 32};
@@ -11639,302 +10713,7 @@ void T5Train::repeated7(
                   support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a2, support::View a3,
-                        support::ConstView a4, support::View a5, support::ConstView a6,
-                        support::View a7, support::View a8, support::ConstView a9,
-                        support::View a10, support::View a11, support::ConstView a12,
-                        support::View a13, support::ConstView a14, support::View a15,
-                        support::View a16, support::View a17, support::View a18, support::View a19,
-                        support::View a20, support::ConstView a21, support::View a22,
-                        support::ConstView a23, support::View a24, support::View a25,
-                        support::ConstView a26, support::View a27, support::View a28,
-                        support::View a29, support::View a30, support::View a31, support::View a32,
-                        support::View a33, support::ConstView a34, support::View a35) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::allReduceBucket(group_model, {a0, a1});
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, inputs, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a1.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, inputs, heads, d_kv, inputs_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a3.data(), a5.data(), a8.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = a8p[i0 * 512 + i1];
-        const float s1 = a9p[i1];
-        const float s2 = (s0 + s1);
-        a10p[i0 * 512 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape6_2 = {2, 2, 16};
-  static const support::Shape shape6_3 = {512, 256, 16};
-  static const support::Shape shape6_4 = {512, 256, 16};
-  static const support::Shape shape6_5 = {16};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a11.data(), a10.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan7Operands[] = {a11.data(), a7.data(), a12.data()};
-  einsumPlan7.run(einsumPlan7Operands, a13.data(), 1.0f, 0.0f);
-
-  // t5.mesh:104:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a13p[i0];
-      const float s2 = (s0 + s1);
-      a15p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a16, a15);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = s0 * s0;
-      a17p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape12_1 = {2, 16};
-  static const support::Shape shape12_3 = {512, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a18.data(), shape12_1, a17.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a19p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a15p[i0 * 32 + i1];
-        const float s1 = a19p[i0];
-        const float s2 = (s0 * s1);
-        a20p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a20p[i0 * 32 + i1];
-        const float s1 = a21p[i1];
-        const float s2 = (s0 * s1);
-        a22p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%66, %67) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:91:22");
-  support::allReduceBucket(group_model, {a20, a22});
-
-  // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
-  // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:17 relu
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a25p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
-  // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
-
-  // t5.mesh:105:11 add -> x
-  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = a27p[i0];
-      const float s2 = (s0 + s1);
-      a28p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE("copy", "t5.mesh:40:25", "forward");
-  support::copyValues(a29, a28);
-
-  // t5.mesh:40:25 all_reduce_sum -> x (resolve the partial sum of x over model for square at 40:25)
-  MESHRT_TRACE_SITE("t5.mesh:40:25");
-  group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
-
-  // t5.mesh:40:25 square
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = s0 * s0;
-      a30p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:40:20 mean
-  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape24_1 = {2, 16};
-  static const support::Shape shape24_3 = {512, 32};
-  static const support::Shape shape24_4 = {32};
-  static const support::Shape shape24_5 = {1};
-  support::reduce(a31.data(), shape24_1, a30.data(), shape24_3, shape24_4, shape24_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:40:45 add
-  // t5.mesh:40:14 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a31p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a32p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a28p[i0 * 32 + i1];
-        const float s1 = a32p[i0];
-        const float s2 = (s0 * s1);
-        a33p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "forward");
-  {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a33p[i0 * 32 + i1];
-        const float s1 = a34p[i1];
-        const float s2 = (s0 * s1);
-        a35p[i0 * 32 + i1] = s2;
-      }
-    }
-  }
-}
-
-void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                         support::View a3, support::ConstView a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7, support::View a8,
                         support::View a9, support::View a10, support::View a11,
@@ -11946,10 +10725,8 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a28, support::View a29, support::ConstView a30,
                         support::View a31, support::View a32, support::ConstView a33,
                         support::View a34, support::View a35) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -11963,7 +10740,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#1[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -11975,7 +10751,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -12002,7 +10777,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -12019,7 +10793,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -12051,7 +10824,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, targets_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 8, 2, 8},
@@ -12061,7 +10833,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 2, 8, 8},
@@ -12071,7 +10842,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 2, 8, 8},
@@ -12081,7 +10851,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -12095,7 +10864,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:84:17 sum
-  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 8};
   static const support::Shape shape9_3 = {128, 64, 8};
   static const support::Shape shape9_4 = {8};
@@ -12105,7 +10873,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -12124,7 +10891,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:83:60 sum
-  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 8, 8};
   static const support::Shape shape11_3 = {64, 8, 1};
   static const support::Shape shape11_4 = {2};
@@ -12133,49 +10899,42 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -12183,7 +10942,6 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
-  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -12200,20 +10958,278 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   }
 }
 
-void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::ConstView a6, support::ConstView a7, support::View a8,
-                         support::ConstView a9, support::View a10, support::ConstView a11,
-                         support::ConstView a12, support::View a13, support::ConstView a14,
-                         support::View a15, support::View a16, support::View a17, support::View a18,
-                         support::View a19, support::View a20, support::View a21,
-                         support::View a22) {
-  MESHRT_TRACE_SPAN(world_);
+void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::View a3, support::View a4, support::View a5, support::ConstView a6,
+                        support::View a7, support::View a8, support::ConstView a9,
+                        support::View a10, support::ConstView a11, support::ConstView a12,
+                        support::View a13, support::ConstView a14, support::View a15,
+                        support::View a16, support::ConstView a17, support::View a18,
+                        support::View a19, support::ConstView a20, support::View a21,
+                        support::View a22, support::View a23, support::View a24, support::View a25,
+                        support::ConstView a26, support::View a27, support::View a28,
+                        support::ConstView a29, support::View a30, support::View a31,
+                        support::ConstView a32, support::View a33, support::View a34,
+                        support::View a35, support::View a36, support::View a37) {
+
+  // t5.mesh:121:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a2p[i0] = s2;
+      a3p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape1_1 = {2, 8};
+  static const support::Shape shape1_3 = {256, 32};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a4p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a5p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul
+  {
+    float *__restrict a7p = a7.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a2p[i0 * 32 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a6p[i1];
+        const float s4 = (s2 * s3);
+        a7p[i0 * 32 + i1] = s2;
+        a8p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:80:17 einsum -> queries
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan6.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  // dims: batch, targets, heads, d_kv, inputs
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan7.run(a10.data(), a13.data(), a16.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a16p[i0 * 256 + i1];
+        const float s1 = a17p[i1];
+        const float s2 = (s0 + s1);
+        a18p[i0 * 256 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:84:17 softmax -> weights
+  static const support::Shape shape9_2 = {2, 2, 8};
+  static const support::Shape shape9_3 = {256, 128, 16};
+  static const support::Shape shape9_4 = {256, 128, 16};
+  static const support::Shape shape9_5 = {16};
+  static const support::Shape shape9_6 = {1};
+  static const support::Shape shape9_7 = {1};
+  support::along(a19.data(), a18.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // t5.mesh:85:10 einsum
+  // dims: batch, heads, targets, inputs, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 2, 8, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan10Operands[] = {a19.data(), a15.data(), a20.data()};
+  einsumPlan10.run(einsumPlan10Operands, a21.data(), 1.0f, 0.0f);
+
+  // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
+  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+
+  // t5.mesh:122:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a22p = a22.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a21p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a22p[i0] = s2;
+      a23p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape13_1 = {2, 8};
+  static const support::Shape shape13_3 = {256, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a24.data(), shape13_1, a23.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a24p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a25p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul
+  {
+    float *__restrict a27p = a27.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a26p = a26.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a22p[i0 * 32 + i1];
+        const float s1 = a25p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a26p[i1];
+        const float s4 = (s2 * s3);
+        a27p[i0 * 32 + i1] = s2;
+        a28p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:91:22 einsum
+  // dims: batch, targets, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan16.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:17 relu
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      a31p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:91:10 einsum
+  // dims: batch, targets, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan18.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+
+  // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
+  group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
+
+  // t5.mesh:123:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a34p = a34.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a22p[i0];
+      const float s1 = a33p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a34p[i0] = s2;
+      a35p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape21_1 = {2, 8};
+  static const support::Shape shape21_3 = {256, 32};
+  static const support::Shape shape21_4 = {32};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(a36.data(), shape21_1, a35.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a36p = a36.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a36p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a37p[i0] = s3;
+    }
+  }
+}
+
+void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                        support::View a3, support::ConstView a4, support::View a5,
+                        support::ConstView a6, support::ConstView a7, support::View a8,
+                        support::ConstView a9, support::View a10, support::ConstView a11,
+                        support::ConstView a12, support::View a13, support::ConstView a14,
+                        support::View a15, support::View a16, support::View a17, support::View a18,
+                        support::View a19, support::View a20, support::View a21,
+                        support::View a22) {
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -12234,7 +11250,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -12250,7 +11265,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -12267,7 +11281,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12293,7 +11306,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a15p = a15.data();
@@ -12323,7 +11335,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32};
@@ -12334,7 +11345,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -12348,7 +11358,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -12360,7 +11369,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -12371,7 +11379,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -12388,7 +11395,6 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a15p = a15.data();
@@ -12407,7 +11413,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
-void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::ConstView a4, support::View a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::ConstView a9, support::View a10, support::ConstView a11,
@@ -12415,12 +11421,10 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a15, support::View a16, support::ConstView a17,
                          support::View a18, support::ConstView a19, support::View a20,
                          support::ConstView a21, support::View a22) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -12441,7 +11445,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -12457,7 +11460,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -12474,7 +11476,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12495,7 +11496,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -12511,7 +11511,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -12528,7 +11527,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12549,7 +11547,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -12565,7 +11562,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -12582,7 +11578,6 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -12601,7 +11596,7 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
-void T5Train::repeated12(support::ConstView a0, support::View a1, support::View a2,
+void T5Train::repeated11(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
@@ -12611,10 +11606,8 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a21, support::View a22, support::View a23,
                          support::ConstView a24, support::View a25, support::View a26,
                          support::ConstView a27, support::View a28, support::View a29) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12626,7 +11619,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -12635,7 +11627,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -12647,7 +11638,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -12656,7 +11646,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12668,7 +11657,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -12677,7 +11665,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12689,7 +11676,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -12698,7 +11684,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -12710,7 +11695,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 2, 8};
@@ -12719,7 +11703,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12731,7 +11714,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -12740,7 +11722,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -12752,7 +11733,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32, 2, 8};
@@ -12761,7 +11741,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -12773,7 +11752,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {2, 8, 32};
@@ -12782,7 +11760,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -12794,7 +11771,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
   static const support::Shape shape17_4 = {32, 32};
@@ -12803,7 +11779,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -12815,7 +11790,6 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 32};
@@ -12824,13 +11798,12 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::ConstView a11, support::View a12,
                          support::ConstView a13, support::View a14, support::ConstView a15,
                          support::View a16) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -12840,7 +11813,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -12870,7 +11842,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -12881,7 +11852,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12895,7 +11865,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -12907,7 +11876,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -12918,7 +11886,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -12935,7 +11902,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -12956,7 +11922,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -12972,7 +11937,6 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12987,16 +11951,256 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
-void T5Train::repeated14(support::ConstView a0, support::View a1, support::View a2,
+void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8,
+                         support::ConstView a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::View a14,
+                         support::View a15, support::View a16, support::View a17,
+                         support::ConstView a18, support::View a19, support::View a20) {
+
+  // t5.mesh:104:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a2p[i0] = s2;
+      a3p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape1_1 = {2, 16};
+  static const support::Shape shape1_3 = {512, 32};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a3.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a4p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a5p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul
+  {
+    float *__restrict a7p = a7.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a2p[i0 * 32 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a6p[i1];
+        const float s4 = (s2 * s3);
+        a7p[i0 * 32 + i1] = s2;
+        a8p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:91:22 einsum
+  // dims: batch, inputs, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:17 relu
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      a11p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:91:10 einsum
+  // dims: batch, inputs, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan6.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
+  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Sum);
+
+  // t5.mesh:105:11 add -> x
+  // t5.mesh:40:25 square
+  {
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a13p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = s2 * s2;
+      a14p[i0] = s2;
+      a15p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:20 mean
+  static const support::Shape shape9_1 = {2, 16};
+  static const support::Shape shape9_3 = {512, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(a16.data(), shape9_1, a15.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:40:45 add
+  // t5.mesh:40:14 rsqrt
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a16p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a17p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul -> n
+  {
+    float *__restrict a19p = a19.data();
+    float *__restrict a20p = a20.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a14p[i0 * 32 + i1];
+        const float s1 = a17p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a18p[i1];
+        const float s4 = (s2 * s3);
+        a19p[i0 * 32 + i1] = s2;
+        a20p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+}
+
+void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                         support::View a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::ConstView a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::View a14,
+                         support::ConstView a15, support::View a16) {
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul -> n
+  {
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a1p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a2p[i1];
+        const float s4 = (s2 * s3);
+        a3p[i0 * 32 + i1] = s2;
+        a4p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:80:17 einsum -> queries
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  // dims: batch, targets, heads, d_kv, targets_keys
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan4.run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a11p[i0 * 128 + i1];
+        const float s1 = a12p[i1];
+        const float s2 = (s0 + s1);
+        a13p[i0 * 128 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:84:17 softmax -> weights
+  static const support::Shape shape6_2 = {2, 2, 8};
+  static const support::Shape shape6_3 = {128, 64, 8};
+  static const support::Shape shape6_4 = {128, 64, 8};
+  static const support::Shape shape6_5 = {8};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a14.data(), a13.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::Softmax, 1e-05, 8, nullptr);
+
+  // t5.mesh:85:10 einsum
+  // dims: batch, heads, targets, targets_keys, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 8, 8, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan7Operands[] = {a14.data(), a10.data(), a15.data()};
+  einsumPlan7.run(einsumPlan7Operands, a16.data(), 1.0f, 0.0f);
+}
+
+void T5Train::repeated15(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -13008,7 +12212,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -13017,7 +12220,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -13029,7 +12231,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -13038,7 +12239,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -13050,7 +12250,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -13059,7 +12258,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -13071,7 +12269,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -13080,7 +12277,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -13092,7 +12288,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 32};
@@ -13101,7 +12296,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -13113,7 +12307,6 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 32};
@@ -13122,17 +12315,15 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -13151,7 +12342,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {8};
@@ -13160,7 +12350,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {8};
@@ -13170,7 +12359,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -13188,7 +12376,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -13212,7 +12399,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -13234,7 +12420,6 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
@@ -13243,15 +12428,78 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.03125);
 }
 
-void T5Train::repeated16(support::ConstView a0, support::View a1, support::ConstView a2,
+void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::View a12) {
+
+  // t5.mesh:80:17 einsum -> queries
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  // dims: batch, inputs, heads, d_kv, inputs_keys
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 512; ++i1) {
+        const float s0 = a7p[i0 * 512 + i1];
+        const float s1 = a8p[i1];
+        const float s2 = (s0 + s1);
+        a9p[i0 * 512 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:84:17 softmax -> weights
+  static const support::Shape shape5_2 = {2, 2, 16};
+  static const support::Shape shape5_3 = {512, 256, 16};
+  static const support::Shape shape5_4 = {512, 256, 16};
+  static const support::Shape shape5_5 = {16};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // t5.mesh:85:10 einsum
+  // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 2, 16, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
+  einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
+}
+
+void T5Train::repeated18(support::ConstView a0, support::View a1, support::ConstView a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -13267,7 +12515,6 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a2p = a2.data();
@@ -13284,7 +12531,6 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -13303,14 +12549,12 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
   }
 }
 
-void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated19(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::View a9) {
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -13324,7 +12568,6 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -13336,7 +12579,6 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();

@@ -44,9 +44,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 20992;
+  static constexpr size_t kArenaBytes = 23040;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 286016;
+  static constexpr size_t kTemporaryBytes = 251200;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27712;
 
@@ -89,32 +89,30 @@ public:
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                 support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
-                 support::View a11, support::ConstView a12, support::View a13, support::View a14,
-                 support::View a15, support::View a16, support::View a17, support::ConstView a18,
-                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
-                 support::ConstView a23, support::View a24, support::View a25, support::View a26,
-                 support::View a27, support::View a28, support::View a29);
-  void repeated1(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
-                 support::View a4, support::View a5, support::View a6, support::ConstView a7,
-                 support::View a8, support::View a9, support::View a10, support::View a11,
-                 support::ConstView a12, support::View a13);
-  void repeated2(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::View a8, support::View a9, support::View a10, support::View a11,
-                 support::ConstView a12, support::View a13);
+  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::ConstView a8, support::View a9, support::ConstView a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::View a15, support::ConstView a16, support::View a17,
+                 support::View a18, support::ConstView a19, support::View a20, support::View a21,
+                 support::View a22, support::View a23, support::View a24, support::ConstView a25,
+                 support::View a26, support::ConstView a27, support::View a28, support::View a29,
+                 support::ConstView a30, support::View a31, support::View a32, support::View a33,
+                 support::View a34, support::View a35);
+  void repeated1(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::ConstView a8, support::View a9, support::View a10, support::ConstView a11,
+                 support::View a12, support::View a13, support::View a14, support::View a15,
+                 support::View a16, support::ConstView a17, support::View a18);
+  void repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                 support::View a3, support::ConstView a4, support::View a5, support::ConstView a6,
+                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
+                 support::ConstView a11, support::View a12, support::View a13,
+                 support::ConstView a14, support::View a15);
   void repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::ConstView a11, support::View a12, support::ConstView a13,
-                 support::View a14);
-  void repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
-                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::ConstView a11, support::View a12, support::ConstView a13,
-                 support::View a14);
+                 support::ConstView a11, support::View a12);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 
@@ -333,7 +331,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 194624;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1169540;
+  static constexpr size_t kTemporaryBytes = 1134660;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 40576;
 
@@ -391,6 +389,10 @@ public:
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void
   repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
@@ -461,23 +463,7 @@ public:
             support::ConstView a75, support::View a76, support::ConstView a77, support::View a78,
             support::View a79, support::ConstView a80, support::View a81, support::View a82,
             support::View a83);
-  void repeated3(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
-                 support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
-                 support::View a8, support::View a9, support::ConstView a10, support::View a11,
-                 support::View a12, support::ConstView a13, support::View a14,
-                 support::ConstView a15, support::View a16, support::View a17, support::View a18,
-                 support::View a19, support::View a20, support::View a21, support::ConstView a22,
-                 support::View a23, support::ConstView a24, support::View a25,
-                 support::ConstView a26, support::ConstView a27, support::View a28,
-                 support::ConstView a29, support::View a30, support::View a31,
-                 support::ConstView a32, support::View a33, support::View a34,
-                 support::ConstView a35, support::View a36, support::View a37, support::View a38,
-                 support::View a39, support::View a40, support::View a41, support::View a42,
-                 support::ConstView a43, support::View a44, support::ConstView a45,
-                 support::View a46, support::View a47, support::ConstView a48, support::View a49,
-                 support::View a50, support::View a51, support::View a52, support::View a53,
-                 support::View a54, support::View a55);
-  void repeated4(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+  void repeated3(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::ConstView a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::ConstView a13,
@@ -491,7 +477,7 @@ public:
                  support::View a39, support::ConstView a40, support::ConstView a41,
                  support::ConstView a42, support::View a43, support::View a44, support::View a45,
                  support::View a46);
-  void repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
+  void repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                  support::ConstView a3, support::ConstView a4, support::View a5,
                  support::ConstView a6, support::View a7, support::ConstView a8, support::View a9,
                  support::ConstView a10, support::View a11, support::ConstView a12,
@@ -505,7 +491,7 @@ public:
                  support::ConstView a37, support::View a38, support::ConstView a39,
                  support::View a40, support::ConstView a41, support::View a42,
                  support::ConstView a43, support::View a44);
-  void repeated6(support::ConstView a0, support::View a1, support::View a2, support::View a3,
+  void repeated5(support::ConstView a0, support::View a1, support::View a2, support::View a3,
                  support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
                  support::ConstView a8, support::View a9, support::View a10, support::View a11,
                  support::View a12, support::View a13, support::ConstView a14, support::View a15,
@@ -516,7 +502,7 @@ public:
                  support::ConstView a32, support::View a33, support::View a34,
                  support::ConstView a35, support::View a36, support::View a37, support::View a38,
                  support::View a39, support::View a40);
-  void repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
+  void repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::ConstView a4, support::View a5,
                  support::ConstView a6, support::View a7, support::ConstView a8, support::View a9,
                  support::View a10, support::View a11, support::ConstView a12,
@@ -532,17 +518,7 @@ public:
                  support::ConstView a45, support::View a46, support::ConstView a47,
                  support::View a48, support::View a49, support::ConstView a50, support::View a51,
                  support::View a52, support::View a53);
-  void repeated8(support::View a0, support::View a1, support::ConstView a2, support::View a3,
-                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::View a8, support::ConstView a9, support::View a10, support::View a11,
-                 support::ConstView a12, support::View a13, support::ConstView a14,
-                 support::View a15, support::View a16, support::View a17, support::View a18,
-                 support::View a19, support::View a20, support::ConstView a21, support::View a22,
-                 support::ConstView a23, support::View a24, support::View a25,
-                 support::ConstView a26, support::View a27, support::View a28, support::View a29,
-                 support::View a30, support::View a31, support::View a32, support::View a33,
-                 support::ConstView a34, support::View a35);
-  void repeated9(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+  void repeated7(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::ConstView a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::ConstView a13,
@@ -553,21 +529,31 @@ public:
                  support::ConstView a28, support::View a29, support::ConstView a30,
                  support::View a31, support::View a32, support::ConstView a33, support::View a34,
                  support::View a35);
+  void repeated8(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
+                 support::ConstView a12, support::View a13, support::ConstView a14,
+                 support::View a15, support::View a16, support::ConstView a17, support::View a18,
+                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
+                 support::View a23, support::View a24, support::View a25, support::ConstView a26,
+                 support::View a27, support::View a28, support::ConstView a29, support::View a30,
+                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
+                 support::View a35, support::View a36, support::View a37);
+  void repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                 support::View a3, support::ConstView a4, support::View a5, support::ConstView a6,
+                 support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
+                 support::ConstView a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15, support::View a16, support::View a17,
+                 support::View a18, support::View a19, support::View a20, support::View a21,
+                 support::View a22);
   void repeated10(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                  support::View a3, support::ConstView a4, support::View a5, support::ConstView a6,
-                  support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
-                  support::ConstView a11, support::ConstView a12, support::View a13,
-                  support::ConstView a14, support::View a15, support::View a16, support::View a17,
-                  support::View a18, support::View a19, support::View a20, support::View a21,
-                  support::View a22);
-  void repeated11(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                   support::View a3, support::ConstView a4, support::View a5, support::ConstView a6,
                   support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
                   support::ConstView a11, support::View a12, support::ConstView a13,
                   support::View a14, support::ConstView a15, support::View a16,
                   support::ConstView a17, support::View a18, support::ConstView a19,
                   support::View a20, support::ConstView a21, support::View a22);
-  void repeated12(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+  void repeated11(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
                   support::View a4, support::View a5, support::ConstView a6, support::View a7,
                   support::View a8, support::ConstView a9, support::View a10, support::View a11,
                   support::ConstView a12, support::View a13, support::View a14,
@@ -576,23 +562,38 @@ public:
                   support::ConstView a21, support::View a22, support::View a23,
                   support::ConstView a24, support::View a25, support::View a26,
                   support::ConstView a27, support::View a28, support::View a29);
-  void repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
+  void repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
                   support::ConstView a3, support::View a4, support::View a5, support::View a6,
                   support::View a7, support::View a8, support::View a9, support::View a10,
                   support::ConstView a11, support::View a12, support::ConstView a13,
                   support::View a14, support::ConstView a15, support::View a16);
-  void repeated14(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+  void repeated13(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                  support::View a8, support::ConstView a9, support::View a10, support::View a11,
+                  support::ConstView a12, support::View a13, support::View a14, support::View a15,
+                  support::View a16, support::View a17, support::ConstView a18, support::View a19,
+                  support::View a20);
+  void repeated14(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                  support::View a3, support::View a4, support::ConstView a5, support::View a6,
+                  support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
+                  support::View a11, support::ConstView a12, support::View a13, support::View a14,
+                  support::ConstView a15, support::View a16);
+  void repeated15(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
                   support::View a4, support::View a5, support::ConstView a6, support::View a7,
                   support::View a8, support::ConstView a9, support::View a10, support::View a11,
                   support::ConstView a12, support::View a13, support::View a14,
                   support::ConstView a15, support::View a16, support::View a17);
-  void repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
+  void repeated16(support::ConstView a0, support::ConstView a1, support::View a2,
                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                   support::View a7, support::View a8, support::View a9, support::ConstView a10,
                   support::View a11, support::View a12, support::View a13);
-  void repeated16(support::ConstView a0, support::View a1, support::ConstView a2,
+  void repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
+                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
+                  support::ConstView a11, support::View a12);
+  void repeated18(support::ConstView a0, support::View a1, support::ConstView a2,
                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6);
-  void repeated17(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+  void repeated19(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                   support::ConstView a4, support::ConstView a5, support::ConstView a6,
                   support::ConstView a7, support::View a8, support::View a9);
   /// Computes the values run() reads that never change (the constructor calls it).
@@ -603,7 +604,6 @@ private:
   uint64_t seed_;
   int64_t step_ = 0;
   meshrt::Communicator &group_data;                   // the ranks along data
-  meshrt::Communicator &group_data_model;             // the ranks along data, model
   meshrt::Communicator &group_model;                  // the ranks along model
   support::Buffer param0_encoder_relative_bias_table; // encoder/relative_bias/table: [buckets,
                                                       // heads:[model]] local {8, 2}

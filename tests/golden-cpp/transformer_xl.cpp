@@ -518,18 +518,16 @@ void XlTrain::computeInvariants() {
 }
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 106816 bytes for 369712 bytes of temporaries (placed by liveness).
+  // Arena: 106816 bytes for 367664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  runPart2(inputs);
   support::View v135 = arena_.view(106752, 1);
-  support::View v25 = arena_.view(59392, 512);
+  support::View v26 = arena_.view(61440, 512);
   support::View v75 = arena_.view(86016, 512);
 
   // The step's updates.
-  support::copyValues(param1_decoder_xl_layer_0_memory, v25);  // decoder/xl_layer[0]/memory
+  support::copyValues(param1_decoder_xl_layer_0_memory, v26);  // decoder/xl_layer[0]/memory
   support::copyValues(param15_decoder_xl_layer_1_memory, v75); // decoder/xl_layer[1]/memory
   ++step_;
 
@@ -540,10 +538,8 @@ XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
 
 void XlTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:97:17 shift -> targets
-  MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(98304, 16);
   static const support::Shape shape0_2 = {2, 8};
@@ -551,7 +547,6 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:98:36 ge
   // transformer_xl.mesh:98:24 cast
-  MESHRT_TRACE("loop", "transformer_xl.mesh:98:36", "forward");
   support::View v4 = arena_.view(0, 16);
   {
     float *__restrict v4p = v4.data();
@@ -566,13 +561,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:98:18 shift -> has_next
-  MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
   support::View v5 = arena_.view(100352, 16);
   static const support::Shape shape2_2 = {2, 8};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v19 = persistent_.view(9792, 2048);
   support::View v21 = arena_.slot(0, 4096);
   static const support::Shape shape3_2 = {8, 16};
@@ -582,7 +575,6 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v20 = persistent_.view(17984, 2048);
   static const support::Shape shape4_2 = {8, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -591,7 +583,6 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // transformer_xl.mesh:87:18 one_hot
-  MESHRT_TRACE("one_hot", "transformer_xl.mesh:87:18", "forward");
   support::View v22 = arena_.view(57344, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -600,90 +591,43 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 einsum -> x
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "forward");
   support::View v6(param0_decoder_embedding); // updated in place
-  support::View v23 = arena_.view(24576, 512);
+  support::View v23 = arena_.view(59392, 512);
   // dims: batch, segment, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan6.run(v22.data(), v6.data(), v23.data(), 1.0f, 0.0f);
 
-  // transformer_xl.mesh:79:17 rename
-  MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
-  support::View v25 = arena_.copy(59392, v23);
+  // transformer_xl.mesh:79:17 all_reduce_sum -> x (resolve the partial sum of x over model for
+  // rename at 79:17)
+  group_model.allReduce(v23.data(), v23.size(), meshrt::ReduceOp::Sum);
 
-  // transformer_xl.mesh:78:9 bucketed_all_reduce_sum -> x (2 partial sums (x, %25) over model
-  // resolved together, 4.0 KiB in one buffer)
-  MESHRT_TRACE("copy", "transformer_xl.mesh:78:9", "forward");
-  support::View v33 = arena_.copy(61440, v23);
-
-  // transformer_xl.mesh:78:9 bucketed_all_reduce_sum -> x (2 partial sums (x, %25) over model
-  // resolved together, 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:78:9");
-  auto request0 = support::startAllReduce(group_model, {v33, v25}, meshrt::ReduceOp::Sum);
-
-  // transformer_xl.mesh:55:17 concat -> keys_in
-  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
+  // 25 statements from transformer_xl.mesh:79:17 rename (1 of 2)
+  support::View v34 = arena_.view(32768, 1024);
   const support::Buffer &v24 = param1_decoder_xl_layer_0_memory;
-  support::View v34 = arena_.slot(32768, 1024);
-  static const support::Shape shape10_2 = {2, 32};
-  static const support::Shape shape10_3 = {512, 1};
-  static const support::Shape shape10_4 = {256, 1};
-  support::copyWindow(v34.data(), v24.data(), shape10_2, shape10_3, shape10_4, 32, 32, 16, 8,
-                      int64_t(0));
-
-  MESHRT_TRACE_SITE("transformer_xl.mesh:78:9");
-  group_model.wait(request0);
-
-  // 12 statements from transformer_xl.mesh:55:17 concat -> keys_in (1 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:55:17");
-  support::View v26(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
-  support::View v35 = arena_.view(28672, 256);
-  support::View v27(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
+  support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
+  support::View v35 = arena_.view(26624, 256);
+  support::View v28(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
   support::View v36 = arena_.view(63488, 512);
-  support::View v28(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
+  support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
   support::View v37 = arena_.view(65536, 512);
-  support::View v29(param5_decoder_xl_layer_0_relative_attention_r); // updated in place
+  support::View v30(param5_decoder_xl_layer_0_relative_attention_r); // updated in place
   support::View v38 = arena_.view(16384, 2048);
-  support::View v31(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
+  support::View v32(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
   support::View v39 = arena_.view(102400, 256);
-  support::View v40 = arena_.view(26624, 512);
-  support::View v32(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
+  support::View v40 = arena_.view(24576, 512);
+  support::View v33(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
   support::View v41 = arena_.view(103424, 256);
-  support::View v42 = arena_.view(28672, 512);
+  support::View v42 = arena_.view(26624, 512);
   support::View v50 = persistent_.view(26240, 128);
-  support::View v52 = arena_.view(30720, 512);
+  support::View v52 = arena_.view(28672, 512);
   support::View v53 = arena_.view(67584, 512);
-  support::View v30(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
-  support::View v54 = arena_.view(26624, 512);
-  repeated3(v34, v33, v26, v35, v27, v36, v28, v37, v21, v29, v38, v31, v39, v40, v32, v41, v42,
-            v50, v52, v53, v30, v54);
-
-  // transformer_xl.mesh:80:18 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
-  support::View v55 = arena_.view(69632, 512);
-  {
-    float *__restrict v55p = v55.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v54p = v54.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = v54p[i0];
-      const float s2 = (s0 + s1);
-      v55p[i0] = s2;
-    }
-  }
-
-  // transformer_xl.mesh:32:10 all_reduce_sum (resolve the partial sum of %54 over model for
-  // layer_norm at 32:10)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
-  group_model.allReduce(v55.data(), v55.size(), meshrt::ReduceOp::Sum);
-
-  // 9 statements from transformer_xl.mesh:32:10 layer_norm (1 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
+  support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
+  support::View v54 = arena_.view(24576, 512);
+  support::View v56 = arena_.view(69632, 512);
   support::View v59 = arena_.view(71680, 512);
-  support::View v56(param9_decoder_xl_layer_0_norm_gain);  // updated in place
-  support::View v57(param10_decoder_xl_layer_0_norm_bias); // updated in place
+  support::View v57(param9_decoder_xl_layer_0_norm_gain);  // updated in place
+  support::View v58(param10_decoder_xl_layer_0_norm_bias); // updated in place
   support::View v61 = arena_.view(73728, 512);
   support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi); // updated in place
   support::View v64 = arena_.view(75776, 512);
@@ -694,25 +638,15 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(81920, 512);
   support::View v69(param13_decoder_xl_layer_0_norm_1_gain); // updated in place
   support::View v70(param14_decoder_xl_layer_0_norm_1_bias); // updated in place
+  support::View v26 = arena_.view(61440, 512);
   support::View v73 = arena_.view(83968, 512);
-  repeated4(v59, v55, v56, v57, v61, v62, v64, v65, v63, v66, v68, v71, v69, v70, v73);
+  repeated2(v26, v23, v34, v24, v27, v35, v28, v36, v29, v37, v21, v30, v38, v32, v39, v40, v33,
+            v41, v42, v50, v52, v53, v31, v54, v56, v59, v57, v58, v61, v62, v64, v65, v63, v66,
+            v68, v71, v69, v70, v73);
 
-  // transformer_xl.mesh:79:17 rename
-  MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
-  support::View v75 = arena_.copy(86016, v73);
-
-  // transformer_xl.mesh:55:17 concat -> keys_in
-  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
+  // 25 statements from transformer_xl.mesh:79:17 rename (2 of 2)
+  support::View v83 = arena_.view(36864, 1024);
   const support::Buffer &v74 = param15_decoder_xl_layer_1_memory;
-  support::View v83 = arena_.slot(36864, 1024);
-  static const support::Shape shape17_2 = {2, 32};
-  static const support::Shape shape17_3 = {512, 1};
-  static const support::Shape shape17_4 = {256, 1};
-  support::copyWindow(v83.data(), v74.data(), shape17_2, shape17_3, shape17_4, 32, 32, 16, 8,
-                      int64_t(0));
-
-  // 12 statements from transformer_xl.mesh:55:17 concat -> keys_in (2 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:55:17");
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
   support::View v84 = arena_.view(43008, 256);
   support::View v77(param17_decoder_xl_layer_1_relative_attention_k); // updated in place
@@ -732,31 +666,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v102 = arena_.view(88064, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
   support::View v103 = arena_.view(40960, 512);
-  repeated3(v83, v73, v76, v84, v77, v85, v78, v86, v21, v79, v87, v81, v88, v89, v82, v90, v91,
-            v50, v101, v102, v80, v103);
-
-  // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %100 over model for add at
-  // 80:18)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:80:18");
-  group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
-
-  // transformer_xl.mesh:80:18 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
   support::View v105 = arena_.view(90112, 512);
-  {
-    float *__restrict v105p = v105.data();
-    const float *__restrict v73p = v73.data();
-    const float *__restrict v103p = v103.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v73p[i0];
-      const float s1 = v103p[i0];
-      const float s2 = (s0 + s1);
-      v105p[i0] = s2;
-    }
-  }
-
-  // 9 statements from transformer_xl.mesh:32:10 layer_norm (2 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:10");
   support::View v108 = arena_.view(92160, 512);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias); // updated in place
@@ -770,48 +680,39 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v120 = arena_.view(47104, 512);
   support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
   support::View v119(param28_decoder_xl_layer_1_norm_1_bias); // updated in place
+  support::View v75 = arena_.view(86016, 512);
   support::View v122 = arena_.view(96256, 512);
-  repeated4(v108, v105, v106, v107, v110, v111, v113, v114, v112, v115, v117, v120, v118, v119,
-            v122);
+  repeated2(v75, v73, v83, v74, v76, v84, v77, v85, v78, v86, v21, v79, v87, v81, v88, v89, v82,
+            v90, v91, v50, v101, v102, v80, v103, v105, v108, v106, v107, v110, v111, v113, v114,
+            v112, v115, v117, v120, v118, v119, v122);
 
   // transformer_xl.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
   support::View v123 = arena_.view(40960, 512);
   // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:99:14 log_softmax -> logp
-  MESHRT_TRACE("log_softmax", "transformer_xl.mesh:99:14", "forward");
   support::View v124 = arena_.view(43008, 512);
-  static const support::Shape shape23_2 = {2, 8};
-  static const support::Shape shape23_3 = {256, 32};
-  static const support::Shape shape23_4 = {256, 32};
-  static const support::Shape shape23_5 = {32};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v124.data(), v123.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
-}
-
-void XlTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  static const support::Shape shape11_2 = {2, 8};
+  static const support::Shape shape11_3 = {256, 32};
+  static const support::Shape shape11_4 = {256, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v124.data(), v123.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // transformer_xl.mesh:100:30 one_hot
-  MESHRT_TRACE("one_hot", "transformer_xl.mesh:100:30", "forward");
-  support::View v1 = arena_.view(98304, 16);
   support::View v125 = arena_.view(40960, 512);
-  static const support::Shape shape0_1 = {2, 8, 32};
-  static const support::Shape shape0_3 = {8, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v125.data(), shape0_1, v1.data(), shape0_3, shape0_4,
+  static const support::Shape shape12_1 = {2, 8, 32};
+  static const support::Shape shape12_3 = {8, 1, 0};
+  static const support::Shape shape12_4 = {0, 0, 1};
+  support::oneHot(v125.data(), shape12_1, v1.data(), shape12_3, shape12_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:100:28 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
-  support::View v124 = arena_.view(43008, 512);
   support::View v126 = arena_.view(98304, 512);
   {
     float *__restrict v126p = v126.data();
@@ -826,18 +727,15 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:19 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
   support::View v127 = arena_.view(100416, 16);
-  static const support::Shape shape2_1 = {2, 8};
-  static const support::Shape shape2_3 = {256, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v127.data(), shape2_1, v126.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v127.data(), shape14_1, v126.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:62 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
-  support::View v5 = arena_.view(100352, 16);
   support::View v128 = arena_.view(98304, 16);
   {
     float *__restrict v128p = v128.data();
@@ -852,17 +750,15 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:15 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
   support::View v129 = arena_.view(98368, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {2, 8};
-  static const support::Shape shape4_5 = {8, 1};
-  support::reduce(v129.data(), shape4_1, v128.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {2, 8};
+  static const support::Shape shape16_5 = {8, 1};
+  support::reduce(v129.data(), shape16_1, v128.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:14", "forward");
   support::View v130 = arena_.view(98432, 1);
   {
     float *__restrict v130p = v130.data();
@@ -873,29 +769,25 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:76 local_slice -> has_next (reshard has_next for sum at 100:76)
-  MESHRT_TRACE("local_slice", "transformer_xl.mesh:100:76", "forward");
   support::View v131 = arena_.view(98304, 8);
-  static const support::Shape shape6_2 = {2, 8};
-  support::sliceDim(v131, v5, shape6_2, 1, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape18_2 = {2, 8};
+  support::sliceDim(v131, v5, shape18_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
-  MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
   support::View v132 = arena_.view(100416, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 4};
-  static const support::Shape shape7_5 = {4, 1};
-  support::reduce(v132.data(), shape7_1, v131.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {2, 4};
+  static const support::Shape shape19_5 = {4, 1};
+  support::reduce(v132.data(), shape19_1, v131.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:74 bucketed_all_reduce_sum (2 partial sums (%125, %126) over data,
   // model resolved together, 8 B in one buffer)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:100:74");
   support::allReduceBucket(group_data_model, {v130, v132});
 
   // transformer_xl.mesh:100:74 div -> loss
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "forward");
   support::View v135 = arena_.view(106752, 1);
   {
     float *__restrict v135p = v135.data();
@@ -913,7 +805,6 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:100:62 mul
   // transformer_xl.mesh:100:19 broadcast
   // transformer_xl.mesh:100:28 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
   support::View v142 = arena_.view(98304, 512);
   {
     float *__restrict v142p = v142.data();
@@ -938,24 +829,28 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:99:14 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:99:14", "backward");
   support::View v143 = arena_.view(40960, 16);
-  static const support::Shape shape11_1 = {2, 8};
-  static const support::Shape shape11_3 = {256, 32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v143.data(), shape11_1, v142.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape23_1 = {2, 8};
+  static const support::Shape shape23_3 = {256, 32};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v143.data(), shape23_1, v142.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void XlTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer_xl.mesh:99:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at
   // 99:14)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:99:14");
+  support::View v143 = arena_.view(40960, 16);
   group_model.allReduce(v143.data(), v143.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:99:14 exp
   // transformer_xl.mesh:99:14 mul
   // transformer_xl.mesh:99:14 sub
-  MESHRT_TRACE("loop", "transformer_xl.mesh:99:14", "backward");
+  support::View v124 = arena_.view(43008, 512);
+  support::View v142 = arena_.view(98304, 512);
   support::View v147 = arena_.view(100352, 512);
   {
     float *__restrict v147p = v147.data();
@@ -976,34 +871,29 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v148 = arena_.view(98304, 512);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v147.data(), v6.data(), v148.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v147.data(), v6.data(), v148.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %139 over model for sum at
   // 32:40)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  auto request1 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v122 = arena_.view(96256, 512);
   support::View v149 = arena_.view(40960, 1024);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan16.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  group_model.wait(request1);
+  group_model.wait(request0);
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v120 = arena_.view(47104, 512);
   support::View v153 = arena_.view(96256, 512);
   support::View v155 = arena_.view(100352, 16);
@@ -1091,7 +981,6 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(81920, 512);
   support::View v226 = arena_.view(24576, 512);
   support::View v228 = arena_.view(26624, 16);
@@ -1117,18 +1006,18 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v59 = arena_.view(71680, 512);
   support::View v251 = arena_.view(38912, 512);
   support::View v253 = arena_.view(55296, 16);
-  support::View v55 = arena_.view(69632, 512);
+  support::View v56 = arena_.view(69632, 512);
   support::View v255 = arena_.view(38912, 512);
   support::View v256 = arena_.view(55296, 16);
   support::View v258 = arena_.view(69632, 16);
-  support::View v56(param9_decoder_xl_layer_0_norm_gain); // updated in place
+  support::View v57(param9_decoder_xl_layer_0_norm_gain); // updated in place
   support::View v250 = arena_.view(38912, 512);
   support::View v259 = arena_.view(55296, 512);
   support::View v260 = arena_.view(69696, 16);
   support::View v262 = arena_.view(55296, 16);
   support::View v265 = arena_.view(53248, 512);
   support::View v37 = arena_.view(65536, 512);
-  support::View v30(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
+  support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
   support::View v266 = arena_.view(38912, 512);
   support::View v53 = arena_.view(67584, 512);
   support::View v267 = arena_.view(55296, 512);
@@ -1144,16 +1033,16 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v39 = arena_.view(102400, 256);
   support::View v279 = arena_.view(38912, 512);
   support::View v280 = arena_.view(65536, 256);
-  support::View v28(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
+  support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
   support::View v283 = arena_.view(0, 1024);
   support::View v34 = arena_.view(32768, 1024);
-  support::View v27(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
+  support::View v28(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
   support::View v285 = arena_.view(4096, 1024);
   support::View v286 = arena_.view(8192, 1024);
-  support::View v26(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
+  support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
   support::View v288 = arena_.view(0, 512);
   support::View v292 = arena_.view(2048, 512);
-  support::View v33 = arena_.view(61440, 512);
+  support::View v23 = arena_.view(59392, 512);
   support::View v224 = arena_.view(83968, 32);
   support::View v227 = arena_.view(84096, 32);
   support::View v242 = arena_.view(24576, 1024);
@@ -1170,22 +1059,20 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v294 = arena_.view(4096, 512);
   repeated1(v224, v223, v71, v226, v227, v228, v68, v230, v231, v233, v69, v225, v234, v235, v237,
             v240, v63, v241, v65, v242, v64, v244, v62, v245, v247, v61, v248, v249, v59, v251,
-            v252, v253, v55, v255, v256, v258, v56, v250, v259, v260, v262, v265, v37, v30, v266,
+            v252, v253, v56, v255, v256, v258, v57, v250, v259, v260, v262, v265, v37, v31, v266,
             v53, v267, v268, v269, v270, v50, v274, v38, v275, v41, v276, v277, v36, v278, v39,
-            v279, v280, v281, v21, v282, v28, v283, v34, v284, v27, v285, v286, v287, v26, v288,
-            v292, v33, v291, v294);
+            v279, v280, v281, v21, v282, v29, v283, v34, v284, v28, v285, v286, v287, v27, v288,
+            v292, v23, v291, v294);
 
   // transformer_xl.mesh:87:11 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "backward");
   support::View v22 = arena_.view(57344, 512);
   support::View v295 = arena_.view(0, 1024);
   // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan20.run(v294.data(), v22.data(), v295.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v294.data(), v22.data(), v295.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
-  MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v296 = arena_.view(4096, 1024);
   {
     float *__restrict v296p = v296.data();
@@ -1203,13 +1090,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
   // grad/decoder/xl_layer[1]/dense_relu_dense/wo, ...) over data resolved together, 41.2 KiB in one
   // buffer)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::allReduceBucket(group_data, {v151, v154, v170, v177, v178, v181, v197, v206, v210,
                                         v211, v213, v216, v220, v224, v227, v242, v248, v249,
                                         v252, v268, v277, v281, v282, v284, v287, v291, v296});
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v321 = arena_.view(0, 1024);
   {
     float *__restrict v321p = v321.data();
@@ -1220,53 +1105,32 @@ void XlTrain::runPart1(const Inputs &inputs) {
       v321p[i0] = s1;
     }
   }
-}
-
-void XlTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  support::View v321 = arena_.view(0, 1024);
   support::View v322 = arena_.view(10240, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {32, 32};
-  static const support::Shape shape0_5 = {32, 1};
-  support::reduce(v322.data(), shape0_1, v321.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {32, 32};
+  static const support::Shape shape12_5 = {32, 1};
+  support::reduce(v322.data(), shape12_1, v321.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v291 = arena_.view(8192, 512);
   support::View v324 = arena_.view(0, 512);
-  support::View v287 = arena_.view(14336, 512);
   support::View v328 = arena_.view(0, 512);
-  support::View v284 = arena_.view(12288, 512);
   support::View v332 = arena_.view(0, 512);
-  support::View v282 = arena_.view(63488, 512);
   support::View v336 = arena_.view(0, 512);
-  support::View v268 = arena_.view(69632, 512);
   support::View v340 = arena_.view(0, 512);
-  support::View v281 = arena_.view(66560, 16);
   support::View v344 = arena_.view(0, 16);
-  support::View v277 = arena_.view(71680, 16);
   support::View v348 = arena_.view(0, 16);
-  support::View v252 = arena_.view(73856, 32);
   support::View v352 = arena_.view(0, 32);
   support::View v353 = arena_.view(128, 16);
-  support::View v249 = arena_.view(73728, 32);
   support::View v357 = arena_.view(0, 32);
   support::View v358 = arena_.view(128, 16);
-  support::View v248 = arena_.view(28672, 1024);
   support::View v362 = arena_.view(0, 1024);
-  support::View v242 = arena_.view(24576, 1024);
   support::View v366 = arena_.view(0, 1024);
-  support::View v227 = arena_.view(84096, 32);
   support::View v370 = arena_.view(0, 32);
   support::View v371 = arena_.view(128, 16);
-  support::View v224 = arena_.view(83968, 32);
   support::View v375 = arena_.view(0, 32);
   support::View v376 = arena_.view(128, 16);
   support::View v325 = arena_.view(10304, 1);
@@ -1282,41 +1146,27 @@ void XlTrain::runPart2(const Inputs &inputs) {
   support::View v367 = arena_.view(10944, 1);
   support::View v372 = arena_.view(11008, 1);
   support::View v377 = arena_.view(11072, 1);
-  repeated2(v291, v324, v325, v287, v328, v329, v284, v332, v333, v282, v336, v337, v268, v340,
+  repeated3(v291, v324, v325, v287, v328, v329, v284, v332, v333, v282, v336, v337, v268, v340,
             v341, v281, v344, v345, v277, v348, v349, v252, v352, v353, v354, v249, v357, v358,
             v359, v248, v362, v363, v242, v366, v367, v227, v370, v371, v372, v224, v375, v376,
             v377);
 
   // 30 statements from transformer_xl.mesh:101:3 square (2 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v220 = arena_.view(36864, 512);
   support::View v380 = arena_.view(0, 512);
-  support::View v216 = arena_.view(92160, 512);
   support::View v384 = arena_.view(0, 512);
-  support::View v213 = arena_.view(98304, 512);
   support::View v388 = arena_.view(0, 512);
-  support::View v211 = arena_.view(90112, 512);
   support::View v392 = arena_.view(0, 512);
-  support::View v197 = arena_.view(96256, 512);
   support::View v396 = arena_.view(0, 512);
-  support::View v210 = arena_.view(101696, 16);
   support::View v400 = arena_.view(0, 16);
-  support::View v206 = arena_.view(101632, 16);
   support::View v404 = arena_.view(0, 16);
-  support::View v181 = arena_.view(101504, 32);
   support::View v408 = arena_.view(0, 32);
   support::View v409 = arena_.view(128, 16);
-  support::View v178 = arena_.view(101376, 32);
   support::View v413 = arena_.view(0, 32);
   support::View v414 = arena_.view(128, 16);
-  support::View v177 = arena_.view(49152, 1024);
   support::View v418 = arena_.view(0, 1024);
-  support::View v170 = arena_.view(45056, 1024);
   support::View v422 = arena_.view(0, 1024);
-  support::View v154 = arena_.view(106624, 32);
   support::View v426 = arena_.view(0, 32);
   support::View v427 = arena_.view(128, 16);
-  support::View v151 = arena_.view(106496, 32);
   support::View v431 = arena_.view(0, 32);
   support::View v432 = arena_.view(128, 16);
   support::View v381 = arena_.view(11136, 1);
@@ -1332,7 +1182,7 @@ void XlTrain::runPart2(const Inputs &inputs) {
   support::View v423 = arena_.view(11776, 1);
   support::View v428 = arena_.view(192, 1);
   support::View v433 = arena_.view(0, 1);
-  repeated2(v220, v380, v381, v216, v384, v385, v213, v388, v389, v211, v392, v393, v197, v396,
+  repeated3(v220, v380, v381, v216, v384, v385, v213, v388, v389, v211, v392, v393, v197, v396,
             v397, v210, v400, v401, v206, v404, v405, v181, v408, v409, v410, v178, v413, v414,
             v415, v177, v418, v419, v170, v422, v423, v154, v426, v427, v428, v151, v431, v432,
             v433);
@@ -1363,7 +1213,6 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v434 = arena_.view(64, 1);
   {
     float *__restrict v434p = v434.data();
@@ -1452,13 +1301,11 @@ void XlTrain::runPart2(const Inputs &inputs) {
 
   // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %383 over model for sqrt
   // at 101:3)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   group_model.allReduce(v434.data(), v434.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:101:3 sqrt -> global_grad_norm
   // transformer_xl.mesh:101:3 maximum
   // transformer_xl.mesh:101:3 div
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v439 = arena_.view(128, 1);
   {
     float *__restrict v439p = v439.data();
@@ -1491,7 +1338,6 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 sub
   // transformer_xl.mesh:101:3 pow
   // transformer_xl.mesh:101:3 sub
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v319 = arena_.view(0, 1);
   support::View v481 = arena_.view(64, 1);
   support::View v483 = arena_.view(192, 1);
@@ -1555,9 +1401,6 @@ void XlTrain::runPart2(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/embedding
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  support::View v6(param0_decoder_embedding); // updated in place
-  support::View v296 = arena_.view(4096, 1024);
   support::View v467(param29_decoder_embedding_m); // updated in place
   support::View v468(param30_decoder_embedding_v); // updated in place
   {
@@ -1609,70 +1452,56 @@ void XlTrain::runPart2(const Inputs &inputs) {
   }
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v26(param2_decoder_xl_layer_0_relative_attention_q);            // updated in place
   support::View v495(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
   support::View v496(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
-  support::View v27(param3_decoder_xl_layer_0_relative_attention_k);            // updated in place
   support::View v515(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
   support::View v516(param34_decoder_xl_layer_0_relative_attention_k_v);        // updated in place
-  support::View v28(param4_decoder_xl_layer_0_relative_attention_v);            // updated in place
   support::View v535(param35_decoder_xl_layer_0_relative_attention_v_m);        // updated in place
   support::View v536(param36_decoder_xl_layer_0_relative_attention_v_v);        // updated in place
-  support::View v29(param5_decoder_xl_layer_0_relative_attention_r);            // updated in place
+  support::View v30(param5_decoder_xl_layer_0_relative_attention_r);            // updated in place
   support::View v555(param37_decoder_xl_layer_0_relative_attention_r_m);        // updated in place
   support::View v556(param38_decoder_xl_layer_0_relative_attention_r_v);        // updated in place
-  support::View v30(param6_decoder_xl_layer_0_relative_attention_o);            // updated in place
   support::View v575(param39_decoder_xl_layer_0_relative_attention_o_m);        // updated in place
   support::View v576(param40_decoder_xl_layer_0_relative_attention_o_v);        // updated in place
-  support::View v31(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
+  support::View v32(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
   support::View v595(
       param41_decoder_xl_layer_0_relative_attention_content_bias_m); // updated in place
   support::View v596(
       param42_decoder_xl_layer_0_relative_attention_content_bias_v);             // updated in place
-  support::View v32(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
+  support::View v33(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
   support::View v615(
       param43_decoder_xl_layer_0_relative_attention_position_bias_m); // updated in place
   support::View v616(
       param44_decoder_xl_layer_0_relative_attention_position_bias_v);   // updated in place
-  support::View v56(param9_decoder_xl_layer_0_norm_gain);               // updated in place
   support::View v635(param45_decoder_xl_layer_0_norm_gain_m);           // updated in place
   support::View v636(param46_decoder_xl_layer_0_norm_gain_v);           // updated in place
-  support::View v57(param10_decoder_xl_layer_0_norm_bias);              // updated in place
+  support::View v58(param10_decoder_xl_layer_0_norm_bias);              // updated in place
   support::View v655(param47_decoder_xl_layer_0_norm_bias_m);           // updated in place
   support::View v656(param48_decoder_xl_layer_0_norm_bias_v);           // updated in place
-  support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi);    // updated in place
   support::View v675(param49_decoder_xl_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v676(param50_decoder_xl_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v63(param12_decoder_xl_layer_0_dense_relu_dense_wo);    // updated in place
   support::View v695(param51_decoder_xl_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v696(param52_decoder_xl_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v69(param13_decoder_xl_layer_0_norm_1_gain);            // updated in place
   support::View v715(param53_decoder_xl_layer_0_norm_1_gain_m);         // updated in place
   support::View v716(param54_decoder_xl_layer_0_norm_1_gain_v);         // updated in place
   support::View v70(param14_decoder_xl_layer_0_norm_1_bias);            // updated in place
   support::View v735(param55_decoder_xl_layer_0_norm_1_bias_m);         // updated in place
   support::View v736(param56_decoder_xl_layer_0_norm_1_bias_v);         // updated in place
-  repeated0(v26, v291, v439, v495, v496, v481, v483, v319, v27, v287, v515, v516, v28, v284, v535,
-            v536, v29, v282, v555, v556, v30, v268, v575, v576, v31, v281, v595, v596, v32, v277,
-            v615, v616, v56, v252, v635, v636, v57, v249, v655, v656, v62, v248, v675, v676, v63,
+  repeated0(v27, v291, v439, v495, v496, v481, v483, v319, v28, v287, v515, v516, v29, v284, v535,
+            v536, v30, v282, v555, v556, v31, v268, v575, v576, v32, v281, v595, v596, v33, v277,
+            v615, v616, v57, v252, v635, v636, v58, v249, v655, v656, v62, v248, v675, v676, v63,
             v242, v695, v696, v69, v227, v715, v716, v70, v224, v735, v736);
 
   // 13 statements from transformer_xl.mesh:101:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v76(param16_decoder_xl_layer_1_relative_attention_q);            // updated in place
   support::View v755(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
   support::View v756(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
-  support::View v77(param17_decoder_xl_layer_1_relative_attention_k);            // updated in place
   support::View v775(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
   support::View v776(param60_decoder_xl_layer_1_relative_attention_k_v);         // updated in place
-  support::View v78(param18_decoder_xl_layer_1_relative_attention_v);            // updated in place
   support::View v795(param61_decoder_xl_layer_1_relative_attention_v_m);         // updated in place
   support::View v796(param62_decoder_xl_layer_1_relative_attention_v_v);         // updated in place
   support::View v79(param19_decoder_xl_layer_1_relative_attention_r);            // updated in place
   support::View v815(param63_decoder_xl_layer_1_relative_attention_r_m);         // updated in place
   support::View v816(param64_decoder_xl_layer_1_relative_attention_r_v);         // updated in place
-  support::View v80(param20_decoder_xl_layer_1_relative_attention_o);            // updated in place
   support::View v835(param65_decoder_xl_layer_1_relative_attention_o_m);         // updated in place
   support::View v836(param66_decoder_xl_layer_1_relative_attention_o_v);         // updated in place
   support::View v81(param21_decoder_xl_layer_1_relative_attention_content_bias); // updated in place
@@ -1686,19 +1515,15 @@ void XlTrain::runPart2(const Inputs &inputs) {
       param69_decoder_xl_layer_1_relative_attention_position_bias_m); // updated in place
   support::View v876(
       param70_decoder_xl_layer_1_relative_attention_position_bias_v);   // updated in place
-  support::View v106(param23_decoder_xl_layer_1_norm_gain);             // updated in place
   support::View v895(param71_decoder_xl_layer_1_norm_gain_m);           // updated in place
   support::View v896(param72_decoder_xl_layer_1_norm_gain_v);           // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias);             // updated in place
   support::View v915(param73_decoder_xl_layer_1_norm_bias_m);           // updated in place
   support::View v916(param74_decoder_xl_layer_1_norm_bias_v);           // updated in place
-  support::View v111(param25_decoder_xl_layer_1_dense_relu_dense_wi);   // updated in place
   support::View v935(param75_decoder_xl_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v936(param76_decoder_xl_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v112(param26_decoder_xl_layer_1_dense_relu_dense_wo);   // updated in place
   support::View v955(param77_decoder_xl_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v956(param78_decoder_xl_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v118(param27_decoder_xl_layer_1_norm_1_gain);           // updated in place
   support::View v975(param79_decoder_xl_layer_1_norm_1_gain_m);         // updated in place
   support::View v976(param80_decoder_xl_layer_1_norm_1_gain_v);         // updated in place
   support::View v119(param28_decoder_xl_layer_1_norm_1_bias);           // updated in place
@@ -1725,7 +1550,6 @@ void XlTrain::repeated0(
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51,
     support::View a52, support::ConstView a53, support::View a54, support::View a55) {
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1744,7 +1568,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/q
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -1810,7 +1633,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/k
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -1876,7 +1698,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/v
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -1942,7 +1763,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/r
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -2008,7 +1828,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/o
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -2074,7 +1893,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/content_bias
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -2140,7 +1958,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/position_bias
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -2206,7 +2023,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/gain
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -2272,7 +2088,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/bias
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -2338,7 +2153,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wi
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -2404,7 +2218,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wo
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -2470,7 +2283,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/gain
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -2536,7 +2348,6 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/bias
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a54p = a54.data();
     float *__restrict a55p = a55.data();
@@ -2607,10 +2418,8 @@ void XlTrain::repeated1(
     support::View a70, support::View a71, support::View a72, support::ConstView a73,
     support::View a74, support::View a75, support::ConstView a76, support::View a77,
     support::View a78) {
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
-  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 8};
@@ -2619,7 +2428,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -2633,7 +2441,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
-  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 8};
@@ -2642,7 +2449,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -2652,7 +2458,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2669,7 +2474,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape5_1 = {2, 8};
   static const support::Shape shape5_3 = {256, 32};
   static const support::Shape shape5_4 = {32};
@@ -2679,7 +2483,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2694,7 +2497,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -2715,7 +2517,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape8_1 = {2, 8};
   static const support::Shape shape8_3 = {256, 32};
   static const support::Shape shape8_4 = {32};
@@ -2724,7 +2525,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape9_1 = {2, 8};
   static const support::Shape shape9_3 = {256, 32};
   static const support::Shape shape9_4 = {32};
@@ -2736,7 +2536,6 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -2761,14 +2560,12 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan11.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:10 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wo
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -2776,7 +2573,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:17 gt
   // transformer_xl.mesh:70:17 where
-  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2793,7 +2589,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -2801,11 +2596,9 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %164 over model for add at
   // 70:22)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:70:22");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:70:22 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:70:22", "backward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a15p = a15.data();
@@ -2819,14 +2612,12 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wi
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan17.run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm/bias
-  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape18_1 = {32};
   static const support::Shape shape18_3 = {1};
   static const support::Shape shape18_4 = {2, 8};
@@ -2835,7 +2626,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a24p = a24.data();
@@ -2849,7 +2639,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
-  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape20_1 = {32};
   static const support::Shape shape20_3 = {1};
   static const support::Shape shape20_4 = {2, 8};
@@ -2858,7 +2647,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -2868,7 +2656,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -2885,7 +2672,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape23_1 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
   static const support::Shape shape23_4 = {32};
@@ -2895,7 +2681,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
@@ -2910,7 +2695,6 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -2931,7 +2715,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape26_1 = {2, 8};
   static const support::Shape shape26_3 = {256, 32};
   static const support::Shape shape26_4 = {32};
@@ -2940,7 +2723,6 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
-  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape27_1 = {2, 8};
   static const support::Shape shape27_3 = {256, 32};
   static const support::Shape shape27_4 = {32};
@@ -2952,7 +2734,6 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a41p = a41.data();
     const float *__restrict a28p = a28.data();
@@ -2977,7 +2758,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:64:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, context, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 8, 32, 16, 2, 8},
@@ -2987,7 +2767,6 @@ void XlTrain::repeated1(
   einsumPlan29.run(einsumPlan29Operands, a44.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 8, 32, 2, 16, 8},
@@ -2997,7 +2776,6 @@ void XlTrain::repeated1(
   einsumPlan30.run(einsumPlan30Operands, a46.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 8, 32, 2, 16, 8},
@@ -3007,7 +2785,6 @@ void XlTrain::repeated1(
   einsumPlan31.run(einsumPlan31Operands, a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a44p = a44.data();
@@ -3021,7 +2798,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:63:17 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
   static const support::Shape shape33_1 = {2, 2, 8};
   static const support::Shape shape33_3 = {256, 128, 16};
   static const support::Shape shape33_4 = {16};
@@ -3033,7 +2809,6 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:63:17 mul
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
-  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a44p = a44.data();
@@ -3060,21 +2835,18 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:61:18 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan35.run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
   einsumPlan36.run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
-  MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
   static const support::Shape shape37_1 = {2, 8};
   static const support::Shape shape37_3 = {8, 1};
   static const support::Shape shape37_4 = {2, 8};
@@ -3083,21 +2855,18 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan38.run(a51.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan39.run(a51.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a53p = a53.data();
@@ -3111,7 +2880,6 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
-  MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
   static const support::Shape shape41_1 = {2, 8};
   static const support::Shape shape41_3 = {8, 1};
   static const support::Shape shape41_4 = {2, 8};
@@ -3120,35 +2888,30 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan42(
       {{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan42.run(a55.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan43(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan43.run(a46.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a46.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan45(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan45.run(a60.data(), a69.data(), a70.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
   {
     float *__restrict a71p = a71.data();
     const float *__restrict a66p = a66.data();
@@ -3162,21 +2925,18 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan47(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan47.run(a60.data(), a67.data(), a72.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan48(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan48.run(a61.data(), a73.data(), a74.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
-  MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
   support::zero(a75);
   static const support::Shape shape49_2 = {2, 32};
   static const support::Shape shape49_3 = {256, 1};
@@ -3186,22 +2946,18 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %206 over model
   // for add at 56:17; merged with 1 more partial sum over model (%222): 4.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
-  auto request2 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan51(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan51.run(a61.data(), a76.data(), a77.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
-  group_model.wait(request2);
+  group_model.wait(request1);
 
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a41p = a41.data();
@@ -3218,7 +2974,265 @@ void XlTrain::repeated1(
   }
 }
 
-void XlTrain::repeated2(
+void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
+                        support::ConstView a3, support::ConstView a4, support::View a5,
+                        support::ConstView a6, support::View a7, support::ConstView a8,
+                        support::View a9, support::ConstView a10, support::ConstView a11,
+                        support::View a12, support::ConstView a13, support::View a14,
+                        support::View a15, support::ConstView a16, support::View a17,
+                        support::View a18, support::ConstView a19, support::View a20,
+                        support::View a21, support::ConstView a22, support::View a23,
+                        support::View a24, support::View a25, support::ConstView a26,
+                        support::ConstView a27, support::View a28, support::ConstView a29,
+                        support::View a30, support::View a31, support::ConstView a32,
+                        support::View a33, support::View a34, support::View a35,
+                        support::ConstView a36, support::ConstView a37, support::View a38) {
+
+  // transformer_xl.mesh:79:17 rename
+  support::copyValues(a0, a1);
+
+  // transformer_xl.mesh:55:17 concat -> keys_in
+  support::zero(a2);
+  static const support::Shape shape1_2 = {2, 32};
+  static const support::Shape shape1_3 = {512, 1};
+  static const support::Shape shape1_4 = {256, 1};
+  support::copyWindow(a2.data(), a3.data(), shape1_2, shape1_3, shape1_4, 32, 32, 16, 8,
+                      int64_t(0));
+
+  // transformer_xl.mesh:55:17 concat -> keys_in
+  static const support::Shape shape2_2 = {2, 32};
+  static const support::Shape shape2_3 = {512, 1};
+  static const support::Shape shape2_4 = {256, 1};
+  support::copyWindow(a2.data(), a1.data(), shape2_2, shape2_3, shape2_4, 32, 32, 16, 8,
+                      int64_t(8));
+
+  // transformer_xl.mesh:56:17 einsum -> queries
+  // dims: batch, segment, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:57:14 einsum -> keys
+  // dims: batch, context, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan4.run(a2.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:58:16 einsum -> values
+  // dims: batch, context, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(a2.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:59:19 einsum -> positions
+  // dims: segment, context, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:60:32 add
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a5p[i0 * 16 + i1];
+        const float s1 = a13p[i1];
+        const float s2 = (s0 + s1);
+        a14p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // transformer_xl.mesh:60:17 einsum -> content
+  // dims: batch, segment, heads, d_kv, context
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan8.run(a14.data(), a7.data(), a15.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:61:33 add
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a5p[i0 * 16 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        a17p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // transformer_xl.mesh:61:18 einsum -> position
+  // dims: batch, segment, heads, d_kv, context
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan10.run(a17.data(), a12.data(), a18.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:62:25 add
+  // transformer_xl.mesh:62:37 mul -> logits
+  // transformer_xl.mesh:63:25 where
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a19p = a19.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 16; ++i2) {
+          const float s0 = a15p[i0 * 128 + i1 * 16 + i2];
+          const float s1 = a18p[i0 * 128 + i1 * 16 + i2];
+          const float s2 = (s0 + s1);
+          const float s3 = 0.35355338f;
+          const float s4 = (s2 * s3);
+          const float s5 = a19p[i1 + i2 * 8];
+          const float s6 = -1000000000.0f;
+          const float s7 = (s5 != 0 ? s4 : s6);
+          a20p[i0 * 128 + i1 * 16 + i2] = s7;
+        }
+      }
+    }
+  }
+
+  // transformer_xl.mesh:63:17 softmax -> weights
+  static const support::Shape shape12_2 = {2, 2, 8};
+  static const support::Shape shape12_3 = {256, 128, 16};
+  static const support::Shape shape12_4 = {256, 128, 16};
+  static const support::Shape shape12_5 = {16};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(a21.data(), a20.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // transformer_xl.mesh:64:10 einsum
+  // dims: batch, heads, segment, context, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 2, 8, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan13Operands[] = {a21.data(), a9.data(), a22.data()};
+  einsumPlan13.run(einsumPlan13Operands, a23.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %53 over model for add at
+  // 80:18)
+  group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
+
+  // transformer_xl.mesh:80:18 add
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a23p[i0];
+      const float s2 = (s0 + s1);
+      a24p[i0] = s2;
+    }
+  }
+
+  // transformer_xl.mesh:32:10 layer_norm
+  static const support::Shape shape16_2 = {2, 8};
+  static const support::Shape shape16_3 = {256, 32};
+  static const support::Shape shape16_4 = {256, 32};
+  static const support::Shape shape16_5 = {32};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(a25.data(), a24.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // transformer_xl.mesh:32:33 mul
+  // transformer_xl.mesh:32:40 add -> h
+  {
+    float *__restrict a28p = a28.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a25p[i0 * 32 + i1];
+        const float s1 = a26p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a27p[i1];
+        const float s4 = (s2 + s3);
+        a28p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // transformer_xl.mesh:70:22 einsum
+  // dims: batch, segment, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan18.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:70:17 relu
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      a31p[i0] = s1;
+    }
+  }
+
+  // transformer_xl.mesh:70:10 einsum
+  // dims: batch, segment, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan20.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
+  // 81:17)
+  group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
+
+  // transformer_xl.mesh:81:17 add
+  {
+    float *__restrict a34p = a34.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a28p[i0];
+      const float s1 = a33p[i0];
+      const float s2 = (s0 + s1);
+      a34p[i0] = s2;
+    }
+  }
+
+  // transformer_xl.mesh:32:10 layer_norm
+  static const support::Shape shape23_2 = {2, 8};
+  static const support::Shape shape23_3 = {256, 32};
+  static const support::Shape shape23_4 = {256, 32};
+  static const support::Shape shape23_5 = {32};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(a35.data(), a34.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // transformer_xl.mesh:32:33 mul
+  // transformer_xl.mesh:32:40 add -> x
+  {
+    float *__restrict a38p = a38.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a37p = a37.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a35p[i0 * 32 + i1];
+        const float s1 = a36p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a37p[i1];
+        const float s4 = (s2 + s3);
+        a38p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+}
+
+void XlTrain::repeated3(
     support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
     support::View a4, support::View a5, support::ConstView a6, support::View a7, support::View a8,
     support::ConstView a9, support::View a10, support::View a11, support::ConstView a12,
@@ -3230,10 +3244,8 @@ void XlTrain::repeated2(
     support::View a33, support::View a34, support::ConstView a35, support::View a36,
     support::View a37, support::View a38, support::ConstView a39, support::View a40,
     support::View a41, support::View a42) {
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3245,7 +3257,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -3254,7 +3265,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3266,7 +3276,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -3275,7 +3284,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3287,7 +3295,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -3296,7 +3303,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -3308,7 +3314,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -3317,7 +3322,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -3329,7 +3333,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {2, 8, 32};
@@ -3338,7 +3341,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -3350,7 +3352,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {2, 8};
@@ -3359,7 +3360,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -3371,7 +3371,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {2, 8};
@@ -3380,7 +3379,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -3392,12 +3390,10 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %327 for sum at 101:3)
-  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape15_2 = {32};
   support::sliceDim(a23, a22, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape16_1 = {};
   static const support::Shape shape16_3 = {};
   static const support::Shape shape16_4 = {16};
@@ -3406,7 +3402,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -3418,12 +3413,10 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %330 for sum at 101:3)
-  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape18_2 = {32};
   support::sliceDim(a27, a26, shape18_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {16};
@@ -3432,7 +3425,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -3444,7 +3436,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape21_1 = {};
   static const support::Shape shape21_3 = {};
   static const support::Shape shape21_4 = {32, 32};
@@ -3453,7 +3444,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -3465,7 +3455,6 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 32};
@@ -3474,7 +3463,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -3486,12 +3474,10 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %339 for sum at 101:3)
-  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape25_2 = {32};
   support::sliceDim(a37, a36, shape25_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {16};
@@ -3500,7 +3486,6 @@ void XlTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
-  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a40p = a40.data();
     const float *__restrict a39p = a39.data();
@@ -3512,273 +3497,16 @@ void XlTrain::repeated2(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %342 for sum at 101:3)
-  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape28_2 = {32};
   support::sliceDim(a41, a40, shape28_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape29_1 = {};
   static const support::Shape shape29_3 = {};
   static const support::Shape shape29_4 = {16};
   static const support::Shape shape29_5 = {1};
   support::reduce(a42.data(), shape29_1, a41.data(), shape29_3, shape29_4, shape29_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
-                        support::View a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::ConstView a9, support::View a10, support::ConstView a11,
-                        support::View a12, support::View a13, support::ConstView a14,
-                        support::View a15, support::View a16, support::ConstView a17,
-                        support::View a18, support::View a19, support::ConstView a20,
-                        support::View a21) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // transformer_xl.mesh:55:17 concat -> keys_in
-  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
-  static const support::Shape shape0_2 = {2, 32};
-  static const support::Shape shape0_3 = {512, 1};
-  static const support::Shape shape0_4 = {256, 1};
-  support::copyWindow(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, 32, 32, 16, 8,
-                      int64_t(8));
-
-  // transformer_xl.mesh:56:17 einsum -> queries
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "forward");
-  // dims: batch, segment, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:57:14 einsum -> keys
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "forward");
-  // dims: batch, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:58:16 einsum -> values
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "forward");
-  // dims: batch, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a0.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:59:19 einsum -> positions
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "forward");
-  // dims: segment, context, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:60:32 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a3p[i0 * 16 + i1];
-        const float s1 = a11p[i1];
-        const float s2 = (s0 + s1);
-        a12p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // transformer_xl.mesh:60:17 einsum -> content
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "forward");
-  // dims: batch, segment, heads, d_kv, context
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(a12.data(), a5.data(), a13.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:61:33 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:61:33", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a3p[i0 * 16 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 + s1);
-        a15p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // transformer_xl.mesh:61:18 einsum -> position
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "forward");
-  // dims: batch, segment, heads, d_kv, context
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(a15.data(), a10.data(), a16.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:62:25 add
-  // transformer_xl.mesh:62:37 mul -> logits
-  // transformer_xl.mesh:63:25 where
-  MESHRT_TRACE("loop", "transformer_xl.mesh:62:25", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = a13p[i0 * 128 + i1 * 16 + i2];
-          const float s1 = a16p[i0 * 128 + i1 * 16 + i2];
-          const float s2 = (s0 + s1);
-          const float s3 = 0.35355338f;
-          const float s4 = (s2 * s3);
-          const float s5 = a17p[i1 + i2 * 8];
-          const float s6 = -1000000000.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          a18p[i0 * 128 + i1 * 16 + i2] = s7;
-        }
-      }
-    }
-  }
-
-  // transformer_xl.mesh:63:17 softmax -> weights
-  MESHRT_TRACE("softmax", "transformer_xl.mesh:63:17", "forward");
-  static const support::Shape shape10_2 = {2, 2, 8};
-  static const support::Shape shape10_3 = {256, 128, 16};
-  static const support::Shape shape10_4 = {256, 128, 16};
-  static const support::Shape shape10_5 = {16};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(a19.data(), a18.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // transformer_xl.mesh:64:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
-  // dims: batch, heads, segment, context, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan11Operands[] = {a19.data(), a7.data(), a20.data()};
-  einsumPlan11.run(einsumPlan11Operands, a21.data(), 1.0f, 0.0f);
-}
-
-void XlTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
-                        support::ConstView a3, support::View a4, support::ConstView a5,
-                        support::View a6, support::View a7, support::ConstView a8, support::View a9,
-                        support::View a10, support::View a11, support::ConstView a12,
-                        support::ConstView a13, support::View a14) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // transformer_xl.mesh:32:10 layer_norm
-  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape0_2 = {2, 8};
-  static const support::Shape shape0_3 = {256, 32};
-  static const support::Shape shape0_4 = {256, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // transformer_xl.mesh:32:33 mul
-  // transformer_xl.mesh:32:40 add -> h
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a2p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i1];
-        const float s4 = (s2 + s3);
-        a4p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // transformer_xl.mesh:70:22 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
-  // dims: batch, segment, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:70:17 relu
-  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a7p[i0] = s1;
-    }
-  }
-
-  // transformer_xl.mesh:70:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
-  // dims: batch, segment, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
-  // 81:17)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:81:17");
-  group_model.allReduce(a9.data(), a9.size(), meshrt::ReduceOp::Sum);
-
-  // transformer_xl.mesh:81:17 add
-  MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = a9p[i0];
-      const float s2 = (s0 + s1);
-      a10p[i0] = s2;
-    }
-  }
-
-  // transformer_xl.mesh:32:10 layer_norm
-  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape7_2 = {2, 8};
-  static const support::Shape shape7_3 = {256, 32};
-  static const support::Shape shape7_4 = {256, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(a11.data(), a10.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // transformer_xl.mesh:32:33 mul
-  // transformer_xl.mesh:32:40 add -> x
-  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a11p[i0 * 32 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a13p[i1];
-        const float s4 = (s2 + s3);
-        a14p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
 }
 
 XlTrain::Inputs XlTrain::synthesizeInputs(uint64_t seed) const {

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 106816;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 369712;
+  static constexpr size_t kTemporaryBytes = 367664;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27840;
 
@@ -95,7 +95,6 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::View a4, support::ConstView a5, support::ConstView a6,
@@ -133,7 +132,18 @@ public:
             support::View a68, support::ConstView a69, support::View a70, support::View a71,
             support::View a72, support::ConstView a73, support::View a74, support::View a75,
             support::ConstView a76, support::View a77, support::View a78);
-  void repeated2(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+  void repeated2(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::ConstView a8, support::View a9, support::ConstView a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::View a15, support::ConstView a16, support::View a17,
+                 support::View a18, support::ConstView a19, support::View a20, support::View a21,
+                 support::ConstView a22, support::View a23, support::View a24, support::View a25,
+                 support::ConstView a26, support::ConstView a27, support::View a28,
+                 support::ConstView a29, support::View a30, support::View a31,
+                 support::ConstView a32, support::View a33, support::View a34, support::View a35,
+                 support::ConstView a36, support::ConstView a37, support::View a38);
+  void repeated3(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10, support::View a11,
                  support::ConstView a12, support::View a13, support::View a14,
@@ -145,18 +155,6 @@ public:
                  support::ConstView a32, support::View a33, support::View a34,
                  support::ConstView a35, support::View a36, support::View a37, support::View a38,
                  support::ConstView a39, support::View a40, support::View a41, support::View a42);
-  void repeated3(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
-                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::ConstView a8, support::ConstView a9, support::View a10,
-                 support::ConstView a11, support::View a12, support::View a13,
-                 support::ConstView a14, support::View a15, support::View a16,
-                 support::ConstView a17, support::View a18, support::View a19,
-                 support::ConstView a20, support::View a21);
-  void repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
-                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
-                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::ConstView a13,
-                 support::View a14);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 

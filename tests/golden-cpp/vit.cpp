@@ -248,7 +248,6 @@ void Classify::computeInvariants() {
 }
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "classify");
   // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
@@ -261,10 +260,8 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
 
 void Classify::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
-  MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v7 = arena_.slot(6144, 1344);
   static const support::Shape shape0_2 = {2, 14, 3};
@@ -274,7 +271,6 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
-  MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v8 = arena_.slot(0, 1536);
   static const support::Shape shape1_2 = {2, 16, 3};
   static const support::Shape shape1_3 = {768, 48, 1};
@@ -282,7 +278,6 @@ void Classify::runPart0(const Inputs &inputs) {
   support::copyWindow(v8.data(), v7.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
-  MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v9 = arena_.view(6144, 1536);
   static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
   static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
@@ -293,7 +288,6 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
-  MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v10 = arena_.view(0, 1536);
   static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
   static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
@@ -304,7 +298,6 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
-  MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v11 = arena_.view(8192, 1536);
   static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
   static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
@@ -315,7 +308,6 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   const support::Buffer &v5 = param4_vit_embed_patches_w_patch;
   support::View v12 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
@@ -324,7 +316,6 @@ void Classify::runPart0(const Inputs &inputs) {
   einsumPlan5.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
-  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   const support::Buffer &v6 = param5_vit_embed_patches_b_patch;
   support::View v13 = arena_.view(8704, 2048);
   {
@@ -342,7 +333,6 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:92:34 mul -> class_tokens
-  MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   const support::Buffer &v1 = param0_vit_class_token;
   support::View v17 = persistent_.view(192, 2);
   support::View v18 = arena_.view(16896, 128);
@@ -361,7 +351,6 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:93:40 concat
-  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v19 = arena_.slot(0, 2176);
   static const support::Shape shape8_2 = {64, 2};
   static const support::Shape shape8_3 = {2, 1};
@@ -370,7 +359,6 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:93:40 concat
-  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   static const support::Shape shape9_2 = {64, 2};
   static const support::Shape shape9_3 = {2, 1};
   static const support::Shape shape9_4 = {1, 1024};
@@ -379,7 +367,6 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:94:40 add
   // vit.mesh:93:40 transpose -> x
-  MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   const support::Buffer &v2 = param1_vit_position_embedding;
   support::View v21 = arena_.view(8704, 2176);
   {
@@ -398,7 +385,6 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v26 = arena_.view(0, 2176);
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
@@ -411,7 +397,6 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
   const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
   support::View v28 = arena_.view(17408, 2176);
@@ -433,7 +418,6 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
   support::View v34 = arena_.view(0, 2176);
@@ -472,7 +456,6 @@ void Classify::runPart0(const Inputs &inputs) {
             v72);
 
   // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
   support::View v78 = arena_.view(0, 2176);
@@ -511,7 +494,6 @@ void Classify::runPart0(const Inputs &inputs) {
             v111, v114);
 
   // vit.mesh:99:17 slice
-  MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v115 = arena_.slot(0, 128);
   static const support::Shape shape15_2 = {2, 64};
   static const support::Shape shape15_3 = {64, 1};
@@ -520,7 +502,6 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
-  MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v116 = arena_.view(512, 128);
   static const support::Shape shape16_1 = {2, 64};
   static const support::Shape shape16_3 = {64, 1};
@@ -530,7 +511,6 @@ void Classify::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
   support::View v117 = arena_.view(0, 20);
   // dims: batch, d_model, classes
@@ -539,7 +519,6 @@ void Classify::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add
-  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
   support::View v118 = arena_.view(128, 20);
   {
@@ -557,7 +536,6 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:104:11 softmax -> probs
-  MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
   support::View v119 = arena_.view(0, 20);
   static const support::Shape shape19_2 = {2};
   static const support::Shape shape19_3 = {10};
@@ -581,28 +559,23 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
                          support::ConstView a33, support::View a34) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
-  MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
-  MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
   support::copyValues(a3, a0);
 
   // vit.mesh:60:11 einsum -> k
-  MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> v
-  MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -610,14 +583,12 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
-  MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a2.data(), a5.data(), a8.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
-  MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 17};
   static const support::Shape shape5_3 = {578, 289, 17};
   static const support::Shape shape5_4 = {578, 289, 17};
@@ -628,21 +599,18 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a7.data(), a10.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:55 mul
-  MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -658,11 +626,9 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
-  MESHRT_TRACE_SITE("vit.mesh:80:13");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
-  MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -676,7 +642,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
   static const support::Shape shape11_4 = {1088, 64};
@@ -689,7 +654,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a17p = a17.data();
@@ -709,7 +673,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:38 cast
-  MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -721,7 +684,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
   support::einsum2Double(a23.data(), a20.data(), a22.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -738,11 +700,9 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
   support::roundBufferBF16(a23);
 
   // vit.mesh:71:11 gelu -> h
-  MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -754,7 +714,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:25 cast
-  MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -766,7 +725,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
   support::einsum2Double(a27.data(), a24.data(), a26.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -783,12 +741,10 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
   support::roundBufferBF16(a27);
 
   // vit.mesh:72:10 cast
   // vit.mesh:81:48 mul
-  MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a27p = a27.data();
@@ -805,11 +761,9 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
-  MESHRT_TRACE_SITE("vit.mesh:81:12");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
-  MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a16p = a16.data();
@@ -823,7 +777,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape23_2 = {2, 17};
   static const support::Shape shape23_3 = {1088, 64};
   static const support::Shape shape23_4 = {1088, 64};
@@ -835,7 +788,6 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a31p = a31.data();
@@ -1447,8 +1399,7 @@ void TrainVit::computeInvariants() {
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "train_vit");
-  // Arena: 379136 bytes for 1401748 bytes of temporaries (placed by liveness).
+  // Arena: 379136 bytes for 1366932 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
@@ -1467,10 +1418,8 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
 
 void TrainVit::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
-  MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v8 = arena_.slot(6144, 1344);
   static const support::Shape shape0_2 = {2, 14, 3};
@@ -1480,7 +1429,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
-  MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v9 = arena_.slot(0, 1536);
   static const support::Shape shape1_2 = {2, 16, 3};
   static const support::Shape shape1_3 = {768, 48, 1};
@@ -1488,7 +1436,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::copyWindow(v9.data(), v8.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
-  MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v10 = arena_.view(6144, 1536);
   static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
   static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
@@ -1499,7 +1446,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
-  MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v11 = arena_.view(0, 1536);
   static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
   static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
@@ -1510,7 +1456,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
-  MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v12 = arena_.view(325632, 1536);
   static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
   static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
@@ -1521,7 +1466,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
   support::View v13 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
@@ -1530,7 +1474,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   einsumPlan5.run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
-  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v14 = arena_.view(8704, 2048);
   {
@@ -1548,7 +1491,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:92:34 mul -> class_tokens
-  MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   support::View v2(param0_vit_class_token); // updated in place
   support::View v18 = persistent_.view(192, 2);
   support::View v19 = arena_.view(16896, 128);
@@ -1567,7 +1509,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:93:40 concat
-  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v20 = arena_.slot(0, 2176);
   static const support::Shape shape8_2 = {64, 2};
   static const support::Shape shape8_3 = {2, 1};
@@ -1576,7 +1517,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:93:40 concat
-  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   static const support::Shape shape9_2 = {64, 2};
   static const support::Shape shape9_3 = {2, 1};
   static const support::Shape shape9_4 = {1, 1024};
@@ -1585,7 +1525,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:94:40 add
   // vit.mesh:93:40 transpose -> x
-  MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   support::View v3(param1_vit_position_embedding); // updated in place
   support::View v22 = arena_.view(81920, 2176);
   {
@@ -1604,7 +1543,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v27 = arena_.view(90624, 2176);
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
@@ -1617,7 +1555,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(99328, 2176);
@@ -1638,8 +1575,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 28 statements from vit.mesh:59:11 einsum -> q (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:59:11");
+  // 26 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
   support::View v34 = arena_.view(341120, 1088);
   support::View v35 = arena_.view(108032, 2176);
@@ -1655,7 +1591,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v44 = arena_.view(0, 2176);
   support::View v45 = arena_.view(125440, 2176);
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
-  support::View v46 = arena_.view(0, 2176);
   support::View v48 = arena_.view(134144, 2176);
   support::View v51 = arena_.view(142848, 2176);
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
@@ -1670,18 +1605,16 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(32768, 2176);
   support::View v63 = arena_.view(177664, 2176);
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
-  support::View v64 = arena_.view(32768, 2176);
   support::View v66 = arena_.view(186368, 2176);
   support::View v71 = arena_.view(195072, 2176);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
   support::View v73 = arena_.view(203776, 2176);
-  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, v23, v46,
-            v22, v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, v24, v64, v66,
-            v71, v69, v70, v73, "vit/encoder_layer[0]/dropout#0", "vit/encoder_layer[0]/dropout#1");
+  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, v23, v22,
+            v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, v24, v66, v71, v69,
+            v70, v73, "vit/encoder_layer[0]/dropout#0", "vit/encoder_layer[0]/dropout#1");
 
-  // 28 statements from vit.mesh:59:11 einsum -> q (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:59:11");
+  // 26 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v78 = arena_.view(358528, 1088);
   support::View v79 = arena_.view(212480, 2176);
@@ -1697,7 +1630,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v88 = arena_.view(32768, 2176);
   support::View v89 = arena_.view(229888, 2176);
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
-  support::View v90 = arena_.view(32768, 2176);
   support::View v92 = arena_.view(238592, 2176);
   support::View v95 = arena_.view(247296, 2176);
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
@@ -1712,19 +1644,16 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::View v105 = arena_.view(273408, 2176);
   support::View v107 = arena_.view(282112, 2176);
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
-  support::View v108 = arena_.view(273408, 2176);
-  support::View v110 = arena_.view(290816, 2176);
-  support::View v113 = arena_.view(273408, 2176);
+  support::View v110 = arena_.view(273408, 2176);
+  support::View v113 = arena_.view(290816, 2176);
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v112(param31_vit_norm_bias); // updated in place
   support::View v115 = arena_.view(299520, 2176);
-  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, v67, v90,
-            v66, v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107, v68, v108,
-            v110, v113, v111, v112, v115, "vit/encoder_layer[1]/dropout#0",
-            "vit/encoder_layer[1]/dropout#1");
+  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, v67, v66,
+            v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107, v68, v110, v113,
+            v111, v112, v115, "vit/encoder_layer[1]/dropout#0", "vit/encoder_layer[1]/dropout#1");
 
   // vit.mesh:99:17 slice
-  MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v116 = arena_.slot(74240, 128);
   static const support::Shape shape15_2 = {2, 64};
   static const support::Shape shape15_3 = {64, 1};
@@ -1733,7 +1662,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
-  MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v117 = arena_.view(74752, 128);
   static const support::Shape shape16_1 = {2, 64};
   static const support::Shape shape16_3 = {64, 1};
@@ -1743,7 +1671,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v118 = arena_.view(74240, 20);
   // dims: batch, d_model, classes
@@ -1752,7 +1679,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add -> logits
-  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
   {
@@ -1770,7 +1696,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:111:19 logsumexp
-  MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
   support::View v120 = arena_.view(74624, 2);
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {10};
@@ -1780,7 +1705,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
-  MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74240, 20);
   static const support::Shape shape20_1 = {2, 10};
@@ -1789,7 +1713,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::oneHot(v121.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
 
   // vit.mesh:111:59 mul
-  MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
   support::View v122 = arena_.view(74496, 20);
   {
     float *__restrict v122p = v122.data();
@@ -1804,7 +1727,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:111:48 sum
-  MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
   support::View v123 = arena_.view(74688, 2);
   static const support::Shape shape22_1 = {2};
   static const support::Shape shape22_3 = {10};
@@ -1814,7 +1736,6 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
-  MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
   support::View v124 = arena_.view(74496, 2);
   {
     float *__restrict v124p = v124.data();
@@ -1831,10 +1752,8 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
 void TrainVit::runPart1(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:111:14 mean -> loss
-  MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
   support::View v124 = arena_.view(74496, 2);
   support::View v125 = arena_.view(379072, 1);
   static const support::Shape shape0_1 = {};
@@ -1849,7 +1768,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:111:19 mul
   // vit.mesh:111:59 mul
   // vit.mesh:111:19 add
-  MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
   support::View v119 = arena_.view(74368, 20);
   support::View v120 = arena_.view(74624, 2);
   support::View v121 = arena_.view(74240, 20);
@@ -1877,7 +1795,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
-  MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
   support::View v138 = arena_.view(379008, 10);
   static const support::Shape shape2_1 = {10};
   static const support::Shape shape2_3 = {1};
@@ -1887,7 +1804,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
@@ -1896,7 +1812,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   einsumPlan3.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
-  MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
@@ -1905,7 +1820,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   einsumPlan4.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
-  MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
   support::View v141 = arena_.view(74752, 128);
   {
     float *__restrict v141p = v141.data();
@@ -1918,7 +1832,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:99:17 pad
-  MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
   support::View v142 = arena_.slot(299520, 2176);
   static const support::Shape shape6_2 = {2, 64};
   static const support::Shape shape6_3 = {1088, 1};
@@ -1927,7 +1840,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
-  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   support::View v143 = arena_.view(378496, 64);
   static const support::Shape shape7_1 = {64};
   static const support::Shape shape7_3 = {1};
@@ -1937,8 +1849,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
-  support::View v113 = arena_.view(273408, 2176);
+  support::View v113 = arena_.view(290816, 2176);
   support::View v145 = arena_.view(308224, 2176);
   {
     float *__restrict v145p = v145.data();
@@ -1953,7 +1864,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
-  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   support::View v146 = arena_.view(378752, 64);
   static const support::Shape shape9_1 = {64};
   static const support::Shape shape9_3 = {1};
@@ -1963,8 +1873,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
-  support::View v110 = arena_.view(290816, 2176);
+  support::View v110 = arena_.view(273408, 2176);
   support::View v147 = arena_.view(74240, 34);
   static const support::Shape shape10_1 = {2, 17};
   static const support::Shape shape10_3 = {1088, 64};
@@ -1975,7 +1884,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v149 = arena_.view(308224, 2176);
   {
     float *__restrict v149p = v149.data();
@@ -1993,7 +1901,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v150 = arena_.view(74240, 34);
   static const support::Shape shape12_1 = {2, 17};
   static const support::Shape shape12_3 = {1088, 64};
@@ -2004,7 +1911,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v153 = arena_.view(74432, 34);
   {
     float *__restrict v153p = v153.data();
@@ -2020,9 +1926,8 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v111(param30_vit_norm_gain); // updated in place
-  support::View v144 = arena_.view(290816, 2176);
+  support::View v144 = arena_.view(273408, 2176);
   support::View v154 = arena_.view(308224, 2176);
   {
     float *__restrict v144p = v144.data();
@@ -2044,7 +1949,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v155 = arena_.view(74240, 34);
   static const support::Shape shape15_1 = {2, 17};
   static const support::Shape shape15_3 = {1088, 64};
@@ -2054,7 +1958,6 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v157 = arena_.view(74624, 34);
   static const support::Shape shape16_1 = {2, 17};
   static const support::Shape shape16_3 = {1088, 64};
@@ -2069,16 +1972,15 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
   support::View v107 = arena_.view(282112, 2176);
   support::View v160 = arena_.view(299520, 2176);
   support::View v161 = arena_.view(308224, 2176);
-  support::View v163 = arena_.view(316928, 2176);
+  support::View v162 = arena_.view(316928, 2176);
   {
     float *__restrict v160p = v160.data();
     float *__restrict v161p = v161.data();
-    float *__restrict v163p = v163.data();
+    float *__restrict v162p = v162.data();
     const float *__restrict v113p = v113.data();
     const float *__restrict v155p = v155.data();
     const float *__restrict v144p = v144.data();
@@ -2103,97 +2005,96 @@ void TrainVit::runPart1(const Inputs &inputs) {
         const float s12 = (s8 * s11);
         v160p[i0 * 64 + i1] = s8;
         v161p[i0 * 64 + i1] = s10;
-        v163p[i0 * 64 + i1] = s12;
+        v162p[i0 * 64 + i1] = s12;
       }
     }
   }
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:81:48");
-  support::View v166 = arena_.view(273408, 2176);
+  support::View v165 = arena_.view(273408, 2176);
   support::View v104 = arena_.view(49152, 4096);
-  support::View v167 = arena_.view(282112, 2176);
+  support::View v166 = arena_.view(282112, 2176);
   support::View v103 = arena_.view(65536, 2176);
-  support::View v168 = arena_.view(49152, 4096);
+  support::View v167 = arena_.view(49152, 4096);
   support::View v102 = arena_.view(264704, 2176);
-  support::View v192 = arena_.view(49152, 2176);
+  support::View v191 = arena_.view(49152, 2176);
   support::View v101 = arena_.view(32768, 4096);
-  support::View v193 = arena_.view(264704, 2176);
+  support::View v192 = arena_.view(264704, 2176);
   support::View v100 = arena_.view(256000, 2176);
-  support::View v194 = arena_.view(32768, 4096);
-  support::View v196 = arena_.view(32768, 2176);
+  support::View v193 = arena_.view(32768, 4096);
+  support::View v195 = arena_.view(32768, 2176);
   support::View v95 = arena_.view(247296, 2176);
-  support::View v200 = arena_.view(256000, 2176);
-  support::View v202 = arena_.view(41472, 34);
+  support::View v199 = arena_.view(256000, 2176);
+  support::View v201 = arena_.view(41472, 34);
   support::View v92 = arena_.view(238592, 2176);
-  support::View v204 = arena_.view(256000, 2176);
-  support::View v205 = arena_.view(41472, 34);
-  support::View v207 = arena_.view(41664, 34);
+  support::View v203 = arena_.view(256000, 2176);
+  support::View v204 = arena_.view(41472, 34);
+  support::View v206 = arena_.view(41664, 34);
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v199 = arena_.view(238592, 2176);
-  support::View v208 = arena_.view(256000, 2176);
-  support::View v209 = arena_.view(41472, 34);
-  support::View v211 = arena_.view(41856, 34);
+  support::View v198 = arena_.view(238592, 2176);
+  support::View v207 = arena_.view(256000, 2176);
+  support::View v208 = arena_.view(41472, 34);
+  support::View v210 = arena_.view(41856, 34);
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
   support::View v89 = arena_.view(229888, 2176);
-  support::View v216 = arena_.view(256000, 2176);
-  support::View v218 = arena_.view(264704, 2176);
-  support::View v220 = arena_.view(229888, 2176);
+  support::View v215 = arena_.view(256000, 2176);
+  support::View v216 = arena_.view(264704, 2176);
+  support::View v218 = arena_.view(229888, 2176);
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
-  support::View v221 = arena_.view(238592, 1088);
+  support::View v219 = arena_.view(238592, 1088);
   support::View v87 = arena_.view(371584, 1088);
   support::View v82 = arena_.view(367232, 1088);
-  support::View v223 = arena_.view(41472, 1156);
+  support::View v221 = arena_.view(41472, 1156);
   support::View v86 = arena_.view(336448, 1156);
-  support::View v224 = arena_.view(242944, 1088);
-  support::View v225 = arena_.view(229888, 1156);
-  support::View v226 = arena_.view(46144, 68);
-  support::View v229 = arena_.view(229888, 1156);
+  support::View v222 = arena_.view(242944, 1088);
+  support::View v223 = arena_.view(229888, 1156);
+  support::View v224 = arena_.view(46144, 68);
+  support::View v227 = arena_.view(229888, 1156);
   support::View v80 = arena_.view(362880, 1088);
-  support::View v230 = arena_.view(41472, 1088);
+  support::View v228 = arena_.view(41472, 1088);
   support::View v78 = arena_.view(358528, 1088);
-  support::View v231 = arena_.view(238592, 1088);
+  support::View v229 = arena_.view(238592, 1088);
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
-  support::View v232 = arena_.view(229888, 2176);
+  support::View v230 = arena_.view(229888, 2176);
   support::View v81 = arena_.view(221184, 2176);
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
-  support::View v235 = arena_.view(221184, 2176);
+  support::View v233 = arena_.view(221184, 2176);
   support::View v79 = arena_.view(212480, 2176);
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
-  support::View v239 = arena_.view(212480, 2176);
-  support::View v240 = arena_.view(238592, 2176);
+  support::View v237 = arena_.view(212480, 2176);
+  support::View v238 = arena_.view(238592, 2176);
   support::View v73 = arena_.view(203776, 2176);
   support::View v71 = arena_.view(195072, 2176);
-  support::View v245 = arena_.view(203776, 2176);
-  support::View v247 = arena_.view(41472, 34);
+  support::View v243 = arena_.view(203776, 2176);
+  support::View v245 = arena_.view(41472, 34);
   support::View v66 = arena_.view(186368, 2176);
-  support::View v249 = arena_.view(203776, 2176);
-  support::View v250 = arena_.view(41472, 34);
+  support::View v247 = arena_.view(203776, 2176);
+  support::View v248 = arena_.view(41472, 34);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v244 = arena_.view(186368, 2176);
-  support::View v253 = arena_.view(203776, 2176);
-  support::View v164 = arena_.view(290816, 64);
-  support::View v169 = arena_.view(65536, 4096);
-  support::View v195 = arena_.view(49152, 4096);
-  support::View v198 = arena_.view(273408, 64);
-  support::View v201 = arena_.view(273664, 64);
-  support::View v215 = arena_.view(32768, 2176);
-  support::View v219 = arena_.view(273920, 64);
-  support::View v222 = arena_.view(247296, 2048);
-  support::View v233 = arena_.view(255488, 2048);
-  support::View v236 = arena_.view(263680, 2048);
-  support::View v241 = arena_.view(229888, 2048);
-  support::View v243 = arena_.view(238080, 64);
-  support::View v246 = arena_.view(238336, 64);
-  support::View v252 = arena_.view(41664, 34);
-  support::View v254 = arena_.view(41472, 34);
-  support::View v256 = arena_.view(41856, 34);
-  repeated1(v164, v163, v161, v166, v104, v167, v103, v168, v169, v102, v192, v101, v193, v100,
-            v194, v195, v196, v198, v95, v200, v201, v202, v92, v204, v205, v207, v93, v199, v208,
-            v209, v211, v160, v67, v89, v215, v216, v218, v219, v220, v77, v221, v87, v222, v82,
-            v223, v86, v224, v225, v226, v229, v80, v230, v78, v231, v76, v232, v81, v233, v75,
-            v235, v79, v236, v74, v239, v240, v73, v241, v243, v71, v245, v246, v247, v66, v249,
-            v250, v252, v69, v244, v253, v254, v256, "vit/encoder_layer[1]/dropout#1",
+  support::View v242 = arena_.view(186368, 2176);
+  support::View v251 = arena_.view(203776, 2176);
+  support::View v163 = arena_.view(290816, 64);
+  support::View v168 = arena_.view(65536, 4096);
+  support::View v194 = arena_.view(49152, 4096);
+  support::View v197 = arena_.view(273408, 64);
+  support::View v200 = arena_.view(273664, 64);
+  support::View v214 = arena_.view(32768, 2176);
+  support::View v217 = arena_.view(273920, 64);
+  support::View v220 = arena_.view(247296, 2048);
+  support::View v231 = arena_.view(255488, 2048);
+  support::View v234 = arena_.view(263680, 2048);
+  support::View v239 = arena_.view(229888, 2048);
+  support::View v241 = arena_.view(238080, 64);
+  support::View v244 = arena_.view(238336, 64);
+  support::View v250 = arena_.view(41664, 34);
+  support::View v252 = arena_.view(41472, 34);
+  support::View v254 = arena_.view(41856, 34);
+  repeated1(v163, v162, v161, v165, v104, v166, v103, v167, v168, v102, v191, v101, v192, v100,
+            v193, v194, v195, v197, v95, v199, v200, v201, v92, v203, v204, v206, v93, v198, v207,
+            v208, v210, v160, v67, v89, v214, v215, v216, v217, v218, v77, v219, v87, v220, v82,
+            v221, v86, v222, v223, v224, v227, v80, v228, v78, v229, v76, v230, v81, v231, v75,
+            v233, v79, v234, v74, v237, v238, v73, v239, v241, v71, v243, v244, v245, v66, v247,
+            v248, v250, v69, v242, v251, v252, v254, "vit/encoder_layer[1]/dropout#1",
             "vit/encoder_layer[1]/dropout#0");
 
   // vit.mesh:36:10 mul
@@ -2203,134 +2104,132 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 add
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v63 = arena_.view(177664, 2176);
-  support::View v260 = arena_.view(203776, 2176);
-  support::View v261 = arena_.view(212480, 2176);
-  support::View v263 = arena_.view(221184, 2176);
+  support::View v258 = arena_.view(203776, 2176);
+  support::View v259 = arena_.view(212480, 2176);
+  support::View v260 = arena_.view(221184, 2176);
   {
+    float *__restrict v258p = v258.data();
+    float *__restrict v259p = v259.data();
     float *__restrict v260p = v260.data();
-    float *__restrict v261p = v261.data();
-    float *__restrict v263p = v263.data();
     const float *__restrict v71p = v71.data();
-    const float *__restrict v254p = v254.data();
-    const float *__restrict v244p = v244.data();
-    const float *__restrict v256p = v256.data();
     const float *__restrict v252p = v252.data();
-    const float *__restrict v215p = v215.data();
+    const float *__restrict v242p = v242.data();
+    const float *__restrict v254p = v254.data();
+    const float *__restrict v250p = v250.data();
+    const float *__restrict v214p = v214.data();
     const float *__restrict v24p = v24.data();
     const float *__restrict v63p = v63.data();
     for (int64_t i0 = 0; i0 < 34; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = v71p[i0 * 64 + i1];
-        const float s1 = v254p[i0];
+        const float s1 = v252p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v244p[i0 * 64 + i1];
-        const float s4 = v256p[i0];
+        const float s3 = v242p[i0 * 64 + i1];
+        const float s4 = v254p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v252p[i0];
+        const float s7 = v250p[i0];
         const float s8 = (s6 * s7);
-        const float s9 = v215p[i0 * 64 + i1];
+        const float s9 = v214p[i0 * 64 + i1];
         const float s10 = (s9 + s8);
         const float s11 = v24p[i1];
         const float s12 = (s10 * s11);
         const float s13 = v63p[i0 * 64 + i1];
         const float s14 = (s10 * s13);
-        v260p[i0 * 64 + i1] = s10;
-        v261p[i0 * 64 + i1] = s12;
-        v263p[i0 * 64 + i1] = s14;
+        v258p[i0 * 64 + i1] = s10;
+        v259p[i0 * 64 + i1] = s12;
+        v260p[i0 * 64 + i1] = s14;
       }
     }
   }
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:81:48");
-  support::View v266 = arena_.view(32768, 2176);
+  support::View v263 = arena_.view(32768, 2176);
   support::View v60 = arena_.view(16384, 4096);
-  support::View v267 = arena_.view(177664, 2176);
+  support::View v264 = arena_.view(177664, 2176);
   support::View v59 = arena_.view(168960, 2176);
-  support::View v268 = arena_.view(16384, 4096);
+  support::View v265 = arena_.view(16384, 4096);
   support::View v58 = arena_.view(160256, 2176);
-  support::View v286 = arena_.view(16384, 2176);
+  support::View v283 = arena_.view(16384, 2176);
   support::View v57 = arena_.view(0, 4096);
-  support::View v287 = arena_.view(160256, 2176);
+  support::View v284 = arena_.view(160256, 2176);
   support::View v56 = arena_.view(151552, 2176);
-  support::View v288 = arena_.view(0, 4096);
-  support::View v290 = arena_.view(0, 2176);
+  support::View v285 = arena_.view(0, 4096);
+  support::View v287 = arena_.view(0, 2176);
   support::View v51 = arena_.view(142848, 2176);
-  support::View v294 = arena_.view(151552, 2176);
-  support::View v296 = arena_.view(8704, 34);
+  support::View v291 = arena_.view(151552, 2176);
+  support::View v293 = arena_.view(8704, 34);
   support::View v48 = arena_.view(134144, 2176);
-  support::View v298 = arena_.view(151552, 2176);
-  support::View v299 = arena_.view(8704, 34);
-  support::View v301 = arena_.view(8896, 34);
+  support::View v295 = arena_.view(151552, 2176);
+  support::View v296 = arena_.view(8704, 34);
+  support::View v298 = arena_.view(8896, 34);
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v293 = arena_.view(134144, 2176);
-  support::View v302 = arena_.view(151552, 2176);
-  support::View v303 = arena_.view(8704, 34);
-  support::View v305 = arena_.view(9088, 34);
+  support::View v290 = arena_.view(134144, 2176);
+  support::View v299 = arena_.view(151552, 2176);
+  support::View v300 = arena_.view(8704, 34);
+  support::View v302 = arena_.view(9088, 34);
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v45 = arena_.view(125440, 2176);
-  support::View v310 = arena_.view(151552, 2176);
-  support::View v312 = arena_.view(160256, 2176);
-  support::View v314 = arena_.view(125440, 2176);
+  support::View v307 = arena_.view(151552, 2176);
+  support::View v308 = arena_.view(160256, 2176);
+  support::View v310 = arena_.view(125440, 2176);
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
-  support::View v315 = arena_.view(134144, 1088);
+  support::View v311 = arena_.view(134144, 1088);
   support::View v43 = arena_.view(354176, 1088);
   support::View v38 = arena_.view(349824, 1088);
-  support::View v317 = arena_.view(8704, 1156);
+  support::View v313 = arena_.view(8704, 1156);
   support::View v42 = arena_.view(331776, 1156);
-  support::View v318 = arena_.view(138496, 1088);
+  support::View v314 = arena_.view(138496, 1088);
+  support::View v315 = arena_.view(125440, 1156);
+  support::View v316 = arena_.view(13376, 68);
   support::View v319 = arena_.view(125440, 1156);
-  support::View v320 = arena_.view(13376, 68);
-  support::View v323 = arena_.view(125440, 1156);
   support::View v36 = arena_.view(345472, 1088);
-  support::View v324 = arena_.view(8704, 1088);
+  support::View v320 = arena_.view(8704, 1088);
   support::View v34 = arena_.view(341120, 1088);
-  support::View v325 = arena_.view(134144, 1088);
+  support::View v321 = arena_.view(134144, 1088);
   support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
-  support::View v326 = arena_.view(125440, 2176);
+  support::View v322 = arena_.view(125440, 2176);
   support::View v37 = arena_.view(116736, 2176);
   support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
-  support::View v329 = arena_.view(116736, 2176);
+  support::View v325 = arena_.view(116736, 2176);
   support::View v35 = arena_.view(108032, 2176);
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
-  support::View v333 = arena_.view(108032, 2176);
-  support::View v334 = arena_.view(134144, 2176);
+  support::View v329 = arena_.view(108032, 2176);
+  support::View v330 = arena_.view(134144, 2176);
   support::View v29 = arena_.view(99328, 2176);
   support::View v27 = arena_.view(90624, 2176);
-  support::View v339 = arena_.view(99328, 2176);
-  support::View v341 = arena_.view(8704, 34);
+  support::View v335 = arena_.view(99328, 2176);
+  support::View v337 = arena_.view(8704, 34);
   support::View v22 = arena_.view(81920, 2176);
-  support::View v343 = arena_.view(99328, 2176);
-  support::View v344 = arena_.view(8704, 34);
+  support::View v339 = arena_.view(99328, 2176);
+  support::View v340 = arena_.view(8704, 34);
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
-  support::View v338 = arena_.view(81920, 2176);
-  support::View v347 = arena_.view(99328, 2176);
-  support::View v264 = arena_.view(186368, 64);
-  support::View v269 = arena_.view(32768, 4096);
-  support::View v289 = arena_.view(16384, 4096);
-  support::View v292 = arena_.view(168960, 64);
-  support::View v295 = arena_.view(169216, 64);
-  support::View v309 = arena_.view(0, 2176);
-  support::View v313 = arena_.view(169472, 64);
-  support::View v316 = arena_.view(142848, 2048);
-  support::View v327 = arena_.view(151040, 2048);
-  support::View v330 = arena_.view(159232, 2048);
-  support::View v335 = arena_.view(108032, 2048);
-  support::View v337 = arena_.view(116224, 64);
-  support::View v340 = arena_.view(116480, 64);
-  support::View v346 = arena_.view(8896, 34);
-  support::View v348 = arena_.view(8704, 34);
-  support::View v350 = arena_.view(9088, 34);
-  repeated1(v264, v263, v261, v266, v60, v267, v59, v268, v269, v58, v286, v57, v287, v56, v288,
-            v289, v290, v292, v51, v294, v295, v296, v48, v298, v299, v301, v49, v293, v302, v303,
-            v305, v260, v23, v45, v309, v310, v312, v313, v314, v33, v315, v43, v316, v38, v317,
-            v42, v318, v319, v320, v323, v36, v324, v34, v325, v32, v326, v37, v327, v31, v329, v35,
-            v330, v30, v333, v334, v29, v335, v337, v27, v339, v340, v341, v22, v343, v344, v346,
-            v25, v338, v347, v348, v350, "vit/encoder_layer[0]/dropout#1",
+  support::View v334 = arena_.view(81920, 2176);
+  support::View v343 = arena_.view(99328, 2176);
+  support::View v261 = arena_.view(186368, 64);
+  support::View v266 = arena_.view(32768, 4096);
+  support::View v286 = arena_.view(16384, 4096);
+  support::View v289 = arena_.view(168960, 64);
+  support::View v292 = arena_.view(169216, 64);
+  support::View v306 = arena_.view(0, 2176);
+  support::View v309 = arena_.view(169472, 64);
+  support::View v312 = arena_.view(142848, 2048);
+  support::View v323 = arena_.view(151040, 2048);
+  support::View v326 = arena_.view(159232, 2048);
+  support::View v331 = arena_.view(108032, 2048);
+  support::View v333 = arena_.view(116224, 64);
+  support::View v336 = arena_.view(116480, 64);
+  support::View v342 = arena_.view(8896, 34);
+  support::View v344 = arena_.view(8704, 34);
+  support::View v346 = arena_.view(9088, 34);
+  repeated1(v261, v260, v259, v263, v60, v264, v59, v265, v266, v58, v283, v57, v284, v56, v285,
+            v286, v287, v289, v51, v291, v292, v293, v48, v295, v296, v298, v49, v290, v299, v300,
+            v302, v258, v23, v45, v306, v307, v308, v309, v310, v33, v311, v43, v312, v38, v313,
+            v42, v314, v315, v316, v319, v36, v320, v34, v321, v32, v322, v37, v323, v31, v325, v35,
+            v326, v30, v329, v330, v29, v331, v333, v27, v335, v336, v337, v22, v339, v340, v342,
+            v25, v334, v343, v344, v346, "vit/encoder_layer[0]/dropout#1",
             "vit/encoder_layer[0]/dropout#0");
 
   // vit.mesh:36:10 mul
@@ -2339,429 +2238,394 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:93:40 transpose
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
-  support::View v355 = arena_.view(99328, 2176);
+  support::View v351 = arena_.view(99328, 2176);
   {
-    float *__restrict v355p = v355.data();
+    float *__restrict v351p = v351.data();
     const float *__restrict v27p = v27.data();
-    const float *__restrict v348p = v348.data();
-    const float *__restrict v338p = v338.data();
-    const float *__restrict v350p = v350.data();
+    const float *__restrict v344p = v344.data();
+    const float *__restrict v334p = v334.data();
     const float *__restrict v346p = v346.data();
-    const float *__restrict v309p = v309.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v306p = v306.data();
     for (int64_t i0 = 0; i0 < 17; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         for (int64_t i2 = 0; i2 < 2; ++i2) {
           const float s0 = v27p[i0 * 64 + i1 + i2 * 1088];
-          const float s1 = v348p[i0 + i2 * 17];
+          const float s1 = v344p[i0 + i2 * 17];
           const float s2 = (s0 * s1);
-          const float s3 = v338p[i0 * 64 + i1 + i2 * 1088];
-          const float s4 = v350p[i0 + i2 * 17];
+          const float s3 = v334p[i0 * 64 + i1 + i2 * 1088];
+          const float s4 = v346p[i0 + i2 * 17];
           const float s5 = (s3 - s4);
           const float s6 = (s5 - s2);
-          const float s7 = v346p[i0 + i2 * 17];
+          const float s7 = v342p[i0 + i2 * 17];
           const float s8 = (s6 * s7);
-          const float s9 = v309p[i0 * 64 + i1 + i2 * 1088];
+          const float s9 = v306p[i0 * 64 + i1 + i2 * 1088];
           const float s10 = (s9 + s8);
           const float s11 = s10;
-          v355p[i0 * 128 + i1 * 2 + i2] = s11;
+          v351p[i0 * 128 + i1 * 2 + i2] = s11;
         }
       }
     }
   }
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
-  MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
-  support::View v356 = arena_.view(94208, 1088);
+  support::View v352 = arena_.view(94208, 1088);
   static const support::Shape shape22_1 = {17, 64};
   static const support::Shape shape22_3 = {128, 2};
   static const support::Shape shape22_4 = {2};
   static const support::Shape shape22_5 = {1};
-  support::reduce(v356.data(), shape22_1, v355.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v352.data(), shape22_1, v351.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
-  MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
-  support::View v357 = arena_.slot(8192, 128);
+  support::View v353 = arena_.slot(8192, 128);
   static const support::Shape shape23_2 = {64, 2};
   static const support::Shape shape23_3 = {2, 1};
   static const support::Shape shape23_4 = {2, 1};
-  support::copyWindow(v357.data(), v355.data(), shape23_2, shape23_3, shape23_4, 128, 128, 1, 17,
+  support::copyWindow(v353.data(), v351.data(), shape23_2, shape23_3, shape23_4, 128, 128, 1, 17,
                       int64_t(0));
 }
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:93:40 slice
-  MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
-  support::View v355 = arena_.view(99328, 2176);
-  support::View v358 = arena_.slot(0, 2048);
+  support::View v351 = arena_.view(99328, 2176);
+  support::View v354 = arena_.slot(0, 2048);
   static const support::Shape shape0_2 = {2, 64};
   static const support::Shape shape0_3 = {1024, 1};
   static const support::Shape shape0_4 = {1, 2};
-  support::copyWindow(v358.data(), v355.data(), shape0_2, shape0_3, shape0_4, 64, 128, 16, 17,
+  support::copyWindow(v354.data(), v351.data(), shape0_2, shape0_3, shape0_4, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
-  MESHRT_TRACE("loop", "vit.mesh:92:34", "backward");
-  support::View v357 = arena_.view(8192, 128);
+  support::View v353 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
-  support::View v359 = arena_.view(8704, 128);
+  support::View v355 = arena_.view(8704, 128);
   {
-    float *__restrict v359p = v359.data();
-    const float *__restrict v357p = v357.data();
+    float *__restrict v355p = v355.data();
+    const float *__restrict v353p = v353.data();
     const float *__restrict v18p = v18.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v357p[i0 * 2 + i1];
+        const float s0 = v353p[i0 * 2 + i1];
         const float s1 = v18p[i1];
         const float s2 = (s0 * s1);
-        v359p[i0 * 2 + i1] = s2;
+        v355p[i0 * 2 + i1] = s2;
       }
     }
   }
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
-  MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
-  support::View v360 = arena_.view(98560, 64);
+  support::View v356 = arena_.view(98560, 64);
   static const support::Shape shape2_1 = {1, 64};
   static const support::Shape shape2_3 = {128, 2};
   static const support::Shape shape2_4 = {2};
   static const support::Shape shape2_5 = {1};
-  support::reduce(v360.data(), shape2_1, v359.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v356.data(), shape2_1, v355.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
-  MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
-  support::View v361 = arena_.view(98816, 64);
+  support::View v357 = arena_.view(98816, 64);
   static const support::Shape shape3_1 = {64};
   static const support::Shape shape3_3 = {1};
   static const support::Shape shape3_4 = {2, 16};
   static const support::Shape shape3_5 = {1024, 64};
-  support::reduce(v361.data(), shape3_1, v358.data(), shape3_3, shape3_4, shape3_5,
+  support::reduce(v357.data(), shape3_1, v354.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
-  MESHRT_TRACE("gemm", "vit.mesh:50:10", "backward");
   support::View v12 = arena_.view(325632, 1536);
-  support::View v362 = arena_.view(81920, 3072);
+  support::View v358 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
-  einsumPlan4.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v354.data(), v12.data(), v358.data(), 1.0f, 0.0f);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v125 = arena_.view(379072, 1);
   support::View v138 = arena_.view(379008, 10);
   support::View v140 = arena_.view(375936, 640);
   support::View v143 = arena_.view(378496, 64);
   support::View v146 = arena_.view(378752, 64);
-  support::View v164 = arena_.view(290816, 64);
-  support::View v169 = arena_.view(65536, 4096);
-  support::View v195 = arena_.view(49152, 4096);
-  support::View v198 = arena_.view(273408, 64);
-  support::View v201 = arena_.view(273664, 64);
-  support::View v219 = arena_.view(273920, 64);
-  support::View v222 = arena_.view(247296, 2048);
-  support::View v233 = arena_.view(255488, 2048);
-  support::View v236 = arena_.view(263680, 2048);
-  support::View v241 = arena_.view(229888, 2048);
-  support::View v243 = arena_.view(238080, 64);
-  support::View v246 = arena_.view(238336, 64);
-  support::View v264 = arena_.view(186368, 64);
-  support::View v269 = arena_.view(32768, 4096);
-  support::View v289 = arena_.view(16384, 4096);
-  support::View v292 = arena_.view(168960, 64);
-  support::View v295 = arena_.view(169216, 64);
-  support::View v313 = arena_.view(169472, 64);
-  support::View v316 = arena_.view(142848, 2048);
-  support::View v327 = arena_.view(151040, 2048);
-  support::View v330 = arena_.view(159232, 2048);
-  support::View v335 = arena_.view(108032, 2048);
-  support::View v337 = arena_.view(116224, 64);
-  support::View v340 = arena_.view(116480, 64);
-  support::View v356 = arena_.view(94208, 1088);
+  support::View v163 = arena_.view(290816, 64);
+  support::View v168 = arena_.view(65536, 4096);
+  support::View v194 = arena_.view(49152, 4096);
+  support::View v197 = arena_.view(273408, 64);
+  support::View v200 = arena_.view(273664, 64);
+  support::View v217 = arena_.view(273920, 64);
+  support::View v220 = arena_.view(247296, 2048);
+  support::View v231 = arena_.view(255488, 2048);
+  support::View v234 = arena_.view(263680, 2048);
+  support::View v239 = arena_.view(229888, 2048);
+  support::View v241 = arena_.view(238080, 64);
+  support::View v244 = arena_.view(238336, 64);
+  support::View v261 = arena_.view(186368, 64);
+  support::View v266 = arena_.view(32768, 4096);
+  support::View v286 = arena_.view(16384, 4096);
+  support::View v289 = arena_.view(168960, 64);
+  support::View v292 = arena_.view(169216, 64);
+  support::View v309 = arena_.view(169472, 64);
+  support::View v312 = arena_.view(142848, 2048);
+  support::View v323 = arena_.view(151040, 2048);
+  support::View v326 = arena_.view(159232, 2048);
+  support::View v331 = arena_.view(108032, 2048);
+  support::View v333 = arena_.view(116224, 64);
+  support::View v336 = arena_.view(116480, 64);
+  support::View v352 = arena_.view(94208, 1088);
   support::allReduceBucket(group_data,
-                           {v125, v138, v140, v143, v146, v164, v169, v195, v198, v201, v219,
-                            v222, v233, v236, v241, v243, v246, v264, v269, v289, v292, v295,
-                            v313, v316, v327, v330, v335, v337, v340, v356, v360, v361, v362});
+                           {v125, v138, v140, v143, v146, v163, v168, v194, v197, v200, v217,
+                            v220, v231, v234, v239, v241, v244, v261, v266, v286, v289, v292,
+                            v309, v312, v323, v326, v331, v333, v336, v352, v356, v357, v358});
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v387 = arena_.view(0, 64);
+  support::View v383 = arena_.view(0, 64);
   {
-    float *__restrict v387p = v387.data();
-    const float *__restrict v360p = v360.data();
+    float *__restrict v383p = v383.data();
+    const float *__restrict v356p = v356.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v360p[i0];
+      const float s0 = v356p[i0];
       const float s1 = s0 * s0;
-      v387p[i0] = s1;
+      v383p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v388 = arena_.view(99072, 1);
+  support::View v384 = arena_.view(99072, 1);
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {1, 64};
   static const support::Shape shape7_5 = {64, 1};
-  support::reduce(v388.data(), shape7_1, v387.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v384.data(), shape7_1, v383.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v390 = arena_.view(0, 1088);
+  support::View v386 = arena_.view(0, 1088);
+  {
+    float *__restrict v386p = v386.data();
+    const float *__restrict v352p = v352.data();
+    for (int64_t i0 = 0; i0 < 1088; ++i0) {
+      const float s0 = v352p[i0];
+      const float s1 = s0 * s0;
+      v386p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v387 = arena_.view(99136, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {17, 64};
+  static const support::Shape shape9_5 = {64, 1};
+  support::reduce(v387.data(), shape9_1, v386.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v390 = arena_.view(0, 640);
   {
     float *__restrict v390p = v390.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 1088; ++i0) {
-      const float s0 = v356p[i0];
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 640; ++i0) {
+      const float s0 = v140p[i0];
       const float s1 = s0 * s0;
       v390p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v391 = arena_.view(99136, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {17, 64};
-  static const support::Shape shape9_5 = {64, 1};
-  support::reduce(v391.data(), shape9_1, v390.data(), shape9_3, shape9_4, shape9_5,
+  support::View v391 = arena_.view(99200, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64, 10};
+  static const support::Shape shape11_5 = {10, 1};
+  support::reduce(v391.data(), shape11_1, v390.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v394 = arena_.view(0, 640);
+  support::View v394 = arena_.view(0, 10);
   {
     float *__restrict v394p = v394.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 640; ++i0) {
-      const float s0 = v140p[i0];
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 10; ++i0) {
+      const float s0 = v138p[i0];
       const float s1 = s0 * s0;
       v394p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v395 = arena_.view(99200, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64, 10};
-  static const support::Shape shape11_5 = {10, 1};
-  support::reduce(v395.data(), shape11_1, v394.data(), shape11_3, shape11_4, shape11_5,
+  support::View v395 = arena_.view(99264, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {10};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v395.data(), shape13_1, v394.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v398 = arena_.view(0, 10);
+  support::View v398 = arena_.view(0, 3072);
   {
     float *__restrict v398p = v398.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
-      const float s0 = v138p[i0];
+    const float *__restrict v358p = v358.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v358p[i0];
       const float s1 = s0 * s0;
       v398p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v399 = arena_.view(99264, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {10};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v399.data(), shape13_1, v398.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v402 = arena_.view(0, 3072);
-  {
-    float *__restrict v402p = v402.data();
-    const float *__restrict v362p = v362.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v362p[i0];
-      const float s1 = s0 * s0;
-      v402p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v403 = arena_.view(99328, 1);
+  support::View v399 = arena_.view(99328, 1);
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {4, 4, 3, 64};
   static const support::Shape shape15_5 = {768, 192, 64, 1};
-  support::reduce(v403.data(), shape15_1, v402.data(), shape15_3, shape15_4, shape15_5,
+  support::reduce(v399.data(), shape15_1, v398.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
+  support::View v402 = arena_.view(0, 64);
   support::View v406 = arena_.view(0, 64);
   support::View v410 = arena_.view(0, 64);
-  support::View v414 = arena_.view(0, 64);
-  support::View v407 = arena_.view(99392, 1);
-  support::View v411 = arena_.view(99456, 1);
-  support::View v415 = arena_.view(99520, 1);
-  repeated4(v361, v406, v407, v313, v410, v411, v264, v414, v415);
+  support::View v403 = arena_.view(99392, 1);
+  support::View v407 = arena_.view(99456, 1);
+  support::View v411 = arena_.view(99520, 1);
+  repeated4(v357, v402, v403, v309, v406, v407, v261, v410, v411);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
+  support::View v414 = arena_.view(0, 64);
+  {
+    float *__restrict v414p = v414.data();
+    const float *__restrict v336p = v336.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v336p[i0];
+      const float s1 = s0 * s0;
+      v414p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v415 = arena_.view(99584, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v415.data(), shape18_1, v414.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
   support::View v418 = arena_.view(0, 64);
   {
     float *__restrict v418p = v418.data();
-    const float *__restrict v340p = v340.data();
+    const float *__restrict v333p = v333.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v340p[i0];
+      const float s0 = v333p[i0];
       const float s1 = s0 * s0;
       v418p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v419 = arena_.view(99584, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v419.data(), shape18_1, v418.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v422 = arena_.view(0, 64);
-  {
-    float *__restrict v422p = v422.data();
-    const float *__restrict v337p = v337.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v337p[i0];
-      const float s1 = s0 * s0;
-      v422p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v423 = arena_.view(99648, 1);
+  support::View v419 = arena_.view(99648, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {64};
   static const support::Shape shape20_5 = {1};
-  support::reduce(v423.data(), shape20_1, v422.data(), shape20_3, shape20_4, shape20_5,
+  support::reduce(v419.data(), shape20_1, v418.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v426 = arena_.view(0, 2048);
-  support::View v431 = arena_.view(0, 2048);
-  support::View v436 = arena_.view(0, 2048);
-  support::View v441 = arena_.view(0, 2048);
-  support::View v454 = arena_.view(0, 4096);
-  support::View v459 = arena_.view(0, 4096);
-  support::View v427 = arena_.view(99712, 1);
-  support::View v432 = arena_.view(99776, 1);
-  support::View v437 = arena_.view(99840, 1);
-  support::View v442 = arena_.view(99904, 1);
-  support::View v455 = arena_.view(99968, 1);
-  support::View v460 = arena_.view(100032, 1);
-  repeated5(v335, v426, v427, v330, v431, v432, v327, v436, v437, v316, v441, v442, v289, v454,
-            v455, v269, v459, v460);
+  support::View v422 = arena_.view(0, 2048);
+  support::View v427 = arena_.view(0, 2048);
+  support::View v432 = arena_.view(0, 2048);
+  support::View v437 = arena_.view(0, 2048);
+  support::View v450 = arena_.view(0, 4096);
+  support::View v455 = arena_.view(0, 4096);
+  support::View v423 = arena_.view(99712, 1);
+  support::View v428 = arena_.view(99776, 1);
+  support::View v433 = arena_.view(99840, 1);
+  support::View v438 = arena_.view(99904, 1);
+  support::View v451 = arena_.view(99968, 1);
+  support::View v456 = arena_.view(100032, 1);
+  repeated5(v331, v422, v423, v326, v427, v428, v323, v432, v433, v312, v437, v438, v286, v450,
+            v451, v266, v455, v456);
 
   // 12 statements from vit.mesh:112:3 square (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
-  support::View v480 = arena_.view(0, 2048);
-  support::View v485 = arena_.view(0, 2048);
-  support::View v490 = arena_.view(0, 2048);
-  support::View v495 = arena_.view(0, 2048);
-  support::View v508 = arena_.view(0, 4096);
-  support::View v513 = arena_.view(0, 4096);
-  support::View v481 = arena_.view(100096, 1);
-  support::View v486 = arena_.view(100160, 1);
-  support::View v491 = arena_.view(100224, 1);
-  support::View v496 = arena_.view(100288, 1);
-  support::View v509 = arena_.view(100352, 1);
-  support::View v514 = arena_.view(100416, 1);
-  repeated5(v241, v480, v481, v236, v485, v486, v233, v490, v491, v222, v495, v496, v195, v508,
-            v509, v169, v513, v514);
+  support::View v476 = arena_.view(0, 2048);
+  support::View v481 = arena_.view(0, 2048);
+  support::View v486 = arena_.view(0, 2048);
+  support::View v491 = arena_.view(0, 2048);
+  support::View v504 = arena_.view(0, 4096);
+  support::View v509 = arena_.view(0, 4096);
+  support::View v477 = arena_.view(100096, 1);
+  support::View v482 = arena_.view(100160, 1);
+  support::View v487 = arena_.view(100224, 1);
+  support::View v492 = arena_.view(100288, 1);
+  support::View v505 = arena_.view(100352, 1);
+  support::View v510 = arena_.view(100416, 1);
+  repeated5(v239, v476, v477, v234, v481, v482, v231, v486, v487, v220, v491, v492, v194, v504,
+            v505, v168, v509, v510);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
-  // 112:3; merged with 11 more partial sums over model (%433, %438, %443, ...): 48 B in one buffer)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
+  // 112:3; merged with 11 more partial sums over model (%429, %434, %439, ...): 48 B in one buffer)
   auto request2 = support::startAllReduce(
-      group_model, {v427, v432, v437, v442, v455, v460, v481, v486, v491, v496, v509, v514},
+      group_model, {v423, v428, v433, v438, v451, v456, v477, v482, v487, v492, v505, v510},
       meshrt::ReduceOp::Sum);
 
   // 6 statements from vit.mesh:112:3 square (2 of 4)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
+  support::View v442 = arena_.view(0, 64);
   support::View v446 = arena_.view(0, 64);
-  support::View v450 = arena_.view(0, 64);
-  support::View v464 = arena_.view(0, 64);
-  support::View v447 = arena_.view(256, 1);
-  support::View v451 = arena_.view(320, 1);
-  support::View v465 = arena_.view(384, 1);
-  repeated4(v295, v446, v447, v292, v450, v451, v219, v464, v465);
+  support::View v460 = arena_.view(0, 64);
+  support::View v443 = arena_.view(256, 1);
+  support::View v447 = arena_.view(320, 1);
+  support::View v461 = arena_.view(384, 1);
+  repeated4(v292, v442, v443, v289, v446, v447, v217, v460, v461);
 
   // 6 statements from vit.mesh:112:3 square (3 of 4)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
+  support::View v464 = arena_.view(0, 64);
   support::View v468 = arena_.view(0, 64);
   support::View v472 = arena_.view(0, 64);
-  support::View v476 = arena_.view(0, 64);
-  support::View v469 = arena_.view(448, 1);
-  support::View v473 = arena_.view(512, 1);
-  support::View v477 = arena_.view(576, 1);
-  repeated4(v164, v468, v469, v246, v472, v473, v243, v476, v477);
+  support::View v465 = arena_.view(448, 1);
+  support::View v469 = arena_.view(512, 1);
+  support::View v473 = arena_.view(576, 1);
+  repeated4(v163, v464, v465, v244, v468, v469, v241, v472, v473);
 
   // 6 statements from vit.mesh:112:3 square (4 of 4)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
+  support::View v496 = arena_.view(0, 64);
   support::View v500 = arena_.view(0, 64);
-  support::View v504 = arena_.view(0, 64);
-  support::View v518 = arena_.view(0, 64);
-  support::View v501 = arena_.view(640, 1);
-  support::View v505 = arena_.view(704, 1);
-  support::View v519 = arena_.view(768, 1);
-  repeated4(v201, v500, v501, v198, v504, v505, v146, v518, v519);
+  support::View v514 = arena_.view(0, 64);
+  support::View v497 = arena_.view(640, 1);
+  support::View v501 = arena_.view(704, 1);
+  support::View v515 = arena_.view(768, 1);
+  repeated4(v200, v496, v497, v197, v500, v501, v146, v514, v515);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v522 = arena_.view(0, 64);
+  support::View v518 = arena_.view(0, 64);
   {
-    float *__restrict v522p = v522.data();
+    float *__restrict v518p = v518.data();
     const float *__restrict v143p = v143.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v143p[i0];
       const float s1 = s0 * s0;
-      v522p[i0] = s1;
+      v518p[i0] = s1;
     }
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
-  support::View v523 = arena_.view(832, 1);
+  support::View v519 = arena_.view(832, 1);
   static const support::Shape shape28_1 = {};
   static const support::Shape shape28_3 = {};
   static const support::Shape shape28_4 = {64};
   static const support::Shape shape28_5 = {1};
-  support::reduce(v523.data(), shape28_1, v522.data(), shape28_3, shape28_4, shape28_5,
+  support::reduce(v519.data(), shape28_1, v518.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 1.0);
 
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   group_model.wait(request2);
 }
 
 void TrainVit::runPart3(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 add
   // vit.mesh:112:3 add
@@ -2797,43 +2661,43 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sqrt -> global_grad_norm
   // vit.mesh:112:3 maximum
   // vit.mesh:112:3 div
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
-  support::View v388 = arena_.view(99072, 1);
-  support::View v391 = arena_.view(99136, 1);
-  support::View v395 = arena_.view(99200, 1);
-  support::View v399 = arena_.view(99264, 1);
-  support::View v403 = arena_.view(99328, 1);
-  support::View v407 = arena_.view(99392, 1);
-  support::View v411 = arena_.view(99456, 1);
-  support::View v415 = arena_.view(99520, 1);
-  support::View v419 = arena_.view(99584, 1);
-  support::View v423 = arena_.view(99648, 1);
-  support::View v427 = arena_.view(99712, 1);
-  support::View v432 = arena_.view(99776, 1);
-  support::View v437 = arena_.view(99840, 1);
-  support::View v442 = arena_.view(99904, 1);
-  support::View v447 = arena_.view(256, 1);
-  support::View v451 = arena_.view(320, 1);
-  support::View v455 = arena_.view(99968, 1);
-  support::View v460 = arena_.view(100032, 1);
-  support::View v465 = arena_.view(384, 1);
-  support::View v469 = arena_.view(448, 1);
-  support::View v473 = arena_.view(512, 1);
-  support::View v477 = arena_.view(576, 1);
-  support::View v481 = arena_.view(100096, 1);
-  support::View v486 = arena_.view(100160, 1);
-  support::View v491 = arena_.view(100224, 1);
-  support::View v496 = arena_.view(100288, 1);
-  support::View v501 = arena_.view(640, 1);
-  support::View v505 = arena_.view(704, 1);
-  support::View v509 = arena_.view(100352, 1);
-  support::View v514 = arena_.view(100416, 1);
-  support::View v519 = arena_.view(768, 1);
-  support::View v523 = arena_.view(832, 1);
-  support::View v527 = arena_.view(64, 1);
+  support::View v384 = arena_.view(99072, 1);
+  support::View v387 = arena_.view(99136, 1);
+  support::View v391 = arena_.view(99200, 1);
+  support::View v395 = arena_.view(99264, 1);
+  support::View v399 = arena_.view(99328, 1);
+  support::View v403 = arena_.view(99392, 1);
+  support::View v407 = arena_.view(99456, 1);
+  support::View v411 = arena_.view(99520, 1);
+  support::View v415 = arena_.view(99584, 1);
+  support::View v419 = arena_.view(99648, 1);
+  support::View v423 = arena_.view(99712, 1);
+  support::View v428 = arena_.view(99776, 1);
+  support::View v433 = arena_.view(99840, 1);
+  support::View v438 = arena_.view(99904, 1);
+  support::View v443 = arena_.view(256, 1);
+  support::View v447 = arena_.view(320, 1);
+  support::View v451 = arena_.view(99968, 1);
+  support::View v456 = arena_.view(100032, 1);
+  support::View v461 = arena_.view(384, 1);
+  support::View v465 = arena_.view(448, 1);
+  support::View v469 = arena_.view(512, 1);
+  support::View v473 = arena_.view(576, 1);
+  support::View v477 = arena_.view(100096, 1);
+  support::View v482 = arena_.view(100160, 1);
+  support::View v487 = arena_.view(100224, 1);
+  support::View v492 = arena_.view(100288, 1);
+  support::View v497 = arena_.view(640, 1);
+  support::View v501 = arena_.view(704, 1);
+  support::View v505 = arena_.view(100352, 1);
+  support::View v510 = arena_.view(100416, 1);
+  support::View v515 = arena_.view(768, 1);
+  support::View v519 = arena_.view(832, 1);
+  support::View v523 = arena_.view(64, 1);
   {
-    float *__restrict v527p = v527.data();
-    const float *__restrict v388p = v388.data();
+    float *__restrict v523p = v523.data();
+    const float *__restrict v384p = v384.data();
+    const float *__restrict v387p = v387.data();
     const float *__restrict v391p = v391.data();
     const float *__restrict v395p = v395.data();
     const float *__restrict v399p = v399.data();
@@ -2843,97 +2707,96 @@ void TrainVit::runPart3(const Inputs &inputs) {
     const float *__restrict v415p = v415.data();
     const float *__restrict v419p = v419.data();
     const float *__restrict v423p = v423.data();
-    const float *__restrict v427p = v427.data();
-    const float *__restrict v432p = v432.data();
-    const float *__restrict v437p = v437.data();
-    const float *__restrict v442p = v442.data();
+    const float *__restrict v428p = v428.data();
+    const float *__restrict v433p = v433.data();
+    const float *__restrict v438p = v438.data();
+    const float *__restrict v443p = v443.data();
     const float *__restrict v447p = v447.data();
     const float *__restrict v451p = v451.data();
-    const float *__restrict v455p = v455.data();
-    const float *__restrict v460p = v460.data();
+    const float *__restrict v456p = v456.data();
+    const float *__restrict v461p = v461.data();
     const float *__restrict v465p = v465.data();
     const float *__restrict v469p = v469.data();
     const float *__restrict v473p = v473.data();
     const float *__restrict v477p = v477.data();
-    const float *__restrict v481p = v481.data();
-    const float *__restrict v486p = v486.data();
-    const float *__restrict v491p = v491.data();
-    const float *__restrict v496p = v496.data();
+    const float *__restrict v482p = v482.data();
+    const float *__restrict v487p = v487.data();
+    const float *__restrict v492p = v492.data();
+    const float *__restrict v497p = v497.data();
     const float *__restrict v501p = v501.data();
     const float *__restrict v505p = v505.data();
-    const float *__restrict v509p = v509.data();
-    const float *__restrict v514p = v514.data();
+    const float *__restrict v510p = v510.data();
+    const float *__restrict v515p = v515.data();
     const float *__restrict v519p = v519.data();
-    const float *__restrict v523p = v523.data();
-    const float s0 = v388p[0];
-    const float s1 = v391p[0];
+    const float s0 = v384p[0];
+    const float s1 = v387p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v395p[0];
+    const float s3 = v391p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v399p[0];
+    const float s5 = v395p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v403p[0];
+    const float s7 = v399p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v407p[0];
+    const float s9 = v403p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v411p[0];
+    const float s11 = v407p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v415p[0];
+    const float s13 = v411p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v419p[0];
+    const float s15 = v415p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v423p[0];
+    const float s17 = v419p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v427p[0];
+    const float s19 = v423p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v432p[0];
+    const float s21 = v428p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v437p[0];
+    const float s23 = v433p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v442p[0];
+    const float s25 = v438p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v447p[0];
+    const float s27 = v443p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v451p[0];
+    const float s29 = v447p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v455p[0];
+    const float s31 = v451p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v460p[0];
+    const float s33 = v456p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v465p[0];
+    const float s35 = v461p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v469p[0];
+    const float s37 = v465p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v473p[0];
+    const float s39 = v469p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v477p[0];
+    const float s41 = v473p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v481p[0];
+    const float s43 = v477p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v486p[0];
+    const float s45 = v482p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v491p[0];
+    const float s47 = v487p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v496p[0];
+    const float s49 = v492p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v501p[0];
+    const float s51 = v497p[0];
     const float s52 = (s50 + s51);
-    const float s53 = v505p[0];
+    const float s53 = v501p[0];
     const float s54 = (s52 + s53);
-    const float s55 = v509p[0];
+    const float s55 = v505p[0];
     const float s56 = (s54 + s55);
-    const float s57 = v514p[0];
+    const float s57 = v510p[0];
     const float s58 = (s56 + s57);
-    const float s59 = v519p[0];
+    const float s59 = v515p[0];
     const float s60 = (s58 + s59);
-    const float s61 = v523p[0];
+    const float s61 = v519p[0];
     const float s62 = (s60 + s61);
     const float s63 = support::fsqrt(s62);
     const float s64 = 1.0f;
     const float s65 = support::maximum(s63, s64);
     const float s66 = 1.0f;
     const float s67 = (s66 / s65);
-    v527p[0] = s67;
+    v523p[0] = s67;
   }
 
   // vit.mesh:112:3 step
@@ -2955,15 +2818,14 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub
   // vit.mesh:112:3 pow
   // vit.mesh:112:3 sub
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
-  support::View v385 = arena_.view(0, 1);
-  support::View v574 = arena_.view(128, 1);
-  support::View v576 = arena_.view(192, 1);
+  support::View v381 = arena_.view(0, 1);
+  support::View v570 = arena_.view(128, 1);
+  support::View v572 = arena_.view(192, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v385p = v385.data();
-    float *__restrict v574p = v574.data();
-    float *__restrict v576p = v576.data();
+    float *__restrict v381p = v381.data();
+    float *__restrict v570p = v570.data();
+    float *__restrict v572p = v572.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2997,9 +2859,9 @@ void TrainVit::runPart3(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v385p[0] = s24;
-    v574p[0] = s28;
-    v576p[0] = s32;
+    v381p[0] = s24;
+    v570p[0] = s28;
+    v572p[0] = s32;
   }
 
   // vit.mesh:112:3 mul
@@ -3019,55 +2881,54 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/class_token
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v2(param0_vit_class_token); // updated in place
-  support::View v360 = arena_.view(98560, 64);
-  support::View v560(param32_vit_class_token_m); // updated in place
-  support::View v561(param33_vit_class_token_v); // updated in place
+  support::View v356 = arena_.view(98560, 64);
+  support::View v556(param32_vit_class_token_m); // updated in place
+  support::View v557(param33_vit_class_token_v); // updated in place
   {
-    float *__restrict v560p = v560.data();
-    float *__restrict v561p = v561.data();
+    float *__restrict v556p = v556.data();
+    float *__restrict v557p = v557.data();
     float *__restrict v2p = v2.data();
-    const float *__restrict v360p = v360.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v356p = v356.data();
+    const float *__restrict v523p = v523.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v572p = v572.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v2p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v360p[i0];
-      const float s4 = v527p[0];
+      const float s3 = v356p[i0];
+      const float s4 = v523p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v560p[i0];
+      const float s8 = v556p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v561p[i0];
+      const float s15 = v557p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = v570p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = v572p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = v381p[0];
       const float s29 = (s27 * s28);
       const float s30 = v2p[i0];
       const float s31 = (s30 - s29);
-      v560p[i0] = s11;
-      v561p[i0] = s18;
+      v556p[i0] = s11;
+      v557p[i0] = s18;
       v2p[i0] = s31;
     }
   }
@@ -3089,55 +2950,54 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/position_embedding
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v3(param1_vit_position_embedding); // updated in place
-  support::View v356 = arena_.view(94208, 1088);
-  support::View v588(param34_vit_position_embedding_m); // updated in place
-  support::View v589(param35_vit_position_embedding_v); // updated in place
+  support::View v352 = arena_.view(94208, 1088);
+  support::View v584(param34_vit_position_embedding_m); // updated in place
+  support::View v585(param35_vit_position_embedding_v); // updated in place
   {
-    float *__restrict v588p = v588.data();
-    float *__restrict v589p = v589.data();
+    float *__restrict v584p = v584.data();
+    float *__restrict v585p = v585.data();
     float *__restrict v3p = v3.data();
-    const float *__restrict v356p = v356.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v352p = v352.data();
+    const float *__restrict v523p = v523.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v572p = v572.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 1088; ++i0) {
       const float s0 = v3p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v356p[i0];
-      const float s4 = v527p[0];
+      const float s3 = v352p[i0];
+      const float s4 = v523p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v588p[i0];
+      const float s8 = v584p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v589p[i0];
+      const float s15 = v585p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = v570p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = v572p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = v381p[0];
       const float s29 = (s27 * s28);
       const float s30 = v3p[i0];
       const float s31 = (s30 - s29);
-      v588p[i0] = s11;
-      v589p[i0] = s18;
+      v584p[i0] = s11;
+      v585p[i0] = s18;
       v3p[i0] = s31;
     }
   }
@@ -3159,55 +3019,54 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/w_head
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v140 = arena_.view(375936, 640);
-  support::View v608(param36_vit_w_head_m); // updated in place
-  support::View v609(param37_vit_w_head_v); // updated in place
+  support::View v604(param36_vit_w_head_m); // updated in place
+  support::View v605(param37_vit_w_head_v); // updated in place
   {
-    float *__restrict v608p = v608.data();
-    float *__restrict v609p = v609.data();
+    float *__restrict v604p = v604.data();
+    float *__restrict v605p = v605.data();
     float *__restrict v4p = v4.data();
     const float *__restrict v140p = v140.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v523p = v523.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v572p = v572.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 640; ++i0) {
       const float s0 = v4p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
       const float s3 = v140p[i0];
-      const float s4 = v527p[0];
+      const float s4 = v523p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v608p[i0];
+      const float s8 = v604p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v609p[i0];
+      const float s15 = v605p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = v570p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = v572p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = v381p[0];
       const float s29 = (s27 * s28);
       const float s30 = v4p[i0];
       const float s31 = (s30 - s29);
-      v608p[i0] = s11;
-      v609p[i0] = s18;
+      v604p[i0] = s11;
+      v605p[i0] = s18;
       v4p[i0] = s31;
     }
   }
@@ -3229,55 +3088,54 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/b_head
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v138 = arena_.view(379008, 10);
-  support::View v628(param38_vit_b_head_m); // updated in place
-  support::View v629(param39_vit_b_head_v); // updated in place
+  support::View v624(param38_vit_b_head_m); // updated in place
+  support::View v625(param39_vit_b_head_v); // updated in place
   {
-    float *__restrict v628p = v628.data();
-    float *__restrict v629p = v629.data();
+    float *__restrict v624p = v624.data();
+    float *__restrict v625p = v625.data();
     float *__restrict v5p = v5.data();
     const float *__restrict v138p = v138.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v523p = v523.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v572p = v572.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 10; ++i0) {
       const float s0 = v5p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
       const float s3 = v138p[i0];
-      const float s4 = v527p[0];
+      const float s4 = v523p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v628p[i0];
+      const float s8 = v624p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v629p[i0];
+      const float s15 = v625p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = v570p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = v572p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = v381p[0];
       const float s29 = (s27 * s28);
       const float s30 = v5p[i0];
       const float s31 = (s30 - s29);
-      v628p[i0] = s11;
-      v629p[i0] = s18;
+      v624p[i0] = s11;
+      v625p[i0] = s18;
       v5p[i0] = s31;
     }
   }
@@ -3299,192 +3157,186 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
-  support::View v362 = arena_.view(81920, 3072);
-  support::View v648(param40_vit_embed_patches_w_patch_m); // updated in place
-  support::View v649(param41_vit_embed_patches_w_patch_v); // updated in place
+  support::View v358 = arena_.view(81920, 3072);
+  support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
+  support::View v645(param41_vit_embed_patches_w_patch_v); // updated in place
   {
-    float *__restrict v648p = v648.data();
-    float *__restrict v649p = v649.data();
+    float *__restrict v644p = v644.data();
+    float *__restrict v645p = v645.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v362p = v362.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v358p = v358.data();
+    const float *__restrict v523p = v523.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v572p = v572.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v362p[i0];
-      const float s4 = v527p[0];
+      const float s3 = v358p[i0];
+      const float s4 = v523p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v648p[i0];
+      const float s8 = v644p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v649p[i0];
+      const float s15 = v645p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = v570p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = v572p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = v381p[0];
       const float s29 = (s27 * s28);
       const float s30 = v6p[i0];
       const float s31 = (s30 - s29);
-      v648p[i0] = s11;
-      v649p[i0] = s18;
+      v644p[i0] = s11;
+      v645p[i0] = s18;
       v6p[i0] = s31;
     }
   }
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
-  support::View v361 = arena_.view(98816, 64);
-  support::View v668(param42_vit_embed_patches_b_patch_m); // updated in place
-  support::View v669(param43_vit_embed_patches_b_patch_v); // updated in place
-  repeated3(v7, v361, v527, v668, v669, v574, v576, v385);
+  support::View v357 = arena_.view(98816, 64);
+  support::View v664(param42_vit_embed_patches_b_patch_m); // updated in place
+  support::View v665(param43_vit_embed_patches_b_patch_v); // updated in place
+  repeated3(v7, v357, v523, v664, v665, v570, v572, v381);
 
   // 1 statements from vit.mesh:112:3 mul (2 of 3)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
-  support::View v313 = arena_.view(169472, 64);
-  support::View v688(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
-  support::View v689(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
-  repeated3(v23, v313, v527, v688, v689, v574, v576, v385);
+  support::View v309 = arena_.view(169472, 64);
+  support::View v684(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
+  support::View v685(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
+  repeated3(v23, v309, v523, v684, v685, v570, v572, v381);
 
   // 1 statements from vit.mesh:112:3 mul (3 of 3)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
-  support::View v264 = arena_.view(186368, 64);
-  support::View v708(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
-  support::View v709(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
-  repeated3(v24, v264, v527, v708, v709, v574, v576, v385);
+  support::View v261 = arena_.view(186368, 64);
+  support::View v704(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
+  support::View v705(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
+  repeated3(v24, v261, v523, v704, v705, v570, v572, v381);
 
   // 12 statements from vit.mesh:112:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
-  support::View v340 = arena_.view(116480, 64);
-  support::View v728(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
-  support::View v729(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
+  support::View v336 = arena_.view(116480, 64);
+  support::View v724(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v725(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias);     // updated in place
-  support::View v337 = arena_.view(116224, 64);
-  support::View v748(param50_vit_encoder_layer_0_norm_bias_m);  // updated in place
-  support::View v749(param51_vit_encoder_layer_0_norm_bias_v);  // updated in place
+  support::View v333 = arena_.view(116224, 64);
+  support::View v744(param50_vit_encoder_layer_0_norm_bias_m);  // updated in place
+  support::View v745(param51_vit_encoder_layer_0_norm_bias_v);  // updated in place
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
-  support::View v335 = arena_.view(108032, 2048);
-  support::View v768(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
-  support::View v769(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v331 = arena_.view(108032, 2048);
+  support::View v764(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v765(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
   support::View v31(param11_vit_encoder_layer_0_attention_w_k);    // updated in place
-  support::View v330 = arena_.view(159232, 2048);
-  support::View v788(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
-  support::View v789(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v326 = arena_.view(159232, 2048);
+  support::View v784(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v785(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
   support::View v32(param12_vit_encoder_layer_0_attention_w_v);    // updated in place
-  support::View v327 = arena_.view(151040, 2048);
-  support::View v808(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
-  support::View v809(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v323 = arena_.view(151040, 2048);
+  support::View v804(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v805(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
   support::View v33(param13_vit_encoder_layer_0_attention_w_o);    // updated in place
-  support::View v316 = arena_.view(142848, 2048);
-  support::View v828(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
-  support::View v829(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v312 = arena_.view(142848, 2048);
+  support::View v824(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v825(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain);      // updated in place
-  support::View v295 = arena_.view(169216, 64);
-  support::View v848(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v849(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v292 = arena_.view(169216, 64);
+  support::View v844(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v845(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
   support::View v50(param15_vit_encoder_layer_0_norm_1_bias);    // updated in place
-  support::View v292 = arena_.view(168960, 64);
-  support::View v868(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v869(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v289 = arena_.view(168960, 64);
+  support::View v864(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v865(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
   support::View v54(param16_vit_encoder_layer_0_ffn_w_in);       // updated in place
-  support::View v289 = arena_.view(16384, 4096);
-  support::View v888(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v889(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v286 = arena_.view(16384, 4096);
+  support::View v884(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v885(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
   support::View v55(param17_vit_encoder_layer_0_ffn_w_out);   // updated in place
-  support::View v269 = arena_.view(32768, 4096);
-  support::View v908(param66_vit_encoder_layer_0_ffn_w_out_m);    // updated in place
-  support::View v909(param67_vit_encoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v266 = arena_.view(32768, 4096);
+  support::View v904(param66_vit_encoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v905(param67_vit_encoder_layer_0_ffn_w_out_v);    // updated in place
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
-  support::View v219 = arena_.view(273920, 64);
-  support::View v928(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
-  support::View v929(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
+  support::View v217 = arena_.view(273920, 64);
+  support::View v924(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
+  support::View v925(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
   support::View v68(param19_vit_encoder_layer_1_ffn_scale);          // updated in place
-  support::View v164 = arena_.view(290816, 64);
-  support::View v948(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
-  support::View v949(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
-  repeated0(v25, v340, v527, v728, v729, v574, v576, v385, v26, v337, v748, v749, v30, v335, v768,
-            v769, v31, v330, v788, v789, v32, v327, v808, v809, v33, v316, v828, v829, v49, v295,
-            v848, v849, v50, v292, v868, v869, v54, v289, v888, v889, v55, v269, v908, v909, v67,
-            v219, v928, v929, v68, v164, v948, v949);
+  support::View v163 = arena_.view(290816, 64);
+  support::View v944(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
+  support::View v945(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
+  repeated0(v25, v336, v523, v724, v725, v570, v572, v381, v26, v333, v744, v745, v30, v331, v764,
+            v765, v31, v326, v784, v785, v32, v323, v804, v805, v33, v312, v824, v825, v49, v292,
+            v844, v845, v50, v289, v864, v865, v54, v286, v884, v885, v55, v266, v904, v905, v67,
+            v217, v924, v925, v68, v163, v944, v945);
 
   // 12 statements from vit.mesh:112:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v246 = arena_.view(238336, 64);
-  support::View v968(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
-  support::View v969(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
+  support::View v244 = arena_.view(238336, 64);
+  support::View v964(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v965(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias);    // updated in place
-  support::View v243 = arena_.view(238080, 64);
-  support::View v988(param74_vit_encoder_layer_1_norm_bias_m);  // updated in place
-  support::View v989(param75_vit_encoder_layer_1_norm_bias_v);  // updated in place
+  support::View v241 = arena_.view(238080, 64);
+  support::View v984(param74_vit_encoder_layer_1_norm_bias_m);  // updated in place
+  support::View v985(param75_vit_encoder_layer_1_norm_bias_v);  // updated in place
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
-  support::View v241 = arena_.view(229888, 2048);
-  support::View v1008(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
-  support::View v1009(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v239 = arena_.view(229888, 2048);
+  support::View v1004(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v1005(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
   support::View v75(param23_vit_encoder_layer_1_attention_w_k);     // updated in place
-  support::View v236 = arena_.view(263680, 2048);
-  support::View v1028(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
-  support::View v1029(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v234 = arena_.view(263680, 2048);
+  support::View v1024(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v1025(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
   support::View v76(param24_vit_encoder_layer_1_attention_w_v);     // updated in place
-  support::View v233 = arena_.view(255488, 2048);
-  support::View v1048(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
-  support::View v1049(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v231 = arena_.view(255488, 2048);
+  support::View v1044(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v1045(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
   support::View v77(param25_vit_encoder_layer_1_attention_w_o);     // updated in place
-  support::View v222 = arena_.view(247296, 2048);
-  support::View v1068(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
-  support::View v1069(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v220 = arena_.view(247296, 2048);
+  support::View v1064(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v1065(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain);       // updated in place
-  support::View v201 = arena_.view(273664, 64);
-  support::View v1088(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v1089(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v200 = arena_.view(273664, 64);
+  support::View v1084(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v1085(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
   support::View v94(param27_vit_encoder_layer_1_norm_1_bias);     // updated in place
-  support::View v198 = arena_.view(273408, 64);
-  support::View v1108(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v1109(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v197 = arena_.view(273408, 64);
+  support::View v1104(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v1105(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
   support::View v98(param28_vit_encoder_layer_1_ffn_w_in);        // updated in place
-  support::View v195 = arena_.view(49152, 4096);
-  support::View v1128(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v1129(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v194 = arena_.view(49152, 4096);
+  support::View v1124(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v1125(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
   support::View v99(param29_vit_encoder_layer_1_ffn_w_out);    // updated in place
-  support::View v169 = arena_.view(65536, 4096);
-  support::View v1148(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v1149(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v168 = arena_.view(65536, 4096);
+  support::View v1144(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1145(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
   support::View v111(param30_vit_norm_gain);                    // updated in place
   support::View v146 = arena_.view(378752, 64);
-  support::View v1168(param92_vit_norm_gain_m); // updated in place
-  support::View v1169(param93_vit_norm_gain_v); // updated in place
+  support::View v1164(param92_vit_norm_gain_m); // updated in place
+  support::View v1165(param93_vit_norm_gain_v); // updated in place
   support::View v112(param31_vit_norm_bias);    // updated in place
   support::View v143 = arena_.view(378496, 64);
-  support::View v1188(param94_vit_norm_bias_m); // updated in place
-  support::View v1189(param95_vit_norm_bias_v); // updated in place
-  repeated0(v69, v246, v527, v968, v969, v574, v576, v385, v70, v243, v988, v989, v74, v241, v1008,
-            v1009, v75, v236, v1028, v1029, v76, v233, v1048, v1049, v77, v222, v1068, v1069, v93,
-            v201, v1088, v1089, v94, v198, v1108, v1109, v98, v195, v1128, v1129, v99, v169, v1148,
-            v1149, v111, v146, v1168, v1169, v112, v143, v1188, v1189);
+  support::View v1184(param94_vit_norm_bias_m); // updated in place
+  support::View v1185(param95_vit_norm_bias_v); // updated in place
+  repeated0(v69, v244, v523, v964, v965, v570, v572, v381, v70, v241, v984, v985, v74, v239, v1004,
+            v1005, v75, v234, v1024, v1025, v76, v231, v1044, v1045, v77, v220, v1064, v1065, v93,
+            v200, v1084, v1085, v94, v197, v1104, v1105, v98, v194, v1124, v1125, v99, v168, v1144,
+            v1145, v111, v146, v1164, v1165, v112, v143, v1184, v1185);
 }
 
 void TrainVit::repeated0(
@@ -3501,7 +3353,6 @@ void TrainVit::repeated0(
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3520,7 +3371,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -3586,7 +3436,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -3652,7 +3501,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -3718,7 +3566,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -3784,7 +3631,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -3850,7 +3696,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -3916,7 +3761,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -3982,7 +3826,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -4048,7 +3891,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -4114,7 +3956,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -4180,7 +4021,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -4246,7 +4086,6 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -4318,10 +4157,8 @@ void TrainVit::repeated1(
     support::ConstView a72, support::View a73, support::View a74, support::View a75,
     support::ConstView a76, support::View a77, support::View a78, support::View a79,
     support::View a80, const char *t0, const char *t1) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
-  MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
   static const support::Shape shape0_1 = {64};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 17};
@@ -4331,7 +4168,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
-  MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -4348,7 +4184,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   support::einsum2Double(a5.data(), a3.data(), a4.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4365,11 +4200,9 @@ void TrainVit::repeated1(
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
   support::roundBufferBF16(a5);
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   support::einsum2Double(a7.data(), a3.data(), a6.data(),
                          {.batch = {},
                           .m = {64},
@@ -4386,11 +4219,9 @@ void TrainVit::repeated1(
                           .outN = {64}});
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
   support::roundBufferBF16(a7);
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
-  MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
@@ -4418,7 +4249,6 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 mul
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
-  MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -4470,7 +4300,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   support::einsum2Double(a12.data(), a10.data(), a11.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4487,11 +4316,9 @@ void TrainVit::repeated1(
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
   support::roundBufferBF16(a12);
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   support::einsum2Double(a14.data(), a10.data(), a13.data(),
                          {.batch = {},
                           .m = {64},
@@ -4508,11 +4335,9 @@ void TrainVit::repeated1(
                           .outN = {64}});
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
   support::roundBufferBF16(a14);
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
-  MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -4524,7 +4349,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:71:23 cast
-  MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a12p = a12.data();
@@ -4536,11 +4360,9 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
-  MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
-  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   static const support::Shape shape15_1 = {64};
   static const support::Shape shape15_3 = {1};
   static const support::Shape shape15_4 = {2, 17};
@@ -4549,7 +4371,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a16p = a16.data();
@@ -4563,7 +4384,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
-  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   static const support::Shape shape17_1 = {64};
   static const support::Shape shape17_3 = {1};
   static const support::Shape shape17_4 = {2, 17};
@@ -4572,7 +4392,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape18_1 = {2, 17};
   static const support::Shape shape18_3 = {1088, 64};
   static const support::Shape shape18_4 = {64};
@@ -4582,7 +4401,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -4599,7 +4417,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape20_1 = {2, 17};
   static const support::Shape shape20_3 = {1088, 64};
   static const support::Shape shape20_4 = {64};
@@ -4609,7 +4426,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -4624,7 +4440,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -4645,7 +4460,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape23_1 = {2, 17};
   static const support::Shape shape23_3 = {1088, 64};
   static const support::Shape shape23_4 = {64};
@@ -4654,7 +4468,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape24_1 = {2, 17};
   static const support::Shape shape24_3 = {1088, 64};
   static const support::Shape shape24_4 = {64};
@@ -4669,7 +4482,6 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 add
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -4707,7 +4519,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
-  MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
   static const support::Shape shape26_1 = {64};
   static const support::Shape shape26_3 = {1};
   static const support::Shape shape26_4 = {2, 17};
@@ -4716,7 +4527,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
-  MESHRT_TRACE("loop", "vit.mesh:80:15", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -4732,35 +4542,30 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:63:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
-  MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan29.run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan30.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan31.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
-  MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
   {
     float *__restrict a47p = a47.data();
     const float *__restrict a44p = a44.data();
@@ -4774,7 +4579,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:62:17 sum
-  MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
   static const support::Shape shape33_1 = {2, 2, 17};
   static const support::Shape shape33_3 = {578, 289, 17};
   static const support::Shape shape33_4 = {17};
@@ -4785,7 +4589,6 @@ void TrainVit::repeated1(
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
-  MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
   {
     float *__restrict a49p = a49.data();
     const float *__restrict a44p = a44.data();
@@ -4806,49 +4609,42 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:62:25 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan35.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan36.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan37.run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
-  MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan38.run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan39.run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
-  MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan40(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan40.run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan41(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -4856,7 +4652,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
-  MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a55p = a55.data();
@@ -4873,21 +4668,17 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
-  MESHRT_TRACE_SITE("vit.mesh:36:52");
   auto request0 = support::startAllReduce(group_model, {a64}, meshrt::ReduceOp::Sum);
 
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
-  MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
-  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   static const support::Shape shape46_1 = {64};
   static const support::Shape shape46_3 = {1};
   static const support::Shape shape46_4 = {2, 17};
@@ -4896,7 +4687,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a64p = a64.data();
@@ -4910,7 +4700,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
-  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   static const support::Shape shape48_1 = {64};
   static const support::Shape shape48_3 = {1};
   static const support::Shape shape48_4 = {2, 17};
@@ -4919,7 +4708,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape49_1 = {2, 17};
   static const support::Shape shape49_3 = {1088, 64};
   static const support::Shape shape49_4 = {64};
@@ -4929,7 +4717,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a73p = a73.data();
     const float *__restrict a72p = a72.data();
@@ -4946,7 +4733,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape51_1 = {2, 17};
   static const support::Shape shape51_3 = {1088, 64};
   static const support::Shape shape51_4 = {64};
@@ -4956,7 +4742,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
-  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a75p = a75.data();
     const float *__restrict a74p = a74.data();
@@ -4971,7 +4756,6 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a77p = a77.data();
     float *__restrict a78p = a78.data();
@@ -4992,7 +4776,6 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape54_1 = {2, 17};
   static const support::Shape shape54_3 = {1088, 64};
   static const support::Shape shape54_4 = {64};
@@ -5001,7 +4784,6 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
-  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape55_1 = {2, 17};
   static const support::Shape shape55_3 = {1088, 64};
   static const support::Shape shape55_4 = {64};
@@ -5010,43 +4792,39 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 0.015625);
 }
 
-void TrainVit::repeated2(
-    support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-    support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
-    support::View a8, support::View a9, support::View a10, support::View a11,
-    support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
-    support::View a16, support::ConstView a17, support::View a18, support::View a19,
-    support::ConstView a20, support::ConstView a21, support::View a22, support::ConstView a23,
-    support::View a24, support::View a25, support::View a26, support::ConstView a27,
-    support::View a28, support::View a29, support::View a30, support::ConstView a31,
-    support::View a32, support::View a33, support::View a34, support::ConstView a35,
-    support::ConstView a36, support::View a37, const char *t0, const char *t1) {
-  MESHRT_TRACE_SPAN(world_);
+void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::View a14,
+                         support::ConstView a15, support::ConstView a16, support::View a17,
+                         support::View a18, support::ConstView a19, support::ConstView a20,
+                         support::View a21, support::ConstView a22, support::View a23,
+                         support::View a24, support::View a25, support::ConstView a26,
+                         support::View a27, support::View a28, support::View a29,
+                         support::ConstView a30, support::View a31, support::View a32,
+                         support::ConstView a33, support::ConstView a34, support::View a35,
+                         const char *t0, const char *t1) {
 
   // vit.mesh:59:11 einsum -> q
-  MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
-  MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
   support::copyValues(a3, a0);
 
   // vit.mesh:60:11 einsum -> k
-  MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:18 rename
-  MESHRT_TRACE("copy", "vit.mesh:61:18", "forward");
   support::copyValues(a6, a0);
 
   // vit.mesh:61:11 einsum -> v
-  MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -5054,14 +4832,12 @@ void TrainVit::repeated2(
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
-  MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a2.data(), a5.data(), a9.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
-  MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
   static const support::Shape shape6_2 = {2, 2, 17};
   static const support::Shape shape6_3 = {578, 289, 17};
   static const support::Shape shape6_4 = {578, 289, 17};
@@ -5072,21 +4848,18 @@ void TrainVit::repeated2(
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan7.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan8.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:15 dropout
-  MESHRT_TRACE("loop", "vit.mesh:80:15", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -5101,89 +4874,72 @@ void TrainVit::repeated2(
     }
   }
 
+  // vit.mesh:80:55 all_reduce_sum (resolve the partial sum of %45 over model for mul at 80:55)
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
+
   // vit.mesh:80:55 mul
-  MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
+  // vit.mesh:80:13 add -> h
   {
-    float *__restrict a16p = a16.data();
+    float *__restrict a17p = a17.data();
     const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 34; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = a14p[i0 * 64 + i1];
         const float s1 = a15p[i1];
         const float s2 = (s0 * s1);
-        a16p[i0 * 64 + i1] = s2;
+        const float s3 = a16p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a17p[i0 * 64 + i1] = s4;
       }
     }
   }
 
-  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
-  // together, 17.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("vit.mesh:80:13");
-  support::allReduceBucket(group_model, {a14, a16});
-
-  // vit.mesh:80:13 add -> h
-  MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 + s1);
-      a18p[i0] = s2;
-    }
-  }
-
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape13_2 = {2, 17};
-  static const support::Shape shape13_3 = {1088, 64};
-  static const support::Shape shape13_4 = {1088, 64};
-  static const support::Shape shape13_5 = {64};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(a19.data(), a18.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  static const support::Shape shape12_2 = {2, 17};
+  static const support::Shape shape12_3 = {1088, 64};
+  static const support::Shape shape12_4 = {1088, 64};
+  static const support::Shape shape12_5 = {64};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(a18.data(), a17.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
-    float *__restrict a22p = a22.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a18p = a18.data();
     const float *__restrict a19p = a19.data();
     const float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
     for (int64_t i0 = 0; i0 < 34; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a20p[i1];
+        const float s0 = a18p[i0 * 64 + i1];
+        const float s1 = a19p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a21p[i1];
+        const float s3 = a20p[i1];
         const float s4 = (s2 + s3);
         const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        a22p[i0 * 64 + i1] = s5;
+        a21p[i0 * 64 + i1] = s5;
       }
     }
   }
 
   // vit.mesh:71:38 cast
-  MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
   {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a22p = a22.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a23p[i0];
+      const float s0 = a22p[i0];
       const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a24p[i0] = s1;
+      a23p[i0] = s1;
     }
   }
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
-  support::einsum2Double(a25.data(), a22.data(), a24.data(),
+  support::einsum2Double(a24.data(), a21.data(), a23.data(),
                          {.batch = {},
                           .m = {2, 17},
                           .n = {64},
@@ -5199,36 +4955,32 @@ void TrainVit::repeated2(
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
-  support::roundBufferBF16(a25);
+  support::roundBufferBF16(a24);
 
   // vit.mesh:71:11 gelu -> h
-  MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
   {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a25p[i0];
+      const float s0 = a24p[i0];
       const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      a26p[i0] = s1;
+      a25p[i0] = s1;
     }
   }
 
   // vit.mesh:72:25 cast
-  MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
   {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a27p[i0];
+      const float s0 = a26p[i0];
       const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      a28p[i0] = s1;
+      a27p[i0] = s1;
     }
   }
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
-  support::einsum2Double(a29.data(), a26.data(), a28.data(),
+  support::einsum2Double(a28.data(), a25.data(), a27.data(),
                          {.batch = {},
                           .m = {2, 17},
                           .n = {64},
@@ -5244,89 +4996,72 @@ void TrainVit::repeated2(
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
-  MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
-  support::roundBufferBF16(a29);
+  support::roundBufferBF16(a28);
 
   // vit.mesh:72:10 cast
   // vit.mesh:81:14 dropout
-  MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a29p[i0];
+      const float s0 = a28p[i0];
       const float s1 = s0;
       const float s2 =
           support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
                               float(double(s1) * 1.1111111111111112));
-      a30p[i0] = s2;
+      a29p[i0] = s2;
     }
   }
 
+  // vit.mesh:81:48 all_reduce_sum (resolve the partial sum of %62 over model for mul at 81:48)
+  group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
+
   // vit.mesh:81:48 mul
-  MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
+  // vit.mesh:81:12 add -> x
   {
-    float *__restrict a32p = a32.data();
+    float *__restrict a31p = a31.data();
+    const float *__restrict a29p = a29.data();
     const float *__restrict a30p = a30.data();
-    const float *__restrict a31p = a31.data();
+    const float *__restrict a17p = a17.data();
     for (int64_t i0 = 0; i0 < 34; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a30p[i0 * 64 + i1];
-        const float s1 = a31p[i1];
+        const float s0 = a29p[i0 * 64 + i1];
+        const float s1 = a30p[i1];
         const float s2 = (s0 * s1);
-        a32p[i0 * 64 + i1] = s2;
+        const float s3 = a17p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a31p[i0 * 64 + i1] = s4;
       }
     }
   }
 
-  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
-  // together, 17.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("vit.mesh:81:12");
-  support::allReduceBucket(group_model, {a30, a32});
-
-  // vit.mesh:81:12 add -> x
-  MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a18p[i0];
-      const float s1 = a32p[i0];
-      const float s2 = (s0 + s1);
-      a33p[i0] = s2;
-    }
-  }
-
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape26_2 = {2, 17};
-  static const support::Shape shape26_3 = {1088, 64};
-  static const support::Shape shape26_4 = {1088, 64};
-  static const support::Shape shape26_5 = {64};
-  static const support::Shape shape26_6 = {1};
-  static const support::Shape shape26_7 = {1};
-  support::along(a34.data(), a33.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
-                 shape26_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  static const support::Shape shape24_2 = {2, 17};
+  static const support::Shape shape24_3 = {1088, 64};
+  static const support::Shape shape24_4 = {1088, 64};
+  static const support::Shape shape24_5 = {64};
+  static const support::Shape shape24_6 = {1};
+  static const support::Shape shape24_7 = {1};
+  support::along(a32.data(), a31.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
+                 shape24_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
-    float *__restrict a37p = a37.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
     const float *__restrict a34p = a34.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 34; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a34p[i0 * 64 + i1];
-        const float s1 = a35p[i1];
+        const float s0 = a32p[i0 * 64 + i1];
+        const float s1 = a33p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a36p[i1];
+        const float s3 = a34p[i1];
         const float s4 = (s2 + s3);
-        a37p[i0 * 64 + i1] = s4;
+        a35p[i0 * 64 + i1] = s4;
       }
     }
   }
@@ -5335,7 +5070,6 @@ void TrainVit::repeated2(
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::View a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -5354,7 +5088,6 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -5407,10 +5140,8 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -5422,7 +5153,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {64};
@@ -5431,7 +5161,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -5443,7 +5172,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {64};
@@ -5452,7 +5180,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5464,7 +5191,6 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {64};
@@ -5479,10 +5205,8 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
-  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -5494,7 +5218,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {64, 2, 16};
@@ -5503,7 +5226,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -5515,7 +5237,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {64, 2, 16};
@@ -5524,7 +5245,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5536,7 +5256,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {64, 2, 16};
@@ -5545,7 +5264,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -5557,7 +5275,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 16, 64};
@@ -5566,7 +5283,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -5578,7 +5294,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {64, 64};
@@ -5587,7 +5302,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -5599,7 +5313,6 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
-  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {64, 64};

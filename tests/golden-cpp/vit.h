@@ -208,7 +208,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 379136;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1401748;
+  static constexpr size_t kTemporaryBytes = 1366932;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 2048;
 
@@ -303,13 +303,13 @@ public:
                  support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
                  support::View a8, support::View a9, support::View a10, support::View a11,
                  support::ConstView a12, support::View a13, support::View a14,
-                 support::ConstView a15, support::View a16, support::ConstView a17,
-                 support::View a18, support::View a19, support::ConstView a20,
-                 support::ConstView a21, support::View a22, support::ConstView a23,
-                 support::View a24, support::View a25, support::View a26, support::ConstView a27,
-                 support::View a28, support::View a29, support::View a30, support::ConstView a31,
-                 support::View a32, support::View a33, support::View a34, support::ConstView a35,
-                 support::ConstView a36, support::View a37, const char *t0, const char *t1);
+                 support::ConstView a15, support::ConstView a16, support::View a17,
+                 support::View a18, support::ConstView a19, support::ConstView a20,
+                 support::View a21, support::ConstView a22, support::View a23, support::View a24,
+                 support::View a25, support::ConstView a26, support::View a27, support::View a28,
+                 support::View a29, support::ConstView a30, support::View a31, support::View a32,
+                 support::ConstView a33, support::ConstView a34, support::View a35, const char *t0,
+                 const char *t1);
   void repeated3(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::View a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7);

@@ -341,8 +341,7 @@ void Predict::computeInvariants() {
 }
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 352320 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 348224 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -355,16 +354,13 @@ Predict::Outputs Predict::run(const Inputs &inputs) {
 
 void Predict::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:104:18 rename -> key_rank
-  MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
   support::View v1 = persistent_.view(0, 16);
   support::View v5 = arena_.copy(0, v1);
 
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
-  MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
   support::View v7 = arena_.view(77824, 256);
   {
     float *__restrict v7p = v7.data();
@@ -383,7 +379,6 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
-  MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
   support::View v9 = arena_.view(78848, 256);
   {
     float *__restrict v9p = v9.data();
@@ -401,7 +396,6 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:43:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v20 = persistent_.view(18752, 4096);
   support::View v22 = arena_.slot(0, 8192);
   static const support::Shape shape3_2 = {16, 16};
@@ -411,7 +405,6 @@ void Predict::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v21 = persistent_.view(35136, 4096);
   static const support::Shape shape4_2 = {16, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -420,7 +413,6 @@ void Predict::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // xlnet.mesh:108:18 one_hot
-  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v23 = arena_.view(32768, 1024);
   static const support::Shape shape5_1 = {2, 16, 32};
@@ -430,7 +422,6 @@ void Predict::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
   const support::Buffer &v2 = param0_xlnet_embedding;
   support::View v24 = arena_.view(49152, 1024);
   // dims: batch, length, vocab, d_model
@@ -441,7 +432,6 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
   // xlnet.mesh:109:63 mul -> g
-  MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   const support::Buffer &v3 = param1_xlnet_mask_embedding;
   support::View v28 = arena_.view(53248, 1024);
   {
@@ -463,16 +453,9 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
   // 59:28)
-  MESHRT_TRACE("copy", "xlnet.mesh:59:28", "forward");
-  support::View v38 = arena_.copy(57344, v24);
-
-  // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
-  // 59:28)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  group_model.allReduce(v38.data(), v38.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v24.data(), v24.size(), meshrt::ReduceOp::Sum);
 
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   const support::Buffer &v32 = param4_xlnet_xlnet_layer_0_two_stream_attention_k;
   support::View v39 = arena_.view(69632, 512);
   const support::Buffer &v33 = param5_xlnet_xlnet_layer_0_two_stream_attention_v;
@@ -492,14 +475,13 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v49 = arena_.view(61440, 1024);
   support::View v54 = arena_.view(65536, 1024);
   support::View v56 = arena_.view(69632, 1024);
-  repeated1(v38, v32, v39, v33, v41, v22, v34, v43, v31, v44, v28, v45, v36, v46, v47, v37, v48,
+  repeated1(v24, v32, v39, v33, v41, v22, v34, v43, v31, v44, v28, v45, v36, v46, v47, v37, v48,
             v49, v53, v54, v55, v56);
 
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
-  MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v61 = arena_.view(75776, 256);
   {
     float *__restrict v61p = v61.data();
@@ -518,7 +500,6 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v63 = arena_.view(32768, 1024);
   {
     float *__restrict v63p = v63.data();
@@ -541,22 +522,20 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v64 = arena_.view(36864, 1024);
-  static const support::Shape shape13_2 = {2, 2, 16};
-  static const support::Shape shape13_3 = {512, 256, 16};
-  static const support::Shape shape13_4 = {512, 256, 16};
-  static const support::Shape shape13_5 = {16};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v64.data(), v63.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape12_2 = {2, 2, 16};
+  static const support::Shape shape12_3 = {512, 256, 16};
+  static const support::Shape shape12_4 = {512, 256, 16};
+  static const support::Shape shape12_5 = {16};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v64.data(), v63.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
-  MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v66 = arena_.view(61440, 256);
   {
     float *__restrict v66p = v66.data();
@@ -572,41 +551,17 @@ void Predict::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 4 statements from xlnet.mesh:68:19 add (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
+  // 21 statements from xlnet.mesh:68:19 add (1 of 2)
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
   const support::Buffer &v35 = param7_xlnet_xlnet_layer_0_two_stream_attention_o;
   support::View v70 = arena_.view(32768, 1024);
   support::View v71 = arena_.view(36864, 1024);
-  repeated2(v54, v56, v66, v68, v69, v64, v41, v35, v70, v71);
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  support::View v72 = arena_.view(40960, 1024);
-  {
-    float *__restrict v72p = v72.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v70p = v70.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v24p[i0];
-      const float s1 = v70p[i0];
-      const float s2 = (s0 + s1);
-      v72p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> b (resolve the partial sum of b over model for add
-  // at 93:30; merged with 1 more partial sum over model (%77): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::allReduceBucket(group_model, {v71, v72});
-
-  // 15 statements from xlnet.mesh:93:30 add (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::View v74 = arena_.view(32768, 1024);
+  support::View v73 = arena_.view(40960, 1024);
+  support::View v75 = arena_.view(32768, 1024);
   support::View v78 = arena_.view(36864, 1024);
-  const support::Buffer &v75 = param10_xlnet_xlnet_layer_0_norm_gain;
-  const support::Buffer &v76 = param11_xlnet_xlnet_layer_0_norm_bias;
+  const support::Buffer &v76 = param10_xlnet_xlnet_layer_0_norm_gain;
+  const support::Buffer &v77 = param11_xlnet_xlnet_layer_0_norm_bias;
   support::View v80 = arena_.view(40960, 1024);
   support::View v81 = arena_.view(36864, 1024);
   support::View v83 = arena_.view(32768, 1024);
@@ -623,12 +578,11 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v100 = arena_.view(49152, 1024);
   support::View v101 = arena_.view(36864, 1024);
   support::View v104 = arena_.view(32768, 1024);
-  repeated0(v28, v71, v74, v78, v72, v75, v76, v80, v81, v83, v84, v88, v85, v90, v86, v91, v94,
-            v96, v97, v87, v100, v101, v104);
+  repeated0(v54, v56, v66, v68, v69, v64, v41, v35, v70, v71, v24, v73, v28, v75, v78, v76, v77,
+            v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100, v101, v104);
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
   support::View v106 = arena_.view(49152, 1024);
@@ -650,20 +604,18 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v107 = arena_.view(32768, 1024);
-  static const support::Shape shape20_2 = {2, 16};
-  static const support::Shape shape20_3 = {512, 32};
-  static const support::Shape shape20_4 = {512, 32};
-  static const support::Shape shape20_5 = {32};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v107.data(), v101.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape16_2 = {2, 16};
+  static const support::Shape shape16_3 = {512, 32};
+  static const support::Shape shape16_4 = {512, 32};
+  static const support::Shape shape16_5 = {32};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v107.data(), v101.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v109 = arena_.view(53248, 1024);
   {
     float *__restrict v109p = v109.data();
@@ -683,7 +635,6 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   const support::Buffer &v113 = param19_xlnet_xlnet_layer_1_two_stream_attention_k;
   support::View v119 = arena_.view(57344, 512);
   const support::Buffer &v114 = param20_xlnet_xlnet_layer_1_two_stream_attention_v;
@@ -709,7 +660,6 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v143 = arena_.view(16384, 1024);
   {
     float *__restrict v143p = v143.data();
@@ -730,62 +680,25 @@ void Predict::runPart0(const Inputs &inputs) {
       }
     }
   }
-}
-
-void Predict::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:69:19 softmax -> h_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
-  support::View v143 = arena_.view(16384, 1024);
   support::View v144 = arena_.view(0, 1024);
-  static const support::Shape shape0_2 = {2, 2, 16};
-  static const support::Shape shape0_3 = {512, 256, 16};
-  static const support::Shape shape0_4 = {512, 256, 16};
-  static const support::Shape shape0_5 = {16};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v144.data(), v143.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
-                 shape0_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape20_2 = {2, 2, 16};
+  static const support::Shape shape20_3 = {512, 256, 16};
+  static const support::Shape shape20_4 = {512, 256, 16};
+  static const support::Shape shape20_5 = {16};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v144.data(), v143.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 4 statements from xlnet.mesh:68:19 add (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
-  support::View v134 = arena_.view(8192, 1024);
-  support::View v136 = arena_.view(12288, 1024);
-  support::View v66 = arena_.view(61440, 256);
+  // 21 statements from xlnet.mesh:68:19 add (2 of 2)
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
-  support::View v121 = arena_.view(59392, 512);
   const support::Buffer &v116 = param22_xlnet_xlnet_layer_1_two_stream_attention_o;
   support::View v150 = arena_.view(4096, 1024);
   support::View v151 = arena_.view(0, 1024);
-  repeated2(v134, v136, v66, v148, v149, v144, v121, v116, v150, v151);
-
-  // xlnet.mesh:93:23 bucketed_all_reduce_sum -> a (resolve the partial sum of a over model for add
-  // at 93:23; merged with 1 more partial sum over model (b): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:23");
-  support::allReduceBucket(group_model, {v150, v151});
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  support::View v106 = arena_.view(49152, 1024);
   support::View v153 = arena_.view(8192, 1024);
-  {
-    float *__restrict v153p = v153.data();
-    const float *__restrict v106p = v106.data();
-    const float *__restrict v150p = v150.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v106p[i0];
-      const float s1 = v150p[i0];
-      const float s2 = (s0 + s1);
-      v153p[i0] = s2;
-    }
-  }
-
-  // 15 statements from xlnet.mesh:93:30 add (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::View v109 = arena_.view(53248, 1024);
   support::View v155 = arena_.view(4096, 1024);
   support::View v158 = arena_.view(0, 1024);
   const support::Buffer &v156 = param25_xlnet_xlnet_layer_1_norm_gain;
@@ -806,24 +719,23 @@ void Predict::runPart1(const Inputs &inputs) {
   support::View v180 = arena_.view(16384, 1024);
   support::View v181 = arena_.view(0, 1024);
   support::View v184 = arena_.view(4096, 1024);
-  repeated0(v109, v151, v155, v158, v153, v156, v157, v160, v161, v163, v164, v168, v165, v170,
-            v166, v171, v174, v176, v177, v167, v180, v181, v184);
+  repeated0(v134, v136, v66, v148, v149, v144, v121, v116, v150, v151, v106, v153, v109, v155, v158,
+            v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171, v174, v176, v177,
+            v167, v180, v181, v184);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v187 = arena_.view(4096, 1024);
-  static const support::Shape shape5_2 = {2, 16};
-  static const support::Shape shape5_3 = {512, 32};
-  static const support::Shape shape5_4 = {512, 32};
-  static const support::Shape shape5_5 = {32};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v187.data(), v181.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6,
-                 shape5_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape22_2 = {2, 16};
+  static const support::Shape shape22_3 = {512, 32};
+  static const support::Shape shape22_4 = {512, 32};
+  static const support::Shape shape22_5 = {32};
+  static const support::Shape shape22_6 = {1};
+  static const support::Shape shape22_7 = {1};
+  support::along(v187.data(), v181.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
+                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
   support::View v189 = arena_.view(0, 1024);
@@ -843,18 +755,21 @@ void Predict::runPart1(const Inputs &inputs) {
       }
     }
   }
+}
+
+void Predict::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v189 = arena_.view(0, 1024);
   const support::Buffer &v2 = param0_xlnet_embedding;
   support::View v190 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add -> logits
-  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(0, 1024);
   {
@@ -872,361 +787,21 @@ void Predict::runPart1(const Inputs &inputs) {
   }
 }
 
-void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                        support::View a3, support::ConstView a4, support::ConstView a5,
-                        support::ConstView a6, support::View a7, support::View a8, support::View a9,
-                        support::ConstView a10, support::View a11, support::ConstView a12,
-                        support::View a13, support::ConstView a14, support::View a15,
-                        support::View a16, support::View a17, support::View a18,
-                        support::ConstView a19, support::View a20, support::View a21,
-                        support::View a22) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      a2p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape1_2 = {2, 16};
-  static const support::Shape shape1_3 = {512, 32};
-  static const support::Shape shape1_4 = {512, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a4.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a3p[i0 * 32 + i1];
-        const float s1 = a5p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 + s3);
-        a7p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  static const support::Shape shape3_2 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {512, 32};
-  static const support::Shape shape3_5 = {32};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(a8.data(), a2.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a8p[i0 * 32 + i1];
-        const float s1 = a5p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 + s3);
-        a9p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a10.data(), a11.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:83:59 add
-  // xlnet.mesh:83:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a11p[i0 * 32 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a13p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // xlnet.mesh:83:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
-  // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(a9.data(), a10.data(), a16.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:84:59 add
-  // xlnet.mesh:84:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        a17p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // xlnet.mesh:84:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
-  // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(a17.data(), a14.data(), a18.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
-  // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a15, a18});
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a15p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a7p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a20p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a9p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a21p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape14_2 = {2, 16};
-  static const support::Shape shape14_3 = {512, 32};
-  static const support::Shape shape14_4 = {512, 32};
-  static const support::Shape shape14_5 = {32};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(a22.data(), a20.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-}
-
-void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
-                        support::ConstView a3, support::View a4, support::ConstView a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::View a9, support::ConstView a10, support::View a11,
-                        support::ConstView a12, support::View a13, support::View a14,
-                        support::ConstView a15, support::View a16, support::View a17,
-                        support::View a18, support::View a19, support::View a20,
-                        support::View a21) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:59:28 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
-  // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:60:23 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
-  // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:61:19 einsum -> positions
-  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
-  // dims: length, keys, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:62:19 einsum -> h_queries
-  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
-  // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:63:19 einsum -> g_queries
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
-  // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:65:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a13p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
-  // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:66:38 add
-  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a9p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a16p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // xlnet.mesh:66:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
-  // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:67:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a18p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // xlnet.mesh:67:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
-  // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:68:38 add
-  MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a11p[i0 * 16 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 + s1);
-        a20p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // xlnet.mesh:68:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
-  // dims: batch, length, heads, d_kv, keys
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
-}
-
-void Predict::repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                         support::View a3, support::View a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7, support::View a8,
-                        support::View a9) {
-  MESHRT_TRACE_SPAN(world_);
+                        support::View a9, support::ConstView a10, support::View a11,
+                        support::ConstView a12, support::View a13, support::View a14,
+                        support::ConstView a15, support::ConstView a16, support::View a17,
+                        support::View a18, support::View a19, support::ConstView a20,
+                        support::View a21, support::ConstView a22, support::View a23,
+                        support::ConstView a24, support::View a25, support::View a26,
+                        support::View a27, support::View a28, support::ConstView a29,
+                        support::View a30, support::View a31, support::View a32) {
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
   // xlnet.mesh:72:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -1248,7 +823,6 @@ void Predict::repeated2(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:72:19 softmax -> g_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
   static const support::Shape shape1_2 = {2, 2, 16};
   static const support::Shape shape1_3 = {512, 256, 16};
   static const support::Shape shape1_4 = {512, 256, 16};
@@ -1259,7 +833,6 @@ void Predict::repeated2(support::ConstView a0, support::ConstView a1, support::C
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:73:10 einsum -> a
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8, 32},
@@ -1269,7 +842,6 @@ void Predict::repeated2(support::ConstView a0, support::ConstView a1, support::C
   einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 2, 16, 16, 8, 32},
@@ -1277,6 +849,328 @@ void Predict::repeated2(support::ConstView a0, support::ConstView a1, support::C
        {{0, 2, 5}, {}}});
   const float *einsumPlan3Operands[] = {a4.data(), a6.data(), a7.data()};
   einsumPlan3.run(einsumPlan3Operands, a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:93:23 bucketed_all_reduce_sum -> a (resolve the partial sum of a over model for add
+  // at 93:23; merged with 1 more partial sum over model (b): 8.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {a8, a9});
+
+  // xlnet.mesh:93:23 add
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = a8p[i0];
+      const float s2 = (s0 + s1);
+      a11p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:93:30 add
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = a9p[i0];
+      const float s2 = (s0 + s1);
+      a13p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:37:10 layer_norm
+  static const support::Shape shape7_2 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {512, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(a14.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a14p[i0 * 32 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a16p[i1];
+        const float s4 = (s2 + s3);
+        a17p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:48 layer_norm
+  static const support::Shape shape9_2 = {2, 16};
+  static const support::Shape shape9_3 = {512, 32};
+  static const support::Shape shape9_4 = {512, 32};
+  static const support::Shape shape9_5 = {32};
+  static const support::Shape shape9_6 = {1};
+  static const support::Shape shape9_7 = {1};
+  support::along(a18.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a18p[i0 * 32 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a16p[i1];
+        const float s4 = (s2 + s3);
+        a19p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:83:22 einsum
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan11.run(a17.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:83:59 add
+  // xlnet.mesh:83:17 gelu
+  {
+    float *__restrict a23p = a23.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        a23p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // xlnet.mesh:83:10 einsum
+  // dims: batch, length, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan13.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:84:22 einsum
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan14.run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:84:59 add
+  // xlnet.mesh:84:17 gelu
+  {
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a26p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        a27p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // xlnet.mesh:84:10 einsum
+  // dims: batch, length, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan16.run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
+  // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {a25, a28});
+
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  {
+    float *__restrict a30p = a30.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a25p[i0 * 32 + i1];
+        const float s1 = a29p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a17p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        a30p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a19p = a19.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a28p[i0 * 32 + i1];
+        const float s1 = a29p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a19p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        a31p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:10 layer_norm
+  static const support::Shape shape20_2 = {2, 16};
+  static const support::Shape shape20_3 = {512, 32};
+  static const support::Shape shape20_4 = {512, 32};
+  static const support::Shape shape20_5 = {32};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(a32.data(), a30.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+}
+
+void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::ConstView a3, support::View a4, support::ConstView a5,
+                        support::ConstView a6, support::View a7, support::ConstView a8,
+                        support::View a9, support::ConstView a10, support::View a11,
+                        support::ConstView a12, support::View a13, support::View a14,
+                        support::ConstView a15, support::View a16, support::View a17,
+                        support::View a18, support::View a19, support::View a20,
+                        support::View a21) {
+
+  // xlnet.mesh:59:28 einsum
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:60:23 einsum
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:61:19 einsum -> positions
+  // dims: length, keys, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:62:19 einsum -> h_queries
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:63:19 einsum -> g_queries
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:65:36 add
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a9p[i0 * 16 + i1];
+        const float s1 = a12p[i1];
+        const float s2 = (s0 + s1);
+        a13p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // xlnet.mesh:65:19 einsum
+  // dims: batch, length, heads, d_kv, keys
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:66:38 add
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a9p[i0 * 16 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 + s1);
+        a16p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // xlnet.mesh:66:21 einsum
+  // dims: batch, length, heads, d_kv, keys
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:67:36 add
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a11p[i0 * 16 + i1];
+        const float s1 = a12p[i1];
+        const float s2 = (s0 + s1);
+        a18p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // xlnet.mesh:67:19 einsum
+  // dims: batch, length, heads, d_kv, keys
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:68:38 add
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a11p[i0 * 16 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 + s1);
+        a20p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // xlnet.mesh:68:21 einsum
+  // dims: batch, length, heads, d_kv, keys
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
 Predict::Inputs Predict::synthesizeInputs(uint64_t seed) const {
@@ -1490,7 +1384,6 @@ support::Shape XlnetTrain::inputShape(const std::string &name) {
 XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "xlnet_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // xlnet/embedding: normal (xlnet.mesh:101)
   param0_xlnet_embedding.resize(1024);
@@ -1995,12 +1888,14 @@ void XlnetTrain::computeInvariants() {
 }
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
-  MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 223744 bytes for 822556 bytes of temporaries (placed by liveness).
+  // Arena: 223744 bytes for 818332 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
   support::View v210 = arena_.view(223488, 1);
   support::View v205 = arena_.view(223680, 1);
 
@@ -2015,10 +1910,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
 
 void XlnetTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:126:14 random_uniform
-  MESHRT_TRACE("random_uniform", "xlnet.mesh:126:14", "forward");
   support::View v1 = arena_.view(0, 16);
   support::fillRandomUniform(
       v1.data(),
@@ -2028,7 +1921,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // xlnet.mesh:126:14 top_k -> rank
-  MESHRT_TRACE("top_k", "xlnet.mesh:126:14", "forward");
   support::View v2 = arena_.view(64, 16);
   static const support::Shape shape1_1 = {16};
   static const support::Shape shape1_3 = {0};
@@ -2036,7 +1928,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
-  MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
   support::View v5 = arena_.view(223616, 16);
   {
     float *__restrict v5p = v5.data();
@@ -2051,13 +1942,11 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:104:18 rename -> key_rank
-  MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
   support::View v9 = arena_.copy(0, v2);
 
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
-  MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
-  support::View v11 = arena_.view(73728, 256);
+  support::View v11 = arena_.view(69632, 256);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v9p = v9.data();
@@ -2075,8 +1964,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
-  MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
-  support::View v13 = arena_.view(94208, 256);
+  support::View v13 = arena_.view(77824, 256);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v9p = v9.data();
@@ -2093,7 +1981,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:43:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v24 = persistent_.view(18816, 4096);
   support::View v26 = arena_.slot(0, 8192);
   static const support::Shape shape6_2 = {16, 16};
@@ -2103,7 +1990,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
-  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v25 = persistent_.view(35200, 4096);
   static const support::Shape shape7_2 = {16, 16};
   static const support::Shape shape7_3 = {512, 32};
@@ -2113,7 +1999,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:108:18 one_hot
   // xlnet.mesh:129:31 one_hot
-  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v27 = arena_.view(81920, 1024);
   static const support::Shape shape8_1 = {2, 16, 32};
@@ -2123,9 +2008,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
-  support::View v28 = arena_.view(49152, 1024);
+  support::View v28 = arena_.view(86016, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -2133,7 +2017,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
-  MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   support::View v31 = arena_.view(223232, 32);
   {
     float *__restrict v31p = v31.data();
@@ -2148,9 +2031,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:109:63 mul -> g
-  MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
-  support::View v32 = arena_.view(86016, 1024);
+  support::View v32 = arena_.view(90112, 1024);
   {
     float *__restrict v32p = v32.data();
     const float *__restrict v31p = v31.data();
@@ -2168,7 +2050,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:132:30 mul
   // xlnet.mesh:129:20 broadcast
   // xlnet.mesh:129:29 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
   support::View v217 = arena_.view(65536, 1024);
   {
     float *__restrict v217p = v217.data();
@@ -2190,7 +2071,6 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:128:14 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:128:14", "backward");
   support::View v218 = arena_.view(223360, 32);
   static const support::Shape shape13_1 = {2, 16};
   static const support::Shape shape13_3 = {512, 32};
@@ -2201,24 +2081,17 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 bucketed_all_reduce_sum -> h (resolve the partial sum of h over model for
   // einsum at 59:28; merged with 1 more partial sum over model (%220): 4.1 KiB in one buffer)
-  MESHRT_TRACE("copy", "xlnet.mesh:59:28", "forward");
-  support::View v42 = arena_.copy(90112, v28);
-
-  // xlnet.mesh:59:28 bucketed_all_reduce_sum -> h (resolve the partial sum of h over model for
-  // einsum at 59:28; merged with 1 more partial sum over model (%220): 4.1 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  support::allReduceBucket(group_model, {v42, v218});
+  support::allReduceBucket(group_model, {v28, v218});
 
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v43 = arena_.view(200704, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v38(param6_xlnet_xlnet_layer_0_two_stream_attention_r); // updated in place
   support::View v47 = arena_.view(32768, 4096);
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
-  support::View v48 = arena_.view(57344, 512);
-  support::View v49 = arena_.view(69632, 512);
+  support::View v48 = arena_.view(53248, 512);
+  support::View v49 = arena_.view(61440, 512);
   support::View v40(
       param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias); // updated in place
   support::View v50 = arena_.view(204800, 512);
@@ -2228,18 +2101,17 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(208896, 512);
   support::View v59 = arena_.view(210944, 512);
   support::View v45 = arena_.view(202752, 512);
-  support::View v51 = arena_.view(53248, 1024);
-  support::View v53 = arena_.view(57344, 1024);
-  support::View v58 = arena_.view(61440, 1024);
-  support::View v60 = arena_.view(69632, 1024);
-  repeated2(v42, v36, v43, v37, v45, v26, v38, v47, v35, v48, v32, v49, v40, v50, v51, v41, v52,
+  support::View v51 = arena_.view(49152, 1024);
+  support::View v53 = arena_.view(53248, 1024);
+  support::View v58 = arena_.view(57344, 1024);
+  support::View v60 = arena_.view(61440, 1024);
+  repeated2(v28, v36, v43, v37, v45, v26, v38, v47, v35, v48, v32, v49, v40, v50, v51, v41, v52,
             v53, v57, v58, v59, v60);
 
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
-  MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v65 = arena_.view(221184, 256);
   {
     float *__restrict v65p = v65.data();
@@ -2258,8 +2130,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
-  support::View v67 = arena_.view(73728, 1024);
+  support::View v67 = arena_.view(69632, 1024);
   {
     float *__restrict v67p = v67.data();
     const float *__restrict v51p = v51.data();
@@ -2281,22 +2152,20 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
-  support::View v68 = arena_.view(77824, 1024);
-  static const support::Shape shape19_2 = {2, 2, 16};
-  static const support::Shape shape19_3 = {512, 256, 16};
-  static const support::Shape shape19_4 = {512, 256, 16};
-  static const support::Shape shape19_5 = {16};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v68.data(), v67.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::View v68 = arena_.view(73728, 1024);
+  static const support::Shape shape18_2 = {2, 2, 16};
+  static const support::Shape shape18_3 = {512, 256, 16};
+  static const support::Shape shape18_4 = {512, 256, 16};
+  static const support::Shape shape18_5 = {16};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v68.data(), v67.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
-  MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v70 = arena_.view(222208, 256);
   {
     float *__restrict v70p = v70.data();
@@ -2312,59 +2181,27 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 4 statements from xlnet.mesh:68:19 add (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
-  support::View v72 = arena_.view(53248, 1024);
+  // 12 statements from xlnet.mesh:68:19 add (1 of 2)
+  support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
-  support::View v74 = arena_.view(53248, 1024);
-  support::View v75 = arena_.view(57344, 1024);
-  repeated8(v58, v60, v70, v72, v73, v68, v45, v39, v74, v75);
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  support::View v76 = arena_.view(73728, 1024);
-  {
-    float *__restrict v76p = v76.data();
-    const float *__restrict v28p = v28.data();
-    const float *__restrict v74p = v74.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v28p[i0];
-      const float s1 = v74p[i0];
-      const float s2 = (s0 + s1);
-      v76p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:37:10 bucketed_all_reduce_sum -> b (2 partial sums (b, %75) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
-  support::allReduceBucket(group_model, {v75, v76});
-}
-
-void XlnetTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
-
-  // 6 statements from xlnet.mesh:93:30 add (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::View v32 = arena_.view(86016, 1024);
-  support::View v75 = arena_.view(57344, 1024);
-  support::View v78 = arena_.view(94208, 1024);
+  support::View v74 = arena_.view(49152, 1024);
+  support::View v75 = arena_.view(53248, 1024);
+  support::View v77 = arena_.view(77824, 1024);
+  support::View v79 = arena_.view(94208, 1024);
   support::View v82 = arena_.view(98304, 1024);
-  support::View v76 = arena_.view(73728, 1024);
-  support::View v79(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
-  support::View v80(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
+  support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
+  support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
   support::View v84 = arena_.view(102400, 1024);
   support::View v85 = arena_.view(106496, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v87 = arena_.view(110592, 1024);
   support::View v92 = arena_.view(49152, 1024);
-  repeated7(v32, v75, v78, v82, v76, v79, v80, v84, v85, v87, v88, v92);
+  repeated3(v58, v60, v70, v72, v73, v68, v45, v39, v74, v75, v28, v77, v32, v79, v82, v80, v81,
+            v84, v85, v87, v88, v92);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
   support::View v93 = arena_.view(114688, 1024);
   support::View v94 = arena_.view(118784, 1024);
@@ -2386,7 +2223,6 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // 8 statements from xlnet.mesh:83:10 einsum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
@@ -2397,11 +2233,10 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v99 = arena_.view(122880, 1024);
   support::View v105 = arena_.view(135168, 1024);
   support::View v108 = arena_.view(139264, 1024);
-  repeated6(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
+  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
   support::View v110 = arena_.view(143360, 1024);
@@ -2421,22 +2256,27 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
       }
     }
   }
+}
+
+void XlnetTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v105 = arena_.view(135168, 1024);
   support::View v111 = arena_.view(147456, 1024);
-  static const support::Shape shape4_2 = {2, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {512, 32};
-  static const support::Shape shape4_5 = {32};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v111.data(), v105.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6,
-                 shape4_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape0_2 = {2, 16};
+  static const support::Shape shape0_3 = {512, 32};
+  static const support::Shape shape0_4 = {512, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v111.data(), v105.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
+                 shape0_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
+  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
   support::View v113 = arena_.view(151552, 1024);
   {
     float *__restrict v113p = v113.data();
@@ -2456,7 +2296,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
+  support::View v110 = arena_.view(143360, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(212992, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
@@ -2485,7 +2325,6 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
   support::View v65 = arena_.view(221184, 256);
   support::View v147 = arena_.view(172032, 1024);
   {
@@ -2509,49 +2348,24 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "backward");
   support::View v148 = arena_.view(155648, 1024);
-  static const support::Shape shape8_2 = {2, 2, 16};
-  static const support::Shape shape8_3 = {512, 256, 16};
-  static const support::Shape shape8_4 = {512, 256, 16};
-  static const support::Shape shape8_5 = {16};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v148.data(), v147.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
-                 shape8_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape4_2 = {2, 2, 16};
+  static const support::Shape shape4_3 = {512, 256, 16};
+  static const support::Shape shape4_4 = {512, 256, 16};
+  static const support::Shape shape4_5 = {16};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(v148.data(), v147.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6,
+                 shape4_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 4 statements from xlnet.mesh:68:19 add (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
+  // 12 statements from xlnet.mesh:68:19 add (2 of 2)
   support::View v70 = arena_.view(222208, 256);
   support::View v152 = arena_.view(159744, 1024);
   support::View v153 = arena_.view(163840, 1024);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
   support::View v154 = arena_.view(159744, 1024);
   support::View v155 = arena_.view(155648, 1024);
-  repeated8(v138, v140, v70, v152, v153, v148, v125, v120, v154, v155);
-
-  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::allReduceBucket(group_model, {v154, v155});
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "backward");
   support::View v157 = arena_.view(167936, 1024);
-  {
-    float *__restrict v157p = v157.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v154p = v154.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v110p[i0];
-      const float s1 = v154p[i0];
-      const float s2 = (s0 + s1);
-      v157p[i0] = s2;
-    }
-  }
-
-  // 6 statements from xlnet.mesh:93:30 add (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
   support::View v159 = arena_.view(159744, 1024);
   support::View v162 = arena_.view(155648, 1024);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
@@ -2561,11 +2375,11 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
   support::View v167 = arena_.view(172032, 1024);
   support::View v172 = arena_.view(176128, 1024);
-  repeated7(v113, v155, v159, v162, v157, v160, v161, v164, v165, v167, v168, v172);
+  repeated3(v138, v140, v70, v152, v153, v148, v125, v120, v154, v155, v110, v157, v113, v159, v162,
+            v160, v161, v164, v165, v167, v168, v172);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
   support::View v174 = arena_.view(180224, 1024);
   {
@@ -2584,7 +2398,6 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v175 = arena_.view(176128, 1024);
   support::View v178 = arena_.view(180224, 1024);
@@ -2595,24 +2408,22 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v179 = arena_.view(184320, 1024);
   support::View v185 = arena_.view(167936, 1024);
   support::View v188 = arena_.view(176128, 1024);
-  repeated6(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
+  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
             v188);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v191 = arena_.view(176128, 1024);
-  static const support::Shape shape15_2 = {2, 16};
-  static const support::Shape shape15_3 = {512, 32};
-  static const support::Shape shape15_4 = {512, 32};
-  static const support::Shape shape15_5 = {32};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v191.data(), v185.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape8_2 = {2, 16};
+  static const support::Shape shape8_3 = {512, 32};
+  static const support::Shape shape8_4 = {512, 32};
+  static const support::Shape shape8_5 = {32};
+  static const support::Shape shape8_6 = {1};
+  static const support::Shape shape8_7 = {1};
+  support::along(v191.data(), v185.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
+                 shape8_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
   support::View v193 = arena_.view(180224, 1024);
@@ -2634,16 +2445,14 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v194 = arena_.view(192512, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add
-  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   support::View v8(param2_xlnet_output_bias); // updated in place
   support::View v195 = arena_.view(196608, 1024);
   {
@@ -2661,19 +2470,17 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:128:14 log_softmax -> logp
-  MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
   support::View v196 = arena_.view(192512, 1024);
-  static const support::Shape shape19_2 = {2, 16};
-  static const support::Shape shape19_3 = {512, 32};
-  static const support::Shape shape19_4 = {512, 32};
-  static const support::Shape shape19_5 = {32};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v196.data(), v195.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  static const support::Shape shape12_2 = {2, 16};
+  static const support::Shape shape12_3 = {512, 32};
+  static const support::Shape shape12_4 = {512, 32};
+  static const support::Shape shape12_5 = {32};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v196.data(), v195.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
   support::View v27 = arena_.view(81920, 1024);
   support::View v198 = arena_.view(196608, 1024);
   {
@@ -2689,19 +2496,17 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:129:20 sum -> token_logp
-  MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
   support::View v199 = arena_.view(223488, 32);
-  static const support::Shape shape21_1 = {2, 16};
-  static const support::Shape shape21_3 = {512, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v199.data(), shape21_1, v198.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape14_1 = {2, 16};
+  static const support::Shape shape14_3 = {512, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v199.data(), shape14_1, v198.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:128:14 exp
   // xlnet.mesh:128:14 mul
   // xlnet.mesh:128:14 sub
-  MESHRT_TRACE("loop", "xlnet.mesh:128:14", "backward");
   support::View v218 = arena_.view(223360, 32);
   support::View v217 = arena_.view(65536, 1024);
   support::View v222 = arena_.view(196608, 1024);
@@ -2724,42 +2529,27 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v224 = arena_.view(65536, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v222.data(), v6.data(), v224.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  einsumPlan16.run(v222.data(), v6.data(), v224.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %213 over model for sum at
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
-  MESHRT_TRACE("copy", "xlnet.mesh:37:78", "backward");
-  support::View v199 = arena_.view(223488, 32);
-  support::View v200 = arena_.copy(192512, v199);
-
-  // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %213 over model for sum at
-  // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v224 = arena_.view(65536, 1024);
-  support::allReduceBucket(group_model, {v224, v200});
+  support::allReduceBucket(group_model, {v224, v199});
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
   support::View v5 = arena_.view(223616, 16);
-  support::View v202 = arena_.view(192640, 32);
+  support::View v202 = arena_.view(192512, 32);
   {
     float *__restrict v202p = v202.data();
-    const float *__restrict v200p = v200.data();
+    const float *__restrict v199p = v199.data();
     const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v200p[i0 * 16 + i1];
+        const float s0 = v199p[i0 * 16 + i1];
         const float s1 = support::fexp(s0);
         const float s2 = v5p[i1];
         const float s3 = (s1 * s2);
@@ -2769,17 +2559,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:131:24 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
-  support::View v203 = arena_.view(192512, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {16, 1};
-  support::reduce(v203.data(), shape3_1, v202.data(), shape3_3, shape3_4, shape3_5,
+  support::View v203 = arena_.view(192640, 1);
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {2, 16};
+  static const support::Shape shape19_5 = {16, 1};
+  support::reduce(v203.data(), shape19_1, v202.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
-  MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
   support::View v205 = arena_.view(223680, 1);
   {
     float *__restrict v205p = v205.data();
@@ -2791,7 +2579,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:132:30 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
   support::View v206 = arena_.view(192512, 32);
   {
     float *__restrict v206p = v206.data();
@@ -2808,18 +2595,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:132:15 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
   support::View v207 = arena_.view(192640, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {2, 16};
-  static const support::Shape shape6_5 = {16, 1};
-  support::reduce(v207.data(), shape6_1, v206.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {2, 16};
+  static const support::Shape shape22_5 = {16, 1};
+  support::reduce(v207.data(), shape22_1, v206.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
-  MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
   support::View v210 = arena_.view(223488, 1);
   {
     float *__restrict v210p = v210.data();
@@ -2830,33 +2615,31 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
     const float s3 = (s1 / s2);
     v210p[0] = s3;
   }
+}
 
-  // xlnet.mesh:133:3 all_reduce_sum -> loss (resolve output 'loss')
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  auto request0 = support::startAllReduce(group_data_model, {v210}, meshrt::ReduceOp::Sum);
+void XlnetTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
-  MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
   support::View v222 = arena_.view(196608, 1024);
   support::View v223 = arena_.view(223360, 32);
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 16};
-  static const support::Shape shape9_5 = {512, 32};
-  support::reduce(v223.data(), shape9_1, v222.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 16};
+  static const support::Shape shape0_5 = {512, 32};
+  support::reduce(v223.data(), shape0_1, v222.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v193 = arena_.view(180224, 1024);
   support::View v225 = arena_.view(192512, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan10.run(v222.data(), v193.data(), v225.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v222.data(), v193.data(), v225.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
+  support::View v224 = arena_.view(65536, 1024);
   support::View v191 = arena_.view(176128, 1024);
   support::View v229 = arena_.view(180224, 1024);
   support::View v231 = arena_.view(196864, 32);
@@ -2872,12 +2655,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v227 = arena_.view(196608, 32);
   support::View v230 = arena_.view(196736, 32);
   support::View v244 = arena_.view(65536, 1024);
-  repeated3(v227, v224, v191, v229, v230, v231, v185, v233, v234, v237, v186, v228, v238, v239,
+  repeated4(v227, v224, v191, v229, v230, v231, v185, v233, v234, v237, v186, v228, v238, v239,
             v241, v244);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v246 = arena_.view(167936, 1024);
   support::View v180 = arena_.view(188416, 1024);
@@ -2888,14 +2670,12 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v247 = arena_.view(176128, 1024);
   support::View v270 = arena_.view(188416, 32);
   support::View v271 = arena_.view(167936, 1024);
-  repeated4(v245, v244, v170, v246, v180, v247, v179, v269, v270, v168, v271);
+  repeated5(v245, v244, v170, v246, v180, v247, v179, v269, v270, v168, v271);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %259 over model for add at 84:22)
-  MESHRT_TRACE_SITE("xlnet.mesh:84:22");
   group_model.allReduce(v271.data(), v271.size(), meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:84:22 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v273 = arena_.view(184320, 1024);
   {
     float *__restrict v273p = v273.data();
@@ -2910,16 +2690,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(172032, 1024);
   support::View v274 = arena_.view(167936, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan15.run(v269.data(), v167.data(), v274.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v269.data(), v167.data(), v274.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v165 = arena_.view(155648, 1024);
   support::View v277 = arena_.view(65536, 1024);
   support::View v279 = arena_.view(172032, 32);
@@ -2935,21 +2713,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v275 = arena_.view(188544, 32);
   support::View v278 = arena_.view(188672, 32);
   support::View v291 = arena_.view(159744, 1024);
-  repeated3(v275, v273, v165, v277, v278, v279, v159, v281, v282, v284, v160, v276, v285, v286,
+  repeated4(v275, v273, v165, v277, v278, v279, v159, v281, v282, v284, v160, v276, v285, v286,
             v288, v291);
 
   // 3 statements from xlnet.mesh:74:10 einsum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v125 = arena_.view(215040, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
   support::View v153 = arena_.view(163840, 1024);
   support::View v292 = arena_.view(65536, 1024);
   support::View v293 = arena_.view(180224, 512);
   support::View v294 = arena_.view(182272, 512);
-  repeated10(v291, v125, v120, v292, v153, v293, v294);
+  repeated9(v291, v125, v120, v292, v153, v293, v294);
 
   // xlnet.mesh:72:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v295 = arena_.view(155648, 1024);
   {
     float *__restrict v295p = v295.data();
@@ -2964,17 +2740,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v296 = arena_.view(172032, 64);
-  static const support::Shape shape19_1 = {2, 2, 16};
-  static const support::Shape shape19_3 = {512, 256, 16};
-  static const support::Shape shape19_4 = {16};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v296.data(), shape19_1, v295.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape10_1 = {2, 2, 16};
+  static const support::Shape shape10_3 = {512, 256, 16};
+  static const support::Shape shape10_4 = {16};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v296.data(), shape10_1, v295.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(222208, 256);
   support::View v301 = arena_.view(155648, 1024);
   support::View v127 = arena_.view(49152, 4096);
@@ -2988,21 +2762,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v306 = arena_.view(184320, 512);
   support::View v307 = arena_.view(186368, 512);
   support::View v308 = arena_.view(188864, 16);
-  repeated5(v292, v296, v153, v70, v301, v127, v302, v139, v303, v304, v123, v305, v137, v306, v307,
+  repeated6(v292, v296, v153, v70, v301, v127, v302, v139, v303, v304, v123, v305, v137, v306, v307,
             v308);
 
   // 3 statements from xlnet.mesh:63:19 einsum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v309 = arena_.view(65536, 1024);
   support::View v315 = arena_.view(155648, 1024);
   support::View v318 = arena_.view(163840, 1024);
-  repeated9(v307, v116, v309, v293, v118, v315, v306, v117, v318);
+  repeated8(v307, v116, v309, v293, v118, v315, v306, v117, v318);
 
   // xlnet.mesh:59:28 add
-  MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
   support::View v319 = arena_.view(172032, 1024);
   {
     float *__restrict v319p = v319.data();
@@ -3018,11 +2790,9 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %296 over model for add at
   // 63:19; merged with 1 more partial sum over model (%338): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::allReduceBucket(group_model, {v309, v319});
 
   // xlnet.mesh:63:19 add
-  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
   support::View v311 = arena_.view(155648, 1024);
   {
     float *__restrict v311p = v311.data();
@@ -3037,42 +2807,37 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(151552, 1024);
   support::View v312 = arena_.view(159744, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan25.run(v307.data(), v113.data(), v312.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v307.data(), v113.data(), v312.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
-  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v313 = arena_.view(151552, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan26.run(v303.data(), v26.data(), v313.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v303.data(), v26.data(), v313.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
-  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v110 = arena_.view(143360, 1024);
   support::View v316 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan27.run(v293.data(), v110.data(), v316.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v293.data(), v110.data(), v316.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
-  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   support::View v320 = arena_.view(161792, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan28.run(v306.data(), v110.data(), v320.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v306.data(), v110.data(), v320.data(), 1.0f, 0.0f);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v321 = arena_.view(57344, 32);
   support::View v111 = arena_.view(147456, 1024);
   support::View v323 = arena_.view(49152, 1024);
@@ -3110,7 +2875,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (2 of
   // 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v359 = arena_.view(49152, 1024);
   support::View v100 = arena_.view(126976, 1024);
@@ -3121,15 +2885,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v360 = arena_.view(61440, 1024);
   support::View v378 = arena_.view(131200, 32);
   support::View v379 = arena_.view(49152, 1024);
-  repeated4(v358, v337, v90, v359, v100, v360, v99, v377, v378, v88, v379);
+  repeated5(v358, v337, v90, v359, v100, v360, v99, v377, v378, v88, v379);
 
   // xlnet.mesh:83:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v385 = arena_.view(122880, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan31.run(v357.data(), v90.data(), v385.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v357.data(), v90.data(), v385.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:17 square
   // xlnet.mesh:83:17 mul
@@ -3148,7 +2911,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:83:17 mul
   // xlnet.mesh:83:17 add
   // xlnet.mesh:83:17 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(114688, 1024);
   support::View v404 = arena_.view(126976, 1024);
   {
@@ -3189,22 +2951,27 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
       v404p[i0] = s29;
     }
   }
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v404 = arena_.view(126976, 1024);
+  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v407 = arena_.view(114688, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan33.run(v404.data(), v88.data(), v407.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v404.data(), v88.data(), v407.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %364 over model for add at
   // 84:22; merged with 1 more partial sum over model (%408): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:84:22");
+  support::View v379 = arena_.view(49152, 1024);
   support::allReduceBucket(group_model, {v379, v407});
 
   // xlnet.mesh:84:22 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
+  support::View v337 = arena_.view(53248, 1024);
   support::View v381 = arena_.view(122880, 1024);
   {
     float *__restrict v381p = v381.data();
@@ -3219,26 +2986,26 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
+  support::View v377 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(110592, 1024);
   support::View v382 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan36.run(v377.data(), v87.data(), v382.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v377.data(), v87.data(), v382.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
+  support::View v357 = arena_.view(57344, 1024);
   support::View v383 = arena_.view(53248, 32);
-  static const support::Shape shape37_1 = {32};
-  static const support::Shape shape37_3 = {1};
-  static const support::Shape shape37_4 = {2, 16};
-  static const support::Shape shape37_5 = {512, 32};
-  support::reduce(v383.data(), shape37_1, v357.data(), shape37_3, shape37_4, shape37_5,
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {2, 16};
+  static const support::Shape shape4_5 = {512, 32};
+  support::reduce(v383.data(), shape4_1, v357.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
+  support::View v358 = arena_.view(131072, 32);
   support::View v384 = arena_.view(131328, 32);
   {
     float *__restrict v384p = v384.data();
@@ -3253,16 +3020,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v94 = arena_.view(118784, 1024);
   support::View v386 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan39(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan39.run(v357.data(), v94.data(), v386.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v357.data(), v94.data(), v386.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
-  MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
+  support::View v360 = arena_.view(61440, 1024);
   support::View v387 = arena_.view(110592, 1024);
   {
     float *__restrict v387p = v387.data();
@@ -3277,17 +3043,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:59 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
   support::View v405 = arena_.view(53248, 32);
-  static const support::Shape shape41_1 = {32};
-  static const support::Shape shape41_3 = {1};
-  static const support::Shape shape41_4 = {2, 16};
-  static const support::Shape shape41_5 = {512, 32};
-  support::reduce(v405.data(), shape41_1, v404.data(), shape41_3, shape41_4, shape41_5,
+  static const support::Shape shape8_1 = {32};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {2, 16};
+  static const support::Shape shape8_5 = {512, 32};
+  support::reduce(v405.data(), shape8_1, v404.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
-  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
+  support::View v378 = arena_.view(131200, 32);
   support::View v406 = arena_.view(131072, 32);
   {
     float *__restrict v406p = v406.data();
@@ -3302,7 +3067,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:22 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v409 = arena_.view(53248, 1024);
   {
     float *__restrict v409p = v409.data();
@@ -3317,16 +3081,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v84 = arena_.view(102400, 1024);
   support::View v410 = arena_.view(57344, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan44.run(v404.data(), v84.data(), v410.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v404.data(), v84.data(), v410.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
-  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v411 = arena_.view(102400, 1024);
   {
     float *__restrict v411p = v411.data();
@@ -3341,17 +3103,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v412 = arena_.view(61440, 32);
   support::View v85 = arena_.view(106496, 1024);
   support::View v414 = arena_.view(49152, 1024);
   support::View v415 = arena_.view(61568, 32);
   support::View v416 = arena_.view(57344, 32);
-  support::View v78 = arena_.view(94208, 1024);
+  support::View v79 = arena_.view(94208, 1024);
   support::View v418 = arena_.view(49152, 1024);
   support::View v419 = arena_.view(57344, 32);
   support::View v421 = arena_.view(61696, 32);
-  support::View v79(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
+  support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v413 = arena_.view(49152, 1024);
   support::View v422 = arena_.view(57344, 1024);
   support::View v423 = arena_.view(61824, 32);
@@ -3361,7 +3122,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v432 = arena_.view(49152, 1024);
   support::View v433 = arena_.view(57344, 32);
   support::View v435 = arena_.view(57344, 32);
-  support::View v76 = arena_.view(73728, 1024);
+  support::View v77 = arena_.view(77824, 1024);
   support::View v437 = arena_.view(49152, 1024);
   support::View v438 = arena_.view(57344, 32);
   support::View v440 = arena_.view(61440, 32);
@@ -3373,45 +3134,41 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v430 = arena_.view(124928, 32);
   support::View v434 = arena_.view(125056, 32);
   support::View v447 = arena_.view(106496, 1024);
-  repeated1(v412, v381, v85, v414, v415, v416, v78, v418, v419, v421, v79, v413, v422, v423, v425,
-            v428, v429, v409, v430, v82, v432, v433, v434, v435, v76, v437, v438, v440, v431, v441,
+  repeated1(v412, v381, v85, v414, v415, v416, v79, v418, v419, v421, v80, v413, v422, v423, v425,
+            v428, v429, v409, v430, v82, v432, v433, v434, v435, v77, v437, v438, v440, v431, v441,
             v442, v444, v447);
 
   // 3 statements from xlnet.mesh:74:10 einsum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v45 = arena_.view(202752, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v73 = arena_.view(69632, 1024);
   support::View v448 = arena_.view(49152, 1024);
   support::View v449 = arena_.view(53248, 512);
   support::View v450 = arena_.view(55296, 512);
-  repeated10(v428, v45, v39, v448, v73, v449, v450);
+  repeated9(v428, v45, v39, v448, v73, v449, v450);
 
   // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v451 = arena_.view(65536, 1024);
   // dims: batch, length, d_model, keys, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan48(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 16, 2, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
        {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan48Operands[] = {v447.data(), v45.data(), v39.data()};
-  einsumPlan48.run(einsumPlan48Operands, v451.data(), 1.0f, 0.0f);
+  const float *einsumPlan15Operands[] = {v447.data(), v45.data(), v39.data()};
+  einsumPlan15.run(einsumPlan15Operands, v451.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v68 = arena_.view(77824, 1024);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v452 = arena_.view(57344, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan49(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 2, 16, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
        {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan49Operands[] = {v447.data(), v68.data(), v39.data()};
-  einsumPlan49.run(einsumPlan49Operands, v452.data(), 1.0f, 0.0f);
+  const float *einsumPlan16Operands[] = {v447.data(), v68.data(), v39.data()};
+  einsumPlan16.run(einsumPlan16Operands, v452.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v453 = arena_.view(114688, 512);
   {
     float *__restrict v453p = v453.data();
@@ -3426,18 +3183,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v454 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan51(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 2, 16, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
        {{3, 5, 2}, {}}});
-  const float *einsumPlan51Operands[] = {v447.data(), v68.data(), v45.data()};
-  einsumPlan51.run(einsumPlan51Operands, v454.data(), 1.0f, 0.0f);
+  const float *einsumPlan18Operands[] = {v447.data(), v68.data(), v45.data()};
+  einsumPlan18.run(einsumPlan18Operands, v454.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
-  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v455 = arena_.view(116736, 512);
   {
     float *__restrict v455p = v455.data();
@@ -3452,7 +3207,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v456 = arena_.view(53248, 1024);
   {
     float *__restrict v456p = v456.data();
@@ -3467,17 +3221,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v457 = arena_.view(57344, 64);
-  static const support::Shape shape54_1 = {2, 2, 16};
-  static const support::Shape shape54_3 = {512, 256, 16};
-  static const support::Shape shape54_4 = {16};
-  static const support::Shape shape54_5 = {1};
-  support::reduce(v457.data(), shape54_1, v456.data(), shape54_3, shape54_4, shape54_5,
+  static const support::Shape shape21_1 = {2, 2, 16};
+  static const support::Shape shape21_3 = {512, 256, 16};
+  static const support::Shape shape21_4 = {16};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v457.data(), shape21_1, v456.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:69:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v461 = arena_.view(53248, 1024);
   {
     float *__restrict v461p = v461.data();
@@ -3492,18 +3244,24 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v462 = arena_.view(122880, 64);
-  static const support::Shape shape56_1 = {2, 2, 16};
-  static const support::Shape shape56_3 = {512, 256, 16};
-  static const support::Shape shape56_4 = {16};
-  static const support::Shape shape56_5 = {1};
-  support::reduce(v462.data(), shape56_1, v461.data(), shape56_3, shape56_4, shape56_5,
+  static const support::Shape shape23_1 = {2, 2, 16};
+  static const support::Shape shape23_3 = {512, 256, 16};
+  static const support::Shape shape23_4 = {16};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v462.data(), shape23_1, v461.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void XlnetTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v466 = arena_.view(73728, 1024);
+  support::View v448 = arena_.view(49152, 1024);
+  support::View v457 = arena_.view(57344, 64);
+  support::View v73 = arena_.view(69632, 1024);
+  support::View v70 = arena_.view(222208, 256);
+  support::View v466 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
   support::View v467 = arena_.view(69632, 512);
   support::View v59 = arena_.view(210944, 512);
@@ -3515,14 +3273,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v471 = arena_.view(118784, 512);
   support::View v472 = arena_.view(120832, 512);
   support::View v473 = arena_.view(125248, 16);
-  repeated5(v448, v457, v73, v70, v466, v47, v467, v59, v468, v469, v43, v470, v57, v471, v472,
+  repeated6(v448, v457, v73, v70, v466, v47, v467, v59, v468, v469, v43, v470, v57, v471, v472,
             v473);
 
   // xlnet.mesh:69:19 sub
   // xlnet.mesh:69:19 mul
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v451 = arena_.view(65536, 1024);
+  support::View v462 = arena_.view(122880, 64);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v65 = arena_.view(221184, 256);
   support::View v474 = arena_.view(98304, 1024);
   {
@@ -3551,24 +3311,21 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:66:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v475 = arena_.view(122880, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan59(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan59.run(v474.data(), v47.data(), v475.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v474.data(), v47.data(), v475.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(206848, 512);
   support::View v476 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan60(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan60.run(v474.data(), v52.data(), v476.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v474.data(), v52.data(), v476.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
-  MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
   support::View v477 = arena_.view(65536, 4096);
   {
     float *__restrict v477p = v477.data();
@@ -3583,17 +3340,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:66:38 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v478 = arena_.view(32768, 16);
-  static const support::Shape shape62_1 = {2, 8};
-  static const support::Shape shape62_3 = {8, 1};
-  static const support::Shape shape62_4 = {2, 16};
-  static const support::Shape shape62_5 = {256, 16};
-  support::reduce(v478.data(), shape62_1, v475.data(), shape62_3, shape62_4, shape62_5,
+  static const support::Shape shape5_1 = {2, 8};
+  static const support::Shape shape5_3 = {8, 1};
+  static const support::Shape shape5_4 = {2, 16};
+  static const support::Shape shape5_5 = {256, 16};
+  support::reduce(v478.data(), shape5_1, v475.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
   support::View v479 = arena_.view(57344, 16);
   {
     float *__restrict v479p = v479.data();
@@ -3608,24 +3363,21 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v480 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan64(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan64.run(v474.data(), v43.data(), v480.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v474.data(), v43.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(204800, 512);
   support::View v481 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan65(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan65.run(v474.data(), v50.data(), v481.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v474.data(), v50.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
-  MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
   support::View v482 = arena_.view(49152, 512);
   {
     float *__restrict v482p = v482.data();
@@ -3640,7 +3392,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v483 = arena_.view(51200, 512);
   {
     float *__restrict v483p = v483.data();
@@ -3655,17 +3406,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:36 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v484 = arena_.view(34816, 16);
-  static const support::Shape shape68_1 = {2, 8};
-  static const support::Shape shape68_3 = {8, 1};
-  static const support::Shape shape68_4 = {2, 16};
-  static const support::Shape shape68_5 = {256, 16};
-  support::reduce(v484.data(), shape68_1, v480.data(), shape68_3, shape68_4, shape68_5,
+  static const support::Shape shape11_1 = {2, 8};
+  static const support::Shape shape11_3 = {8, 1};
+  static const support::Shape shape11_4 = {2, 16};
+  static const support::Shape shape11_5 = {256, 16};
+  support::reduce(v484.data(), shape11_1, v480.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v485 = arena_.view(57408, 16);
   {
     float *__restrict v485p = v485.data();
@@ -3680,49 +3429,44 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:63:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v486 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan70(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan70.run(v472.data(), v35.data(), v486.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v472.data(), v35.data(), v486.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
+  support::View v453 = arena_.view(114688, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v490 = arena_.view(36864, 1024);
   support::View v497 = arena_.view(40960, 1024);
   support::View v502 = arena_.view(45056, 1024);
-  repeated9(v483, v35, v490, v453, v37, v497, v482, v36, v502);
+  repeated8(v483, v35, v490, v453, v37, v497, v482, v36, v502);
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %469 over model for add at
   // 63:19; merged with 3 more partial sums over model (%491, %498, %503): 16.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  auto request1 =
+  auto request0 =
       support::startAllReduce(group_model, {v486, v490, v497, v502}, meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:63:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v32 = arena_.view(86016, 1024);
+  support::View v32 = arena_.view(90112, 1024);
   support::View v489 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan73(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan73.run(v472.data(), v32.data(), v489.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v472.data(), v32.data(), v489.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
-  support::View v42 = arena_.view(90112, 1024);
+  support::View v28 = arena_.view(86016, 1024);
   support::View v493 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan74(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan74.run(v483.data(), v42.data(), v493.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v483.data(), v28.data(), v493.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
-  MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v494 = arena_.view(51200, 512);
   {
     float *__restrict v494p = v494.data();
@@ -3737,28 +3481,26 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
-  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
+  support::View v26 = arena_.view(0, 8192);
   support::View v495 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan76(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan76.run(v477.data(), v26.data(), v495.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v477.data(), v26.data(), v495.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
-  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v500 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan77(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan77.run(v453.data(), v42.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v453.data(), v28.data(), v500.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  group_model.wait(request1);
+  group_model.wait(request0);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
-  MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
+  support::View v447 = arena_.view(106496, 1024);
   support::View v504 = arena_.view(0, 1024);
   {
     float *__restrict v504p = v504.data();
@@ -3779,16 +3521,20 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
-  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   support::View v505 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan80(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan80.run(v482.data(), v42.data(), v505.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v482.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
+  support::View v428 = arena_.view(94208, 1024);
+  support::View v486 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(223232, 32);
   support::View v506 = arena_.view(4096, 1024);
   {
@@ -3809,26 +3555,25 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
-  MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
   support::View v507 = arena_.view(12288, 32);
-  static const support::Shape shape82_1 = {32};
-  static const support::Shape shape82_3 = {1};
-  static const support::Shape shape82_4 = {2, 16};
-  static const support::Shape shape82_5 = {512, 32};
-  support::reduce(v507.data(), shape82_1, v506.data(), shape82_3, shape82_4, shape82_5,
+  static const support::Shape shape1_1 = {32};
+  static const support::Shape shape1_3 = {1};
+  static const support::Shape shape1_4 = {2, 16};
+  static const support::Shape shape1_5 = {512, 32};
+  support::reduce(v507.data(), shape1_1, v506.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "backward");
+  support::View v504 = arena_.view(0, 1024);
   support::View v27 = arena_.view(81920, 1024);
   support::View v508 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan83(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan83.run(v504.data(), v27.data(), v508.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v504.data(), v27.data(), v508.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
-  MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
+  support::View v225 = arena_.view(192512, 1024);
   support::View v509 = arena_.view(0, 1024);
   {
     float *__restrict v509p = v509.data();
@@ -3842,14 +3587,46 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
     }
   }
 
-  // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (34 partial sums
-  // (target_probability, grad/xlnet/output_bias, grad/xlnet/xlnet_layer[1]/norm#1/bias, ...) over
-  // data resolved together, 42.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  auto request2 = support::startAllReduce(
-      group_data, {v205, v223, v227, v230, v245, v247, v270, v274, v275, v278, v294, v304,
-                   v308, v312, v313, v316, v320, v340, v344, v384, v387, v406, v411, v430,
-                   v434, v455, v479, v485, v494, v495, v500, v505, v507, v509},
+  // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (35 partial sums
+  // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
+  // in one buffer)
+  support::View v205 = arena_.view(223680, 1);
+  support::View v210 = arena_.view(223488, 1);
+  support::View v223 = arena_.view(223360, 32);
+  support::View v227 = arena_.view(196608, 32);
+  support::View v230 = arena_.view(196736, 32);
+  support::View v245 = arena_.view(196864, 32);
+  support::View v247 = arena_.view(176128, 1024);
+  support::View v270 = arena_.view(188416, 32);
+  support::View v274 = arena_.view(167936, 1024);
+  support::View v275 = arena_.view(188544, 32);
+  support::View v278 = arena_.view(188672, 32);
+  support::View v294 = arena_.view(182272, 512);
+  support::View v304 = arena_.view(188800, 16);
+  support::View v308 = arena_.view(188864, 16);
+  support::View v312 = arena_.view(159744, 512);
+  support::View v313 = arena_.view(151552, 512);
+  support::View v316 = arena_.view(153600, 512);
+  support::View v320 = arena_.view(161792, 512);
+  support::View v340 = arena_.view(135168, 32);
+  support::View v344 = arena_.view(135296, 32);
+  support::View v384 = arena_.view(131328, 32);
+  support::View v387 = arena_.view(110592, 1024);
+  support::View v406 = arena_.view(131072, 32);
+  support::View v411 = arena_.view(102400, 1024);
+  support::View v430 = arena_.view(124928, 32);
+  support::View v434 = arena_.view(125056, 32);
+  support::View v455 = arena_.view(116736, 512);
+  support::View v479 = arena_.view(57344, 16);
+  support::View v485 = arena_.view(57408, 16);
+  support::View v494 = arena_.view(51200, 512);
+  support::View v495 = arena_.view(53248, 512);
+  support::View v500 = arena_.view(8192, 512);
+  support::View v505 = arena_.view(10240, 512);
+  auto request1 = support::startAllReduce(
+      group_data, {v205, v210, v223, v227, v230, v245, v247, v270, v274, v275, v278, v294,
+                   v304, v308, v312, v313, v316, v320, v340, v344, v384, v387, v406, v411,
+                   v430, v434, v455, v479, v485, v494, v495, v500, v505, v507, v509},
       meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:133:3 step
@@ -3868,7 +3645,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub
   // xlnet.mesh:133:3 pow
   // xlnet.mesh:133:3 sub
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v526 = arena_.view(4096, 1);
   support::View v542 = arena_.view(4160, 1);
   support::View v544 = arena_.view(4224, 1);
@@ -3910,8 +3686,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
     v544p[0] = s27;
   }
 
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  group_data.wait(request2);
+  group_data.wait(request1);
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3929,7 +3704,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/embedding
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v6(param0_xlnet_embedding);      // updated in place
   support::View v528(param34_xlnet_embedding_v); // updated in place
   support::View v527(param33_xlnet_embedding_m); // updated in place
@@ -3995,7 +3769,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/mask_embedding
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
   support::View v557(param36_xlnet_mask_embedding_v); // updated in place
   support::View v556(param35_xlnet_mask_embedding_m); // updated in place
@@ -4061,7 +3834,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/output_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v8(param2_xlnet_output_bias);      // updated in place
   support::View v578(param38_xlnet_output_bias_v); // updated in place
   support::View v577(param37_xlnet_output_bias_m); // updated in place
@@ -4112,16 +3884,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
+  support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q);     // updated in place
   support::View v599(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
   support::View v598(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
+  support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k);     // updated in place
   support::View v620(param42_xlnet_xlnet_layer_0_two_stream_attention_k_v); // updated in place
   support::View v619(param41_xlnet_xlnet_layer_0_two_stream_attention_k_m); // updated in place
+  support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v);     // updated in place
   support::View v641(param44_xlnet_xlnet_layer_0_two_stream_attention_v_v); // updated in place
   support::View v640(param43_xlnet_xlnet_layer_0_two_stream_attention_v_m); // updated in place
   support::View v38(param6_xlnet_xlnet_layer_0_two_stream_attention_r);     // updated in place
   support::View v662(param46_xlnet_xlnet_layer_0_two_stream_attention_r_v); // updated in place
   support::View v661(param45_xlnet_xlnet_layer_0_two_stream_attention_r_m); // updated in place
+  support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o);     // updated in place
   support::View v683(param48_xlnet_xlnet_layer_0_two_stream_attention_o_v); // updated in place
   support::View v682(param47_xlnet_xlnet_layer_0_two_stream_attention_o_m); // updated in place
   support::View v40(
@@ -4136,21 +3911,25 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
       param52_xlnet_xlnet_layer_0_two_stream_attention_position_bias_v); // updated in place
   support::View v724(
       param51_xlnet_xlnet_layer_0_two_stream_attention_position_bias_m); // updated in place
+  support::View v80(param10_xlnet_xlnet_layer_0_norm_gain);              // updated in place
   support::View v746(param54_xlnet_xlnet_layer_0_norm_gain_v);           // updated in place
   support::View v745(param53_xlnet_xlnet_layer_0_norm_gain_m);           // updated in place
-  support::View v80(param11_xlnet_xlnet_layer_0_norm_bias);              // updated in place
+  support::View v81(param11_xlnet_xlnet_layer_0_norm_bias);              // updated in place
   support::View v767(param56_xlnet_xlnet_layer_0_norm_bias_v);           // updated in place
   support::View v766(param55_xlnet_xlnet_layer_0_norm_bias_m);           // updated in place
+  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi);    // updated in place
   support::View v788(param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v); // updated in place
   support::View v787(param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi);    // updated in place
   support::View v809(param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v); // updated in place
   support::View v808(param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo);    // updated in place
   support::View v830(param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v); // updated in place
   support::View v829(param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo);    // updated in place
   support::View v851(param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v); // updated in place
   support::View v850(param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain);           // updated in place
   support::View v872(param66_xlnet_xlnet_layer_0_norm_1_gain_v);         // updated in place
   support::View v871(param65_xlnet_xlnet_layer_0_norm_1_gain_m);         // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias);           // updated in place
@@ -4158,21 +3937,24 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v892(param67_xlnet_xlnet_layer_0_norm_1_bias_m);         // updated in place
   repeated0(v35, v494, v599, v544, v598, v542, v526, v36, v505, v620, v619, v37, v500, v641, v640,
             v38, v495, v662, v661, v39, v455, v683, v682, v40, v485, v704, v703, v41, v479, v725,
-            v724, v79, v434, v746, v745, v80, v430, v767, v766, v88, v411, v788, v787, v89, v406,
+            v724, v80, v434, v746, v745, v81, v430, v767, v766, v88, v411, v788, v787, v89, v406,
             v809, v808, v90, v387, v830, v829, v91, v384, v851, v850, v106, v344, v872, v871, v107,
             v340, v893, v892);
 
   // 15 statements from xlnet.mesh:133:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
+  support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);   // updated in place
   support::View v914(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v); // updated in place
   support::View v913(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m); // updated in place
+  support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k);   // updated in place
   support::View v935(param72_xlnet_xlnet_layer_1_two_stream_attention_k_v); // updated in place
   support::View v934(param71_xlnet_xlnet_layer_1_two_stream_attention_k_m); // updated in place
+  support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v);   // updated in place
   support::View v956(param74_xlnet_xlnet_layer_1_two_stream_attention_v_v); // updated in place
   support::View v955(param73_xlnet_xlnet_layer_1_two_stream_attention_v_m); // updated in place
   support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r);   // updated in place
   support::View v977(param76_xlnet_xlnet_layer_1_two_stream_attention_r_v); // updated in place
   support::View v976(param75_xlnet_xlnet_layer_1_two_stream_attention_r_m); // updated in place
+  support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o);   // updated in place
   support::View v998(param78_xlnet_xlnet_layer_1_two_stream_attention_o_v); // updated in place
   support::View v997(param77_xlnet_xlnet_layer_1_two_stream_attention_o_m); // updated in place
   support::View v121(
@@ -4187,21 +3969,25 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
       param82_xlnet_xlnet_layer_1_two_stream_attention_position_bias_v); // updated in place
   support::View v1039(
       param81_xlnet_xlnet_layer_1_two_stream_attention_position_bias_m);  // updated in place
+  support::View v160(param25_xlnet_xlnet_layer_1_norm_gain);              // updated in place
   support::View v1061(param84_xlnet_xlnet_layer_1_norm_gain_v);           // updated in place
   support::View v1060(param83_xlnet_xlnet_layer_1_norm_gain_m);           // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias);              // updated in place
   support::View v1082(param86_xlnet_xlnet_layer_1_norm_bias_v);           // updated in place
   support::View v1081(param85_xlnet_xlnet_layer_1_norm_bias_m);           // updated in place
+  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi);    // updated in place
   support::View v1103(param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v); // updated in place
   support::View v1102(param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi);    // updated in place
   support::View v1124(param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v); // updated in place
   support::View v1123(param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo);    // updated in place
   support::View v1145(param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v); // updated in place
   support::View v1144(param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo);    // updated in place
   support::View v1166(param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v); // updated in place
   support::View v1165(param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain);            // updated in place
   support::View v1187(param96_xlnet_xlnet_layer_1_norm_1_gain_v);         // updated in place
   support::View v1186(param95_xlnet_xlnet_layer_1_norm_1_gain_m);         // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias);            // updated in place
@@ -4212,9 +3998,6 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
             v304, v1040, v1039, v160, v278, v1061, v1060, v161, v275, v1082, v1081, v168, v274,
             v1103, v1102, v169, v270, v1124, v1123, v170, v247, v1145, v1144, v171, v245, v1166,
             v1165, v186, v230, v1187, v1186, v187, v227, v1208, v1207);
-
-  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  group_data_model.wait(request0);
 }
 
 void XlnetTrain::repeated0(
@@ -4234,7 +4017,6 @@ void XlnetTrain::repeated0(
     support::ConstView a52, support::View a53, support::View a54, support::View a55,
     support::ConstView a56, support::View a57, support::View a58, support::View a59,
     support::ConstView a60, support::View a61, support::View a62) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4252,7 +4034,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/q
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4315,7 +4096,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/k
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -4378,7 +4158,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/v
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -4441,7 +4220,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/r
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -4504,7 +4282,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/o
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -4567,7 +4344,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -4630,7 +4406,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -4693,7 +4468,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/gain
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -4756,7 +4530,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/bias
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -4819,7 +4592,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wi
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -4882,7 +4654,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bi
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a45p = a45.data();
     float *__restrict a46p = a46.data();
@@ -4945,7 +4716,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wo
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -5008,7 +4778,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bo
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a53p = a53.data();
     float *__restrict a54p = a54.data();
@@ -5071,7 +4840,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/gain
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -5134,7 +4902,6 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
-  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a61p = a61.data();
     float *__restrict a62p = a62.data();
@@ -5193,10 +4960,8 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                            support::ConstView a24, support::View a25, support::View a26,
                            support::View a27, support::View a28, support::View a29,
                            support::View a30, support::View a31, support::View a32) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5205,7 +4970,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:71 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -5219,7 +4983,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:71 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -5228,7 +4991,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -5238,7 +5000,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5255,7 +5016,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {512, 32};
   static const support::Shape shape5_4 = {32};
@@ -5265,7 +5025,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -5280,7 +5039,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -5301,7 +5059,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -5310,7 +5067,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -5322,7 +5078,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -5347,7 +5102,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:40 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
   static const support::Shape shape11_1 = {32};
   static const support::Shape shape11_3 = {1};
   static const support::Shape shape11_4 = {2, 16};
@@ -5356,7 +5110,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
-  MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a0p = a0.data();
@@ -5370,7 +5123,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:33 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a17p = a17.data();
@@ -5384,7 +5136,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:33 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {1};
   static const support::Shape shape14_4 = {2, 16};
@@ -5393,7 +5144,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a4p = a4.data();
@@ -5407,7 +5157,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape16_1 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {32};
@@ -5417,7 +5166,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -5434,7 +5182,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape18_1 = {2, 16};
   static const support::Shape shape18_3 = {512, 32};
   static const support::Shape shape18_4 = {32};
@@ -5444,7 +5191,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 add
   // xlnet.mesh:37:10 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -5459,7 +5205,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:10 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a28p = a28.data();
     float *__restrict a29p = a29.data();
@@ -5480,7 +5225,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape21_1 = {2, 16};
   static const support::Shape shape21_3 = {512, 32};
   static const support::Shape shape21_4 = {32};
@@ -5489,7 +5233,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
   static const support::Shape shape22_4 = {32};
@@ -5501,7 +5244,6 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a19p = a19.data();
@@ -5534,45 +5276,38 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
                            support::ConstView a15, support::View a16, support::View a17,
                            support::View a18, support::View a19, support::View a20,
                            support::View a21) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> positions
-  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
   // dims: length, keys, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum -> h_queries
-  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 einsum -> g_queries
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
@@ -5588,14 +5323,12 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:38 add
-  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a9p = a9.data();
@@ -5611,14 +5344,12 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:66:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a11p = a11.data();
@@ -5634,14 +5365,12 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:67:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 add
-  MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a11p = a11.data();
@@ -5657,23 +5386,175 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:68:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::View a4, support::ConstView a5,
+                           support::ConstView a6, support::ConstView a7, support::View a8,
+                           support::View a9, support::ConstView a10, support::View a11,
+                           support::ConstView a12, support::View a13, support::View a14,
+                           support::ConstView a15, support::ConstView a16, support::View a17,
+                           support::View a18, support::View a19, support::ConstView a20,
+                           support::View a21) {
+
+  // xlnet.mesh:68:19 add
+  // xlnet.mesh:68:97 mul -> g_logits
+  // xlnet.mesh:72:27 where
+  {
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a0p[i0 * 256 + i1];
+        const float s1 = a1p[i0 * 256 + i1];
+        const float s2 = (s0 + s1);
+        const float s3 = 0.35355f;
+        const float s4 = (s2 * s3);
+        const float s5 = a2p[i1];
+        const float s6 = -1000000000.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        a3p[i0 * 256 + i1] = s7;
+      }
+    }
+  }
+
+  // xlnet.mesh:72:19 softmax -> g_weights
+  static const support::Shape shape1_2 = {2, 2, 16};
+  static const support::Shape shape1_3 = {512, 256, 16};
+  static const support::Shape shape1_4 = {512, 256, 16};
+  static const support::Shape shape1_5 = {16};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // xlnet.mesh:73:10 einsum -> a
+  // dims: batch, heads, length, keys, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 2, 16, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan2Operands[] = {a5.data(), a6.data(), a7.data()};
+  einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  // dims: batch, heads, length, keys, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 2, 16, 16, 8, 32},
+       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
+       {{0, 2, 5}, {}}});
+  const float *einsumPlan3Operands[] = {a4.data(), a6.data(), a7.data()};
+  einsumPlan3.run(einsumPlan3Operands, a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
+  // together, 8.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {a8, a9});
+
+  // xlnet.mesh:93:23 add
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = a8p[i0];
+      const float s2 = (s0 + s1);
+      a11p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:93:30 add
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = a9p[i0];
+      const float s2 = (s0 + s1);
+      a13p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:37:10 layer_norm
+  static const support::Shape shape7_2 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {512, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(a14.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a14p[i0 * 32 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a16p[i1];
+        const float s4 = (s2 + s3);
+        a17p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:48 layer_norm
+  static const support::Shape shape9_2 = {2, 16};
+  static const support::Shape shape9_3 = {512, 32};
+  static const support::Shape shape9_4 = {512, 32};
+  static const support::Shape shape9_5 = {32};
+  static const support::Shape shape9_6 = {1};
+  static const support::Shape shape9_7 = {1};
+  support::along(a18.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a18p[i0 * 32 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a16p[i1];
+        const float s4 = (s2 + s3);
+        a19p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:83:22 einsum
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan11.run(a17.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9, support::ConstView a10, support::View a11,
                            support::View a12, support::View a13, support::View a14,
                            support::View a15) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
-  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5682,7 +5563,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:71 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -5696,7 +5576,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
-  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -5705,7 +5584,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -5715,7 +5593,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5732,7 +5609,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {512, 32};
   static const support::Shape shape5_4 = {32};
@@ -5742,7 +5618,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -5757,7 +5632,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -5778,7 +5652,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -5787,7 +5660,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
-  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -5799,7 +5671,6 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -5824,14 +5695,12 @@ void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::Con
   }
 }
 
-void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
-  MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5840,14 +5709,12 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:84:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:10 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wo
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5870,7 +5737,6 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:84:17 mul
   // xlnet.mesh:84:17 add
   // xlnet.mesh:84:17 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5911,7 +5777,6 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
-  MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {2, 16};
@@ -5920,26 +5785,23 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::ConstView a3, support::View a4, support::ConstView a5,
                            support::View a6, support::ConstView a7, support::View a8,
                            support::View a9, support::ConstView a10, support::View a11,
                            support::ConstView a12, support::View a13, support::View a14,
                            support::View a15) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:72:19 sub
   // xlnet.mesh:72:19 mul
   // xlnet.mesh:72:27 where
   // xlnet.mesh:68:97 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -5966,21 +5828,18 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:68:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:21 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
   einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/position_bias
-  MESHRT_TRACE("sum", "xlnet.mesh:68:38", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {8, 1};
   static const support::Shape shape3_4 = {2, 16};
@@ -5989,21 +5848,18 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:67:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a4.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan5.run(a4.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
-  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "backward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a6p = a6.data();
@@ -6017,7 +5873,6 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
-  MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
   static const support::Shape shape7_1 = {2, 8};
   static const support::Shape shape7_3 = {8, 1};
   static const support::Shape shape7_4 = {2, 16};
@@ -6026,22 +5881,19 @@ void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support
                   support::Reduce::Sum, 1.0);
 }
 
-void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
+void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9, support::ConstView a10, support::ConstView a11,
                            support::View a12, support::View a13, support::View a14) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -6049,7 +5901,6 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
-  MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
   {
     float *__restrict a7p = a7.data();
     float *__restrict a8p = a8.data();
@@ -6068,7 +5919,6 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:84:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -6076,12 +5926,10 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %92 over model for add at
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a2p = a2.data();
@@ -6101,7 +5949,6 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
@@ -6120,7 +5967,6 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape7_2 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {512, 32};
@@ -6131,192 +5977,34 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
-void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
-                           support::View a3, support::ConstView a4, support::ConstView a5,
-                           support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::View a11) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = a1p[i0];
-      const float s2 = (s0 + s1);
-      a2p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape1_2 = {2, 16};
-  static const support::Shape shape1_3 = {512, 32};
-  static const support::Shape shape1_4 = {512, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a4.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a3p[i0 * 32 + i1];
-        const float s1 = a5p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 + s3);
-        a7p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  static const support::Shape shape3_2 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {512, 32};
-  static const support::Shape shape3_5 = {32};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(a8.data(), a2.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a8p[i0 * 32 + i1];
-        const float s1 = a5p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a6p[i1];
-        const float s4 = (s2 + s3);
-        a9p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a7.data(), a10.data(), a11.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::ConstView a5,
-                           support::ConstView a6, support::ConstView a7, support::View a8,
-                           support::View a9) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:68:19 add
-  // xlnet.mesh:68:97 mul -> g_logits
-  // xlnet.mesh:72:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a0p[i0 * 256 + i1];
-        const float s1 = a1p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = a2p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        a3p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
-
-  // xlnet.mesh:72:19 softmax -> g_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
-  static const support::Shape shape1_2 = {2, 2, 16};
-  static const support::Shape shape1_3 = {512, 256, 16};
-  static const support::Shape shape1_4 = {512, 256, 16};
-  static const support::Shape shape1_5 = {16};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // xlnet.mesh:73:10 einsum -> a
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan2Operands[] = {a5.data(), a6.data(), a7.data()};
-  einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> b
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan3Operands[] = {a4.data(), a6.data(), a7.data()};
-  einsumPlan3.run(einsumPlan3Operands, a9.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
+void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::ConstView a7, support::View a8) {
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan2.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                            support::View a3, support::ConstView a4, support::View a5,
-                            support::View a6) {
-  MESHRT_TRACE_SPAN(world_);
+void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::ConstView a4, support::View a5,
+                           support::View a6) {
 
   // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 16, 2, 8},
@@ -6326,7 +6014,6 @@ void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, suppor
   einsumPlan0.run(einsumPlan0Operands, a3.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 16, 8},
@@ -6336,7 +6023,6 @@ void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, suppor
   einsumPlan1.run(einsumPlan1Operands, a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/o
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 16, 8},

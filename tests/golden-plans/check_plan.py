@@ -22,6 +22,8 @@ MESHES = {
     "4": ["--mesh", "data=4", "--layout", "auto"],
     "2x2": ["--mesh", "data=2,model=2"],
     "2x4": ["--mesh", "data=2,model=4", "--layout", "auto"],
+    # The file's own mesh and layout (test models outside dsl-examples).
+    "own": [],
 }
 MACHINE = ["--machine", "8xh100"]
 
