@@ -105,6 +105,7 @@ void Moe::computeInvariants() {
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "moe");
   // Arena: 99584 bytes for 411664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
@@ -117,8 +118,10 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 41 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v3 = arena_.view(0, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
@@ -167,6 +170,7 @@ void Moe::runPart0(const Inputs &inputs) {
             v59, v60, v10, v61, v62, v64);
 
   // 41 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v67 = arena_.view(0, 2048);
   const support::Buffer &v65 = param5_norm_1_gain;
   const support::Buffer &v66 = param6_norm_1_bias;
@@ -225,8 +229,10 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                     support::View a34, support::View a35, support::ConstView a36, support::View a37,
                     support::View a38, support::ConstView a39, support::View a40, support::View a41,
                     support::View a42) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -238,6 +244,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -256,12 +263,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
+  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape3_2 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {128, 2};
@@ -272,6 +281,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {2};
@@ -280,12 +290,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a7p = a7.data();
@@ -309,6 +321,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
@@ -317,9 +330,11 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
   static const support::Shape shape9_1 = {1, 64, 2};
   static const support::Shape shape9_3 = {64, 1, 0};
   static const support::Shape shape9_4 = {0, 0, 1};
@@ -328,6 +343,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
+  MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -343,6 +359,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
   static const support::Shape shape11_1 = {1, 64};
   static const support::Shape shape11_3 = {128, 2};
   static const support::Shape shape11_4 = {2};
@@ -351,12 +368,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a13p = a13.data();
@@ -380,6 +399,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
   static const support::Shape shape14_1 = {1, 64};
   static const support::Shape shape14_3 = {128, 2};
   static const support::Shape shape14_4 = {2};
@@ -388,9 +408,11 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
   static const support::Shape shape16_1 = {1, 64, 2};
   static const support::Shape shape16_3 = {64, 1, 0};
   static const support::Shape shape16_4 = {0, 0, 1};
@@ -398,6 +420,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a7p = a7.data();
@@ -411,6 +434,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:64:15 sum -> gate1
+  MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
   static const support::Shape shape18_1 = {1, 64};
   static const support::Shape shape18_3 = {128, 2};
   static const support::Shape shape18_4 = {2};
@@ -419,6 +443,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a7p = a7.data();
@@ -432,6 +457,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:65:15 sum -> gate2
+  MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
   static const support::Shape shape20_1 = {1, 64};
   static const support::Shape shape20_3 = {128, 2};
   static const support::Shape shape20_4 = {2};
@@ -441,9 +467,11 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   auto request0 = support::startAllReduce(group_model, {a19, a21}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
+  MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
   static const support::Shape shape22_2 = {1, 2};
   static const support::Shape shape22_3 = {128, 1};
   static const support::Shape shape22_4 = {128, 1};
@@ -454,6 +482,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  shape22_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -465,12 +494,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:74:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
   static const support::Shape shape24_1 = {1, 64, 2, 40};
   static const support::Shape shape24_3 = {128, 2, 1, 0};
   static const support::Shape shape24_4 = {0, 0, 0, 1};
   support::oneHot(a24.data(), shape24_1, a23.data(), shape24_3, shape24_4, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
+  MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -486,6 +517,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:75:15 sum -> kept1
+  MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
   static const support::Shape shape26_1 = {1, 64, 2};
   static const support::Shape shape26_3 = {5120, 80, 40};
   static const support::Shape shape26_4 = {40};
@@ -494,6 +526,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
+  MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
   static const support::Shape shape27_2 = {1, 2};
   static const support::Shape shape27_3 = {128, 1};
   static const support::Shape shape27_4 = {128, 1};
@@ -504,6 +537,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  shape27_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
+  MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
   static const support::Shape shape28_1 = {1, 2};
   static const support::Shape shape28_3 = {128, 1};
   static const support::Shape shape28_4 = {64};
@@ -513,6 +547,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a27p = a27.data();
@@ -529,16 +564,19 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:77:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
   static const support::Shape shape30_1 = {1, 64, 2, 40};
   static const support::Shape shape30_3 = {128, 2, 1, 0};
   static const support::Shape shape30_4 = {0, 0, 0, 1};
   support::oneHot(a30.data(), shape30_1, a29.data(), shape30_3, shape30_4, 0);
 
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
 
   // moe.mesh:66:29 add
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
+  MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
   {
     float *__restrict a31p = a31.data();
     float *__restrict a32p = a32.data();
@@ -563,6 +601,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:57 mul
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
+  MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -596,18 +635,21 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:85:19 einsum -> expert_in
+  MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan34.run(a33.data(), a4.data(), a35.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan35.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
+  MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a37p = a37.data();
@@ -619,21 +661,25 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:87:20 einsum -> expert_out
+  MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan37.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan38.run(a34.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
+  MESHRT_TRACE_SITE("moe.mesh:110:11");
   group_model.allReduce(a41.data(), a41.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:110:11 add -> h
+  MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a1p = a1.data();
@@ -882,6 +928,7 @@ void MoeTrain::computeInvariants() {
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "moe_train");
   // Arena: 394816 bytes for 1197128 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
@@ -899,8 +946,10 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
 void MoeTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 16 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v5 = arena_.view(323584, 2048);
   const support::Buffer &v0 = inputs.x.data;
   support::View v8 = arena_.view(331776, 2048);
@@ -927,9 +976,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 127:15)
+  MESHRT_TRACE_SITE("moe.mesh:127:15");
   auto request0 = support::startAllReduce(group_data_model, {v27}, meshrt::ReduceOp::Sum);
 
   // 17 statements from moe.mesh:43:18 max (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   support::View v32 = arena_.view(1024, 64);
   support::View v38 = arena_.view(512, 128);
   support::View v39 = arena_.view(0, 64);
@@ -946,6 +997,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated5(v32, v12, v15, v17, v38, v39, v40, v43, v44, v50, v51, v52, v53, v54, v55, v56);
 
   // 6 statements from moe.mesh:131:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v393 = arena_.view(0, 64);
   support::View v30(param4_experts_ffn_0_w_in); // updated in place
   support::View v429 = arena_.view(0, 4096);
@@ -957,6 +1009,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated9(v10, v393, v394, v30, v429, v430, v31, v465, v466);
 
   // 6 statements from moe.mesh:131:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v93(param8_route_1_w_gate); // updated in place
   support::View v548 = arena_.view(0, 64);
   support::View v113(param9_experts_ffn_1_w_in); // updated in place
@@ -971,10 +1024,12 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
   // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%395, %431,
   // %467, ...): 536 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   auto request1 = support::startAllReduce(
       group_model, {v54, v56, v394, v430, v466, v549, v585, v621}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:71:19 cumsum -> position1 (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:71:19");
   support::View v62 = arena_.view(0, 128);
   support::View v63 = arena_.view(20480, 128);
   support::View v64 = arena_.view(0, 5120);
@@ -986,9 +1041,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(0, 5120);
   repeated8(v62, v40, v63, v64, v65, v66, v67, v52, v68, v70, v71);
 
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request1);
 
   // 9 statements from moe.mesh:66:29 add (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   support::View v61 = arena_.view(392448, 64);
   support::View v74 = arena_.view(392704, 64);
   support::View v76 = arena_.view(392960, 64);
@@ -1005,6 +1062,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
             v82, v83);
 
   // moe.mesh:128:11 add -> h
+  MESHRT_TRACE("loop", "moe.mesh:128:11", "forward");
   support::View v85 = arena_.view(348160, 2048);
   {
     float *__restrict v85p = v85.data();
@@ -1019,6 +1077,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   }
 
   // 16 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v88 = arena_.view(356352, 2048);
   support::View v91 = arena_.view(364544, 2048);
   support::View v86(param6_norm_1_gain); // updated in place
@@ -1042,9 +1101,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:127:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 127:15)
+  MESHRT_TRACE_SITE("moe.mesh:127:15");
   auto request2 = support::startAllReduce(group_data_model, {v110}, meshrt::ReduceOp::Sum);
 
   // 17 statements from moe.mesh:43:18 max (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   support::View v115 = arena_.view(123904, 64);
   support::View v121 = arena_.view(123392, 128);
   support::View v122 = arena_.view(122880, 64);
@@ -1063,9 +1124,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
   // resolved together, 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   auto request3 = support::startAllReduce(group_model, {v137, v139}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:71:19 cumsum -> position1 (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:71:19");
   support::View v145 = arena_.view(122880, 128);
   support::View v146 = arena_.view(143360, 128);
   support::View v147 = arena_.view(122880, 5120);
@@ -1077,9 +1140,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v154 = arena_.view(122880, 5120);
   repeated8(v145, v123, v146, v147, v148, v149, v150, v135, v151, v153, v154);
 
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request3);
 
   // 9 statements from moe.mesh:66:29 add (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:66:29");
   support::View v144 = arena_.view(393472, 64);
   support::View v157 = arena_.view(393728, 64);
   support::View v159 = arena_.view(393984, 64);
@@ -1098,6 +1163,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:128:11 add -> h
   // moe.mesh:130:28 sub
   // moe.mesh:130:19 square
+  MESHRT_TRACE("loop", "moe.mesh:128:11", "forward");
   const support::Buffer &v1 = inputs.target.data;
   support::View v169 = arena_.view(253952, 2048);
   support::View v170 = arena_.view(313344, 2048);
@@ -1120,6 +1186,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   }
 
   // moe.mesh:130:14 mean
+  MESHRT_TRACE("mean", "moe.mesh:130:14", "forward");
   support::View v171 = arena_.view(245760, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
@@ -1129,18 +1196,23 @@ void MoeTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:130:39 all_reduce_sum (resolve the partial sum of %163 over data for add at 130:39)
+  MESHRT_TRACE_SITE("moe.mesh:130:39");
   auto request4 = support::startAllReduce(group_data, {v171}, meshrt::ReduceOp::Sum);
 
+  MESHRT_TRACE_SITE("moe.mesh:127:15");
   group_data_model.wait(request0);
 
+  MESHRT_TRACE_SITE("moe.mesh:127:15");
   group_data_model.wait(request2);
 
+  MESHRT_TRACE_SITE("moe.mesh:130:39");
   group_data.wait(request4);
 
   // moe.mesh:127:15 add -> aux
   // moe.mesh:127:15 add -> aux
   // moe.mesh:130:46 mul
   // moe.mesh:130:39 add -> loss
+  MESHRT_TRACE("loop", "moe.mesh:127:15", "forward");
   const support::Buffer &v2 = param0_zero;
   support::View v175 = arena_.view(394752, 1);
   {
@@ -1164,9 +1236,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
 void MoeTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:130:19 mul
   // moe.mesh:130:19 mul
+  MESHRT_TRACE("loop", "moe.mesh:130:19", "backward");
   support::View v169 = arena_.view(253952, 2048);
   support::View v183 = arena_.view(380928, 2048);
   {
@@ -1183,6 +1257,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // 25 statements from moe.mesh:89:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:89:10");
   support::View v165 = arena_.view(266240, 2560);
   support::View v184 = arena_.view(245760, 5120);
   support::View v161 = arena_.view(204800, 5120);
@@ -1235,6 +1310,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v237, v88, v239, v240);
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v85 = arena_.view(348160, 2048);
   support::View v241 = arena_.view(139264, 64);
   static const support::Shape shape2_1 = {1, 64};
@@ -1246,6 +1322,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v243 = arena_.view(122880, 2048);
   {
     float *__restrict v243p = v243.data();
@@ -1263,6 +1340,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v244 = arena_.view(139264, 64);
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {2048, 32};
@@ -1273,6 +1351,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v247 = arena_.view(151552, 64);
   {
     float *__restrict v247p = v247.data();
@@ -1288,6 +1367,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   support::View v86(param6_norm_1_gain); // updated in place
   support::View v238 = arena_.view(122880, 2048);
   support::View v248 = arena_.view(139264, 2048);
@@ -1311,6 +1391,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v249 = arena_.view(131072, 64);
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {2048, 32};
@@ -1320,6 +1401,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v251 = arena_.view(131328, 64);
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {2048, 32};
@@ -1333,6 +1415,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v255 = arena_.view(143360, 2048);
   {
     float *__restrict v255p = v255.data();
@@ -1361,6 +1444,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // 25 statements from moe.mesh:89:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:89:10");
   support::View v82 = arena_.view(292864, 2560);
   support::View v256 = arena_.view(122880, 5120);
   support::View v78 = arena_.view(81920, 5120);
@@ -1414,6 +1498,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:131:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   auto request5 = support::startAllReduce(
       group_data, {v187, v192, v233, v237, v240, v259, v263, v302, v306, v308},
       meshrt::ReduceOp::Sum);
@@ -1438,6 +1523,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:131:3 sub
   // moe.mesh:131:3 sub
   // moe.mesh:131:3 sub
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   support::View v315 = arena_.view(98688, 1);
   support::View v321 = arena_.view(98752, 1);
   {
@@ -1457,9 +1543,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     v321p[0] = s8;
   }
 
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   group_data.wait(request5);
 
   // 14 statements from moe.mesh:131:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v320(param11_norm_0_gain_v); // updated in place
   support::View v326 = arena_.view(0, 32);
   support::View v327 = arena_.view(128, 32);
@@ -1482,6 +1570,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v351, v352, v355, v4, v357, v358, v361);
 
   // 20 statements from moe.mesh:131:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v366 = arena_.view(98304, 64);
   support::View v403 = arena_.view(0, 4096);
   support::View v406 = arena_.view(16384, 64);
@@ -1511,6 +1600,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v459);
 
   // 20 statements from moe.mesh:131:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v521 = arena_.view(82432, 64);
   support::View v558 = arena_.view(32768, 4096);
   support::View v561 = arena_.view(49152, 64);
@@ -1541,9 +1631,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %349 over model for mul at
   // 131:3; merged with 5 more partial sums over model (%424, %460, %526, ...): 272 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::allReduceBucket(group_model, {v369, v423, v459, v524, v578, v614});
 
   // 7 statements from moe.mesh:131:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v367(param13_route_0_w_gate_vr); // updated in place
   support::View v375 = arena_.view(65536, 2);
   support::View v380 = arena_.view(65600, 1);
@@ -1556,6 +1648,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated7(v369, v321, v367, v315, v375, v366, v380, v382, v368, v383, v302, v385, v386, v387);
 
   // 7 statements from moe.mesh:131:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v522(param21_route_1_w_gate_vr); // updated in place
   support::View v530 = arena_.view(65792, 2);
   support::View v535 = arena_.view(65856, 1);
@@ -1569,9 +1662,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %366 over model for sqrt at
   // 131:3; merged with 1 more partial sum over model (%543): 8 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::allReduceBucket(group_model, {v387, v542});
 
   // 9 statements from moe.mesh:131:3 sqrt (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v391 = arena_.view(66048, 1);
   support::View v394 = arena_.view(394368, 1);
   support::View v398 = arena_.view(66112, 1);
@@ -1585,6 +1680,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v470, v457, v31);
 
   // 14 statements from moe.mesh:131:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v476(param19_norm_1_gain_v); // updated in place
   support::View v482 = arena_.view(0, 32);
   support::View v483 = arena_.view(128, 32);
@@ -1606,6 +1702,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v506, v507, v510, v87, v512, v513, v516);
 
   // 9 statements from moe.mesh:131:3 sqrt (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v546 = arena_.view(0, 1);
   support::View v549 = arena_.view(394560, 1);
   support::View v553 = arena_.view(64, 1);
@@ -1632,26 +1729,31 @@ void MoeTrain::repeated0(
     support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::ConstView a44, support::View a45, support::View a46) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:89:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:89:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:89:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // moe.mesh:87:20 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:87:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:87:20 einsum -> grad/experts_ffn[1]/w_out
+  MESHRT_TRACE("gemm", "moe.mesh:87:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
@@ -1659,6 +1761,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:86:16 gt
   // moe.mesh:86:16 where
+  MESHRT_TRACE("loop", "moe.mesh:86:16", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -1675,24 +1778,28 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:86:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum -> grad/experts_ffn[1]/w_in
+  MESHRT_TRACE("gemm", "moe.mesh:86:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // moe.mesh:85:19 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:85:19", "backward");
   // dims: experts, groups, capacity, d_model, tokens
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
   einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
   // moe.mesh:80:57 mul
+  MESHRT_TRACE("loop", "moe.mesh:80:57", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a2p = a2.data();
@@ -1706,6 +1813,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:80:57 sum
+  MESHRT_TRACE("sum", "moe.mesh:80:57", "backward");
   static const support::Shape shape9_1 = {1, 64};
   static const support::Shape shape9_3 = {5120, 80};
   static const support::Shape shape9_4 = {2, 40};
@@ -1714,6 +1822,7 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:80:27 mul
+  MESHRT_TRACE("loop", "moe.mesh:80:27", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a2p = a2.data();
@@ -1727,6 +1836,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:80:27 sum
+  MESHRT_TRACE("sum", "moe.mesh:80:27", "backward");
   static const support::Shape shape11_1 = {1, 64};
   static const support::Shape shape11_3 = {5120, 80};
   static const support::Shape shape11_4 = {2, 40};
@@ -1736,6 +1846,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:80:66 bucketed_all_reduce_sum (resolve the partial sum of %186 over model for div at
   // 80:66; merged with 1 more partial sum over model (%203): 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:80:66");
   support::allReduceBucket(group_model, {a19, a22});
 
   // moe.mesh:80:36 div
@@ -1751,6 +1862,7 @@ void MoeTrain::repeated0(
   // moe.mesh:66:29 add
   // moe.mesh:80:66 div
   // moe.mesh:66:29 add
+  MESHRT_TRACE("loop", "moe.mesh:80:36", "backward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -1802,6 +1914,7 @@ void MoeTrain::repeated0(
   // moe.mesh:64:25 add
   // moe.mesh:99:23 add
   // moe.mesh:35:15 mul
+  MESHRT_TRACE("loop", "moe.mesh:100:23", "backward");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -1838,6 +1951,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:35:15 sum
+  MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
   static const support::Shape shape15_1 = {1, 64};
   static const support::Shape shape15_3 = {128, 2};
   static const support::Shape shape15_4 = {2};
@@ -1846,10 +1960,12 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %217 over model for sub at 35:15)
+  MESHRT_TRACE_SITE("moe.mesh:35:15");
   group_model.allReduce(a35.data(), a35.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
+  MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a33p = a33.data();
@@ -1868,12 +1984,14 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:23 einsum -> grad/route[1]/w_gate
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -1881,6 +1999,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:126:34 mul
   // moe.mesh:126:34 add
+  MESHRT_TRACE("loop", "moe.mesh:126:34", "backward");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a38p = a38.data();
@@ -1897,9 +2016,11 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %223 over model for sum at 26:40)
+  MESHRT_TRACE_SITE("moe.mesh:26:40");
   group_model.allReduce(a42.data(), a42.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
+  MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
   static const support::Shape shape22_1 = {32};
   static const support::Shape shape22_3 = {1};
   static const support::Shape shape22_4 = {1, 64};
@@ -1908,6 +2029,7 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a42p = a42.data();
@@ -1921,6 +2043,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {1, 64};
@@ -1936,8 +2059,10 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                          support::View a12, support::View a13, support::View a14, support::View a15,
                          support::View a16, support::View a17, support::View a18, support::View a19,
                          support::View a20, const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -1948,6 +2073,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:126:36 random_uniform
+  MESHRT_TRACE("random_uniform", "moe.mesh:126:36", "forward");
   support::fillRandomUniform(
       a2.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
@@ -1959,6 +2085,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
   // moe.mesh:126:34 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a6p = a6.data();
@@ -1982,12 +2109,14 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
+  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape4_2 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {128, 2};
@@ -1998,6 +2127,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
   static const support::Shape shape5_1 = {1, 64};
   static const support::Shape shape5_3 = {128, 2};
   static const support::Shape shape5_4 = {2};
@@ -2006,6 +2136,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
@@ -2013,6 +2144,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
     float *__restrict a12p = a12.data();
     float *__restrict a13p = a13.data();
@@ -2038,6 +2170,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {128, 2};
   static const support::Shape shape8_4 = {2};
@@ -2046,9 +2179,11 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
   static const support::Shape shape10_1 = {1, 64, 2};
   static const support::Shape shape10_3 = {64, 1, 0};
   static const support::Shape shape10_4 = {0, 0, 1};
@@ -2056,6 +2191,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:98:17 mean -> density
+  MESHRT_TRACE("mean", "moe.mesh:98:17", "forward");
   static const support::Shape shape11_1 = {1, 2};
   static const support::Shape shape11_3 = {128, 1};
   static const support::Shape shape11_4 = {64};
@@ -2064,6 +2200,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:99:23 mean -> density_proxy
+  MESHRT_TRACE("mean", "moe.mesh:99:23", "forward");
   static const support::Shape shape12_1 = {1, 2};
   static const support::Shape shape12_3 = {128, 1};
   static const support::Shape shape12_4 = {64};
@@ -2072,6 +2209,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:100:23 mul
+  MESHRT_TRACE("loop", "moe.mesh:100:23", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a16p = a16.data();
@@ -2085,6 +2223,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:100:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:100:10", "forward");
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
   static const support::Shape shape14_4 = {1, 2};
@@ -2093,6 +2232,7 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.125);
 
   // moe.mesh:100:40 mul -> balance
+  MESHRT_TRACE("loop", "moe.mesh:100:40", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -2112,9 +2252,11 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
                          support::View a20, support::View a21, support::View a22, support::View a23,
                          support::View a24, support::View a25, support::View a26, support::View a27,
                          support::View a28) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -2128,6 +2270,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {2};
   static const support::Shape shape1_4 = {2};
@@ -2137,6 +2280,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -2150,6 +2294,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape3_1 = {2, 32};
   static const support::Shape shape3_3 = {2048, 64};
   static const support::Shape shape3_4 = {64};
@@ -2160,6 +2305,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a5p = a5.data();
@@ -2178,6 +2324,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape5_1 = {2, 64};
   static const support::Shape shape5_3 = {2048, 1};
   static const support::Shape shape5_4 = {32};
@@ -2186,6 +2333,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape6_1 = {2};
   static const support::Shape shape6_3 = {32};
   static const support::Shape shape6_4 = {32};
@@ -2195,6 +2343,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -2214,6 +2363,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a12p = a12.data();
     float *__restrict a13p = a13.data();
@@ -2237,6 +2387,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -2260,6 +2411,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
   static const support::Shape shape10_4 = {2, 32, 64};
@@ -2269,6 +2421,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -2282,6 +2435,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape12_1 = {2, 64};
   static const support::Shape shape12_3 = {2048, 32};
   static const support::Shape shape12_4 = {32};
@@ -2292,6 +2446,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -2310,6 +2465,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape14_1 = {2, 32};
   static const support::Shape shape14_3 = {2048, 1};
   static const support::Shape shape14_4 = {64};
@@ -2318,6 +2474,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape15_1 = {2};
   static const support::Shape shape15_3 = {64};
   static const support::Shape shape15_4 = {64};
@@ -2327,6 +2484,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a20p = a20.data();
@@ -2346,6 +2504,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
@@ -2369,6 +2528,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -2392,6 +2552,7 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {2, 64, 32};
@@ -2407,6 +2568,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
                          support::View a13, support::View a14, support::View a15, support::View a16,
                          support::View a17, support::View a18, support::View a19, support::View a20,
                          support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
@@ -2416,6 +2578,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 rsqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2445,6 +2608,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -2455,6 +2619,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2468,6 +2633,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2479,6 +2645,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -2489,6 +2656,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
   // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2504,6 +2672,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/gain
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -2529,6 +2698,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 rsqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2558,6 +2728,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -2568,6 +2739,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2581,6 +2753,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -2592,6 +2765,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32};
@@ -2602,6 +2776,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
   // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2617,6 +2792,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/norm[0]/bias
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -2641,10 +2817,12 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
                          support::View a9, support::ConstView a10, support::View a11,
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::ConstView a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -2660,6 +2838,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
   // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -2675,6 +2854,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/route[0]/w_gate
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -2695,6 +2875,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2710,6 +2891,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
   // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2725,6 +2907,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2745,6 +2928,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -2760,6 +2944,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 sqrt
   // moe.mesh:131:3 maximum
   // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -2775,6 +2960,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:131:3 div
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2798,8 +2984,10 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::View a11, support::View a12, support::View a13,
                          support::View a14, support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
   static const support::Shape shape0_1 = {1, 64};
   static const support::Shape shape0_3 = {128, 2};
   static const support::Shape shape0_4 = {2};
@@ -2808,11 +2996,13 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a1p = a1.data();
@@ -2835,6 +3025,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   }
 
   // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
   static const support::Shape shape3_1 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {2};
@@ -2843,9 +3034,11 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
   static const support::Shape shape5_1 = {1, 64, 2};
   static const support::Shape shape5_3 = {64, 1, 0};
   static const support::Shape shape5_4 = {0, 0, 1};
@@ -2854,6 +3047,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
+  MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2869,6 +3063,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   }
 
   // moe.mesh:43:18 max
+  MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
@@ -2877,12 +3072,14 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
   // moe.mesh:43:18 maximum
   // moe.mesh:43:18 where
+  MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2906,6 +3103,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   }
 
   // moe.mesh:43:18 min
+  MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
   static const support::Shape shape10_1 = {1, 64};
   static const support::Shape shape10_3 = {128, 2};
   static const support::Shape shape10_4 = {2};
@@ -2914,9 +3112,11 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
+  MESHRT_TRACE_SITE("moe.mesh:43:18");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
+  MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
   static const support::Shape shape12_1 = {1, 64, 2};
   static const support::Shape shape12_3 = {64, 1, 0};
   static const support::Shape shape12_4 = {0, 0, 1};
@@ -2924,6 +3124,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a1p = a1.data();
@@ -2937,6 +3138,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   }
 
   // moe.mesh:64:15 sum -> gate1
+  MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
   static const support::Shape shape14_1 = {1, 64};
   static const support::Shape shape14_3 = {128, 2};
   static const support::Shape shape14_4 = {2};
@@ -2945,6 +3147,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a1p = a1.data();
@@ -2958,6 +3161,7 @@ void MoeTrain::repeated5(support::View a0, support::ConstView a1, support::Const
   }
 
   // moe.mesh:65:15 sum -> gate2
+  MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
   static const support::Shape shape16_1 = {1, 64};
   static const support::Shape shape16_3 = {128, 2};
   static const support::Shape shape16_4 = {2};
@@ -2973,10 +3177,12 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:66:29 add
   // moe.mesh:66:15 maximum -> total
   // moe.mesh:80:36 div
+  MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -2998,6 +3204,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:80:66 div
+  MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a1p = a1.data();
@@ -3015,6 +3222,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:80:57 mul
   // moe.mesh:80:27 mul
   // moe.mesh:80:45 add -> combine
+  MESHRT_TRACE("loop", "moe.mesh:77:59", "forward");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -3047,18 +3255,21 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:85:19 einsum -> expert_in
+  MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
+  MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -3070,18 +3281,21 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:87:20 einsum -> expert_out
+  MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // moe.mesh:128:11 all_reduce_sum (resolve the partial sum of %80 over model for add at 128:11)
+  MESHRT_TRACE_SITE("moe.mesh:128:11");
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 }
 
@@ -3090,10 +3304,12 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3112,6 +3328,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {32};
@@ -3120,6 +3337,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {32};
@@ -3129,6 +3347,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:131:3 div
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -3146,6 +3365,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
   // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -3169,6 +3389,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -3190,6 +3411,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {32, 2};
@@ -3202,8 +3424,10 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:71:19 cumsum -> position1
+  MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
   static const support::Shape shape0_2 = {1, 2};
   static const support::Shape shape0_3 = {128, 1};
   static const support::Shape shape0_4 = {128, 1};
@@ -3214,6 +3438,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3225,12 +3450,14 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:74:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
   static const support::Shape shape2_1 = {1, 64, 2, 40};
   static const support::Shape shape2_3 = {128, 2, 1, 0};
   static const support::Shape shape2_4 = {0, 0, 0, 1};
   support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
+  MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3246,6 +3473,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:75:15 sum -> kept1
+  MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
   static const support::Shape shape4_1 = {1, 64, 2};
   static const support::Shape shape4_3 = {5120, 80, 40};
   static const support::Shape shape4_4 = {40};
@@ -3254,6 +3482,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
+  MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
   static const support::Shape shape5_2 = {1, 2};
   static const support::Shape shape5_3 = {128, 1};
   static const support::Shape shape5_4 = {128, 1};
@@ -3264,6 +3493,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
+  MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
   static const support::Shape shape6_1 = {1, 2};
   static const support::Shape shape6_3 = {128, 1};
   static const support::Shape shape6_4 = {64};
@@ -3273,6 +3503,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a6p = a6.data();
@@ -3289,6 +3520,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:77:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
   static const support::Shape shape8_1 = {1, 64, 2, 40};
   static const support::Shape shape8_3 = {128, 2, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 0, 1};
@@ -3298,8 +3530,10 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
 void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3311,6 +3545,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2};
@@ -3319,6 +3554,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3330,6 +3566,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {2, 32, 64};
@@ -3338,6 +3575,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0001220703125);
 
   // moe.mesh:131:3 square
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3349,6 +3587,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {2, 64, 32};

@@ -975,6 +975,7 @@ void Translate::computeInvariants() {
 }
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "translate");
   // Arena: 23040 bytes for 251200 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
@@ -991,8 +992,10 @@ Translate::Outputs Translate::run(const Inputs &inputs) {
 
 void Translate::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v32 = param0_encoder_relative_bias_table;
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -1002,6 +1005,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(16384, 512);
   {
     float *__restrict v34p = v34.data();
@@ -1016,6 +1020,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -1025,6 +1030,7 @@ void Translate::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -1033,12 +1039,14 @@ void Translate::runPart0(const Inputs &inputs) {
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
   // t5.mesh:118:17 shift
+  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v170 = arena_.view(2048, 16);
   static const support::Shape shape4_2 = {2, 8};
   support::shift(v170, v1, shape4_2, 1, 1, nullptr);
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   support::View v171 = arena_.view(0, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -1047,6 +1055,7 @@ void Translate::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(18432, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -1055,9 +1064,11 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model, {v37, v172});
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v40 = arena_.view(0, 1024);
   {
     float *__restrict v40p = v40.data();
@@ -1070,6 +1081,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(8192, 32);
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
@@ -1080,6 +1092,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(8320, 32);
   {
     float *__restrict v44p = v44.data();
@@ -1095,6 +1108,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
   support::View v46 = arena_.view(0, 1024);
   {
@@ -1115,6 +1129,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v47 = param3_encoder_attention_0_q;
   support::View v51 = arena_.view(8192, 512);
   const support::Buffer &v48 = param4_encoder_attention_0_k;
@@ -1129,6 +1144,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v154 = param19_decoder_relative_bias_table;
   support::View v153 = persistent_.view(23296, 64);
   support::View v155 = arena_.view(0, 128);
@@ -1139,6 +1155,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v160 = persistent_.view(23936, 64);
   support::View v161 = arena_.view(22528, 128);
   {
@@ -1157,6 +1174,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v175 = arena_.view(0, 512);
   {
     float *__restrict v175p = v175.data();
@@ -1169,6 +1187,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v176 = arena_.view(2048, 16);
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
@@ -1179,6 +1198,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v179 = arena_.view(2112, 16);
   {
     float *__restrict v179p = v179.data();
@@ -1193,6 +1213,7 @@ void Translate::runPart0(const Inputs &inputs) {
   }
 
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   const support::Buffer &v173 = param20_decoder_rms_norm_0_scale;
   support::View v181 = arena_.view(0, 512);
   const support::Buffer &v182 = param21_decoder_attention_0_q;
@@ -1211,9 +1232,11 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::allReduceBucket(group_model, {v59, v194});
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::View v61 = arena_.view(0, 1024);
   support::View v63 = arena_.view(12288, 1024);
   support::View v64 = arena_.view(4096, 32);
@@ -1235,6 +1258,7 @@ void Translate::runPart0(const Inputs &inputs) {
             v77, v84);
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v85 = param11_encoder_attention_1_q;
   support::View v89 = arena_.view(8192, 512);
   const support::Buffer &v86 = param12_encoder_attention_1_k;
@@ -1249,9 +1273,11 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::View v99 = arena_.view(0, 1024);
   support::View v101 = arena_.view(12288, 1024);
   support::View v102 = arena_.view(4096, 32);
@@ -1275,8 +1301,10 @@ void Translate::runPart0(const Inputs &inputs) {
 
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:113:9 transpose
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v123 = arena_.view(4096, 1024);
   {
@@ -1292,6 +1320,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v172 = arena_.view(18432, 512);
   support::View v194 = arena_.view(20480, 512);
   support::View v196 = arena_.view(8192, 512);
@@ -1333,6 +1362,7 @@ void Translate::runPart1(const Inputs &inputs) {
             v230, v231, v229, v232, v234, v236, v237, v240);
 
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   const support::Buffer &v235 = param33_decoder_rms_norm_1_scale;
   support::View v242 = arena_.view(10240, 512);
   const support::Buffer &v243 = param34_decoder_attention_1_q;
@@ -1351,9 +1381,11 @@ void Translate::runPart1(const Inputs &inputs) {
             v246, v255);
 
   // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
   // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v257 = arena_.view(12288, 512);
   support::View v259 = arena_.view(14336, 512);
   support::View v260 = arena_.view(8192, 16);
@@ -1393,6 +1425,7 @@ void Translate::runPart1(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v296 = param46_decoder_rms_norm_scale;
   support::View v305 = arena_.view(0, 512);
   {
@@ -1415,6 +1448,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:125:10 einsum -> logits
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v306 = arena_.view(2048, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -1422,6 +1456,7 @@ void Translate::runPart1(const Inputs &inputs) {
   einsumPlan6.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
+  MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
   support::View v307 = arena_.view(4096, 16);
   static const support::Shape shape7_1 = {2, 8};
   static const support::Shape shape7_3 = {256, 32};
@@ -1431,12 +1466,14 @@ void Translate::runPart1(const Inputs &inputs) {
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("t5.mesh:133:17");
   group_model.allReduce(v307.data(), v307.size(), meshrt::ReduceOp::Max);
 
   // t5.mesh:133:17 ne
   // t5.mesh:133:17 eq
   // t5.mesh:133:17 maximum
   // t5.mesh:133:17 where
+  MESHRT_TRACE("loop", "t5.mesh:133:17", "forward");
   support::View v311 = persistent_.view(27520, 32);
   support::View v313 = arena_.view(0, 512);
   {
@@ -1462,6 +1499,7 @@ void Translate::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:133:17 min -> predictions
+  MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
   support::View v314 = arena_.view(4096, 16);
   static const support::Shape shape10_1 = {2, 8};
   static const support::Shape shape10_3 = {256, 32};
@@ -1472,6 +1510,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
   // minima)
+  MESHRT_TRACE_SITE("t5.mesh:133:17");
   group_model.allReduce(v314.data(), v314.size(), meshrt::ReduceOp::Min);
 }
 
@@ -1487,9 +1526,11 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
                           support::ConstView a27, support::View a28, support::View a29,
                           support::ConstView a30, support::View a31, support::View a32,
                           support::View a33, support::View a34, support::View a35) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -1506,6 +1547,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape1_1 = {2, 8};
   static const support::Shape shape1_3 = {256, 32};
   static const support::Shape shape1_4 = {32};
@@ -1515,6 +1557,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -1529,6 +1572,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -1547,30 +1591,35 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan7.run(a9.data(), a12.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a15p = a15.data();
@@ -1586,6 +1635,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape9_2 = {2, 2, 8};
   static const support::Shape shape9_3 = {256, 128, 16};
   static const support::Shape shape9_4 = {256, 128, 16};
@@ -1596,6 +1646,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 2, 8, 16, 8, 32},
@@ -1605,10 +1656,12 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   einsumPlan10.run(einsumPlan10Operands, a20.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
+  MESHRT_TRACE_SITE("t5.mesh:122:11");
   group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -1625,6 +1678,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape13_1 = {2, 8};
   static const support::Shape shape13_3 = {256, 32};
   static const support::Shape shape13_4 = {32};
@@ -1634,6 +1688,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -1648,6 +1703,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a21p = a21.data();
@@ -1666,12 +1722,14 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan16.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a28p = a28.data();
@@ -1683,16 +1741,19 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
+  MESHRT_TRACE_SITE("t5.mesh:123:11");
   group_model.allReduce(a31.data(), a31.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
     float *__restrict a32p = a32.data();
     float *__restrict a33p = a33.data();
@@ -1709,6 +1770,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -1718,6 +1780,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
@@ -1738,9 +1801,11 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
                           support::View a12, support::View a13, support::View a14,
                           support::View a15, support::View a16, support::ConstView a17,
                           support::View a18) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -1757,6 +1822,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape1_1 = {2, 16};
   static const support::Shape shape1_3 = {512, 32};
   static const support::Shape shape1_4 = {32};
@@ -1766,6 +1832,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -1780,6 +1847,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -1798,12 +1866,14 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan4.run(a7.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -1815,16 +1885,19 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
+  MESHRT_TRACE_SITE("t5.mesh:105:11");
   group_model.allReduce(a12.data(), a12.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:105:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -1841,6 +1914,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -1850,6 +1924,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -1864,6 +1939,7 @@ void Translate::repeated1(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a13p = a13.data();
@@ -1888,9 +1964,11 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::View a13, support::ConstView a14,
                           support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -1909,30 +1987,35 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a3.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a3.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a5.data(), a7.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -1948,6 +2031,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape6_2 = {2, 2, 8};
   static const support::Shape shape6_3 = {128, 64, 8};
   static const support::Shape shape6_4 = {128, 64, 8};
@@ -1958,6 +2042,7 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 8, 8, 8, 32},
@@ -1972,32 +2057,38 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                           support::View a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2013,6 +2104,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 16};
   static const support::Shape shape5_3 = {512, 256, 16};
   static const support::Shape shape5_4 = {512, 256, 16};
@@ -2023,6 +2115,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 16, 16, 8, 32},
@@ -2701,6 +2794,7 @@ void PositionBuckets::computeInvariants() {
 }
 
 PositionBuckets::Outputs PositionBuckets::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "position_buckets");
   // Arena: 0 bytes for 0 bytes of temporaries (placed by liveness).
   support::View v29 = persistent_.view(17856, 256);
   support::View v55 = persistent_.view(22720, 64);
@@ -3934,6 +4028,7 @@ void T5Train::computeInvariants() {
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "t5_train");
   // Arena: 194624 bytes for 1134660 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
@@ -3958,8 +4053,10 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
 
 void T5Train::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
@@ -3969,6 +4066,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::gather(v33.data(), shape0_1, v32.data(), shape0_3, v31.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose -> bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v34 = arena_.view(61440, 512);
   {
     float *__restrict v34p = v34.data();
@@ -3983,6 +4081,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -3992,6 +4091,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -4000,12 +4100,14 @@ void T5Train::runPart0(const Inputs &inputs) {
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
   // t5.mesh:118:17 shift
+  MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v170 = arena_.view(8192, 16);
   static const support::Shape shape4_2 = {2, 8};
   support::shift(v170, v1, shape4_2, 1, 1, nullptr);
 
   // t5.mesh:96:17 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
   support::View v171 = arena_.view(131072, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -4014,6 +4116,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:96:10 einsum -> x
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(133120, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -4021,6 +4124,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:53 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
   support::View v308 = arena_.view(94208, 512);
   static const support::Shape shape7_1 = {2, 8, 32};
   static const support::Shape shape7_3 = {8, 1, 0};
@@ -4029,6 +4133,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
+  MESHRT_TRACE("loop", "t5.mesh:149:51", "backward");
   support::View v322 = arena_.view(96256, 512);
   {
     float *__restrict v322p = v322.data();
@@ -4042,6 +4147,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:149:24 sum
+  MESHRT_TRACE("sum", "t5.mesh:149:24", "backward");
   support::View v323 = arena_.view(190464, 16);
   static const support::Shape shape9_1 = {2, 8};
   static const support::Shape shape9_3 = {256, 32};
@@ -4051,6 +4157,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v740 = arena_.view(8192, 16);
   {
     float *__restrict v740p = v740.data();
@@ -4063,6 +4170,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v741 = arena_.view(192256, 1);
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
@@ -4072,6 +4180,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v778 = arena_.view(8192, 1024);
   {
     float *__restrict v778p = v778.data();
@@ -4084,6 +4193,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v779 = arena_.view(192320, 1);
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
@@ -4093,6 +4203,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v839 = arena_.view(8192, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
@@ -4115,6 +4226,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v71, v1049, v1050);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v85(param11_encoder_attention_1_q); // updated in place
   support::View v1110 = arena_.view(8192, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
@@ -4137,6 +4249,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v1282, v1283, v109, v1320, v1321);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   support::View v1380 = arena_.view(8192, 16);
   {
@@ -4150,6 +4263,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v1381 = arena_.view(193152, 1);
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
@@ -4159,6 +4273,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
   support::View v1441 = arena_.view(8192, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
@@ -4194,6 +4309,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v1787, v229, v1824, v1825);
 
   // 20 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v243(param34_decoder_attention_1_q); // updated in place
   support::View v1885 = arena_.view(8192, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
@@ -4231,6 +4347,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 37 more partial sums over model (x, %325, %742, ...): 6.2 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model,
                            {v37,   v172,  v323,  v741,  v779,  v840,  v878,  v916,  v952,  v1012,
                             v1050, v1111, v1149, v1187, v1223, v1283, v1321, v1381, v1442, v1480,
@@ -4238,6 +4355,7 @@ void T5Train::runPart0(const Inputs &inputs) {
                             v1962, v1998, v2059, v2097, v2135, v2171, v2231, v2269});
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v40 = arena_.view(8192, 1024);
   {
     float *__restrict v40p = v40.data();
@@ -4250,6 +4368,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(12288, 32);
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
@@ -4260,6 +4379,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v44 = arena_.view(190976, 32);
   {
     float *__restrict v44p = v44.data();
@@ -4276,9 +4396,11 @@ void T5Train::runPart0(const Inputs &inputs) {
 
 void T5Train::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v37 = arena_.view(4096, 1024);
   support::View v44 = arena_.view(190976, 32);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
@@ -4304,6 +4426,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v51 = arena_.view(135168, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
@@ -4319,6 +4442,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
   // t5.mesh:56:10 gather
+  MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   support::View v153 = persistent_.view(25664, 64);
   support::View v155 = arena_.view(24576, 128);
@@ -4329,6 +4453,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
+  MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v160 = persistent_.view(26240, 64);
   support::View v161 = arena_.view(102400, 128);
   {
@@ -4347,6 +4472,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
   support::View v172 = arena_.view(133120, 512);
   support::View v175 = arena_.view(24576, 512);
   {
@@ -4360,6 +4486,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v176 = arena_.view(26624, 16);
   static const support::Shape shape5_1 = {2, 8};
   static const support::Shape shape5_3 = {256, 32};
@@ -4370,6 +4497,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   support::View v179 = arena_.view(192000, 16);
   {
     float *__restrict v179p = v179.data();
@@ -4384,6 +4512,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
   support::View v181 = arena_.view(143360, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
@@ -4403,9 +4532,11 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::allReduceBucket(group_model, {v59, v194});
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::View v61 = arena_.view(24576, 1024);
   support::View v63 = arena_.view(28672, 1024);
   support::View v64 = arena_.view(20480, 32);
@@ -4429,6 +4560,7 @@ void T5Train::runPart1(const Inputs &inputs) {
              v82, v77, v83, v84);
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v85(param11_encoder_attention_1_q); // updated in place
   support::View v89 = arena_.view(145408, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
@@ -4443,9 +4575,11 @@ void T5Train::runPart1(const Inputs &inputs) {
   repeated17(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:104:11");
   support::View v99 = arena_.view(61440, 1024);
   support::View v101 = arena_.view(65536, 1024);
   support::View v102 = arena_.view(57344, 32);
@@ -4469,6 +4603,7 @@ void T5Train::runPart1(const Inputs &inputs) {
              v116, v117, v120, v115, v121, v122);
 
   // t5.mesh:113:9 transpose
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
   support::View v123 = arena_.view(90112, 1024);
   {
@@ -4484,6 +4619,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v196 = arena_.view(151552, 512);
   support::View v198 = arena_.view(100352, 512);
   support::View v199 = arena_.view(98304, 16);
@@ -4524,6 +4660,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
 
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
   support::View v242 = arena_.view(157696, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
@@ -4542,9 +4679,11 @@ void T5Train::runPart1(const Inputs &inputs) {
              v254, v246, v255);
 
   // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
   // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v257 = arena_.view(159744, 512);
   support::View v259 = arena_.view(100352, 512);
   support::View v260 = arena_.view(98304, 16);
@@ -4586,6 +4725,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
   support::View v302 = arena_.view(169984, 512);
   support::View v305 = arena_.view(174080, 512);
@@ -4611,6 +4751,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:125:10 einsum -> logits
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v306 = arena_.view(176128, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan19(
@@ -4618,6 +4759,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   einsumPlan19.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
+  MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
   support::View v307 = arena_.view(178176, 512);
   static const support::Shape shape20_2 = {2, 8};
   static const support::Shape shape20_3 = {256, 32};
@@ -4629,6 +4771,7 @@ void T5Train::runPart1(const Inputs &inputs) {
                  shape20_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:51 mul
+  MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
   support::View v308 = arena_.view(94208, 512);
   support::View v309 = arena_.view(176128, 512);
   {
@@ -4644,6 +4787,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:149:20 sum -> token_logp
+  MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
   support::View v310 = arena_.view(190720, 16);
   static const support::Shape shape22_1 = {2, 8};
   static const support::Shape shape22_3 = {256, 32};
@@ -4655,6 +4799,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:149:24 exp
   // t5.mesh:149:24 mul
   // t5.mesh:149:24 sub
+  MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
   support::View v323 = arena_.view(190464, 16);
   support::View v322 = arena_.view(96256, 512);
   support::View v327 = arena_.view(94208, 512);
@@ -4679,9 +4824,11 @@ void T5Train::runPart1(const Inputs &inputs) {
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:125:10 einsum
   // t5.mesh:125:29 mul
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
   support::View v327 = arena_.view(94208, 512);
   support::View v123 = arena_.view(90112, 1024);
   support::View v328 = arena_.view(96256, 512);
@@ -4692,10 +4839,12 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v310 = arena_.view(190720, 16);
   support::allReduceBucket(group_model, {v328, v310});
 
   // t5.mesh:150:29 exp
+  MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
   support::View v312 = arena_.view(90112, 16);
   {
     float *__restrict v312p = v312.data();
@@ -4708,6 +4857,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:150:24 mean -> target_probability
+  MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
   support::View v313 = arena_.view(194496, 1);
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
@@ -4717,6 +4867,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:15 mean
+  MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
   support::View v314 = arena_.view(90112, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
@@ -4726,6 +4877,7 @@ void T5Train::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
+  MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
   support::View v315 = arena_.view(194560, 1);
   {
     float *__restrict v315p = v315.data();
@@ -4736,6 +4888,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:125:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
   support::View v305 = arena_.view(174080, 512);
   support::View v329 = arena_.view(90112, 1024);
   // dims: batch, targets, vocab, d_model
@@ -4744,6 +4897,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan6.run(v327.data(), v305.data(), v329.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v302 = arena_.view(169984, 512);
   support::View v333 = arena_.view(94208, 512);
   {
@@ -4759,6 +4913,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v334 = arena_.view(191616, 32);
   static const support::Shape shape8_1 = {32};
   static const support::Shape shape8_3 = {1};
@@ -4770,6 +4925,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
   support::View v301 = arena_.view(190656, 16);
   support::View v295 = arena_.view(172032, 512);
@@ -4798,6 +4954,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v337 = arena_.view(96256, 16);
   support::View v348 = arena_.view(169984, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
@@ -4845,6 +5002,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v384, v267, v386);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v388 = arena_.view(165888, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan11(
@@ -4852,6 +5010,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan11.run(v381.data(), v122.data(), v388.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
   support::View v389 = arena_.view(172032, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4860,9 +5019,11 @@ void T5Train::runPart2(const Inputs &inputs) {
   einsumPlan12.run(v380.data(), v266.data(), v389.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request1 = support::startAllReduce(group_model, {v389}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v265 = arena_.view(163840, 512);
   support::View v390 = arena_.view(176128, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4870,9 +5031,11 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan14.run(v380.data(), v265.data(), v390.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v264 = arena_.view(161792, 512);
   support::View v393 = arena_.view(163840, 512);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
@@ -4912,18 +5075,22 @@ void T5Train::runPart2(const Inputs &inputs) {
             v242, v420, v244, v422, v424, v243, v425, v426);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %409 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request2 = support::startAllReduce(group_model, {v426}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v427 = arena_.view(161792, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan18.run(v416.data(), v242.data(), v427.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v241 = arena_.view(112640, 512);
   support::View v430 = arena_.view(157696, 512);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
@@ -4935,6 +5102,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated19(v426, v241, v430, v431, v235, v240, v407, v234, v433, v434);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v435 = arena_.view(163840, 16);
   support::View v444 = arena_.view(157696, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
@@ -4983,6 +5151,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   support::View v483 = arena_.view(126976, 1024);
   {
     float *__restrict v483p = v483.data();
@@ -5003,6 +5172,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   }
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   support::View v484 = arena_.view(118784, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
@@ -5012,8 +5182,10 @@ void T5Train::runPart2(const Inputs &inputs) {
 
 void T5Train::runPart3(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v475 = arena_.view(182272, 256);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
   support::View v485 = arena_.view(86016, 512);
@@ -5024,10 +5196,12 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
   // together, 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v483 = arena_.view(126976, 1024);
   auto request4 = support::startAllReduce(group_model, {v483, v485}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v204 = arena_.view(155648, 512);
   support::View v486 = arena_.view(120832, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -5035,9 +5209,11 @@ void T5Train::runPart3(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan2.run(v475.data(), v204.data(), v486.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request4);
 
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v203 = arena_.view(153600, 512);
   support::View v489 = arena_.view(88064, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
@@ -5078,6 +5254,7 @@ void T5Train::runPart3(const Inputs &inputs) {
             v181, v517, v183, v519, v521, v182, v522, v523);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v524 = arena_.view(153600, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
@@ -5087,6 +5264,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
   support::View v120 = arena_.view(191488, 32);
   support::View v114 = arena_.view(81920, 1024);
@@ -5115,6 +5293,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v554 = arena_.view(143360, 32);
   static const support::Shape shape7_1 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
@@ -5132,6 +5311,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v563 = arena_.view(102400, 1024);
   {
     float *__restrict v563p = v563.data();
@@ -5164,6 +5344,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v564 = arena_.view(81920, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5173,6 +5354,7 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v110 = arena_.view(69632, 1024);
   support::View v567 = arena_.view(86016, 1024);
   {
@@ -5191,6 +5373,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v568 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5200,9 +5383,11 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %546 over model for mul at
   // 40:53; merged with 1 more partial sum over model (%525): 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::allReduceBucket(group_model, {v568, v523});
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v180 = arena_.view(141312, 512);
   support::View v527 = arena_.view(81920, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
@@ -5214,6 +5399,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   repeated19(v523, v180, v527, v528, v173, v179, v503, v172, v530, v531);
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   support::View v532 = arena_.view(108544, 16);
   static const support::Shape shape14_1 = {2, 8};
   static const support::Shape shape14_3 = {256, 32};
@@ -5231,6 +5417,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   support::View v541 = arena_.view(106496, 512);
   {
     float *__restrict v541p = v541.data();
@@ -5263,6 +5450,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v171 = arena_.view(131072, 512);
   support::View v542 = arena_.view(81920, 1024);
   // dims: batch, targets, d_model, vocab
@@ -5272,6 +5460,7 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v415 = arena_.view(190464, 128);
   support::View v543 = arena_.view(106496, 128);
   {
@@ -5290,6 +5479,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
+  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
   support::View v544 = persistent_.view(29888, 512);
   support::View v545 = arena_.view(131072, 16);
   // dims: targets, targets_keys, buckets, heads
@@ -5298,6 +5488,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   einsumPlan18.run(v544.data(), v543.data(), v545.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v121 = arena_.view(77824, 1024);
   support::View v550 = arena_.view(106496, 1024);
   {
@@ -5313,6 +5504,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   support::View v551 = arena_.view(126976, 32);
   static const support::Shape shape20_1 = {32};
   static const support::Shape shape20_3 = {1};
@@ -5322,6 +5514,7 @@ void T5Train::runPart3(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v111 = arena_.view(73728, 1024);
   support::View v565 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5330,6 +5523,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   einsumPlan21.run(v563.data(), v111.data(), v565.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v107 = arena_.view(65536, 1024);
   support::View v569 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5338,6 +5532,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   einsumPlan22.run(v567.data(), v107.data(), v569.data(), 1.0f, 0.0f);
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v106 = arena_.view(57344, 1024);
   support::View v572 = arena_.view(65536, 1024);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
@@ -5391,8 +5586,10 @@ void T5Train::runPart3(const Inputs &inputs) {
 
 void T5Train::runPart4(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v623 = arena_.view(49152, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v624 = arena_.view(40960, 1024);
@@ -5402,6 +5599,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   einsumPlan0.run(v623.data(), v71.data(), v624.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v73 = arena_.view(36864, 1024);
   support::View v625 = arena_.view(45056, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5411,6 +5609,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v72 = arena_.view(32768, 1024);
   support::View v627 = arena_.view(36864, 1024);
   {
@@ -5429,6 +5628,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v628 = arena_.view(32768, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5437,9 +5637,11 @@ void T5Train::runPart4(const Inputs &inputs) {
   einsumPlan3.run(v627.data(), v70.data(), v628.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request6 = support::startAllReduce(group_model, {v628}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v69 = arena_.view(28672, 1024);
   support::View v629 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5447,9 +5649,11 @@ void T5Train::runPart4(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan5.run(v627.data(), v69.data(), v629.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v68 = arena_.view(20480, 1024);
   support::View v632 = arena_.view(28672, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
@@ -5501,6 +5705,7 @@ void T5Train::runPart4(const Inputs &inputs) {
             v684);
 
   // t5.mesh:96:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v36 = arena_.view(0, 1024);
   support::View v685 = arena_.view(4096, 1024);
   // dims: batch, inputs, d_model, vocab
@@ -5511,6 +5716,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
+  MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
   support::View v329 = arena_.view(90112, 1024);
   support::View v542 = arena_.view(81920, 1024);
   support::View v686 = arena_.view(0, 1024);
@@ -5534,6 +5740,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
   support::View v594 = arena_.view(88064, 512);
   support::View v687 = arena_.view(4096, 512);
   {
@@ -5552,6 +5759,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
+  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
   support::View v688 = persistent_.view(31936, 2048);
   support::View v689 = arena_.view(24832, 16);
   // dims: inputs, inputs_keys, buckets, heads
@@ -5562,6 +5770,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
   // KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v313 = arena_.view(194496, 1);
   support::View v315 = arena_.view(194560, 1);
   support::View v334 = arena_.view(191616, 32);
@@ -5609,6 +5818,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v712 = arena_.view(24896, 16);
   {
     float *__restrict v712p = v712.data();
@@ -5623,6 +5833,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v715 = arena_.view(24960, 8);
   static const support::Shape shape14_1 = {8};
   static const support::Shape shape14_3 = {2};
@@ -5726,6 +5937,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v705 = arena_.view(90624, 1);
   support::View v708 = arena_.view(90688, 1);
   support::View v716 = arena_.view(90752, 1);
@@ -5762,6 +5974,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v750 = arena_.view(4096, 1024);
   {
     float *__restrict v750p = v750.data();
@@ -5776,6 +5989,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v758 = arena_.view(24576, 32);
   static const support::Shape shape17_1 = {32};
   static const support::Shape shape17_3 = {1};
@@ -5785,6 +5999,7 @@ void T5Train::runPart4(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v753 = arena_.view(8192, 32);
   static const support::Shape shape18_1 = {32};
   static const support::Shape shape18_3 = {32};
@@ -5796,6 +6011,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v751(param49_shared_embedding_vr); // updated in place
   {
     float *__restrict v751p = v751.data();
@@ -5815,6 +6031,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v764 = arena_.view(25024, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
@@ -5824,6 +6041,7 @@ void T5Train::runPart4(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v811 = arena_.view(4096, 512);
   support::View v814 = arena_.view(6144, 64);
   support::View v812(param52_encoder_attention_0_q_vr); // updated in place
@@ -5862,6 +6080,7 @@ void T5Train::runPart4(const Inputs &inputs) {
             v941, v943, v944, v945, v629, v984, v987, v625, v1021, v1029, v1024, v1022, v1035);
 
   // 31 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1082 = arena_.view(8192, 512);
   support::View v1085 = arena_.view(10240, 64);
   support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
@@ -5902,6 +6121,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   support::View v1353 = arena_.view(73344, 16);
   {
     float *__restrict v1353p = v1353.data();
@@ -5918,8 +6138,10 @@ void T5Train::runPart4(const Inputs &inputs) {
 
 void T5Train::runPart5(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v1353 = arena_.view(73344, 16);
   support::View v1356 = arena_.view(73408, 8);
   static const support::Shape shape0_1 = {8};
@@ -5930,6 +6152,7 @@ void T5Train::runPart5(const Inputs &inputs) {
                   support::Reduce::Sum, 0.25);
 
   // 55 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v524 = arena_.view(153600, 512);
   support::View v1413 = arena_.view(12288, 512);
   support::View v1416 = arena_.view(14336, 64);
@@ -6009,6 +6232,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1762, v446, v1796, v1804, v1799, v1797, v1810);
 
   // 55 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v427 = arena_.view(161792, 512);
   support::View v1857 = arena_.view(16384, 512);
   support::View v1860 = arena_.view(18432, 64);
@@ -6088,6 +6312,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
   // 152:3; merged with 57 more partial sums over model (%717, %760, %765, ...): 21.5 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v819 = arena_.view(28672, 256);
   support::View v715 = arena_.view(24960, 8);
   support::View v758 = arena_.view(24576, 32);
@@ -6120,6 +6345,7 @@ void T5Train::runPart5(const Inputs &inputs) {
                             v2076, v2082, v2114, v2120, v2164, v2206, v2248, v2254});
 
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v713(param47_encoder_relative_bias_table_vr); // updated in place
   support::View v721 = arena_.view(20480, 2);
   support::View v712 = arena_.view(24896, 16);
@@ -6135,6 +6361,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v751(param49_shared_embedding_vr); // updated in place
   support::View v767 = arena_.view(69760, 32);
   {
@@ -6154,6 +6381,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v752(param50_shared_embedding_vc); // updated in place
   support::View v768 = arena_.view(69888, 32);
   {
@@ -6179,6 +6407,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v686 = arena_.view(0, 1024);
   support::View v770 = arena_.view(20480, 1024);
   support::View v771 = arena_.view(24576, 1024);
@@ -6203,6 +6432,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v772 = arena_.view(91264, 1);
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
@@ -6212,6 +6442,7 @@ void T5Train::runPart5(const Inputs &inputs) {
                   support::Reduce::Sum, 0.00048828125);
 
   // 23 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v812(param52_encoder_attention_0_q_vr); // updated in place
   support::View v828 = arena_.view(3072, 64);
   support::View v813(param53_encoder_attention_0_q_vc); // updated in place
@@ -6261,6 +6492,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1004, v1005, v1022, v1035, v1038, v1029, v1023, v1039, v625, v1041, v1042, v1043);
 
   // 23 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
   support::View v1099 = arena_.view(27648, 64);
   support::View v1084(param67_encoder_attention_1_q_vc); // updated in place
@@ -6311,6 +6543,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1310, v565, v1312, v1313, v1314);
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1354(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1362 = arena_.view(28672, 2);
   support::View v1367 = arena_.view(28800, 1);
@@ -6325,6 +6558,7 @@ void T5Train::runPart5(const Inputs &inputs) {
              v1374);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1430 = arena_.view(31744, 64);
   support::View v1415(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1431 = arena_.view(30720, 256);
@@ -6385,6 +6619,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1797, v1810, v1813, v1804, v1798, v1814, v446, v1816, v1817, v1818);
 
   // 35 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1874 = arena_.view(35840, 64);
   support::View v1859(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1875 = arena_.view(34816, 256);
@@ -6447,12 +6682,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
   // 152:3; merged with 28 more partial sums over model (%773, %834, %872, ...): 116 B in one
   // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_model,
                            {v733,  v772,  v833,  v871,  v909,  v1005, v1043, v1104, v1142, v1180,
                             v1276, v1314, v1374, v1435, v1473, v1511, v1608, v1646, v1684, v1780,
                             v1818, v1879, v1917, v1955, v2052, v2090, v2128, v2224, v2262});
 
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v737 = arena_.view(36864, 1);
   support::View v741 = arena_.view(192256, 1);
   support::View v705 = arena_.view(90624, 1);
@@ -6463,6 +6700,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v776 = arena_.view(36864, 1);
   {
     float *__restrict v776p = v776.data();
@@ -6479,6 +6717,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v779 = arena_.view(192320, 1);
   support::View v783 = arena_.view(36928, 1);
   {
@@ -6497,6 +6736,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/shared/embedding
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
@@ -6516,6 +6756,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   }
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v671 = arena_.view(102656, 32);
   support::View v789(param51_encoder_rms_norm_0_scale_v); // updated in place
   support::View v795 = arena_.view(20480, 32);
@@ -6611,6 +6852,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1241, v1244, v100, v1246, v1247, v1250, v1276, v1280, v1283, v1287);
 
   // 11 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v1318 = arena_.view(0, 1);
   support::View v1321 = arena_.view(193088, 1);
@@ -6630,6 +6872,7 @@ void T5Train::runPart5(const Inputs &inputs) {
             v1331, v708, v1337, v1338, v1339, v1342, v115, v1344, v1345, v1348);
 
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1378 = arena_.view(0, 1);
   support::View v1381 = arena_.view(193152, 1);
   support::View v1385 = arena_.view(64, 1);
@@ -6637,6 +6880,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   repeated18(v1374, v1378, v1381, v705, v1385, v1372, v154);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v528 = arena_.view(141312, 32);
   support::View v1391(param82_decoder_rms_norm_0_scale_v); // updated in place
   support::View v1397 = arena_.view(0, 32);
@@ -6654,6 +6898,7 @@ void T5Train::runPart5(const Inputs &inputs) {
              v1435, v1439, v1442, v1446);
 
   // 10 statements from t5.mesh:152:3 div (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
   support::View v1477 = arena_.view(0, 1);
   support::View v1480 = arena_.view(193280, 1);
@@ -6673,8 +6918,10 @@ void T5Train::runPart5(const Inputs &inputs) {
 
 void T5Train::runPart6(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v490 = arena_.view(156160, 32);
   support::View v716 = arena_.view(90752, 1);
   support::View v1564(param91_decoder_rms_norm_1_0_scale_v); // updated in place
@@ -6793,6 +7040,7 @@ void T5Train::runPart6(const Inputs &inputs) {
             v2052, v2056, v2059, v2063);
 
   // 10 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v2050 = arena_.view(83968, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
   support::View v2090 = arena_.view(92800, 1);
@@ -6817,6 +7065,7 @@ void T5Train::runPart6(const Inputs &inputs) {
              v2135, v2139, v2126, v268, v2164, v2168, v2171, v2175, v2162, v269);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v359 = arena_.view(191744, 32);
   support::View v2181(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2187 = arena_.view(0, 32);
@@ -6835,6 +7084,7 @@ void T5Train::runPart6(const Inputs &inputs) {
              v2224, v2228, v2231, v2235);
 
   // 11 statements from t5.mesh:152:3 div (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v2222 = arena_.view(16384, 1024);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
   support::View v2262 = arena_.view(90112, 1);
@@ -6884,6 +7134,7 @@ void T5Train::repeated0(
     support::View a95, support::View a96, support::View a97, support::View a98, support::View a99,
     support::View a100, support::View a101, support::View a102, support::ConstView a103,
     support::View a104, support::ConstView a105, support::View a106) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -6893,6 +7144,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -6922,6 +7174,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -6932,6 +7185,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -6945,6 +7199,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -6956,6 +7211,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -6966,6 +7222,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -6982,6 +7239,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -7002,6 +7260,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -7017,6 +7276,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -7033,6 +7293,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -7053,6 +7314,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -7068,6 +7330,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -7084,6 +7347,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -7104,6 +7368,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -7119,6 +7384,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -7135,6 +7401,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -7155,6 +7422,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a31p = a31.data();
@@ -7170,6 +7438,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -7186,6 +7455,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -7211,6 +7481,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -7240,6 +7511,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {32};
@@ -7250,6 +7522,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -7263,6 +7536,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a43p = a43.data();
@@ -7274,6 +7548,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32};
@@ -7284,6 +7559,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a45p = a45.data();
@@ -7300,6 +7576,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -7320,6 +7597,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -7335,6 +7613,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a49p = a49.data();
@@ -7351,6 +7630,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a52p = a52.data();
     const float *__restrict a51p = a51.data();
@@ -7371,6 +7651,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a53p = a53.data();
@@ -7386,6 +7667,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a55p = a55.data();
@@ -7402,6 +7684,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a58p = a58.data();
     const float *__restrict a57p = a57.data();
@@ -7427,6 +7710,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a60p = a60.data();
     float *__restrict a61p = a61.data();
@@ -7456,6 +7740,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {};
   static const support::Shape shape33_3 = {};
   static const support::Shape shape33_4 = {32};
@@ -7466,6 +7751,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a63p = a63.data();
@@ -7479,6 +7765,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -7490,6 +7777,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape36_1 = {};
   static const support::Shape shape36_3 = {};
   static const support::Shape shape36_4 = {32};
@@ -7500,6 +7788,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     const float *__restrict a67p = a67.data();
@@ -7516,6 +7805,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a65p = a65.data();
     const float *__restrict a61p = a61.data();
@@ -7536,6 +7826,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a70p = a70.data();
     const float *__restrict a69p = a69.data();
@@ -7551,6 +7842,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a72p = a72.data();
     const float *__restrict a71p = a71.data();
@@ -7567,6 +7859,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a74p = a74.data();
     const float *__restrict a73p = a73.data();
@@ -7587,6 +7880,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a75p = a75.data();
@@ -7602,6 +7896,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a77p = a77.data();
@@ -7618,6 +7913,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a80p = a80.data();
     const float *__restrict a79p = a79.data();
@@ -7638,6 +7934,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
@@ -7653,6 +7950,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a84p = a84.data();
     const float *__restrict a83p = a83.data();
@@ -7669,6 +7967,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a86p = a86.data();
     const float *__restrict a85p = a85.data();
@@ -7689,6 +7988,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a88p = a88.data();
     const float *__restrict a87p = a87.data();
@@ -7704,6 +8004,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a90p = a90.data();
     const float *__restrict a89p = a89.data();
@@ -7720,6 +8021,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a92p = a92.data();
     const float *__restrict a91p = a91.data();
@@ -7745,6 +8047,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
@@ -7774,6 +8077,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape52_1 = {};
   static const support::Shape shape52_3 = {};
   static const support::Shape shape52_4 = {32};
@@ -7784,6 +8088,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a98p = a98.data();
     const float *__restrict a97p = a97.data();
@@ -7797,6 +8102,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a100p = a100.data();
     const float *__restrict a99p = a99.data();
@@ -7808,6 +8114,7 @@ void T5Train::repeated0(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape55_1 = {};
   static const support::Shape shape55_3 = {};
   static const support::Shape shape55_4 = {32};
@@ -7818,6 +8125,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a102p = a102.data();
     const float *__restrict a101p = a101.data();
@@ -7834,6 +8142,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a99p = a99.data();
     const float *__restrict a95p = a95.data();
@@ -7854,6 +8163,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a104p = a104.data();
     const float *__restrict a103p = a103.data();
@@ -7869,6 +8179,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a106p = a106.data();
     const float *__restrict a105p = a105.data();
@@ -7901,9 +8212,11 @@ void T5Train::repeated1(
     support::View a59, support::View a60, support::View a61, support::ConstView a62,
     support::View a63, support::View a64, support::ConstView a65, support::View a66,
     support::View a67, support::View a68, support::View a69, support::View a70) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -7917,6 +8230,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -7925,6 +8239,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -7935,6 +8250,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -7953,6 +8269,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -7962,6 +8279,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -7975,6 +8293,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -7983,6 +8302,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -7993,6 +8313,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -8011,6 +8332,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -8020,6 +8342,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -8033,6 +8356,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -8041,6 +8365,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -8051,6 +8376,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -8069,6 +8395,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -8078,6 +8405,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -8091,6 +8419,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -8101,6 +8430,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -8119,6 +8449,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -8127,6 +8458,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -8136,6 +8468,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -8155,6 +8488,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -8178,6 +8512,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8201,6 +8536,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -8210,6 +8546,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -8223,6 +8560,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32, 8};
   static const support::Shape shape25_3 = {16, 1};
   static const support::Shape shape25_4 = {2};
@@ -8231,6 +8569,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape26_1 = {32, 2};
   static const support::Shape shape26_3 = {16, 8};
   static const support::Shape shape26_4 = {8};
@@ -8241,6 +8580,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -8259,6 +8599,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {2};
   static const support::Shape shape28_4 = {2};
@@ -8268,6 +8609,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -8281,6 +8623,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape30_1 = {32, 8};
   static const support::Shape shape30_3 = {16, 1};
   static const support::Shape shape30_4 = {2};
@@ -8289,6 +8632,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape31_1 = {32, 2};
   static const support::Shape shape31_3 = {16, 8};
   static const support::Shape shape31_4 = {8};
@@ -8299,6 +8643,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -8317,6 +8662,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape33_1 = {32};
   static const support::Shape shape33_3 = {2};
   static const support::Shape shape33_4 = {2};
@@ -8326,6 +8672,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a44p = a44.data();
@@ -8339,6 +8686,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape35_1 = {32, 8};
   static const support::Shape shape35_3 = {16, 1};
   static const support::Shape shape35_4 = {2};
@@ -8347,6 +8695,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape36_1 = {32, 2};
   static const support::Shape shape36_3 = {16, 8};
   static const support::Shape shape36_4 = {8};
@@ -8357,6 +8706,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -8375,6 +8725,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape38_1 = {32};
   static const support::Shape shape38_3 = {2};
   static const support::Shape shape38_4 = {2};
@@ -8384,6 +8735,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a50p = a50.data();
@@ -8397,6 +8749,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape40_1 = {2, 8};
   static const support::Shape shape40_3 = {256, 32};
   static const support::Shape shape40_4 = {32};
@@ -8407,6 +8760,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a52p = a52.data();
@@ -8425,6 +8779,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape42_1 = {2, 32};
   static const support::Shape shape42_3 = {256, 1};
   static const support::Shape shape42_4 = {8};
@@ -8433,6 +8788,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape43_1 = {2};
   static const support::Shape shape43_3 = {8};
   static const support::Shape shape43_4 = {8};
@@ -8442,6 +8798,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a53p = a53.data();
@@ -8461,6 +8818,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -8484,6 +8842,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -8507,6 +8866,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape47_1 = {};
   static const support::Shape shape47_3 = {};
   static const support::Shape shape47_4 = {2, 8, 32};
@@ -8516,6 +8876,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -8529,6 +8890,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape49_1 = {32};
   static const support::Shape shape49_3 = {32};
   static const support::Shape shape49_4 = {32};
@@ -8538,6 +8900,7 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -8551,6 +8914,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape51_1 = {32};
   static const support::Shape shape51_3 = {1};
   static const support::Shape shape51_4 = {32};
@@ -8559,6 +8923,7 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape52_1 = {32};
   static const support::Shape shape52_3 = {32};
   static const support::Shape shape52_4 = {32};
@@ -8569,6 +8934,7 @@ void T5Train::repeated1(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a68p = a68.data();
@@ -8587,6 +8953,7 @@ void T5Train::repeated1(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape54_1 = {};
   static const support::Shape shape54_3 = {};
   static const support::Shape shape54_4 = {32};
@@ -8617,9 +8984,11 @@ void T5Train::repeated2(
     support::View a72, support::View a73, support::ConstView a74, support::ConstView a75,
     support::View a76, support::ConstView a77, support::View a78, support::View a79,
     support::ConstView a80, support::View a81, support::View a82, support::View a83) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -8639,6 +9008,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -8662,6 +9032,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -8685,6 +9056,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -8694,6 +9066,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -8713,6 +9086,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -8736,6 +9110,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -8759,6 +9134,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -8768,6 +9144,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -8787,6 +9164,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -8810,6 +9188,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8833,6 +9212,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -8842,6 +9222,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a32p = a32.data();
@@ -8861,6 +9242,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a36p = a36.data();
     float *__restrict a37p = a37.data();
@@ -8884,6 +9266,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     float *__restrict a40p = a40.data();
@@ -8907,6 +9290,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {32, 2, 8};
@@ -8916,6 +9300,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a42p = a42.data();
@@ -8935,6 +9320,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -8958,6 +9344,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -8981,6 +9368,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 2, 8};
@@ -8990,6 +9378,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a52p = a52.data();
@@ -9009,6 +9398,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a56p = a56.data();
     float *__restrict a57p = a57.data();
@@ -9032,6 +9422,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -9055,6 +9446,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 2, 8};
@@ -9065,6 +9457,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -9083,6 +9476,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {1};
   static const support::Shape shape25_4 = {32};
@@ -9091,6 +9485,7 @@ void T5Train::repeated2(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {32};
@@ -9100,6 +9495,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a67p = a67.data();
     const float *__restrict a63p = a63.data();
@@ -9117,6 +9513,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a68p = a68.data();
     float *__restrict a69p = a69.data();
@@ -9140,6 +9537,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a71p = a71.data();
     float *__restrict a72p = a72.data();
@@ -9161,6 +9559,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32, 32};
@@ -9170,6 +9569,7 @@ void T5Train::repeated2(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a74p = a74.data();
@@ -9187,6 +9587,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a78p = a78.data();
     float *__restrict a79p = a79.data();
@@ -9210,6 +9611,7 @@ void T5Train::repeated2(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a81p = a81.data();
     float *__restrict a82p = a82.data();
@@ -9231,6 +9633,7 @@ void T5Train::repeated2(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape34_1 = {};
   static const support::Shape shape34_3 = {};
   static const support::Shape shape34_4 = {32, 32};
@@ -9252,8 +9655,10 @@ void T5Train::repeated3(
     support::ConstView a37, support::View a38, support::View a39, support::ConstView a40,
     support::ConstView a41, support::ConstView a42, support::View a43, support::View a44,
     support::View a45, support::View a46) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -9267,6 +9672,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 16};
@@ -9278,6 +9684,7 @@ void T5Train::repeated3(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -9304,6 +9711,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -9320,6 +9728,7 @@ void T5Train::repeated3(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -9351,6 +9760,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, inputs_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 16, 2, 8},
@@ -9360,6 +9770,7 @@ void T5Train::repeated3(
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 16, 8},
@@ -9369,6 +9780,7 @@ void T5Train::repeated3(
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 2, 16, 8},
@@ -9378,6 +9790,7 @@ void T5Train::repeated3(
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -9391,6 +9804,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 16};
   static const support::Shape shape9_3 = {512, 256, 16};
   static const support::Shape shape9_4 = {16};
@@ -9400,6 +9814,7 @@ void T5Train::repeated3(
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -9418,6 +9833,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:83:60 sum
+  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 16, 16};
   static const support::Shape shape11_3 = {256, 16, 1};
   static const support::Shape shape11_4 = {2};
@@ -9426,42 +9842,49 @@ void T5Train::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -9469,6 +9892,7 @@ void T5Train::repeated3(
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -9485,17 +9909,21 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %582 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request5 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan21.run(a23.data(), a28.data(), a36.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
@@ -9509,6 +9937,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {2, 16};
@@ -9520,6 +9949,7 @@ void T5Train::repeated3(
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a43p = a43.data();
     float *__restrict a44p = a44.data();
@@ -9546,6 +9976,7 @@ void T5Train::repeated3(
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape26_1 = {2, 16};
   static const support::Shape shape26_3 = {512, 32};
   static const support::Shape shape26_4 = {32};
@@ -9562,6 +9993,7 @@ void T5Train::repeated3(
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a42p = a42.data();
@@ -9608,8 +10040,10 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
                         support::ConstView a37, support::View a38, support::ConstView a39,
                         support::View a40, support::ConstView a41, support::View a42,
                         support::ConstView a43, support::View a44) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape0_1 = {2, 8};
   static const support::Shape shape0_3 = {256, 32};
   static const support::Shape shape0_4 = {32};
@@ -9626,6 +10060,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
@@ -9657,12 +10092,14 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -9670,6 +10107,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -9686,23 +10124,28 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %339 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request0);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a13p = a13.data();
@@ -9716,6 +10159,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {2, 8};
@@ -9727,6 +10171,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -9753,6 +10198,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape12_1 = {2, 8};
   static const support::Shape shape12_3 = {256, 32};
   static const support::Shape shape12_4 = {32};
@@ -9769,6 +10215,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a21p = a21.data();
@@ -9800,6 +10247,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, inputs, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 16, 2, 8},
@@ -9809,6 +10257,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan14.run(einsumPlan14Operands, a28.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 32, 2, 16, 8},
@@ -9818,6 +10267,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan15.run(einsumPlan15Operands, a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 2, 16, 8},
@@ -9827,6 +10277,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   einsumPlan16.run(einsumPlan16Operands, a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a28p = a28.data();
@@ -9840,6 +10291,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape18_1 = {2, 2, 8};
   static const support::Shape shape18_3 = {256, 128, 16};
   static const support::Shape shape18_4 = {16};
@@ -9849,6 +10301,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a28p = a28.data();
@@ -9867,30 +10320,35 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   }
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan20.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan21.run(a34.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan22.run(a30.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan23.run(a30.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -9910,9 +10368,11 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                         support::View a34, support::ConstView a35, support::View a36,
                         support::View a37, support::View a38, support::View a39,
                         support::View a40) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -9926,6 +10386,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -9934,6 +10395,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -9944,6 +10406,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -9962,6 +10425,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -9971,6 +10435,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -9984,6 +10449,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -9992,6 +10458,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -10002,6 +10469,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -10020,6 +10488,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -10029,6 +10498,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -10042,6 +10512,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -10050,6 +10521,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -10060,6 +10532,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -10078,6 +10551,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -10087,6 +10561,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -10100,6 +10575,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -10110,6 +10586,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -10128,6 +10605,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -10136,6 +10614,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -10145,6 +10624,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -10164,6 +10644,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -10187,6 +10668,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10210,6 +10692,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -10219,6 +10702,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10232,6 +10716,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {32};
   static const support::Shape shape25_4 = {32};
@@ -10241,6 +10726,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -10254,6 +10740,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape27_1 = {32};
   static const support::Shape shape27_3 = {1};
   static const support::Shape shape27_4 = {32};
@@ -10262,6 +10749,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {32};
   static const support::Shape shape28_4 = {32};
@@ -10272,6 +10760,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -10290,6 +10779,7 @@ void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32};
@@ -10313,9 +10803,11 @@ void T5Train::repeated6(
     support::ConstView a44, support::ConstView a45, support::View a46, support::ConstView a47,
     support::View a48, support::View a49, support::ConstView a50, support::View a51,
     support::View a52, support::View a53) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -10335,6 +10827,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -10358,6 +10851,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -10381,6 +10875,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -10390,6 +10885,7 @@ void T5Train::repeated6(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -10409,6 +10905,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -10432,6 +10929,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -10455,6 +10953,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -10464,6 +10963,7 @@ void T5Train::repeated6(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -10483,6 +10983,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -10506,6 +11007,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10529,6 +11031,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -10539,6 +11042,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10557,6 +11061,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape13_1 = {32};
   static const support::Shape shape13_3 = {1};
   static const support::Shape shape13_4 = {32};
@@ -10565,6 +11070,7 @@ void T5Train::repeated6(
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
   static const support::Shape shape14_4 = {32};
@@ -10574,6 +11080,7 @@ void T5Train::repeated6(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a33p = a33.data();
@@ -10591,6 +11098,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -10614,6 +11122,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -10635,6 +11144,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {32, 32};
@@ -10644,6 +11154,7 @@ void T5Train::repeated6(
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a44p = a44.data();
@@ -10661,6 +11172,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a48p = a48.data();
     float *__restrict a49p = a49.data();
@@ -10684,6 +11196,7 @@ void T5Train::repeated6(
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a51p = a51.data();
     float *__restrict a52p = a52.data();
@@ -10705,6 +11218,7 @@ void T5Train::repeated6(
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {32, 32};
@@ -10725,8 +11239,10 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a28, support::View a29, support::ConstView a30,
                         support::View a31, support::View a32, support::ConstView a33,
                         support::View a34, support::View a35) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -10740,6 +11256,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm#1[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -10751,6 +11268,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -10777,6 +11295,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -10793,6 +11312,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:20 broadcast
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -10824,6 +11344,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, targets_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 8, 2, 8},
@@ -10833,6 +11354,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 2, 8, 8},
@@ -10842,6 +11364,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 2, 8, 8},
@@ -10851,6 +11374,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -10864,6 +11388,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
   static const support::Shape shape9_1 = {2, 2, 8};
   static const support::Shape shape9_3 = {128, 64, 8};
   static const support::Shape shape9_4 = {8};
@@ -10873,6 +11398,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -10891,6 +11417,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:83:60 sum
+  MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
   static const support::Shape shape11_1 = {2, 8, 8};
   static const support::Shape shape11_3 = {64, 8, 1};
   static const support::Shape shape11_4 = {2};
@@ -10899,42 +11426,49 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -10942,6 +11476,7 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
+  MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -10970,9 +11505,11 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a29, support::View a30, support::View a31,
                         support::ConstView a32, support::View a33, support::View a34,
                         support::View a35, support::View a36, support::View a37) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:121:11", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -10989,6 +11526,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape1_1 = {2, 8};
   static const support::Shape shape1_3 = {256, 32};
   static const support::Shape shape1_4 = {32};
@@ -10998,6 +11536,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11012,6 +11551,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a7p = a7.data();
     float *__restrict a8p = a8.data();
@@ -11032,30 +11572,35 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan6.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan7.run(a10.data(), a13.data(), a16.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a16p = a16.data();
@@ -11071,6 +11616,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape9_2 = {2, 2, 8};
   static const support::Shape shape9_3 = {256, 128, 16};
   static const support::Shape shape9_4 = {256, 128, 16};
@@ -11081,6 +11627,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 2, 8, 16, 8, 32},
@@ -11090,10 +11637,12 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   einsumPlan10.run(einsumPlan10Operands, a21.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
+  MESHRT_TRACE_SITE("t5.mesh:122:11");
   group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -11110,6 +11659,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape13_1 = {2, 8};
   static const support::Shape shape13_3 = {256, 32};
   static const support::Shape shape13_4 = {32};
@@ -11119,6 +11669,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -11133,6 +11684,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -11153,12 +11705,14 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan16.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a30p = a30.data();
@@ -11170,16 +11724,19 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
+  MESHRT_TRACE_SITE("t5.mesh:123:11");
   group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -11196,6 +11753,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -11205,6 +11763,7 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a36p = a36.data();
@@ -11226,10 +11785,12 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
                         support::View a15, support::View a16, support::View a17, support::View a18,
                         support::View a19, support::View a20, support::View a21,
                         support::View a22) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11250,6 +11811,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11265,6 +11827,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11281,6 +11844,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11306,6 +11870,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a15p = a15.data();
@@ -11335,6 +11900,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32};
@@ -11345,6 +11911,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11358,6 +11925,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11369,6 +11937,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -11379,6 +11948,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11395,6 +11965,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::C
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a15p = a15.data();
@@ -11421,10 +11992,12 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a15, support::View a16, support::ConstView a17,
                          support::View a18, support::ConstView a19, support::View a20,
                          support::ConstView a21, support::View a22) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11445,6 +12018,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11460,6 +12034,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11476,6 +12051,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11496,6 +12072,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -11511,6 +12088,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -11527,6 +12105,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11547,6 +12126,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11562,6 +12142,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11578,6 +12159,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11606,8 +12188,10 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a21, support::View a22, support::View a23,
                          support::ConstView a24, support::View a25, support::View a26,
                          support::ConstView a27, support::View a28, support::View a29) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -11619,6 +12203,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -11627,6 +12212,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -11638,6 +12224,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -11646,6 +12233,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -11657,6 +12245,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -11665,6 +12254,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11676,6 +12266,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -11684,6 +12275,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -11695,6 +12287,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 2, 8};
@@ -11703,6 +12296,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11714,6 +12308,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -11722,6 +12317,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -11733,6 +12329,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32, 2, 8};
@@ -11741,6 +12338,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11752,6 +12350,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {2, 8, 32};
@@ -11760,6 +12359,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -11771,6 +12371,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
   static const support::Shape shape17_4 = {32, 32};
@@ -11779,6 +12380,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -11790,6 +12392,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 32};
@@ -11804,6 +12407,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
                          support::View a10, support::ConstView a11, support::View a12,
                          support::ConstView a13, support::View a14, support::ConstView a15,
                          support::View a16) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -11813,6 +12417,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -11842,6 +12447,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -11852,6 +12458,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -11865,6 +12472,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -11876,6 +12484,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -11886,6 +12495,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -11902,6 +12512,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -11922,6 +12533,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -11937,6 +12549,7 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11958,9 +12571,11 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a12, support::View a13, support::View a14,
                          support::View a15, support::View a16, support::View a17,
                          support::ConstView a18, support::View a19, support::View a20) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:104:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:104:11", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -11977,6 +12592,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape1_1 = {2, 16};
   static const support::Shape shape1_3 = {512, 32};
   static const support::Shape shape1_4 = {32};
@@ -11986,6 +12602,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -12000,6 +12617,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a7p = a7.data();
     float *__restrict a8p = a8.data();
@@ -12020,12 +12638,14 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan4.run(a8.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -12037,16 +12657,19 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan6.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:105:11 all_reduce_sum (resolve the partial sum of %72 over model for add at 105:11)
+  MESHRT_TRACE_SITE("t5.mesh:105:11");
   group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:105:11 add -> x
   // t5.mesh:40:25 square
+  MESHRT_TRACE("loop", "t5.mesh:105:11", "forward");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -12063,6 +12686,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:40:20 mean
+  MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -12072,6 +12696,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -12086,6 +12711,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -12112,9 +12738,11 @@ void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -12135,30 +12763,35 @@ void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a11p = a11.data();
@@ -12174,6 +12807,7 @@ void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape6_2 = {2, 2, 8};
   static const support::Shape shape6_3 = {128, 64, 8};
   static const support::Shape shape6_4 = {128, 64, 8};
@@ -12184,6 +12818,7 @@ void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 8, 8, 8, 32},
@@ -12199,8 +12834,10 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12212,6 +12849,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -12220,6 +12858,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -12231,6 +12870,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -12239,6 +12879,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -12250,6 +12891,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -12258,6 +12900,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -12269,6 +12912,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -12277,6 +12921,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0009765625);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -12288,6 +12933,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 32};
@@ -12296,6 +12942,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -12307,6 +12954,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 32};
@@ -12320,10 +12968,12 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -12342,6 +12992,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {8};
@@ -12350,6 +13001,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {8};
@@ -12359,6 +13011,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -12376,6 +13029,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -12399,6 +13053,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -12420,6 +13075,7 @@ void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
@@ -12433,32 +13089,38 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10, support::ConstView a11,
                          support::View a12) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -12474,6 +13136,7 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 16};
   static const support::Shape shape5_3 = {512, 256, 16};
   static const support::Shape shape5_4 = {512, 256, 16};
@@ -12484,6 +13147,7 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 16, 16, 8, 32},
@@ -12496,10 +13160,12 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
 void T5Train::repeated18(support::ConstView a0, support::View a1, support::ConstView a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12515,6 +13181,7 @@ void T5Train::repeated18(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a2p = a2.data();
@@ -12531,6 +13198,7 @@ void T5Train::repeated18(support::ConstView a0, support::View a1, support::Const
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -12553,8 +13221,10 @@ void T5Train::repeated19(support::ConstView a0, support::ConstView a1, support::
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::View a9) {
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -12568,6 +13238,7 @@ void T5Train::repeated19(support::ConstView a0, support::ConstView a1, support::
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {2, 8};
@@ -12579,6 +13250,7 @@ void T5Train::repeated19(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 add
   // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();

@@ -518,6 +518,7 @@ void XlTrain::computeInvariants() {
 }
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "xl_train");
   // Arena: 106816 bytes for 367664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
@@ -538,8 +539,10 @@ XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
 
 void XlTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:97:17 shift -> targets
+  MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v1 = arena_.view(98304, 16);
   static const support::Shape shape0_2 = {2, 8};
@@ -547,6 +550,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:98:36 ge
   // transformer_xl.mesh:98:24 cast
+  MESHRT_TRACE("loop", "transformer_xl.mesh:98:36", "forward");
   support::View v4 = arena_.view(0, 16);
   {
     float *__restrict v4p = v4.data();
@@ -561,11 +565,13 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:98:18 shift -> has_next
+  MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
   support::View v5 = arena_.view(100352, 16);
   static const support::Shape shape2_2 = {2, 8};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v19 = persistent_.view(9792, 2048);
   support::View v21 = arena_.slot(0, 4096);
   static const support::Shape shape3_2 = {8, 16};
@@ -575,6 +581,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // transformer_xl.mesh:41:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "transformer_xl.mesh:41:10", "forward");
   support::View v20 = persistent_.view(17984, 2048);
   static const support::Shape shape4_2 = {8, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -583,6 +590,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // transformer_xl.mesh:87:18 one_hot
+  MESHRT_TRACE("one_hot", "transformer_xl.mesh:87:18", "forward");
   support::View v22 = arena_.view(57344, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -591,6 +599,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 einsum -> x
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "forward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v23 = arena_.view(59392, 512);
   // dims: batch, segment, vocab, d_model
@@ -600,9 +609,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:79:17 all_reduce_sum -> x (resolve the partial sum of x over model for
   // rename at 79:17)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   group_model.allReduce(v23.data(), v23.size(), meshrt::ReduceOp::Sum);
 
   // 25 statements from transformer_xl.mesh:79:17 rename (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   support::View v34 = arena_.view(32768, 1024);
   const support::Buffer &v24 = param1_decoder_xl_layer_0_memory;
   support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
@@ -645,6 +656,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
             v68, v71, v69, v70, v73);
 
   // 25 statements from transformer_xl.mesh:79:17 rename (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   support::View v83 = arena_.view(36864, 1024);
   const support::Buffer &v74 = param15_decoder_xl_layer_1_memory;
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
@@ -687,6 +699,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
             v112, v115, v117, v120, v118, v119, v122);
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
   support::View v123 = arena_.view(40960, 512);
   // dims: batch, segment, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan10(
@@ -694,6 +707,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   einsumPlan10.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:99:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "transformer_xl.mesh:99:14", "forward");
   support::View v124 = arena_.view(43008, 512);
   static const support::Shape shape11_2 = {2, 8};
   static const support::Shape shape11_3 = {256, 32};
@@ -705,6 +719,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                  shape11_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // transformer_xl.mesh:100:30 one_hot
+  MESHRT_TRACE("one_hot", "transformer_xl.mesh:100:30", "forward");
   support::View v125 = arena_.view(40960, 512);
   static const support::Shape shape12_1 = {2, 8, 32};
   static const support::Shape shape12_3 = {8, 1, 0};
@@ -713,6 +728,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:100:28 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
   support::View v126 = arena_.view(98304, 512);
   {
     float *__restrict v126p = v126.data();
@@ -727,6 +743,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:19 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
   support::View v127 = arena_.view(100416, 16);
   static const support::Shape shape14_1 = {2, 8};
   static const support::Shape shape14_3 = {256, 32};
@@ -736,6 +753,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:62 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
   support::View v128 = arena_.view(98304, 16);
   {
     float *__restrict v128p = v128.data();
@@ -750,6 +768,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:15 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
   support::View v129 = arena_.view(98368, 1);
   static const support::Shape shape16_1 = {};
   static const support::Shape shape16_3 = {};
@@ -759,6 +778,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:14", "forward");
   support::View v130 = arena_.view(98432, 1);
   {
     float *__restrict v130p = v130.data();
@@ -769,12 +789,14 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:100:76 local_slice -> has_next (reshard has_next for sum at 100:76)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:100:76", "forward");
   support::View v131 = arena_.view(98304, 8);
   static const support::Shape shape18_2 = {2, 8};
   support::sliceDim(v131, v5, shape18_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
   support::View v132 = arena_.view(100416, 1);
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
@@ -785,9 +807,11 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:74 bucketed_all_reduce_sum (2 partial sums (%125, %126) over data,
   // model resolved together, 8 B in one buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:100:74");
   support::allReduceBucket(group_data_model, {v130, v132});
 
   // transformer_xl.mesh:100:74 div -> loss
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "forward");
   support::View v135 = arena_.view(106752, 1);
   {
     float *__restrict v135p = v135.data();
@@ -805,6 +829,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:100:62 mul
   // transformer_xl.mesh:100:19 broadcast
   // transformer_xl.mesh:100:28 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
   support::View v142 = arena_.view(98304, 512);
   {
     float *__restrict v142p = v142.data();
@@ -829,6 +854,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:99:14 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:99:14", "backward");
   support::View v143 = arena_.view(40960, 16);
   static const support::Shape shape23_1 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
@@ -840,15 +866,18 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
 void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:99:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at
   // 99:14)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:99:14");
   support::View v143 = arena_.view(40960, 16);
   group_model.allReduce(v143.data(), v143.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:99:14 exp
   // transformer_xl.mesh:99:14 mul
   // transformer_xl.mesh:99:14 sub
+  MESHRT_TRACE("loop", "transformer_xl.mesh:99:14", "backward");
   support::View v124 = arena_.view(43008, 512);
   support::View v142 = arena_.view(98304, 512);
   support::View v147 = arena_.view(100352, 512);
@@ -871,6 +900,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v6(param0_decoder_embedding); // updated in place
   support::View v148 = arena_.view(98304, 512);
   // dims: batch, segment, vocab, d_model
@@ -880,9 +910,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %139 over model for sum at
   // 32:40)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   auto request0 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
   support::View v122 = arena_.view(96256, 512);
   support::View v149 = arena_.view(40960, 1024);
   // dims: batch, segment, vocab, d_model
@@ -890,10 +922,12 @@ void XlTrain::runPart1(const Inputs &inputs) {
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
   einsumPlan4.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request0);
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v120 = arena_.view(47104, 512);
   support::View v153 = arena_.view(96256, 512);
   support::View v155 = arena_.view(100352, 16);
@@ -981,6 +1015,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(81920, 512);
   support::View v226 = arena_.view(24576, 512);
   support::View v228 = arena_.view(26624, 16);
@@ -1065,6 +1100,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v292, v23, v291, v294);
 
   // transformer_xl.mesh:87:11 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "backward");
   support::View v22 = arena_.view(57344, 512);
   support::View v295 = arena_.view(0, 1024);
   // dims: batch, segment, d_model, vocab
@@ -1073,6 +1109,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   einsumPlan8.run(v294.data(), v22.data(), v295.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
+  MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
   support::View v296 = arena_.view(4096, 1024);
   {
     float *__restrict v296p = v296.data();
@@ -1090,11 +1127,13 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // partial sums (grad/decoder/xl_layer[1]/norm#1/bias, grad/decoder/xl_layer[1]/norm#1/gain,
   // grad/decoder/xl_layer[1]/dense_relu_dense/wo, ...) over data resolved together, 41.2 KiB in one
   // buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::allReduceBucket(group_data, {v151, v154, v170, v177, v178, v181, v197, v206, v210,
                                         v211, v213, v216, v220, v224, v227, v242, v248, v249,
                                         v252, v268, v277, v281, v282, v284, v287, v291, v296});
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v321 = arena_.view(0, 1024);
   {
     float *__restrict v321p = v321.data();
@@ -1107,6 +1146,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   support::View v322 = arena_.view(10240, 1);
   static const support::Shape shape12_1 = {};
   static const support::Shape shape12_3 = {};
@@ -1116,6 +1156,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v324 = arena_.view(0, 512);
   support::View v328 = arena_.view(0, 512);
   support::View v332 = arena_.view(0, 512);
@@ -1152,6 +1193,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v377);
 
   // 30 statements from transformer_xl.mesh:101:3 square (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v380 = arena_.view(0, 512);
   support::View v384 = arena_.view(0, 512);
   support::View v388 = arena_.view(0, 512);
@@ -1213,6 +1255,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v434 = arena_.view(64, 1);
   {
     float *__restrict v434p = v434.data();
@@ -1301,11 +1344,13 @@ void XlTrain::runPart1(const Inputs &inputs) {
 
   // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %383 over model for sqrt
   // at 101:3)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   group_model.allReduce(v434.data(), v434.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:101:3 sqrt -> global_grad_norm
   // transformer_xl.mesh:101:3 maximum
   // transformer_xl.mesh:101:3 div
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   support::View v439 = arena_.view(128, 1);
   {
     float *__restrict v439p = v439.data();
@@ -1338,6 +1383,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 sub
   // transformer_xl.mesh:101:3 pow
   // transformer_xl.mesh:101:3 sub
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v319 = arena_.view(0, 1);
   support::View v481 = arena_.view(64, 1);
   support::View v483 = arena_.view(192, 1);
@@ -1401,6 +1447,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/embedding
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   support::View v467(param29_decoder_embedding_m); // updated in place
   support::View v468(param30_decoder_embedding_v); // updated in place
   {
@@ -1452,6 +1499,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   }
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v495(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
   support::View v496(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
   support::View v515(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
@@ -1493,6 +1541,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v242, v695, v696, v69, v227, v715, v716, v70, v224, v735, v736);
 
   // 13 statements from transformer_xl.mesh:101:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
   support::View v755(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
   support::View v756(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
   support::View v775(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
@@ -1550,6 +1599,7 @@ void XlTrain::repeated0(
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51,
     support::View a52, support::ConstView a53, support::View a54, support::View a55) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 mul
@@ -1568,6 +1618,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/q
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -1633,6 +1684,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/k
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -1698,6 +1750,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/v
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -1763,6 +1816,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/r
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -1828,6 +1882,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/o
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -1893,6 +1948,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/content_bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -1958,6 +2014,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/relative_attention/position_bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -2023,6 +2080,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -2088,6 +2146,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -2153,6 +2212,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -2218,6 +2278,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -2283,6 +2344,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -2348,6 +2410,7 @@ void XlTrain::repeated0(
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/xl_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
   {
     float *__restrict a54p = a54.data();
     float *__restrict a55p = a55.data();
@@ -2418,8 +2481,10 @@ void XlTrain::repeated1(
     support::View a70, support::View a71, support::View a72, support::ConstView a73,
     support::View a74, support::View a75, support::ConstView a76, support::View a77,
     support::View a78) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 8};
@@ -2428,6 +2493,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -2441,6 +2507,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 8};
@@ -2449,6 +2516,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {256, 32};
   static const support::Shape shape3_4 = {32};
@@ -2458,6 +2526,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2474,6 +2543,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape5_1 = {2, 8};
   static const support::Shape shape5_3 = {256, 32};
   static const support::Shape shape5_4 = {32};
@@ -2483,6 +2553,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2497,6 +2568,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -2517,6 +2589,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape8_1 = {2, 8};
   static const support::Shape shape8_3 = {256, 32};
   static const support::Shape shape8_4 = {32};
@@ -2525,6 +2598,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape9_1 = {2, 8};
   static const support::Shape shape9_3 = {256, 32};
   static const support::Shape shape9_4 = {32};
@@ -2536,6 +2610,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -2560,12 +2635,14 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan11.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:10 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wo
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "backward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -2573,6 +2650,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:17 gt
   // transformer_xl.mesh:70:17 where
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2589,6 +2667,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -2596,9 +2675,11 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %164 over model for add at
   // 70:22)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:70:22");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:70:22 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:22", "backward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a15p = a15.data();
@@ -2612,12 +2693,14 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:70:22 einsum -> grad/decoder/xl_layer[1]/dense_relu_dense/wi
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "backward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan17.run(a21.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:40", "backward");
   static const support::Shape shape18_1 = {32};
   static const support::Shape shape18_3 = {1};
   static const support::Shape shape18_4 = {2, 8};
@@ -2626,6 +2709,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:33 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a24p = a24.data();
@@ -2639,6 +2723,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:33 sum -> grad/decoder/xl_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "transformer_xl.mesh:32:33", "backward");
   static const support::Shape shape20_1 = {32};
   static const support::Shape shape20_3 = {1};
   static const support::Shape shape20_4 = {2, 8};
@@ -2647,6 +2732,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
   static const support::Shape shape21_4 = {32};
@@ -2656,6 +2742,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -2672,6 +2759,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape23_1 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
   static const support::Shape shape23_4 = {32};
@@ -2681,6 +2769,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:10 add
   // transformer_xl.mesh:32:10 rsqrt
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
@@ -2695,6 +2784,7 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "backward");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -2715,6 +2805,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape26_1 = {2, 8};
   static const support::Shape shape26_3 = {256, 32};
   static const support::Shape shape26_4 = {32};
@@ -2723,6 +2814,7 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 0.03125);
 
   // transformer_xl.mesh:32:10 mean
+  MESHRT_TRACE("mean", "transformer_xl.mesh:32:10", "backward");
   static const support::Shape shape27_1 = {2, 8};
   static const support::Shape shape27_3 = {256, 32};
   static const support::Shape shape27_4 = {32};
@@ -2734,6 +2826,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 sub
   // transformer_xl.mesh:32:10 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:10", "backward");
   {
     float *__restrict a41p = a41.data();
     const float *__restrict a28p = a28.data();
@@ -2758,6 +2851,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, context, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 8, 32, 16, 2, 8},
@@ -2767,6 +2861,7 @@ void XlTrain::repeated1(
   einsumPlan29.run(einsumPlan29Operands, a44.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 8, 32, 2, 16, 8},
@@ -2776,6 +2871,7 @@ void XlTrain::repeated1(
   einsumPlan30.run(einsumPlan30Operands, a46.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
   // dims: batch, segment, d_model, heads, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 8, 32, 2, 16, 8},
@@ -2785,6 +2881,7 @@ void XlTrain::repeated1(
   einsumPlan31.run(einsumPlan31Operands, a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a44p = a44.data();
@@ -2798,6 +2895,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:63:17 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
   static const support::Shape shape33_1 = {2, 2, 8};
   static const support::Shape shape33_3 = {256, 128, 16};
   static const support::Shape shape33_4 = {16};
@@ -2809,6 +2907,7 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:63:17 mul
   // transformer_xl.mesh:63:25 where
   // transformer_xl.mesh:62:37 mul
+  MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a44p = a44.data();
@@ -2835,18 +2934,21 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:61:18 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan35.run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
   einsumPlan36.run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
   static const support::Shape shape37_1 = {2, 8};
   static const support::Shape shape37_3 = {8, 1};
   static const support::Shape shape37_4 = {2, 8};
@@ -2855,18 +2957,21 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:60:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan38.run(a51.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan39.run(a51.data(), a59.data(), a60.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
   {
     float *__restrict a61p = a61.data();
     const float *__restrict a53p = a53.data();
@@ -2880,6 +2985,7 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
+  MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
   static const support::Shape shape41_1 = {2, 8};
   static const support::Shape shape41_3 = {8, 1};
   static const support::Shape shape41_4 = {2, 8};
@@ -2888,30 +2994,35 @@ void XlTrain::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan42(
       {{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan42.run(a55.data(), a63.data(), a64.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan43(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan43.run(a46.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a46.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan45(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan45.run(a60.data(), a69.data(), a70.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
   {
     float *__restrict a71p = a71.data();
     const float *__restrict a66p = a66.data();
@@ -2925,18 +3036,21 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan47(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan47.run(a60.data(), a67.data(), a72.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan48(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan48.run(a61.data(), a73.data(), a74.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
+  MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
   support::zero(a75);
   static const support::Shape shape49_2 = {2, 32};
   static const support::Shape shape49_3 = {256, 1};
@@ -2946,18 +3060,22 @@ void XlTrain::repeated1(
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %206 over model
   // for add at 56:17; merged with 1 more partial sum over model (%222): 4.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   auto request1 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan51(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan51.run(a61.data(), a76.data(), a77.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request1);
 
   // transformer_xl.mesh:56:17 add
   // transformer_xl.mesh:55:17 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a41p = a41.data();
@@ -2987,11 +3105,14 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
                         support::View a30, support::View a31, support::ConstView a32,
                         support::View a33, support::View a34, support::View a35,
                         support::ConstView a36, support::ConstView a37, support::View a38) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:79:17 rename
+  MESHRT_TRACE("copy", "transformer_xl.mesh:79:17", "forward");
   support::copyValues(a0, a1);
 
   // transformer_xl.mesh:55:17 concat -> keys_in
+  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   support::zero(a2);
   static const support::Shape shape1_2 = {2, 32};
   static const support::Shape shape1_3 = {512, 1};
@@ -3000,6 +3121,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
                       int64_t(0));
 
   // transformer_xl.mesh:55:17 concat -> keys_in
+  MESHRT_TRACE("concat", "transformer_xl.mesh:55:17", "forward");
   static const support::Shape shape2_2 = {2, 32};
   static const support::Shape shape2_3 = {512, 1};
   static const support::Shape shape2_4 = {256, 1};
@@ -3007,30 +3129,35 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
                       int64_t(8));
 
   // transformer_xl.mesh:56:17 einsum -> queries
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "forward");
   // dims: batch, segment, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum -> keys
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "forward");
   // dims: batch, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a2.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> values
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "forward");
   // dims: batch, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan5.run(a2.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:59:19 einsum -> positions
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "forward");
   // dims: segment, context, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{8, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan6.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a5p = a5.data();
@@ -3046,12 +3173,14 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:60:17 einsum -> content
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "forward");
   // dims: batch, segment, heads, d_kv, context
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan8.run(a14.data(), a7.data(), a15.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:61:33", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a5p = a5.data();
@@ -3067,6 +3196,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:61:18 einsum -> position
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "forward");
   // dims: batch, segment, heads, d_kv, context
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -3075,6 +3205,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   // transformer_xl.mesh:62:25 add
   // transformer_xl.mesh:62:37 mul -> logits
   // transformer_xl.mesh:63:25 where
+  MESHRT_TRACE("loop", "transformer_xl.mesh:62:25", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a15p = a15.data();
@@ -3098,6 +3229,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:63:17 softmax -> weights
+  MESHRT_TRACE("softmax", "transformer_xl.mesh:63:17", "forward");
   static const support::Shape shape12_2 = {2, 2, 8};
   static const support::Shape shape12_3 = {256, 128, 16};
   static const support::Shape shape12_4 = {256, 128, 16};
@@ -3108,6 +3240,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
                  shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
   // dims: batch, heads, segment, context, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 16, 8, 32},
@@ -3118,9 +3251,11 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
 
   // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %53 over model for add at
   // 80:18)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:80:18");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:80:18 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a1p = a1.data();
@@ -3134,6 +3269,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:32:10 layer_norm
+  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
   static const support::Shape shape16_2 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {256, 32};
@@ -3145,6 +3281,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> h
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a25p = a25.data();
@@ -3163,12 +3300,14 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:70:22 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
   // dims: batch, segment, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 relu
+  MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a30p = a30.data();
@@ -3180,6 +3319,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:70:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
   // dims: batch, segment, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -3187,9 +3327,11 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
 
   // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
   // 81:17)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:81:17");
   group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:81:17 add
+  MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a28p = a28.data();
@@ -3203,6 +3345,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   }
 
   // transformer_xl.mesh:32:10 layer_norm
+  MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
   static const support::Shape shape23_2 = {2, 8};
   static const support::Shape shape23_3 = {256, 32};
   static const support::Shape shape23_4 = {256, 32};
@@ -3214,6 +3357,7 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> x
+  MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
@@ -3244,8 +3388,10 @@ void XlTrain::repeated3(
     support::View a33, support::View a34, support::ConstView a35, support::View a36,
     support::View a37, support::View a38, support::ConstView a39, support::View a40,
     support::View a41, support::View a42) {
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3257,6 +3403,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -3265,6 +3412,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3276,6 +3424,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -3284,6 +3433,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3295,6 +3445,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -3303,6 +3454,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -3314,6 +3466,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -3322,6 +3475,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -3333,6 +3487,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {2, 8, 32};
@@ -3341,6 +3496,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -3352,6 +3508,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {2, 8};
@@ -3360,6 +3517,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -3371,6 +3529,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {2, 8};
@@ -3379,6 +3538,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -3390,10 +3550,12 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %327 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape15_2 = {32};
   support::sliceDim(a23, a22, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape16_1 = {};
   static const support::Shape shape16_3 = {};
   static const support::Shape shape16_4 = {16};
@@ -3402,6 +3564,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -3413,10 +3576,12 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %330 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape18_2 = {32};
   support::sliceDim(a27, a26, shape18_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {16};
@@ -3425,6 +3590,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -3436,6 +3602,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape21_1 = {};
   static const support::Shape shape21_3 = {};
   static const support::Shape shape21_4 = {32, 32};
@@ -3444,6 +3611,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -3455,6 +3623,7 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 sum
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 32};
@@ -3463,6 +3632,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -3474,10 +3644,12 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %339 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape25_2 = {32};
   support::sliceDim(a37, a36, shape25_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {16};
@@ -3486,6 +3658,7 @@ void XlTrain::repeated3(
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:101:3 square
+  MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
   {
     float *__restrict a40p = a40.data();
     const float *__restrict a39p = a39.data();
@@ -3497,10 +3670,12 @@ void XlTrain::repeated3(
   }
 
   // transformer_xl.mesh:101:3 local_slice (reshard %342 for sum at 101:3)
+  MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape28_2 = {32};
   support::sliceDim(a41, a40, shape28_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:101:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape29_1 = {};
   static const support::Shape shape29_3 = {};
   static const support::Shape shape29_4 = {16};

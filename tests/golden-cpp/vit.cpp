@@ -248,6 +248,7 @@ void Classify::computeInvariants() {
 }
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "classify");
   // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
@@ -260,8 +261,10 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
 
 void Classify::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
+  MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v7 = arena_.slot(6144, 1344);
   static const support::Shape shape0_2 = {2, 14, 3};
@@ -271,6 +274,7 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
+  MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v8 = arena_.slot(0, 1536);
   static const support::Shape shape1_2 = {2, 16, 3};
   static const support::Shape shape1_3 = {768, 48, 1};
@@ -278,6 +282,7 @@ void Classify::runPart0(const Inputs &inputs) {
   support::copyWindow(v8.data(), v7.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
+  MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v9 = arena_.view(6144, 1536);
   static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
   static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
@@ -288,6 +293,7 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
+  MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v10 = arena_.view(0, 1536);
   static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
   static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
@@ -298,6 +304,7 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
+  MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v11 = arena_.view(8192, 1536);
   static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
   static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
@@ -308,6 +315,7 @@ void Classify::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   const support::Buffer &v5 = param4_vit_embed_patches_w_patch;
   support::View v12 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
@@ -316,6 +324,7 @@ void Classify::runPart0(const Inputs &inputs) {
   einsumPlan5.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
+  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   const support::Buffer &v6 = param5_vit_embed_patches_b_patch;
   support::View v13 = arena_.view(8704, 2048);
   {
@@ -333,6 +342,7 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:92:34 mul -> class_tokens
+  MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   const support::Buffer &v1 = param0_vit_class_token;
   support::View v17 = persistent_.view(192, 2);
   support::View v18 = arena_.view(16896, 128);
@@ -351,6 +361,7 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:93:40 concat
+  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v19 = arena_.slot(0, 2176);
   static const support::Shape shape8_2 = {64, 2};
   static const support::Shape shape8_3 = {2, 1};
@@ -359,6 +370,7 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:93:40 concat
+  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   static const support::Shape shape9_2 = {64, 2};
   static const support::Shape shape9_3 = {2, 1};
   static const support::Shape shape9_4 = {1, 1024};
@@ -367,6 +379,7 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:94:40 add
   // vit.mesh:93:40 transpose -> x
+  MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   const support::Buffer &v2 = param1_vit_position_embedding;
   support::View v21 = arena_.view(8704, 2176);
   {
@@ -385,6 +398,7 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v26 = arena_.view(0, 2176);
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
@@ -397,6 +411,7 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
   const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
   support::View v28 = arena_.view(17408, 2176);
@@ -418,6 +433,7 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
   support::View v34 = arena_.view(0, 2176);
@@ -456,6 +472,7 @@ void Classify::runPart0(const Inputs &inputs) {
             v72);
 
   // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
   support::View v78 = arena_.view(0, 2176);
@@ -494,6 +511,7 @@ void Classify::runPart0(const Inputs &inputs) {
             v111, v114);
 
   // vit.mesh:99:17 slice
+  MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v115 = arena_.slot(0, 128);
   static const support::Shape shape15_2 = {2, 64};
   static const support::Shape shape15_3 = {64, 1};
@@ -502,6 +520,7 @@ void Classify::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
+  MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v116 = arena_.view(512, 128);
   static const support::Shape shape16_1 = {2, 64};
   static const support::Shape shape16_3 = {64, 1};
@@ -511,6 +530,7 @@ void Classify::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
   support::View v117 = arena_.view(0, 20);
   // dims: batch, d_model, classes
@@ -519,6 +539,7 @@ void Classify::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add
+  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
   support::View v118 = arena_.view(128, 20);
   {
@@ -536,6 +557,7 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:104:11 softmax -> probs
+  MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
   support::View v119 = arena_.view(0, 20);
   static const support::Shape shape19_2 = {2};
   static const support::Shape shape19_3 = {10};
@@ -559,23 +581,28 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
                          support::ConstView a33, support::View a34) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
+  MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
+  MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
   support::copyValues(a3, a0);
 
   // vit.mesh:60:11 einsum -> k
+  MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> v
+  MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -583,12 +610,14 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
+  MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a2.data(), a5.data(), a8.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
+  MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
   static const support::Shape shape5_2 = {2, 2, 17};
   static const support::Shape shape5_3 = {578, 289, 17};
   static const support::Shape shape5_4 = {578, 289, 17};
@@ -599,18 +628,21 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a7.data(), a10.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:55 mul
+  MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -626,9 +658,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
+  MESHRT_TRACE_SITE("vit.mesh:80:13");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
+  MESHRT_TRACE("loop", "vit.mesh:80:13", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -642,6 +676,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
   static const support::Shape shape11_4 = {1088, 64};
@@ -654,6 +689,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a17p = a17.data();
@@ -673,6 +709,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:38 cast
+  MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -684,6 +721,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
   support::einsum2Double(a23.data(), a20.data(), a22.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -700,9 +738,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
   support::roundBufferBF16(a23);
 
   // vit.mesh:71:11 gelu -> h
+  MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -714,6 +754,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:25 cast
+  MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -725,6 +766,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
   support::einsum2Double(a27.data(), a24.data(), a26.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -741,10 +783,12 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
   support::roundBufferBF16(a27);
 
   // vit.mesh:72:10 cast
   // vit.mesh:81:48 mul
+  MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
   {
     float *__restrict a29p = a29.data();
     const float *__restrict a27p = a27.data();
@@ -761,9 +805,11 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
+  MESHRT_TRACE_SITE("vit.mesh:81:12");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
+  MESHRT_TRACE("loop", "vit.mesh:81:12", "forward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a16p = a16.data();
@@ -777,6 +823,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape23_2 = {2, 17};
   static const support::Shape shape23_3 = {1088, 64};
   static const support::Shape shape23_4 = {1088, 64};
@@ -788,6 +835,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a31p = a31.data();
@@ -1399,6 +1447,7 @@ void TrainVit::computeInvariants() {
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "train_vit");
   // Arena: 379136 bytes for 1366932 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
@@ -1418,8 +1467,10 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
 
 void TrainVit::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:44:20 pad
+  MESHRT_TRACE("pad", "vit.mesh:44:20", "forward");
   const support::Buffer &v0 = inputs.image.data;
   support::View v8 = arena_.slot(6144, 1344);
   static const support::Shape shape0_2 = {2, 14, 3};
@@ -1429,6 +1480,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(1));
 
   // vit.mesh:44:16 pad -> padded
+  MESHRT_TRACE("pad", "vit.mesh:44:16", "forward");
   support::View v9 = arena_.slot(0, 1536);
   static const support::Shape shape1_2 = {2, 16, 3};
   static const support::Shape shape1_3 = {768, 48, 1};
@@ -1436,6 +1488,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::copyWindow(v9.data(), v8.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
 
   // vit.mesh:46:14 reshape -> rows
+  MESHRT_TRACE("reshape", "vit.mesh:46:14", "forward");
   support::View v10 = arena_.view(6144, 1536);
   static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
   static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
@@ -1446,6 +1499,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:47:14 reshape -> grid
+  MESHRT_TRACE("reshape", "vit.mesh:47:14", "forward");
   support::View v11 = arena_.view(0, 1536);
   static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
   static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
@@ -1456,6 +1510,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:48:14 reshape -> flat
+  MESHRT_TRACE("reshape", "vit.mesh:48:14", "forward");
   support::View v12 = arena_.view(325632, 1536);
   static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
   static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
@@ -1466,6 +1521,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                    int64_t(0));
 
   // vit.mesh:50:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:50:10", "forward");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
   support::View v13 = arena_.view(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
@@ -1474,6 +1530,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   einsumPlan5.run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
 
   // vit.mesh:50:59 add -> patch_embeddings
+  MESHRT_TRACE("loop", "vit.mesh:50:59", "forward");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v14 = arena_.view(8704, 2048);
   {
@@ -1491,6 +1548,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:92:34 mul -> class_tokens
+  MESHRT_TRACE("loop", "vit.mesh:92:34", "forward");
   support::View v2(param0_vit_class_token); // updated in place
   support::View v18 = persistent_.view(192, 2);
   support::View v19 = arena_.view(16896, 128);
@@ -1509,6 +1567,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:93:40 concat
+  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   support::View v20 = arena_.slot(0, 2176);
   static const support::Shape shape8_2 = {64, 2};
   static const support::Shape shape8_3 = {2, 1};
@@ -1517,6 +1576,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:93:40 concat
+  MESHRT_TRACE("concat", "vit.mesh:93:40", "forward");
   static const support::Shape shape9_2 = {64, 2};
   static const support::Shape shape9_3 = {2, 1};
   static const support::Shape shape9_4 = {1, 1024};
@@ -1525,6 +1585,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:94:40 add
   // vit.mesh:93:40 transpose -> x
+  MESHRT_TRACE("loop", "vit.mesh:94:40", "forward");
   support::View v3(param1_vit_position_embedding); // updated in place
   support::View v22 = arena_.view(81920, 2176);
   {
@@ -1543,6 +1604,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   support::View v27 = arena_.view(90624, 2176);
   static const support::Shape shape11_2 = {2, 17};
   static const support::Shape shape11_3 = {1088, 64};
@@ -1555,6 +1617,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
   support::View v29 = arena_.view(99328, 2176);
@@ -1576,6 +1639,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // 26 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:59:11");
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
   support::View v34 = arena_.view(341120, 1088);
   support::View v35 = arena_.view(108032, 2176);
@@ -1615,6 +1679,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
             v70, v73, "vit/encoder_layer[0]/dropout#0", "vit/encoder_layer[0]/dropout#1");
 
   // 26 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:59:11");
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v78 = arena_.view(358528, 1088);
   support::View v79 = arena_.view(212480, 2176);
@@ -1654,6 +1719,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
             v111, v112, v115, "vit/encoder_layer[1]/dropout#0", "vit/encoder_layer[1]/dropout#1");
 
   // vit.mesh:99:17 slice
+  MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
   support::View v116 = arena_.slot(74240, 128);
   static const support::Shape shape15_2 = {2, 64};
   static const support::Shape shape15_3 = {64, 1};
@@ -1662,6 +1728,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
+  MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
   support::View v117 = arena_.view(74752, 128);
   static const support::Shape shape16_1 = {2, 64};
   static const support::Shape shape16_3 = {64, 1};
@@ -1671,6 +1738,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v118 = arena_.view(74240, 20);
   // dims: batch, d_model, classes
@@ -1679,6 +1747,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   einsumPlan17.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add -> logits
+  MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
   {
@@ -1696,6 +1765,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:111:19 logsumexp
+  MESHRT_TRACE("logsumexp", "vit.mesh:111:19", "forward");
   support::View v120 = arena_.view(74624, 2);
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {10};
@@ -1705,6 +1775,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
+  MESHRT_TRACE("one_hot", "vit.mesh:111:61", "forward");
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74240, 20);
   static const support::Shape shape20_1 = {2, 10};
@@ -1713,6 +1784,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   support::oneHot(v121.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
 
   // vit.mesh:111:59 mul
+  MESHRT_TRACE("loop", "vit.mesh:111:59", "forward");
   support::View v122 = arena_.view(74496, 20);
   {
     float *__restrict v122p = v122.data();
@@ -1727,6 +1799,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:111:48 sum
+  MESHRT_TRACE("sum", "vit.mesh:111:48", "forward");
   support::View v123 = arena_.view(74688, 2);
   static const support::Shape shape22_1 = {2};
   static const support::Shape shape22_3 = {10};
@@ -1736,6 +1809,7 @@ void TrainVit::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
+  MESHRT_TRACE("loop", "vit.mesh:111:46", "forward");
   support::View v124 = arena_.view(74496, 2);
   {
     float *__restrict v124p = v124.data();
@@ -1752,8 +1826,10 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
 void TrainVit::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:111:14 mean -> loss
+  MESHRT_TRACE("mean", "vit.mesh:111:14", "forward");
   support::View v124 = arena_.view(74496, 2);
   support::View v125 = arena_.view(379072, 1);
   static const support::Shape shape0_1 = {};
@@ -1768,6 +1844,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:111:19 mul
   // vit.mesh:111:59 mul
   // vit.mesh:111:19 add
+  MESHRT_TRACE("loop", "vit.mesh:111:19", "backward");
   support::View v119 = arena_.view(74368, 20);
   support::View v120 = arena_.view(74624, 2);
   support::View v121 = arena_.view(74240, 20);
@@ -1795,6 +1872,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
+  MESHRT_TRACE("sum", "vit.mesh:100:48", "backward");
   support::View v138 = arena_.view(379008, 10);
   static const support::Shape shape2_1 = {10};
   static const support::Shape shape2_3 = {1};
@@ -1804,6 +1882,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
@@ -1812,6 +1891,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   einsumPlan3.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
+  MESHRT_TRACE("gemm", "vit.mesh:100:10", "backward");
   support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
@@ -1820,6 +1900,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   einsumPlan4.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
+  MESHRT_TRACE("loop", "vit.mesh:99:13", "backward");
   support::View v141 = arena_.view(74752, 128);
   {
     float *__restrict v141p = v141.data();
@@ -1832,6 +1913,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:99:17 pad
+  MESHRT_TRACE("pad", "vit.mesh:99:17", "backward");
   support::View v142 = arena_.slot(299520, 2176);
   static const support::Shape shape6_2 = {2, 64};
   static const support::Shape shape6_3 = {1088, 1};
@@ -1840,6 +1922,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
+  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   support::View v143 = arena_.view(378496, 64);
   static const support::Shape shape7_1 = {64};
   static const support::Shape shape7_3 = {1};
@@ -1849,6 +1932,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v113 = arena_.view(290816, 2176);
   support::View v145 = arena_.view(308224, 2176);
   {
@@ -1864,6 +1948,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
+  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   support::View v146 = arena_.view(378752, 64);
   static const support::Shape shape9_1 = {64};
   static const support::Shape shape9_3 = {1};
@@ -1873,6 +1958,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v110 = arena_.view(273408, 2176);
   support::View v147 = arena_.view(74240, 34);
   static const support::Shape shape10_1 = {2, 17};
@@ -1884,6 +1970,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v149 = arena_.view(308224, 2176);
   {
     float *__restrict v149p = v149.data();
@@ -1901,6 +1988,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v150 = arena_.view(74240, 34);
   static const support::Shape shape12_1 = {2, 17};
   static const support::Shape shape12_3 = {1088, 64};
@@ -1911,6 +1999,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v153 = arena_.view(74432, 34);
   {
     float *__restrict v153p = v153.data();
@@ -1926,6 +2015,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v144 = arena_.view(273408, 2176);
   support::View v154 = arena_.view(308224, 2176);
@@ -1949,6 +2039,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v155 = arena_.view(74240, 34);
   static const support::Shape shape15_1 = {2, 17};
   static const support::Shape shape15_3 = {1088, 64};
@@ -1958,6 +2049,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   support::View v157 = arena_.view(74624, 34);
   static const support::Shape shape16_1 = {2, 17};
   static const support::Shape shape16_3 = {1088, 64};
@@ -1972,6 +2064,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
   support::View v107 = arena_.view(282112, 2176);
   support::View v160 = arena_.view(299520, 2176);
@@ -2011,6 +2104,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:81:48");
   support::View v165 = arena_.view(273408, 2176);
   support::View v104 = arena_.view(49152, 4096);
   support::View v166 = arena_.view(282112, 2176);
@@ -2104,6 +2198,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 add
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v63 = arena_.view(177664, 2176);
   support::View v258 = arena_.view(203776, 2176);
@@ -2146,6 +2241,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:81:48");
   support::View v263 = arena_.view(32768, 2176);
   support::View v60 = arena_.view(16384, 4096);
   support::View v264 = arena_.view(177664, 2176);
@@ -2238,6 +2334,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:93:40 transpose
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   support::View v351 = arena_.view(99328, 2176);
   {
     float *__restrict v351p = v351.data();
@@ -2269,6 +2366,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
   }
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
+  MESHRT_TRACE("sum", "vit.mesh:94:40", "backward");
   support::View v352 = arena_.view(94208, 1088);
   static const support::Shape shape22_1 = {17, 64};
   static const support::Shape shape22_3 = {128, 2};
@@ -2278,6 +2376,7 @@ void TrainVit::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
+  MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
   support::View v353 = arena_.slot(8192, 128);
   static const support::Shape shape23_2 = {64, 2};
   static const support::Shape shape23_3 = {2, 1};
@@ -2288,8 +2387,10 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:93:40 slice
+  MESHRT_TRACE("slice", "vit.mesh:93:40", "backward");
   support::View v351 = arena_.view(99328, 2176);
   support::View v354 = arena_.slot(0, 2048);
   static const support::Shape shape0_2 = {2, 64};
@@ -2299,6 +2400,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
+  MESHRT_TRACE("loop", "vit.mesh:92:34", "backward");
   support::View v353 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
   support::View v355 = arena_.view(8704, 128);
@@ -2317,6 +2419,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
+  MESHRT_TRACE("sum", "vit.mesh:92:34", "backward");
   support::View v356 = arena_.view(98560, 64);
   static const support::Shape shape2_1 = {1, 64};
   static const support::Shape shape2_3 = {128, 2};
@@ -2326,6 +2429,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
+  MESHRT_TRACE("sum", "vit.mesh:50:59", "backward");
   support::View v357 = arena_.view(98816, 64);
   static const support::Shape shape3_1 = {64};
   static const support::Shape shape3_3 = {1};
@@ -2335,6 +2439,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
+  MESHRT_TRACE("gemm", "vit.mesh:50:10", "backward");
   support::View v12 = arena_.view(325632, 1536);
   support::View v358 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
@@ -2344,6 +2449,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v125 = arena_.view(379072, 1);
   support::View v138 = arena_.view(379008, 10);
   support::View v140 = arena_.view(375936, 640);
@@ -2380,6 +2486,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                             v309, v312, v323, v326, v331, v333, v336, v352, v356, v357, v358});
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v383 = arena_.view(0, 64);
   {
     float *__restrict v383p = v383.data();
@@ -2392,6 +2499,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v384 = arena_.view(99072, 1);
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
@@ -2401,6 +2509,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v386 = arena_.view(0, 1088);
   {
     float *__restrict v386p = v386.data();
@@ -2413,6 +2522,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v387 = arena_.view(99136, 1);
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
@@ -2422,6 +2532,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v390 = arena_.view(0, 640);
   {
     float *__restrict v390p = v390.data();
@@ -2434,6 +2545,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v391 = arena_.view(99200, 1);
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
@@ -2443,6 +2555,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v394 = arena_.view(0, 10);
   {
     float *__restrict v394p = v394.data();
@@ -2455,6 +2568,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v395 = arena_.view(99264, 1);
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
@@ -2464,6 +2578,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v398 = arena_.view(0, 3072);
   {
     float *__restrict v398p = v398.data();
@@ -2476,6 +2591,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v399 = arena_.view(99328, 1);
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
@@ -2485,6 +2601,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 6 statements from vit.mesh:112:3 square (1 of 4)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v402 = arena_.view(0, 64);
   support::View v406 = arena_.view(0, 64);
   support::View v410 = arena_.view(0, 64);
@@ -2494,6 +2611,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   repeated4(v357, v402, v403, v309, v406, v407, v261, v410, v411);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v414 = arena_.view(0, 64);
   {
     float *__restrict v414p = v414.data();
@@ -2506,6 +2624,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v415 = arena_.view(99584, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
@@ -2515,6 +2634,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v418 = arena_.view(0, 64);
   {
     float *__restrict v418p = v418.data();
@@ -2527,6 +2647,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v419 = arena_.view(99648, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
@@ -2536,6 +2657,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from vit.mesh:112:3 square (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v422 = arena_.view(0, 2048);
   support::View v427 = arena_.view(0, 2048);
   support::View v432 = arena_.view(0, 2048);
@@ -2552,6 +2674,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
             v451, v266, v455, v456);
 
   // 12 statements from vit.mesh:112:3 square (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v476 = arena_.view(0, 2048);
   support::View v481 = arena_.view(0, 2048);
   support::View v486 = arena_.view(0, 2048);
@@ -2569,11 +2692,13 @@ void TrainVit::runPart2(const Inputs &inputs) {
 
   // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
   // 112:3; merged with 11 more partial sums over model (%429, %434, %439, ...): 48 B in one buffer)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   auto request2 = support::startAllReduce(
       group_model, {v423, v428, v433, v438, v451, v456, v477, v482, v487, v492, v505, v510},
       meshrt::ReduceOp::Sum);
 
   // 6 statements from vit.mesh:112:3 square (2 of 4)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v442 = arena_.view(0, 64);
   support::View v446 = arena_.view(0, 64);
   support::View v460 = arena_.view(0, 64);
@@ -2583,6 +2708,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   repeated4(v292, v442, v443, v289, v446, v447, v217, v460, v461);
 
   // 6 statements from vit.mesh:112:3 square (3 of 4)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v464 = arena_.view(0, 64);
   support::View v468 = arena_.view(0, 64);
   support::View v472 = arena_.view(0, 64);
@@ -2592,6 +2718,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   repeated4(v163, v464, v465, v244, v468, v469, v241, v472, v473);
 
   // 6 statements from vit.mesh:112:3 square (4 of 4)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v496 = arena_.view(0, 64);
   support::View v500 = arena_.view(0, 64);
   support::View v514 = arena_.view(0, 64);
@@ -2601,6 +2728,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   repeated4(v200, v496, v497, v197, v500, v501, v146, v514, v515);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v518 = arena_.view(0, 64);
   {
     float *__restrict v518p = v518.data();
@@ -2613,6 +2741,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   support::View v519 = arena_.view(832, 1);
   static const support::Shape shape28_1 = {};
   static const support::Shape shape28_3 = {};
@@ -2621,11 +2750,13 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::reduce(v519.data(), shape28_1, v518.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 1.0);
 
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   group_model.wait(request2);
 }
 
 void TrainVit::runPart3(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 add
   // vit.mesh:112:3 add
@@ -2661,6 +2792,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sqrt -> global_grad_norm
   // vit.mesh:112:3 maximum
   // vit.mesh:112:3 div
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   support::View v384 = arena_.view(99072, 1);
   support::View v387 = arena_.view(99136, 1);
   support::View v391 = arena_.view(99200, 1);
@@ -2818,6 +2950,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 sub
   // vit.mesh:112:3 pow
   // vit.mesh:112:3 sub
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v381 = arena_.view(0, 1);
   support::View v570 = arena_.view(128, 1);
   support::View v572 = arena_.view(192, 1);
@@ -2881,6 +3014,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/class_token
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v2(param0_vit_class_token); // updated in place
   support::View v356 = arena_.view(98560, 64);
   support::View v556(param32_vit_class_token_m); // updated in place
@@ -2950,6 +3084,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/position_embedding
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v3(param1_vit_position_embedding); // updated in place
   support::View v352 = arena_.view(94208, 1088);
   support::View v584(param34_vit_position_embedding_m); // updated in place
@@ -3019,6 +3154,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/w_head
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v4(param2_vit_w_head); // updated in place
   support::View v140 = arena_.view(375936, 640);
   support::View v604(param36_vit_w_head_m); // updated in place
@@ -3088,6 +3224,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/b_head
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v5(param3_vit_b_head); // updated in place
   support::View v138 = arena_.view(379008, 10);
   support::View v624(param38_vit_b_head_m); // updated in place
@@ -3157,6 +3294,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   support::View v6(param4_vit_embed_patches_w_patch); // updated in place
   support::View v358 = arena_.view(81920, 3072);
   support::View v644(param40_vit_embed_patches_w_patch_m); // updated in place
@@ -3210,6 +3348,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   }
 
   // 1 statements from vit.mesh:112:3 mul (1 of 3)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v357 = arena_.view(98816, 64);
   support::View v664(param42_vit_embed_patches_b_patch_m); // updated in place
@@ -3217,6 +3356,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   repeated3(v7, v357, v523, v664, v665, v570, v572, v381);
 
   // 1 statements from vit.mesh:112:3 mul (2 of 3)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v309 = arena_.view(169472, 64);
   support::View v684(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
@@ -3224,6 +3364,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   repeated3(v23, v309, v523, v684, v685, v570, v572, v381);
 
   // 1 statements from vit.mesh:112:3 mul (3 of 3)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v261 = arena_.view(186368, 64);
   support::View v704(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
@@ -3231,6 +3372,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
   repeated3(v24, v261, v523, v704, v705, v570, v572, v381);
 
   // 12 statements from vit.mesh:112:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v336 = arena_.view(116480, 64);
   support::View v724(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
@@ -3285,6 +3427,7 @@ void TrainVit::runPart3(const Inputs &inputs) {
             v217, v924, v925, v68, v163, v944, v945);
 
   // 12 statements from vit.mesh:112:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
   support::View v244 = arena_.view(238336, 64);
   support::View v964(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
@@ -3353,6 +3496,7 @@ void TrainVit::repeated0(
     support::View a40, support::ConstView a41, support::View a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47,
     support::View a48, support::ConstView a49, support::View a50, support::View a51) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -3371,6 +3515,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -3436,6 +3581,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a10p = a10.data();
     float *__restrict a11p = a11.data();
@@ -3501,6 +3647,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -3566,6 +3713,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a18p = a18.data();
     float *__restrict a19p = a19.data();
@@ -3631,6 +3779,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
@@ -3696,6 +3845,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -3761,6 +3911,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
@@ -3826,6 +3977,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -3891,6 +4043,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -3956,6 +4109,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a42p = a42.data();
     float *__restrict a43p = a43.data();
@@ -4021,6 +4175,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -4086,6 +4241,7 @@ void TrainVit::repeated0(
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a50p = a50.data();
     float *__restrict a51p = a51.data();
@@ -4157,8 +4313,10 @@ void TrainVit::repeated1(
     support::ConstView a72, support::View a73, support::View a74, support::View a75,
     support::ConstView a76, support::View a77, support::View a78, support::View a79,
     support::View a80, const char *t0, const char *t1) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  MESHRT_TRACE("sum", "vit.mesh:81:48", "backward");
   static const support::Shape shape0_1 = {64};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 17};
@@ -4168,6 +4326,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
+  MESHRT_TRACE("loop", "vit.mesh:81:14", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -4184,6 +4343,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   support::einsum2Double(a5.data(), a3.data(), a4.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4200,9 +4360,11 @@ void TrainVit::repeated1(
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
   support::roundBufferBF16(a5);
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:72:15", "backward");
   support::einsum2Double(a7.data(), a3.data(), a6.data(),
                          {.batch = {},
                           .m = {64},
@@ -4219,9 +4381,11 @@ void TrainVit::repeated1(
                           .outN = {64}});
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:72:15", "backward");
   support::roundBufferBF16(a7);
 
   // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
+  MESHRT_TRACE("loop", "vit.mesh:72:25", "backward");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
@@ -4249,6 +4413,7 @@ void TrainVit::repeated1(
   // vit.mesh:71:11 mul
   // vit.mesh:71:11 add
   // vit.mesh:71:11 mul
+  MESHRT_TRACE("loop", "vit.mesh:71:11", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -4300,6 +4465,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   support::einsum2Double(a12.data(), a10.data(), a11.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4316,9 +4482,11 @@ void TrainVit::repeated1(
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
   support::roundBufferBF16(a12);
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:71:16", "backward");
   support::einsum2Double(a14.data(), a10.data(), a13.data(),
                          {.batch = {},
                           .m = {64},
@@ -4335,9 +4503,11 @@ void TrainVit::repeated1(
                           .outN = {64}});
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:71:16", "backward");
   support::roundBufferBF16(a14);
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
+  MESHRT_TRACE("loop", "vit.mesh:71:38", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -4349,6 +4519,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:71:23 cast
+  MESHRT_TRACE("loop", "vit.mesh:71:23", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a12p = a12.data();
@@ -4360,9 +4531,11 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
+  MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   static const support::Shape shape15_1 = {64};
   static const support::Shape shape15_3 = {1};
   static const support::Shape shape15_4 = {2, 17};
@@ -4371,6 +4544,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a16p = a16.data();
@@ -4384,6 +4558,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   static const support::Shape shape17_1 = {64};
   static const support::Shape shape17_3 = {1};
   static const support::Shape shape17_4 = {2, 17};
@@ -4392,6 +4567,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape18_1 = {2, 17};
   static const support::Shape shape18_3 = {1088, 64};
   static const support::Shape shape18_4 = {64};
@@ -4401,6 +4577,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -4417,6 +4594,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape20_1 = {2, 17};
   static const support::Shape shape20_3 = {1088, 64};
   static const support::Shape shape20_4 = {64};
@@ -4426,6 +4604,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -4440,6 +4619,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -4460,6 +4640,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape23_1 = {2, 17};
   static const support::Shape shape23_3 = {1088, 64};
   static const support::Shape shape23_4 = {64};
@@ -4468,6 +4649,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape24_1 = {2, 17};
   static const support::Shape shape24_3 = {1088, 64};
   static const support::Shape shape24_4 = {64};
@@ -4482,6 +4664,7 @@ void TrainVit::repeated1(
   // vit.mesh:36:10 add
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -4519,6 +4702,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
+  MESHRT_TRACE("sum", "vit.mesh:80:55", "backward");
   static const support::Shape shape26_1 = {64};
   static const support::Shape shape26_3 = {1};
   static const support::Shape shape26_4 = {2, 17};
@@ -4527,6 +4711,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
+  MESHRT_TRACE("loop", "vit.mesh:80:15", "backward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -4542,30 +4727,35 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:63:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
+  MESHRT_TRACE("gemm", "vit.mesh:63:10", "backward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
   einsumPlan29.run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan30.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:17", "backward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
   einsumPlan31.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
+  MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
   {
     float *__restrict a47p = a47.data();
     const float *__restrict a44p = a44.data();
@@ -4579,6 +4769,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:62:17 sum
+  MESHRT_TRACE("sum", "vit.mesh:62:17", "backward");
   static const support::Shape shape33_1 = {2, 2, 17};
   static const support::Shape shape33_3 = {578, 289, 17};
   static const support::Shape shape33_4 = {17};
@@ -4589,6 +4780,7 @@ void TrainVit::repeated1(
   // vit.mesh:62:17 sub
   // vit.mesh:62:17 mul
   // vit.mesh:62:67 mul
+  MESHRT_TRACE("loop", "vit.mesh:62:17", "backward");
   {
     float *__restrict a49p = a49.data();
     const float *__restrict a44p = a44.data();
@@ -4609,42 +4801,49 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:62:25 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan35(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan35.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:62:25", "backward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan36.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan37.run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
+  MESHRT_TRACE("gemm", "vit.mesh:61:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan38.run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan39.run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
+  MESHRT_TRACE("gemm", "vit.mesh:60:11", "backward");
   // dims: batch, mem, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan40(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan40.run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan41(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -4652,6 +4851,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
+  MESHRT_TRACE("loop", "vit.mesh:60:18", "backward");
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a55p = a55.data();
@@ -4668,17 +4868,21 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
+  MESHRT_TRACE_SITE("vit.mesh:36:52");
   auto request0 = support::startAllReduce(group_model, {a64}, meshrt::ReduceOp::Sum);
 
   // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
+  MESHRT_TRACE("gemm", "vit.mesh:59:11", "backward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
+  MESHRT_TRACE("sum", "vit.mesh:36:52", "backward");
   static const support::Shape shape46_1 = {64};
   static const support::Shape shape46_3 = {1};
   static const support::Shape shape46_4 = {2, 17};
@@ -4687,6 +4891,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a64p = a64.data();
@@ -4700,6 +4905,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
+  MESHRT_TRACE("sum", "vit.mesh:36:45", "backward");
   static const support::Shape shape48_1 = {64};
   static const support::Shape shape48_3 = {1};
   static const support::Shape shape48_4 = {2, 17};
@@ -4708,6 +4914,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape49_1 = {2, 17};
   static const support::Shape shape49_3 = {1088, 64};
   static const support::Shape shape49_4 = {64};
@@ -4717,6 +4924,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 sub
   // vit.mesh:36:10 square
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a73p = a73.data();
     const float *__restrict a72p = a72.data();
@@ -4733,6 +4941,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape51_1 = {2, 17};
   static const support::Shape shape51_3 = {1088, 64};
   static const support::Shape shape51_4 = {64};
@@ -4742,6 +4951,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
+  MESHRT_TRACE("loop", "vit.mesh:36:10", "backward");
   {
     float *__restrict a75p = a75.data();
     const float *__restrict a74p = a74.data();
@@ -4756,6 +4966,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "backward");
   {
     float *__restrict a77p = a77.data();
     float *__restrict a78p = a78.data();
@@ -4776,6 +4987,7 @@ void TrainVit::repeated1(
   }
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape54_1 = {2, 17};
   static const support::Shape shape54_3 = {1088, 64};
   static const support::Shape shape54_4 = {64};
@@ -4784,6 +4996,7 @@ void TrainVit::repeated1(
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
+  MESHRT_TRACE("mean", "vit.mesh:36:10", "backward");
   static const support::Shape shape55_1 = {2, 17};
   static const support::Shape shape55_3 = {1088, 64};
   static const support::Shape shape55_4 = {64};
@@ -4805,26 +5018,32 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a30, support::View a31, support::View a32,
                          support::ConstView a33, support::ConstView a34, support::View a35,
                          const char *t0, const char *t1) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
+  MESHRT_TRACE("gemm", "vit.mesh:59:11", "forward");
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
+  MESHRT_TRACE("copy", "vit.mesh:60:18", "forward");
   support::copyValues(a3, a0);
 
   // vit.mesh:60:11 einsum -> k
+  MESHRT_TRACE("gemm", "vit.mesh:60:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:18 rename
+  MESHRT_TRACE("copy", "vit.mesh:61:18", "forward");
   support::copyValues(a6, a0);
 
   // vit.mesh:61:11 einsum -> v
+  MESHRT_TRACE("gemm", "vit.mesh:61:11", "forward");
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -4832,12 +5051,14 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
+  MESHRT_TRACE("gemm", "vit.mesh:62:25", "forward");
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a2.data(), a5.data(), a9.data(), 0.25f, 0.0f);
 
   // vit.mesh:62:17 softmax -> weights
+  MESHRT_TRACE("softmax", "vit.mesh:62:17", "forward");
   static const support::Shape shape6_2 = {2, 2, 17};
   static const support::Shape shape6_3 = {578, 289, 17};
   static const support::Shape shape6_4 = {578, 289, 17};
@@ -4848,18 +5069,21 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:17", "forward");
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan7.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:63:10", "forward");
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan8.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:15 dropout
+  MESHRT_TRACE("loop", "vit.mesh:80:15", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -4875,10 +5099,12 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:80:55 all_reduce_sum (resolve the partial sum of %45 over model for mul at 80:55)
+  MESHRT_TRACE_SITE("vit.mesh:80:55");
   group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:55 mul
   // vit.mesh:80:13 add -> h
+  MESHRT_TRACE("loop", "vit.mesh:80:55", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a14p = a14.data();
@@ -4897,6 +5123,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape12_2 = {2, 17};
   static const support::Shape shape12_3 = {1088, 64};
   static const support::Shape shape12_4 = {1088, 64};
@@ -4909,6 +5136,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
   // vit.mesh:71:23 cast
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a18p = a18.data();
@@ -4928,6 +5156,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:38 cast
+  MESHRT_TRACE("loop", "vit.mesh:71:38", "forward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -4939,6 +5168,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:71:16", "forward");
   support::einsum2Double(a24.data(), a21.data(), a23.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4955,9 +5185,11 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:71:16 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:71:16", "forward");
   support::roundBufferBF16(a24);
 
   // vit.mesh:71:11 gelu -> h
+  MESHRT_TRACE("loop", "vit.mesh:71:11", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -4969,6 +5201,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:25 cast
+  MESHRT_TRACE("loop", "vit.mesh:72:25", "forward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -4980,6 +5213,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("gemm", "vit.mesh:72:15", "forward");
   support::einsum2Double(a28.data(), a25.data(), a27.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -4996,10 +5230,12 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
                           .outN = {1}});
 
   // vit.mesh:72:15 einsum
+  MESHRT_TRACE("einsum", "vit.mesh:72:15", "forward");
   support::roundBufferBF16(a28);
 
   // vit.mesh:72:10 cast
   // vit.mesh:81:14 dropout
+  MESHRT_TRACE("loop", "vit.mesh:72:10", "forward");
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
@@ -5016,10 +5252,12 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:81:48 all_reduce_sum (resolve the partial sum of %62 over model for mul at 81:48)
+  MESHRT_TRACE_SITE("vit.mesh:81:48");
   group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:48 mul
   // vit.mesh:81:12 add -> x
+  MESHRT_TRACE("loop", "vit.mesh:81:48", "forward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a29p = a29.data();
@@ -5038,6 +5276,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   static const support::Shape shape24_2 = {2, 17};
   static const support::Shape shape24_3 = {1088, 64};
   static const support::Shape shape24_4 = {1088, 64};
@@ -5049,6 +5288,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
+  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a32p = a32.data();
@@ -5070,6 +5310,7 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
 void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::View a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -5088,6 +5329,7 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "update");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -5140,8 +5382,10 @@ void TrainVit::repeated3(support::View a0, support::ConstView a1, support::Const
 void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -5153,6 +5397,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {64};
@@ -5161,6 +5406,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -5172,6 +5418,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {64};
@@ -5180,6 +5427,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5191,6 +5439,7 @@ void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {64};
@@ -5205,8 +5454,10 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a9, support::View a10, support::View a11,
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -5218,6 +5469,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {64, 2, 16};
@@ -5226,6 +5478,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -5237,6 +5490,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {64, 2, 16};
@@ -5245,6 +5499,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5256,6 +5511,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {64, 2, 16};
@@ -5264,6 +5520,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -5275,6 +5532,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 16, 64};
@@ -5283,6 +5541,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -5294,6 +5553,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {64, 64};
@@ -5302,6 +5562,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
+  MESHRT_TRACE("loop", "vit.mesh:112:3", "backward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -5313,6 +5574,7 @@ void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View 
   }
 
   // vit.mesh:112:3 sum
+  MESHRT_TRACE("sum", "vit.mesh:112:3", "backward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {64, 64};

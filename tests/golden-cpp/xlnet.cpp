@@ -341,6 +341,7 @@ void Predict::computeInvariants() {
 }
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "predict");
   // Arena: 79872 bytes for 348224 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
@@ -354,13 +355,16 @@ Predict::Outputs Predict::run(const Inputs &inputs) {
 
 void Predict::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:104:18 rename -> key_rank
+  MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
   support::View v1 = persistent_.view(0, 16);
   support::View v5 = arena_.copy(0, v1);
 
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
+  MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
   support::View v7 = arena_.view(77824, 256);
   {
     float *__restrict v7p = v7.data();
@@ -379,6 +383,7 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
+  MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
   support::View v9 = arena_.view(78848, 256);
   {
     float *__restrict v9p = v9.data();
@@ -396,6 +401,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:43:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v20 = persistent_.view(18752, 4096);
   support::View v22 = arena_.slot(0, 8192);
   static const support::Shape shape3_2 = {16, 16};
@@ -405,6 +411,7 @@ void Predict::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v21 = persistent_.view(35136, 4096);
   static const support::Shape shape4_2 = {16, 16};
   static const support::Shape shape4_3 = {512, 32};
@@ -413,6 +420,7 @@ void Predict::runPart0(const Inputs &inputs) {
                       int64_t(16));
 
   // xlnet.mesh:108:18 one_hot
+  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v23 = arena_.view(32768, 1024);
   static const support::Shape shape5_1 = {2, 16, 32};
@@ -422,6 +430,7 @@ void Predict::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
+  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
   const support::Buffer &v2 = param0_xlnet_embedding;
   support::View v24 = arena_.view(49152, 1024);
   // dims: batch, length, vocab, d_model
@@ -432,6 +441,7 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
   // xlnet.mesh:109:63 mul -> g
+  MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   const support::Buffer &v3 = param1_xlnet_mask_embedding;
   support::View v28 = arena_.view(53248, 1024);
   {
@@ -453,9 +463,11 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
   // 59:28)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   group_model.allReduce(v24.data(), v24.size(), meshrt::ReduceOp::Sum);
 
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   const support::Buffer &v32 = param4_xlnet_xlnet_layer_0_two_stream_attention_k;
   support::View v39 = arena_.view(69632, 512);
   const support::Buffer &v33 = param5_xlnet_xlnet_layer_0_two_stream_attention_v;
@@ -482,6 +494,7 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
+  MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v61 = arena_.view(75776, 256);
   {
     float *__restrict v61p = v61.data();
@@ -500,6 +513,7 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v63 = arena_.view(32768, 1024);
   {
     float *__restrict v63p = v63.data();
@@ -522,6 +536,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v64 = arena_.view(36864, 1024);
   static const support::Shape shape12_2 = {2, 2, 16};
   static const support::Shape shape12_3 = {512, 256, 16};
@@ -536,6 +551,7 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
+  MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v66 = arena_.view(61440, 256);
   {
     float *__restrict v66p = v66.data();
@@ -552,6 +568,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // 21 statements from xlnet.mesh:68:19 add (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
   const support::Buffer &v35 = param7_xlnet_xlnet_layer_0_two_stream_attention_o;
@@ -583,6 +600,7 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
   support::View v106 = arena_.view(49152, 1024);
@@ -604,6 +622,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v107 = arena_.view(32768, 1024);
   static const support::Shape shape16_2 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
@@ -616,6 +635,7 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v109 = arena_.view(53248, 1024);
   {
     float *__restrict v109p = v109.data();
@@ -635,6 +655,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   const support::Buffer &v113 = param19_xlnet_xlnet_layer_1_two_stream_attention_k;
   support::View v119 = arena_.view(57344, 512);
   const support::Buffer &v114 = param20_xlnet_xlnet_layer_1_two_stream_attention_v;
@@ -660,6 +681,7 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v143 = arena_.view(16384, 1024);
   {
     float *__restrict v143p = v143.data();
@@ -682,6 +704,7 @@ void Predict::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v144 = arena_.view(0, 1024);
   static const support::Shape shape20_2 = {2, 2, 16};
   static const support::Shape shape20_3 = {512, 256, 16};
@@ -693,6 +716,7 @@ void Predict::runPart0(const Inputs &inputs) {
                  shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // 21 statements from xlnet.mesh:68:19 add (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
   const support::Buffer &v116 = param22_xlnet_xlnet_layer_1_two_stream_attention_o;
@@ -724,6 +748,7 @@ void Predict::runPart0(const Inputs &inputs) {
             v167, v180, v181, v184);
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v187 = arena_.view(4096, 1024);
   static const support::Shape shape22_2 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
@@ -736,6 +761,7 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
   support::View v189 = arena_.view(0, 1024);
@@ -759,8 +785,10 @@ void Predict::runPart0(const Inputs &inputs) {
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v189 = arena_.view(0, 1024);
   const support::Buffer &v2 = param0_xlnet_embedding;
   support::View v190 = arena_.view(4096, 1024);
@@ -770,6 +798,7 @@ void Predict::runPart1(const Inputs &inputs) {
   einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add -> logits
+  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(0, 1024);
   {
@@ -798,10 +827,12 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::ConstView a24, support::View a25, support::View a26,
                         support::View a27, support::View a28, support::ConstView a29,
                         support::View a30, support::View a31, support::View a32) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
   // xlnet.mesh:72:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -823,6 +854,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:72:19 softmax -> g_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
   static const support::Shape shape1_2 = {2, 2, 16};
   static const support::Shape shape1_3 = {512, 256, 16};
   static const support::Shape shape1_4 = {512, 256, 16};
@@ -833,6 +865,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8, 32},
@@ -842,6 +875,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 2, 16, 16, 8, 32},
@@ -852,9 +886,11 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:93:23 bucketed_all_reduce_sum -> a (resolve the partial sum of a over model for add
   // at 93:23; merged with 1 more partial sum over model (b): 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:93:23");
   support::allReduceBucket(group_model, {a8, a9});
 
   // xlnet.mesh:93:23 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -868,6 +904,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -881,6 +918,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape7_2 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {512, 32};
@@ -892,6 +930,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a14p = a14.data();
@@ -910,6 +949,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -921,6 +961,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -939,6 +980,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -946,6 +988,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
+  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a21p = a21.data();
@@ -962,12 +1005,14 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:83:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan13.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -975,6 +1020,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
+  MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -991,6 +1037,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:84:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -998,10 +1045,12 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a25, a28});
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a25p = a25.data();
@@ -1021,6 +1070,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   {
     float *__restrict a31p = a31.data();
     const float *__restrict a28p = a28.data();
@@ -1039,6 +1089,7 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape20_2 = {2, 16};
   static const support::Shape shape20_3 = {512, 32};
   static const support::Shape shape20_4 = {512, 32};
@@ -1057,38 +1108,45 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
                         support::ConstView a15, support::View a16, support::View a17,
                         support::View a18, support::View a19, support::View a20,
                         support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> positions
+  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
   // dims: length, keys, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum -> h_queries
+  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 einsum -> g_queries
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
@@ -1104,12 +1162,14 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:38 add
+  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a9p = a9.data();
@@ -1125,12 +1185,14 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // xlnet.mesh:66:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a11p = a11.data();
@@ -1146,12 +1208,14 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // xlnet.mesh:67:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 add
+  MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a11p = a11.data();
@@ -1167,6 +1231,7 @@ void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // xlnet.mesh:68:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1888,6 +1953,7 @@ void XlnetTrain::computeInvariants() {
 }
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "xlnet_train");
   // Arena: 223744 bytes for 818332 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
@@ -1910,8 +1976,10 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
 
 void XlnetTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:126:14 random_uniform
+  MESHRT_TRACE("random_uniform", "xlnet.mesh:126:14", "forward");
   support::View v1 = arena_.view(0, 16);
   support::fillRandomUniform(
       v1.data(),
@@ -1921,6 +1989,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // xlnet.mesh:126:14 top_k -> rank
+  MESHRT_TRACE("top_k", "xlnet.mesh:126:14", "forward");
   support::View v2 = arena_.view(64, 16);
   static const support::Shape shape1_1 = {16};
   static const support::Shape shape1_3 = {0};
@@ -1928,6 +1997,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
+  MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
   support::View v5 = arena_.view(223616, 16);
   {
     float *__restrict v5p = v5.data();
@@ -1942,10 +2012,12 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:104:18 rename -> key_rank
+  MESHRT_TRACE("copy", "xlnet.mesh:104:18", "forward");
   support::View v9 = arena_.copy(0, v2);
 
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
+  MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
   support::View v11 = arena_.view(69632, 256);
   {
     float *__restrict v11p = v11.data();
@@ -1964,6 +2036,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
+  MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
   support::View v13 = arena_.view(77824, 256);
   {
     float *__restrict v13p = v13.data();
@@ -1981,6 +2054,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:43:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v24 = persistent_.view(18816, 4096);
   support::View v26 = arena_.slot(0, 8192);
   static const support::Shape shape6_2 = {16, 16};
@@ -1990,6 +2064,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                       int64_t(0));
 
   // xlnet.mesh:43:10 concat -> sinusoids
+  MESHRT_TRACE("concat", "xlnet.mesh:43:10", "forward");
   support::View v25 = persistent_.view(35200, 4096);
   static const support::Shape shape7_2 = {16, 16};
   static const support::Shape shape7_3 = {512, 32};
@@ -1999,6 +2074,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:108:18 one_hot
   // xlnet.mesh:129:31 one_hot
+  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v27 = arena_.view(81920, 1024);
   static const support::Shape shape8_1 = {2, 16, 32};
@@ -2008,6 +2084,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
+  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v28 = arena_.view(86016, 1024);
   // dims: batch, length, vocab, d_model
@@ -2017,6 +2094,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
+  MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
   support::View v31 = arena_.view(223232, 32);
   {
     float *__restrict v31p = v31.data();
@@ -2031,6 +2109,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:109:63 mul -> g
+  MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
   support::View v32 = arena_.view(90112, 1024);
   {
@@ -2050,6 +2129,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:132:30 mul
   // xlnet.mesh:129:20 broadcast
   // xlnet.mesh:129:29 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
   support::View v217 = arena_.view(65536, 1024);
   {
     float *__restrict v217p = v217.data();
@@ -2071,6 +2151,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:128:14 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:128:14", "backward");
   support::View v218 = arena_.view(223360, 32);
   static const support::Shape shape13_1 = {2, 16};
   static const support::Shape shape13_3 = {512, 32};
@@ -2081,9 +2162,11 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 bucketed_all_reduce_sum -> h (resolve the partial sum of h over model for
   // einsum at 59:28; merged with 1 more partial sum over model (%220): 4.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::allReduceBucket(group_model, {v28, v218});
 
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v43 = arena_.view(200704, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
@@ -2112,6 +2195,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:111:30 transpose
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
+  MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
   support::View v65 = arena_.view(221184, 256);
   {
     float *__restrict v65p = v65.data();
@@ -2130,6 +2214,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
   support::View v67 = arena_.view(69632, 1024);
   {
     float *__restrict v67p = v67.data();
@@ -2152,6 +2237,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v68 = arena_.view(73728, 1024);
   static const support::Shape shape18_2 = {2, 2, 16};
   static const support::Shape shape18_3 = {512, 256, 16};
@@ -2166,6 +2252,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
+  MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
   support::View v70 = arena_.view(222208, 256);
   {
     float *__restrict v70p = v70.data();
@@ -2182,6 +2269,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // 12 statements from xlnet.mesh:68:19 add (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
@@ -2202,6 +2290,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
+  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
   support::View v93 = arena_.view(114688, 1024);
   support::View v94 = arena_.view(118784, 1024);
@@ -2223,6 +2312,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   }
 
   // 8 statements from xlnet.mesh:83:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
@@ -2237,6 +2327,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
   support::View v110 = arena_.view(143360, 1024);
@@ -2260,8 +2351,10 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v105 = arena_.view(135168, 1024);
   support::View v111 = arena_.view(147456, 1024);
   static const support::Shape shape0_2 = {2, 16};
@@ -2275,6 +2368,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
   support::View v113 = arena_.view(151552, 1024);
@@ -2296,6 +2390,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::View v110 = arena_.view(143360, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(212992, 512);
@@ -2325,6 +2420,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:66:19 add
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
   support::View v65 = arena_.view(221184, 256);
   support::View v147 = arena_.view(172032, 1024);
   {
@@ -2348,6 +2444,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 softmax -> h_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "backward");
   support::View v148 = arena_.view(155648, 1024);
   static const support::Shape shape4_2 = {2, 2, 16};
   static const support::Shape shape4_3 = {512, 256, 16};
@@ -2359,6 +2456,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
                  shape4_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // 12 statements from xlnet.mesh:68:19 add (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v70 = arena_.view(222208, 256);
   support::View v152 = arena_.view(159744, 1024);
   support::View v153 = arena_.view(163840, 1024);
@@ -2380,6 +2478,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
+  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
   support::View v174 = arena_.view(180224, 1024);
   {
@@ -2398,6 +2497,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v175 = arena_.view(176128, 1024);
   support::View v178 = arena_.view(180224, 1024);
@@ -2412,6 +2512,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
             v188);
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v191 = arena_.view(176128, 1024);
   static const support::Shape shape8_2 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
@@ -2424,6 +2525,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
   support::View v193 = arena_.view(180224, 1024);
@@ -2445,6 +2547,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v194 = arena_.view(192512, 1024);
   // dims: batch, length, d_model, vocab
@@ -2453,6 +2556,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   einsumPlan10.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add
+  MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   support::View v8(param2_xlnet_output_bias); // updated in place
   support::View v195 = arena_.view(196608, 1024);
   {
@@ -2470,6 +2574,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:128:14 log_softmax -> logp
+  MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
   support::View v196 = arena_.view(192512, 1024);
   static const support::Shape shape12_2 = {2, 16};
   static const support::Shape shape12_3 = {512, 32};
@@ -2481,6 +2586,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
                  shape12_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
   support::View v27 = arena_.view(81920, 1024);
   support::View v198 = arena_.view(196608, 1024);
   {
@@ -2496,6 +2602,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:129:20 sum -> token_logp
+  MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
   support::View v199 = arena_.view(223488, 32);
   static const support::Shape shape14_1 = {2, 16};
   static const support::Shape shape14_3 = {512, 32};
@@ -2507,6 +2614,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:128:14 exp
   // xlnet.mesh:128:14 mul
   // xlnet.mesh:128:14 sub
+  MESHRT_TRACE("loop", "xlnet.mesh:128:14", "backward");
   support::View v218 = arena_.view(223360, 32);
   support::View v217 = arena_.view(65536, 1024);
   support::View v222 = arena_.view(196608, 1024);
@@ -2529,6 +2637,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v224 = arena_.view(65536, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
@@ -2537,10 +2646,12 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %213 over model for sum at
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::allReduceBucket(group_model, {v224, v199});
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
   support::View v5 = arena_.view(223616, 16);
   support::View v202 = arena_.view(192512, 32);
   {
@@ -2559,6 +2670,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:131:24 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
   support::View v203 = arena_.view(192640, 1);
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
@@ -2568,6 +2680,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
+  MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
   support::View v205 = arena_.view(223680, 1);
   {
     float *__restrict v205p = v205.data();
@@ -2579,6 +2692,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:132:30 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
   support::View v206 = arena_.view(192512, 32);
   {
     float *__restrict v206p = v206.data();
@@ -2595,6 +2709,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   }
 
   // xlnet.mesh:132:15 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
   support::View v207 = arena_.view(192640, 1);
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
@@ -2605,6 +2720,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
+  MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
   support::View v210 = arena_.view(223488, 1);
   {
     float *__restrict v210p = v210.data();
@@ -2619,8 +2735,10 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
 void XlnetTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
+  MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
   support::View v222 = arena_.view(196608, 1024);
   support::View v223 = arena_.view(223360, 32);
   static const support::Shape shape0_1 = {32};
@@ -2631,6 +2749,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v193 = arena_.view(180224, 1024);
   support::View v225 = arena_.view(192512, 1024);
   // dims: batch, length, vocab, d_model
@@ -2639,6 +2758,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan1.run(v222.data(), v193.data(), v225.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v224 = arena_.view(65536, 1024);
   support::View v191 = arena_.view(176128, 1024);
   support::View v229 = arena_.view(180224, 1024);
@@ -2660,6 +2780,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v246 = arena_.view(167936, 1024);
   support::View v180 = arena_.view(188416, 1024);
@@ -2673,9 +2794,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   repeated5(v245, v244, v170, v246, v180, v247, v179, v269, v270, v168, v271);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %259 over model for add at 84:22)
+  MESHRT_TRACE_SITE("xlnet.mesh:84:22");
   group_model.allReduce(v271.data(), v271.size(), meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:84:22 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v273 = arena_.view(184320, 1024);
   {
     float *__restrict v273p = v273.data();
@@ -2690,6 +2813,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(172032, 1024);
   support::View v274 = arena_.view(167936, 1024);
   // dims: batch, length, d_ff, d_model
@@ -2698,6 +2822,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan6.run(v269.data(), v167.data(), v274.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v165 = arena_.view(155648, 1024);
   support::View v277 = arena_.view(65536, 1024);
   support::View v279 = arena_.view(172032, 32);
@@ -2717,6 +2842,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
             v288, v291);
 
   // 3 statements from xlnet.mesh:74:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v125 = arena_.view(215040, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
   support::View v153 = arena_.view(163840, 1024);
@@ -2726,6 +2852,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   repeated9(v291, v125, v120, v292, v153, v293, v294);
 
   // xlnet.mesh:72:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v295 = arena_.view(155648, 1024);
   {
     float *__restrict v295p = v295.data();
@@ -2740,6 +2867,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v296 = arena_.view(172032, 64);
   static const support::Shape shape10_1 = {2, 2, 16};
   static const support::Shape shape10_3 = {512, 256, 16};
@@ -2749,6 +2877,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(222208, 256);
   support::View v301 = arena_.view(155648, 1024);
   support::View v127 = arena_.view(49152, 4096);
@@ -2766,6 +2895,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
             v308);
 
   // 3 statements from xlnet.mesh:63:19 einsum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
@@ -2775,6 +2905,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   repeated8(v307, v116, v309, v293, v118, v315, v306, v117, v318);
 
   // xlnet.mesh:59:28 add
+  MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
   support::View v319 = arena_.view(172032, 1024);
   {
     float *__restrict v319p = v319.data();
@@ -2790,9 +2921,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %296 over model for add at
   // 63:19; merged with 1 more partial sum over model (%338): 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::allReduceBucket(group_model, {v309, v319});
 
   // xlnet.mesh:63:19 add
+  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
   support::View v311 = arena_.view(155648, 1024);
   {
     float *__restrict v311p = v311.data();
@@ -2807,6 +2940,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   }
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(151552, 1024);
   support::View v312 = arena_.view(159744, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2815,6 +2949,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan16.run(v307.data(), v113.data(), v312.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
+  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v313 = arena_.view(151552, 512);
   // dims: length, keys, heads, d_kv, d_model
@@ -2823,6 +2958,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan17.run(v303.data(), v26.data(), v313.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
+  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v110 = arena_.view(143360, 1024);
   support::View v316 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -2831,6 +2967,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan18.run(v293.data(), v110.data(), v316.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
+  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   support::View v320 = arena_.view(161792, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
@@ -2838,6 +2975,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   einsumPlan19.run(v306.data(), v110.data(), v320.data(), 1.0f, 0.0f);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v321 = arena_.view(57344, 32);
   support::View v111 = arena_.view(147456, 1024);
   support::View v323 = arena_.view(49152, 1024);
@@ -2875,6 +3013,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (2 of
   // 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v359 = arena_.view(49152, 1024);
   support::View v100 = arena_.view(126976, 1024);
@@ -2888,6 +3027,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   repeated5(v358, v337, v90, v359, v100, v360, v99, v377, v378, v88, v379);
 
   // xlnet.mesh:83:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v385 = arena_.view(122880, 1024);
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan22(
@@ -2911,6 +3051,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:83:17 mul
   // xlnet.mesh:83:17 add
   // xlnet.mesh:83:17 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(114688, 1024);
   support::View v404 = arena_.view(126976, 1024);
   {
@@ -2955,8 +3096,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
 void XlnetTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v404 = arena_.view(126976, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v407 = arena_.view(114688, 1024);
@@ -2967,10 +3110,12 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %364 over model for add at
   // 84:22; merged with 1 more partial sum over model (%408): 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:84:22");
   support::View v379 = arena_.view(49152, 1024);
   support::allReduceBucket(group_model, {v379, v407});
 
   // xlnet.mesh:84:22 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v337 = arena_.view(53248, 1024);
   support::View v381 = arena_.view(122880, 1024);
   {
@@ -2986,6 +3131,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:84:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v377 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(110592, 1024);
   support::View v382 = arena_.view(49152, 1024);
@@ -2995,6 +3141,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan3.run(v377.data(), v87.data(), v382.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
   support::View v357 = arena_.view(57344, 1024);
   support::View v383 = arena_.view(53248, 32);
   static const support::Shape shape4_1 = {32};
@@ -3005,6 +3152,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
   support::View v358 = arena_.view(131072, 32);
   support::View v384 = arena_.view(131328, 32);
   {
@@ -3020,6 +3168,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v94 = arena_.view(118784, 1024);
   support::View v386 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
@@ -3028,6 +3177,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan6.run(v357.data(), v94.data(), v386.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
   support::View v360 = arena_.view(61440, 1024);
   support::View v387 = arena_.view(110592, 1024);
   {
@@ -3043,6 +3193,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:59 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
   support::View v405 = arena_.view(53248, 32);
   static const support::Shape shape8_1 = {32};
   static const support::Shape shape8_3 = {1};
@@ -3052,6 +3203,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
+  MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v378 = arena_.view(131200, 32);
   support::View v406 = arena_.view(131072, 32);
   {
@@ -3067,6 +3219,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:22 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v409 = arena_.view(53248, 1024);
   {
     float *__restrict v409p = v409.data();
@@ -3081,6 +3234,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v84 = arena_.view(102400, 1024);
   support::View v410 = arena_.view(57344, 1024);
   // dims: batch, length, d_ff, d_model
@@ -3089,6 +3243,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan11.run(v404.data(), v84.data(), v410.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
   support::View v411 = arena_.view(102400, 1024);
   {
     float *__restrict v411p = v411.data();
@@ -3103,6 +3258,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v412 = arena_.view(61440, 32);
   support::View v85 = arena_.view(106496, 1024);
   support::View v414 = arena_.view(49152, 1024);
@@ -3139,6 +3295,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
             v442, v444, v447);
 
   // 3 statements from xlnet.mesh:74:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v45 = arena_.view(202752, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v73 = arena_.view(69632, 1024);
@@ -3148,6 +3305,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   repeated9(v428, v45, v39, v448, v73, v449, v450);
 
   // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v451 = arena_.view(65536, 1024);
   // dims: batch, length, d_model, keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
@@ -3158,6 +3316,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan15.run(einsumPlan15Operands, v451.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v68 = arena_.view(73728, 1024);
   support::View v452 = arena_.view(57344, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
@@ -3169,6 +3328,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan16.run(einsumPlan16Operands, v452.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v453 = arena_.view(114688, 512);
   {
     float *__restrict v453p = v453.data();
@@ -3183,6 +3343,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v454 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan18(
@@ -3193,6 +3354,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   einsumPlan18.run(einsumPlan18Operands, v454.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
+  MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
   support::View v455 = arena_.view(116736, 512);
   {
     float *__restrict v455p = v455.data();
@@ -3207,6 +3369,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   support::View v456 = arena_.view(53248, 1024);
   {
     float *__restrict v456p = v456.data();
@@ -3221,6 +3384,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:72:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v457 = arena_.view(57344, 64);
   static const support::Shape shape21_1 = {2, 2, 16};
   static const support::Shape shape21_3 = {512, 256, 16};
@@ -3230,6 +3394,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:69:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v461 = arena_.view(53248, 1024);
   {
     float *__restrict v461p = v461.data();
@@ -3244,6 +3409,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   }
 
   // xlnet.mesh:69:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v462 = arena_.view(122880, 64);
   static const support::Shape shape23_1 = {2, 2, 16};
   static const support::Shape shape23_3 = {512, 256, 16};
@@ -3255,8 +3421,10 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v448 = arena_.view(49152, 1024);
   support::View v457 = arena_.view(57344, 64);
   support::View v73 = arena_.view(69632, 1024);
@@ -3280,6 +3448,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:19 mul
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v451 = arena_.view(65536, 1024);
   support::View v462 = arena_.view(122880, 64);
   support::View v68 = arena_.view(73728, 1024);
@@ -3311,6 +3480,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:66:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v475 = arena_.view(122880, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
@@ -3318,6 +3488,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan2.run(v474.data(), v47.data(), v475.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(206848, 512);
   support::View v476 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
@@ -3326,6 +3497,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan3.run(v474.data(), v52.data(), v476.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
+  MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
   support::View v477 = arena_.view(65536, 4096);
   {
     float *__restrict v477p = v477.data();
@@ -3340,6 +3512,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:66:38 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v478 = arena_.view(32768, 16);
   static const support::Shape shape5_1 = {2, 8};
   static const support::Shape shape5_3 = {8, 1};
@@ -3349,6 +3522,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
   support::View v479 = arena_.view(57344, 16);
   {
     float *__restrict v479p = v479.data();
@@ -3363,6 +3537,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v480 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
@@ -3370,6 +3545,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan7.run(v474.data(), v43.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(204800, 512);
   support::View v481 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
@@ -3378,6 +3554,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan8.run(v474.data(), v50.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
+  MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
   support::View v482 = arena_.view(49152, 512);
   {
     float *__restrict v482p = v482.data();
@@ -3392,6 +3569,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v483 = arena_.view(51200, 512);
   {
     float *__restrict v483p = v483.data();
@@ -3406,6 +3584,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:65:36 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v484 = arena_.view(34816, 16);
   static const support::Shape shape11_1 = {2, 8};
   static const support::Shape shape11_3 = {8, 1};
@@ -3415,6 +3594,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
   support::View v485 = arena_.view(57408, 16);
   {
     float *__restrict v485p = v485.data();
@@ -3429,6 +3609,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:63:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v486 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
@@ -3437,6 +3618,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan13.run(v472.data(), v35.data(), v486.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::View v453 = arena_.view(114688, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
@@ -3447,10 +3629,12 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %469 over model for add at
   // 63:19; merged with 3 more partial sums over model (%491, %498, %503): 16.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   auto request0 =
       support::startAllReduce(group_model, {v486, v490, v497, v502}, meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:63:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v32 = arena_.view(90112, 1024);
   support::View v489 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -3459,6 +3643,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan16.run(v472.data(), v32.data(), v489.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(86016, 1024);
   support::View v493 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
@@ -3467,6 +3652,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan17.run(v483.data(), v28.data(), v493.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
+  MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v494 = arena_.view(51200, 512);
   {
     float *__restrict v494p = v494.data();
@@ -3481,6 +3667,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
+  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v495 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
@@ -3489,17 +3676,20 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   einsumPlan19.run(v477.data(), v26.data(), v495.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
+  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v500 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan20.run(v453.data(), v28.data(), v500.data(), 1.0f, 0.0f);
 
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request0);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
+  MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v447 = arena_.view(106496, 1024);
   support::View v504 = arena_.view(0, 1024);
   {
@@ -3521,6 +3711,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   }
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
+  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   support::View v505 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
@@ -3530,9 +3721,11 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
 void XlnetTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
   support::View v428 = arena_.view(94208, 1024);
   support::View v486 = arena_.view(32768, 1024);
   support::View v31 = arena_.view(223232, 32);
@@ -3555,6 +3748,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   }
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
+  MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
   support::View v507 = arena_.view(12288, 32);
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {1};
@@ -3564,6 +3758,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "backward");
   support::View v504 = arena_.view(0, 1024);
   support::View v27 = arena_.view(81920, 1024);
   support::View v508 = arena_.view(4096, 1024);
@@ -3573,6 +3768,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   einsumPlan2.run(v504.data(), v27.data(), v508.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
+  MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
   support::View v225 = arena_.view(192512, 1024);
   support::View v509 = arena_.view(0, 1024);
   {
@@ -3590,6 +3786,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 bucketed_all_reduce_sum -> target_probability (35 partial sums
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   support::View v205 = arena_.view(223680, 1);
   support::View v210 = arena_.view(223488, 1);
   support::View v223 = arena_.view(223360, 32);
@@ -3645,6 +3842,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub
   // xlnet.mesh:133:3 pow
   // xlnet.mesh:133:3 sub
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v526 = arena_.view(4096, 1);
   support::View v542 = arena_.view(4160, 1);
   support::View v544 = arena_.view(4224, 1);
@@ -3686,6 +3884,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
     v544p[0] = s27;
   }
 
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   group_data.wait(request1);
 
   // xlnet.mesh:133:3 mul
@@ -3704,6 +3903,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/embedding
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v6(param0_xlnet_embedding);      // updated in place
   support::View v528(param34_xlnet_embedding_v); // updated in place
   support::View v527(param33_xlnet_embedding_m); // updated in place
@@ -3769,6 +3969,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/mask_embedding
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
   support::View v557(param36_xlnet_mask_embedding_v); // updated in place
   support::View v556(param35_xlnet_mask_embedding_m); // updated in place
@@ -3834,6 +4035,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/output_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v8(param2_xlnet_output_bias);      // updated in place
   support::View v578(param38_xlnet_output_bias_v); // updated in place
   support::View v577(param37_xlnet_output_bias_m); // updated in place
@@ -3884,6 +4086,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   }
 
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q);     // updated in place
   support::View v599(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
   support::View v598(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
@@ -3942,6 +4145,7 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
             v340, v893, v892);
 
   // 15 statements from xlnet.mesh:133:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);   // updated in place
   support::View v914(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v); // updated in place
   support::View v913(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m); // updated in place
@@ -4017,6 +4221,7 @@ void XlnetTrain::repeated0(
     support::ConstView a52, support::View a53, support::View a54, support::View a55,
     support::ConstView a56, support::View a57, support::View a58, support::View a59,
     support::ConstView a60, support::View a61, support::View a62) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -4034,6 +4239,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/q
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4096,6 +4302,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/k
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -4158,6 +4365,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/v
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -4220,6 +4428,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/r
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -4282,6 +4491,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/o
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -4344,6 +4554,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -4406,6 +4617,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -4468,6 +4680,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/gain
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -4530,6 +4743,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm/bias
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -4592,6 +4806,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -4654,6 +4869,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bi
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a45p = a45.data();
     float *__restrict a46p = a46.data();
@@ -4716,6 +4932,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/wo
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -4778,6 +4995,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/dense_relu_dense/bo
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a53p = a53.data();
     float *__restrict a54p = a54.data();
@@ -4840,6 +5058,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -4902,6 +5121,7 @@ void XlnetTrain::repeated0(
   // xlnet.mesh:133:3 add
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 sub -> next/xlnet/xlnet_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   {
     float *__restrict a61p = a61.data();
     float *__restrict a62p = a62.data();
@@ -4960,8 +5180,10 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                            support::ConstView a24, support::View a25, support::View a26,
                            support::View a27, support::View a28, support::View a29,
                            support::View a30, support::View a31, support::View a32) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -4970,6 +5192,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -4983,6 +5206,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:71 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -4991,6 +5215,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -5000,6 +5225,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5016,6 +5242,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {512, 32};
   static const support::Shape shape5_4 = {32};
@@ -5025,6 +5252,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -5039,6 +5267,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -5059,6 +5288,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -5067,6 +5297,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -5078,6 +5309,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -5102,6 +5334,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:40 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:40", "backward");
   static const support::Shape shape11_1 = {32};
   static const support::Shape shape11_3 = {1};
   static const support::Shape shape11_4 = {2, 16};
@@ -5110,6 +5343,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:40 add -> grad/xlnet/xlnet_layer[0]/norm#1/bias
+  MESHRT_TRACE("loop", "xlnet.mesh:37:40", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a0p = a0.data();
@@ -5123,6 +5357,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:33 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a17p = a17.data();
@@ -5136,6 +5371,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:33 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:37:33", "backward");
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {1};
   static const support::Shape shape14_4 = {2, 16};
@@ -5144,6 +5380,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:33 add -> grad/xlnet/xlnet_layer[0]/norm#1/gain
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a4p = a4.data();
@@ -5157,6 +5394,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape16_1 = {2, 16};
   static const support::Shape shape16_3 = {512, 32};
   static const support::Shape shape16_4 = {32};
@@ -5166,6 +5404,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 square
+  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -5182,6 +5421,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape18_1 = {2, 16};
   static const support::Shape shape18_3 = {512, 32};
   static const support::Shape shape18_4 = {32};
@@ -5191,6 +5431,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:10 add
   // xlnet.mesh:37:10 rsqrt
+  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a27p = a27.data();
     const float *__restrict a26p = a26.data();
@@ -5205,6 +5446,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:10 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "backward");
   {
     float *__restrict a28p = a28.data();
     float *__restrict a29p = a29.data();
@@ -5225,6 +5467,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:10 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape21_1 = {2, 16};
   static const support::Shape shape21_3 = {512, 32};
   static const support::Shape shape21_4 = {32};
@@ -5233,6 +5476,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:10 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:10", "backward");
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
   static const support::Shape shape22_4 = {32};
@@ -5244,6 +5488,7 @@ void XlnetTrain::repeated1(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 sub
   // xlnet.mesh:37:10 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:10", "backward");
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a19p = a19.data();
@@ -5276,38 +5521,45 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
                            support::ConstView a15, support::View a16, support::View a17,
                            support::View a18, support::View a19, support::View a20,
                            support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:59:28 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> positions
+  MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "forward");
   // dims: length, keys, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{16, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum -> h_queries
+  MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a0.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 einsum -> g_queries
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "forward");
   // dims: batch, length, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:65:36", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
@@ -5323,12 +5575,14 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan6.run(a13.data(), a2.data(), a14.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:38 add
+  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a9p = a9.data();
@@ -5344,12 +5598,14 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:66:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan8.run(a16.data(), a7.data(), a17.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "forward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a11p = a11.data();
@@ -5365,12 +5621,14 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:67:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan10.run(a18.data(), a2.data(), a19.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 add
+  MESHRT_TRACE("loop", "xlnet.mesh:68:38", "forward");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a11p = a11.data();
@@ -5386,6 +5644,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:68:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "forward");
   // dims: batch, length, heads, d_kv, keys
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{1, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -5400,10 +5659,12 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
                            support::ConstView a15, support::ConstView a16, support::View a17,
                            support::View a18, support::View a19, support::ConstView a20,
                            support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
   // xlnet.mesh:68:97 mul -> g_logits
   // xlnet.mesh:72:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -5425,6 +5686,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:72:19 softmax -> g_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
   static const support::Shape shape1_2 = {2, 2, 16};
   static const support::Shape shape1_3 = {512, 256, 16};
   static const support::Shape shape1_4 = {512, 256, 16};
@@ -5435,6 +5697,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8, 32},
@@ -5444,6 +5707,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
   // dims: batch, heads, length, keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 2, 16, 16, 8, 32},
@@ -5454,9 +5718,11 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
   // together, 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
   support::allReduceBucket(group_model, {a8, a9});
 
   // xlnet.mesh:93:23 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -5470,6 +5736,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -5483,6 +5750,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape7_2 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {512, 32};
@@ -5494,6 +5762,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a14p = a14.data();
@@ -5512,6 +5781,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
@@ -5523,6 +5793,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -5541,6 +5812,7 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -5553,8 +5825,10 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                            support::View a9, support::ConstView a10, support::View a11,
                            support::View a12, support::View a13, support::View a14,
                            support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias
+  MESHRT_TRACE("sum", "xlnet.mesh:37:78", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5563,6 +5837,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:71 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a1p = a1.data();
@@ -5576,6 +5851,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:71 sum -> grad/xlnet/xlnet_layer[1]/norm#1/gain
+  MESHRT_TRACE("sum", "xlnet.mesh:37:71", "backward");
   static const support::Shape shape2_1 = {32};
   static const support::Shape shape2_3 = {1};
   static const support::Shape shape2_4 = {2, 16};
@@ -5584,6 +5860,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -5593,6 +5870,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 square
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5609,6 +5887,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape5_1 = {2, 16};
   static const support::Shape shape5_3 = {512, 32};
   static const support::Shape shape5_4 = {32};
@@ -5618,6 +5897,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:48 add
   // xlnet.mesh:37:48 rsqrt
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -5632,6 +5912,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "backward");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -5652,6 +5933,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape8_1 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {32};
@@ -5660,6 +5942,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 0.03125);
 
   // xlnet.mesh:37:48 mean
+  MESHRT_TRACE("mean", "xlnet.mesh:37:48", "backward");
   static const support::Shape shape9_1 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {32};
@@ -5671,6 +5954,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 sub
   // xlnet.mesh:37:48 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:37:48", "backward");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a2p = a2.data();
@@ -5699,8 +5983,10 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo
+  MESHRT_TRACE("sum", "xlnet.mesh:84:96", "backward");
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -5709,12 +5995,14 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:84:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:10 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wo
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "backward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5737,6 +6025,7 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
   // xlnet.mesh:84:17 mul
   // xlnet.mesh:84:17 add
   // xlnet.mesh:84:17 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:84:17", "backward");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -5777,6 +6066,7 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
   }
 
   // xlnet.mesh:84:59 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bi
+  MESHRT_TRACE("sum", "xlnet.mesh:84:59", "backward");
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {2, 16};
@@ -5785,6 +6075,7 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:84:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -5797,11 +6088,13 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
                            support::View a9, support::ConstView a10, support::View a11,
                            support::ConstView a12, support::View a13, support::View a14,
                            support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:72:19 sub
   // xlnet.mesh:72:19 mul
   // xlnet.mesh:72:27 where
   // xlnet.mesh:68:97 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -5828,18 +6121,21 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:68:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:21 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:68:21", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
   einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:68:38 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/position_bias
+  MESHRT_TRACE("sum", "xlnet.mesh:68:38", "backward");
   static const support::Shape shape3_1 = {2, 8};
   static const support::Shape shape3_3 = {8, 1};
   static const support::Shape shape3_4 = {2, 16};
@@ -5848,18 +6144,21 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:67:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a4.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:67:19", "backward");
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan5.run(a4.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:67:36 add
+  MESHRT_TRACE("loop", "xlnet.mesh:67:36", "backward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a6p = a6.data();
@@ -5873,6 +6172,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:67:36 sum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/content_bias
+  MESHRT_TRACE("sum", "xlnet.mesh:67:36", "backward");
   static const support::Shape shape7_1 = {2, 8};
   static const support::Shape shape7_3 = {8, 1};
   static const support::Shape shape7_4 = {2, 16};
@@ -5886,14 +6186,17 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9, support::ConstView a10, support::ConstView a11,
                            support::View a12, support::View a13, support::View a14) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -5901,6 +6204,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
+  MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
   {
     float *__restrict a7p = a7.data();
     float *__restrict a8p = a8.data();
@@ -5919,6 +6223,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:84:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -5926,10 +6231,12 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %92 over model for add at
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a2p = a2.data();
@@ -5949,6 +6256,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
 
   // xlnet.mesh:84:96 add -> e
   // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a9p = a9.data();
@@ -5967,6 +6275,7 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   }
 
   // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape7_2 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {512, 32};
@@ -5980,20 +6289,24 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::ConstView a7, support::View a8) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan1.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -6003,8 +6316,10 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
 void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::View a6) {
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 16, 2, 8},
@@ -6014,6 +6329,7 @@ void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support
   einsumPlan0.run(einsumPlan0Operands, a3.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 16, 8},
@@ -6023,6 +6339,7 @@ void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support
   einsumPlan1.run(einsumPlan1Operands, a5.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/o
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 16, 8},
