@@ -18,7 +18,8 @@ mesh and layout, within tolerance.py's rule on the others (the k-th resumed loss
 k updates on another mesh than U's).
 
 Usage: checkpoint_case.py --meshc M --example X.mesh --class C (--output NAME | --train) --workdir
-       DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]"""
+       DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]
+       [--cxx-flag=-fsanitize=thread]... (a flag for building the generated code, as run_case.py's)"""
 import argparse
 import os
 import shutil
@@ -49,7 +50,7 @@ def build(args, index, config):
     defines = [f'-DMESHC_CKPT_HEADER="{stem}.h"', f"-DMESHC_CKPT_CLASS={args.cls}"]
     defines += ["-DMESHC_CKPT_TRAIN"] if args.train else [f"-DMESHC_CKPT_OUTPUT={args.output}"]
     binary = base + ".ckpt.bin"
-    run([args.cxx, "-O1", "-std=c++20", "-w", "-I", workdir] + defines
+    run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", workdir] + defines
         + [flag for inc in args.include for flag in ("-I", inc)]
         + [unity, "-o", binary] + args.lib + ["-lpthread"])
     return binary
@@ -96,6 +97,8 @@ def main():
     parser.add_argument("--lib", action="append", default=[])
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if not args.train and not args.output:
         parser.error("give --output NAME (a program) or --train")

@@ -24,8 +24,9 @@ missing all-reduce halves or doubles a gradient.
 
 Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR...
        --lib LIB... --mesh REF --mesh M2 [--mesh M3...] [--layout-of-ref auto] [--steps 20]
-       [--interp-steps 3]
-Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`)."""
+       [--interp-steps 3] [--cxx-flag=-fsanitize=address]...
+Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag adds a flag to the
+build of the generated code (compile and link), as run_case.py's."""
 import argparse
 import os
 import sys
@@ -98,6 +99,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interp-steps", type=int, default=3)
     parser.add_argument("--seed", default="0")
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(args.example))[0]
@@ -117,7 +120,7 @@ def main():
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
                     f'#include "{os.path.basename(base)}.main.cpp"\n')
         binary = base + ".bin"
-        run([args.cxx, "-O1", "-std=c++20", "-w", "-I", args.workdir]
+        run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
             + [flag for inc in args.include for flag in ("-I", inc)]
             + [unity, "-o", binary] + args.lib + ["-lpthread"])
         built = time.time() - start
