@@ -594,6 +594,19 @@ TEST_CASE("bad arguments are CommErrors that name the collective and rank", "[ru
       "peer 5 is not a rank of the group");
   expectError([](Communicator& comm) { comm.allGather<float>(nullptr, nullptr, 3); },
               "input is null");
+  // A null buffer whose chunk the check would locate (UBSan: arithmetic on a null pointer).
+  expectError(
+      [](Communicator& comm) {
+        float value = 0;
+        comm.allGather<float>(&value, nullptr, 1);
+      },
+      "output is null");
+  expectError(
+      [](Communicator& comm) {
+        float value = 0;
+        comm.reduceScatter<float>(nullptr, &value, 1);
+      },
+      "input is null");
   try {
     runThreads(Mesh::parse("x=2"), [](Communicator& comm) {
       float value = 0;
