@@ -234,15 +234,18 @@ private:
     Layout layout = space_.layoutOf(choice);
     double seconds = eval_.stepSeconds(layout, cutoff);
     if (!std::isfinite(seconds)) return {};
+    // Above the cutoff the seconds are a lower bound, from a walk that may have stopped before
+    // the memory was known: the layout cannot be taken, and its excess counts as none (a lower
+    // bound too; score() evaluates it again where that matters).
+    if (seconds > cutoff) return {0, seconds, false};
     double memory = eval_.memory(layout).total();
     smallestMemory_ = std::min(smallestMemory_, memory);
     double excess = std::max(0.0, memory - budget_);
-    bool exact = seconds <= cutoff;
-    if (exact && excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
+    if (excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
       bestSeconds_ = seconds;
       best_ = std::move(layout);
     }
-    return {excess, seconds, exact};
+    return {excess, seconds, true};
   }
 
   void branch(size_t i, std::vector<int>& choice) {

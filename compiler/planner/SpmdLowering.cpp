@@ -6,6 +6,8 @@
 // touches, so the evaluator memoizes it: identical layers cost one rule evaluation.
 #include "planner/SpmdLowering.h"
 
+#include "planner/AllReduceChains.h"
+
 #include "planner/CostModel.h"
 #include "planner/MergeCollectives.h"
 #include "planner/PlanReport.h"
@@ -17,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <limits>
 #include <map>
 #include <set>
@@ -876,10 +879,16 @@ struct EvalResult {
   std::vector<LayoutProblem> problems;
   PlanSummary summary;
   MemoryEstimate memory;
-  /// The latencies of the all-reduce-sums the reshards issue: at most what merging them saves.
-  double mergeableLatency = 0;
+  /// The latencies of the all-reduce-sums the reshards issue, and what the longest chains of
+  /// dependent ones among them pay at least (AllReduceChains.h): the bucketing and the merge
+  /// together save at most the difference.
+  double mergeableLatency = 0, chainLatency = 0;
+  /// What the gradient bucketing saved (already off the summary's step time).
+  double bucketingSaved = 0;
   /// False when summary.stepSeconds is only a lower bound (the merge was not run).
   bool exact = true;
+  /// False when the walk stopped early: the bound is partial and the memory unknown.
+  bool complete = true;
 };
 
 } // namespace
@@ -887,7 +896,8 @@ struct EvalResult {
 /// The engine behind lowerToSpmd and PlanEvaluator.
 struct PlanEvaluator::Impl {
   Impl(const ir::Module& module, const ir::Function& fn, const Mesh& mesh, const Machine& machine)
-      : module_(module), fn_(fn), mesh_(mesh), machine_(machine) {
+      : module_(module), fn_(fn), mesh_(mesh), machine_(machine),
+        chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1) {
     oversubscription_ =
         std::max(1.0, static_cast<double>(mesh.numDevices()) /
                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
@@ -943,13 +953,16 @@ struct PlanEvaluator::Impl {
     prepareBound();
   }
 
-  EvalResult run(const Layout& layout, SpmdFunction* out);
+  /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
+  /// bound of the step time above `stopAbove` (the result is then that bound, not complete).
+  EvalResult run(const Layout& layout, SpmdFunction* out, double stopAbove = kInfinity);
   /// run() without an SPMD function to keep: the summary after merging all-reduces, which needs
   /// the ops (legal layouts only are lowered). A layout whose step time, less every latency the
   /// merge could save, is still above `cutoff` is not lowered: its result is that lower bound.
-  EvalResult evaluate(const Layout& layout, double cutoff);
+  EvalResult evaluate(const Layout& layout, double cutoff, bool complete);
   /// evaluate() of the last layout asked for, again only when the cutoff now needs more.
-  const EvalResult& resultFor(const Layout& layout, double cutoff);
+  /// `complete`: the memory estimate is needed too (a walk stopped early has none).
+  const EvalResult& resultFor(const Layout& layout, double cutoff, bool complete = false);
   /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
   /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
   /// after its operand's producer and replaces each bucket's members by one bucketed collective.
@@ -975,6 +988,10 @@ struct PlanEvaluator::Impl {
   /// Per IR op: a partner planned later, itself a sum (its own reduction says its axes).
   std::vector<int64_t> laterSum_;
 
+  /// The walks' scratch (run() and lowerBound() never nest): the all-reduce chains, and the
+  /// bound's operand states.
+  AllReduceChains chains_;
+  std::vector<int> boundStateOf_;
   /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
   bool describe_ = true;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
@@ -1067,16 +1084,28 @@ private:
   std::vector<int> lastUse_;
   std::vector<std::vector<ir::ValueId>> freesAt_;
   std::vector<bool> trainable_; // per value: a trainable param
-  // Precomputed terms of the lower bound: per op, its tensors (global bytes, dims) and FLOPs.
+  // Precomputed terms of the lower bound: an op's tensors (global bytes, dims), FLOPs and dims;
+  // the ops of repeated layers share one.
   struct BoundTerm {
-    uint32_t op = 0;
     bool anySplit = false;
     ir::DType dtype = ir::DType::F32;
     double einsumFlops = 0;
     std::vector<std::pair<double, std::vector<int>>> tensors;
+    std::vector<int> involved;
+    auto operator<=>(const BoundTerm&) const = default;
   };
   std::vector<BoundTerm> boundTerms_;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
+  /// What the bound knows with a set of dims assigned (one set per level of the search): the
+  /// ops it costs exactly (their dims assigned, their operands known), in order, and the
+  /// others' terms with how many ops have each.
+  struct BoundLevel {
+    std::vector<uint32_t> knownOps;
+    std::vector<bool> knownValues;
+    std::vector<std::pair<int, double>> unknownTerms;
+  };
+  std::map<std::vector<bool>, BoundLevel> boundLevels_;
+  const BoundLevel& boundLevel(const std::vector<bool>& assigned);
   std::vector<std::pair<double, std::vector<int>>> optimizerTerms_;
 
   std::vector<TensorLayout> states_;
@@ -1187,7 +1216,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   return opMemo_.emplace(key_, std::move(plan)).first->second;
 }
 
-EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
+EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
   EvalResult result;
   // The layout itself: known axes, each at most once per dim.
   for (const std::string& dim : dimNames_) {
@@ -1220,6 +1249,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   std::vector<SpmdValueId> spmdOf(numValues, 0);
   // Reshards already done: a value resharded once to a layout serves every later consumer.
   std::vector<std::vector<std::pair<int, SpmdValueId>>> resharded(numValues);
+  AllReduceChains& chains = chains_;
+  chains.reset();
   std::vector<uint64_t> gradientAxes(numValues, 0);
   std::set<std::string> notDivisibleReported;
   std::map<ir::ValueId, SpmdValueId> spmdSources; // inputs and params
@@ -1253,15 +1284,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                      uint32_t opIndex, uint32_t neededAt, SpmdValueId* spmdId) -> double {
     if (stateOf[value] == want) {
       if (spmdId && out) *spmdId = spmdOf[value];
+      chains.read(value, 0);
       return 0;
     }
+    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
+    if (!path) return -1;
+    chains.read(value, chains.groupsOf(*path));
     for (const auto& [state, id] : resharded[value])
       if (state == want) {
         if (spmdId && out) *spmdId = id;
         return 0;
       }
-    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
-    if (!path) return -1;
     forwardCommunication += path->seconds;
     for (const ReshardStep& step : path->steps)
       result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
@@ -1341,12 +1374,26 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     globalFlops += plan.globalFlops;
     idealSeconds += plan.idealSeconds;
     stateOf[op.result] = plan.resultId;
+    chains.write(op.result);
     bytesOf[op.result] = plan.resultBytes;
     if (op.kind != OpKind::Param) {
       live += static_cast<double>(plan.resultBytes);
       activationSum += static_cast<double>(plan.resultBytes);
     }
     peakLive = std::max(peakLive, live + temporary);
+    // Every term summed so far only grows (a path costs at least the latencies merging may
+    // save), so this is a lower bound of the step time; most candidates of a search pass
+    // their cutoff within the first layers.
+    if (!out && i % 16 == 0) {
+      double soFar = (modelBackward_ ? 3 : 1) * forwardCompute +
+                     (modelBackward_ ? 2 : 1) * forwardCommunication - result.mergeableLatency +
+                     chains.latencySeconds();
+      if (soFar > stopAbove) {
+        result.summary.stepSeconds = soFar;
+        result.exact = result.complete = false;
+        return result;
+      }
+    }
     for (ir::ValueId dead : freesAt_[i])
       if (fn_.ops[fn_.values[dead].definingOp].kind != OpKind::Param)
         live -= static_cast<double>(bytesOf[dead]);
@@ -1428,7 +1475,11 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     if (out) out->updates.emplace_back(update.param, id);
   }
   peakLive = std::max(peakLive, live + outputTemporary);
-  if (bucketing) forwardCommunication -= bucketGradientReductions(candidates, irOpEnd, out);
+  result.chainLatency = chains.latencySeconds();
+  if (bucketing) {
+    result.bucketingSaved = bucketGradientReductions(candidates, irOpEnd, out);
+    forwardCommunication -= result.bucketingSaved;
+  }
 
   // Parameters, and for train blocks the backward pass, gradients and optimizer.
   MemoryEstimate& memory = result.memory;
@@ -1525,12 +1576,13 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   return result;
 }
 
-EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
-  EvalResult result = run(layout, nullptr);
-  if (!result.ok) return result;
+EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bool complete) {
+  EvalResult result = run(layout, nullptr, complete ? kInfinity : cutoff);
+  if (!result.ok || !result.complete) return result;
   // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
-  // saved every latency is not worth them (most candidates of a search).
-  double bound = result.summary.stepSeconds - result.mergeableLatency;
+  // saved every latency it can is not worth them (most candidates of a search).
+  double bound = result.summary.stepSeconds + result.bucketingSaved - result.mergeableLatency +
+                 result.chainLatency;
   if (bound > cutoff) {
     result.summary.stepSeconds = bound;
     result.exact = false;
@@ -1547,11 +1599,13 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
   return result;
 }
 
-const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff) {
+const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff,
+                                                 bool complete) {
   bool reuse = lastLayout_ && *lastLayout_ == layout &&
-               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff);
+               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff) &&
+               (lastResult_.complete || !complete);
   if (!reuse) {
-    lastResult_ = evaluate(layout, cutoff);
+    lastResult_ = evaluate(layout, cutoff, complete);
     lastLayout_ = layout;
   }
   return lastResult_;
@@ -1694,41 +1748,45 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     return std::min(product, devices);
   };
   OpRules rules(fn_, mesh_, partial, machine_, oversubscription_);
-  std::vector<int> stateOf(fn_.values.size(), -1);
+  std::vector<int>& stateOf = boundStateOf_; // known values only: written before read
   std::set<std::pair<ir::ValueId, int>> resharded;
   double compute = 0, communication = 0;
-  // Per group of axes: the latency its all-reduce-sums pay at least once, merged or not.
-  std::map<std::set<std::string>, double> latencyOf;
+  // The all-reduce-sums' latencies: what the longest chains of dependent ones pay at least.
+  AllReduceChains& chains = chains_;
+  chains.reset();
   auto reshardCost = [&](ir::ValueId value, int want) {
-    if (stateOf[value] == want || !resharded.emplace(value, want).second) return 0.0;
+    if (stateOf[value] == want) {
+      chains.read(value, 0);
+      return 0.0;
+    }
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return kInfinity;
+    chains.read(value, chains.groupsOf(*path));
+    if (!resharded.emplace(value, want).second) return 0.0;
     double seconds = path->seconds;
     for (const ReshardStep& step : path->steps)
-      if (double latency = mergeableLatencySeconds(machine_, mesh_, step.collective)) {
-        seconds -= latency;
-        latencyOf[{step.collective.axes.begin(), step.collective.axes.end()}] = latency;
-      }
+      seconds -= mergeableLatencySeconds(machine_, mesh_, step.collective);
     return seconds;
   };
-  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
-    const ir::Op& op = fn_.ops[i];
-    bool known =
-        std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
-        std::all_of(op.operands.begin(), op.operands.end(),
-                    [&](ir::ValueId v) { return stateOf[v] >= 0; }) &&
-        (partner_[i] < 0 || stateOf[partner_[i]] >= 0); // a later sum's dims: involved_
-    if (!known) {
-      if (boundTermOf_[i] >= 0) {
-        const BoundTerm& term = boundTerms_[boundTermOf_[i]];
-        double bytes = 0;
-        for (const auto& [globalBytes, dims] : term.tensors)
-          bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
-        double flops = term.einsumFlops / splitOf(involved_[i]);
-        compute += computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
-      }
-      continue;
+  double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
+  const BoundLevel& level = boundLevel(assigned);
+  for (const auto& [termIndex, count] : level.unknownTerms) {
+    const BoundTerm& term = boundTerms_[termIndex];
+    double bytes = 0;
+    for (const auto& [globalBytes, dims] : term.tensors)
+      bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
+    double flops = term.einsumFlops / splitOf(term.involved);
+    compute += count * computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
+  }
+  for (size_t n = 0; n < level.knownOps.size(); ++n) {
+    // Every term only grows: past the cutoff, the sum so far is bound enough.
+    if (n % 16 == 0) {
+      double soFar =
+          passes * compute + communicationPasses * communication + chains.latencySeconds();
+      if (soFar > cutoff) return soFar;
     }
+    uint32_t i = level.knownOps[n];
+    const ir::Op& op = fn_.ops[i];
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     if (!plan.divisible) return kInfinity; // every completion has this split
     for (size_t k = 0; k < op.operands.size(); ++k)
@@ -1736,18 +1794,17 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     compute += plan.computeSeconds;
     communication += plan.postSeconds;
     stateOf[op.result] = plan.resultId;
+    chains.write(op.result);
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
-    if (stateOf[output.value] < 0 ||
+    if (!level.knownValues[output.value] ||
         !std::all_of(type.dims.begin(), type.dims.end(),
                      [&](const ir::Dim& dim) { return assigned[dimIndex_.at(dim.name)]; }))
       continue;
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
-  double bound = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication;
-  for (const auto& [axes, latency] : latencyOf)
-    bound += latency;
+  double bound = passes * compute + communicationPasses * communication + chains.latencySeconds();
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
@@ -1818,6 +1875,33 @@ void PlanEvaluator::Impl::findPartners() {
   }
 }
 
+const PlanEvaluator::Impl::BoundLevel&
+PlanEvaluator::Impl::boundLevel(const std::vector<bool>& assigned) {
+  auto [it, inserted] = boundLevels_.try_emplace(assigned);
+  BoundLevel& level = it->second;
+  if (!inserted) return level;
+  // An op is known when its dims are assigned and its operands (and a sum's partner) are; the
+  // whole cone of a known op is then known too.
+  level.knownValues.assign(fn_.values.size(), false);
+  std::map<int, double> counts;
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    bool known =
+        std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
+        std::all_of(op.operands.begin(), op.operands.end(),
+                    [&](ir::ValueId v) { return level.knownValues[v]; }) &&
+        (partner_[i] < 0 || level.knownValues[partner_[i]]); // a later sum's dims: involved_
+    if (known) {
+      level.knownOps.push_back(i);
+      level.knownValues[op.result] = true;
+    } else if (boundTermOf_[i] >= 0) {
+      ++counts[boundTermOf_[i]];
+    }
+  }
+  level.unknownTerms.assign(counts.begin(), counts.end());
+  return level;
+}
+
 void PlanEvaluator::Impl::prepareBound() {
   auto dimsOf = [&](const ir::TensorType& type) {
     std::vector<int> dims;
@@ -1829,6 +1913,7 @@ void PlanEvaluator::Impl::prepareBound() {
     return static_cast<double>(type.numElements() * dtypeBytes(type.dtype));
   };
   boundTermOf_.assign(fn_.ops.size(), -1);
+  std::map<BoundTerm, int> termIndex;
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     if (op.kind == OpKind::Input || op.kind == OpKind::Param || op.kind == OpKind::Literal ||
@@ -1837,7 +1922,7 @@ void PlanEvaluator::Impl::prepareBound() {
         (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
       continue; // free in the engine too
     BoundTerm term;
-    term.op = i;
+    term.involved = involved_[i];
     // A reshape may carry a split from one dim to another: bound its tensors by the devices.
     term.anySplit = op.kind == OpKind::Reshape;
     const ir::TensorType& resultType = fn_.typeOf(op.result);
@@ -1853,8 +1938,9 @@ void PlanEvaluator::Impl::prepareBound() {
       term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
     }
     // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
-    boundTermOf_[i] = static_cast<int>(boundTerms_.size());
-    boundTerms_.push_back(std::move(term));
+    auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
+    if (inserted) boundTerms_.push_back(std::move(term));
+    boundTermOf_[i] = it->second;
   }
   if (modelBackward_) {
     OptimizerModel optimizer = optimizerModel(fn_);
@@ -1932,7 +2018,7 @@ double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff) {
 
 MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
   // The merge changes no memory: the cheapest evaluation of the layout serves.
-  const EvalResult& result = impl_->resultFor(layout, -kInfinity);
+  const EvalResult& result = impl_->resultFor(layout, -kInfinity, /*complete=*/true);
   if (!result.ok) {
     MemoryEstimate infinite;
     infinite.paramBytes = kInfinity;
