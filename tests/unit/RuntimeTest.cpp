@@ -788,7 +788,9 @@ TEST_CASE("a bucket all-reduce overlaps other groups' work and more than a ring 
     int32_t steps = me;
     for (int step = 0; step < 20; ++step)
       model.allReduce(&steps, 1, ReduceOp::Max);
-    CHECK_NOTHROW(request.test()); // progress, complete or not
+    // Progress, complete or not. Not a Catch assertion: Catch is not thread-safe (TSan found two
+    // ranks writing its state); a throw fails the test through runThreads.
+    request.test();
     data.wait(request);
     log.expectEqual(me, std::vector<int32_t>{steps}, std::vector<int32_t>{7 - 4 * (me < 4)},
                     "model max");
