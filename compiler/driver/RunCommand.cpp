@@ -375,6 +375,8 @@ int runCommand(const char* argv0) {
   // Generated code never reads errno: without it the compiler vectorizes sqrt in fused loops.
   build.insert(build.end(), {"-std=c++20", "-w", "-I", workDir, "-I", mainDir});
   if (!onGpus) build.push_back("-fno-math-errno");
+  if (!onGpus)
+    build.insert(build.end(), toolchain.sanitizeFlags.begin(), toolchain.sanitizeFlags.end());
   std::vector<std::string> libraries = toolchain.libraries;
   if (onGpus) {
     // The flags docs/cuda.md gives: device lambdas, constexpr on the device, no FMA contraction

@@ -33,6 +33,7 @@ Toolchain findToolchain(const char* argv0) {
   Toolchain toolchain;
   toolchain.meshc = llvm::sys::fs::getMainExecutable(argv0, &anchor);
   toolchain.cxx = llvm::sys::Process::GetEnv("MESHC_CXX").getValueOr(MESHC_CXX_COMPILER);
+  toolchain.sanitizeFlags = splitList(MESHC_SANITIZE_FLAGS);
   toolchain.clangResourceDir = MESHC_CLANG_RESOURCE_DIR;
   llvm::StringRef prefix =
       llvm::sys::path::parent_path(llvm::sys::path::parent_path(toolchain.meshc));

@@ -22,6 +22,9 @@ struct CudaToolchain {
 struct Toolchain {
   std::string meshc; // this executable
   std::string cxx;   // $MESHC_CXX, else the compiler meshc was built with
+  // A sanitizer build's flags (cmake/MeshcSanitize.cmake): its meshrt links only into a program
+  // instrumented the same way. Empty otherwise.
+  std::vector<std::string> sanitizeFlags;
   std::vector<std::string> includeDirs;
   std::vector<std::string> libraries; // link order: kernels, runtime, OpenBLAS
   std::string clangResourceDir;

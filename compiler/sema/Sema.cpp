@@ -924,7 +924,7 @@ void ModuleLowerer::collect(const ast::Decl& decl) {
     int64_t size = std::max<int64_t>(dim.size, 1); // the parser reported sizes < 1
     if (auto given = options_.dimSizes.find(dim.name.name); given != options_.dimSizes.end())
       size = std::max<int64_t>(given->second, 1);
-    globals_.dims[dim.name.name] = {size, dim.name.loc};
+    globals_.dims[dim.name.name] = {.size = size, .loc = dim.name.loc};
     module_.dims[dim.name.name] = size;
     break;
   }

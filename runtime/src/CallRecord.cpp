@@ -68,16 +68,17 @@ std::string argumentError(const CallRecord& call, const void* in, const void* ou
                       ? "input and output overlap without being the same buffer"
                       : ""});
   case Collective::ReduceScatter: {
-    const char* myChunk = static_cast<const char*>(in) + size_t(rank) * bytes;
+    // As integers: a null buffer (reported here) admits no pointer arithmetic.
+    uintptr_t myChunk = reinterpret_cast<uintptr_t>(in) + size_t(rank) * bytes;
     return first({null(in, bytes * p, "input"), null(out, bytes, "output"),
-                  out != myChunk && overlaps(in, bytes * p, out, bytes)
+                  reinterpret_cast<uintptr_t>(out) != myChunk && overlaps(in, bytes * p, out, bytes)
                       ? "output overlaps the input other than as its chunk rank() (in place)"
                       : ""});
   }
   case Collective::AllGather: {
-    const char* myChunk = static_cast<const char*>(out) + size_t(rank) * bytes;
+    uintptr_t myChunk = reinterpret_cast<uintptr_t>(out) + size_t(rank) * bytes;
     return first({null(in, bytes, "input"), null(out, bytes * p, "output"),
-                  in != myChunk && overlaps(in, bytes, out, bytes * p)
+                  reinterpret_cast<uintptr_t>(in) != myChunk && overlaps(in, bytes, out, bytes * p)
                       ? "input overlaps the output other than as its chunk rank() (in place)"
                       : ""});
   }

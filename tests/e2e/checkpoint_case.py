@@ -28,7 +28,8 @@ prints the worst error over its tolerance on the other configurations.
 
 Usage: checkpoint_case.py --meshc M --example X.mesh --class C --function FN (--output NAME |
        --train) --workdir DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]
-       [--inject-fault FAULT [--expect-failure]]"""
+       [--inject-fault FAULT [--expect-failure]]
+       [--cxx-flag=-fsanitize=thread]... (a flag for building the generated code, as run_case.py's)"""
 import argparse
 import os
 import shutil
@@ -61,7 +62,7 @@ def build(args, index, config):
     defines = [f'-DMESHC_CKPT_HEADER="{stem}.h"', f"-DMESHC_CKPT_CLASS={args.cls}"]
     defines += ["-DMESHC_CKPT_TRAIN"] if args.train else [f"-DMESHC_CKPT_OUTPUT={args.output}"]
     binary = base + ".ckpt.bin"
-    run([args.cxx, "-O1", "-std=c++20", "-w", "-I", workdir] + defines
+    run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", workdir] + defines
         + [flag for inc in args.include for flag in ("-I", inc)]
         + [unity, "-o", binary] + args.lib + ["-lpthread"])
     return binary
@@ -115,6 +116,8 @@ def main():
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the saving config")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if not args.train and not args.output:
         parser.error("give --output NAME (a program) or --train")

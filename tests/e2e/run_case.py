@@ -10,11 +10,13 @@ Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include 
        [--backend threads|mpi] [--expect-backend threads|mpi]
        [--launcher "mpirun --oversubscribe -np 4"] [--trace FILE]
        [--expect-path-dtype NAME=DTYPE]...
+       [--cxx-flag=-fsanitize=address]...
    or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
        (meshc, meshrt, meshrt_launch and the include paths taken from the build and source trees;
        OpenBLAS as -lopenblas).
 --lib lists the libraries in link order: meshrt_launch's (and meshrt_mpi's and MPI's), then
-meshrt_kernels, meshrt, OpenBLAS.
+meshrt_kernels, meshrt, OpenBLAS. --cxx-flag adds a flag to the build of the generated code
+(compile and link): a sanitizer build's flags (tests/sanitize), which its instrumented meshrt needs.
 Exit status 0 when every output matches within tolerance."""
 import argparse
 import os
@@ -44,6 +46,8 @@ def main():
                         help="an extra meshc option for every step, e.g. --meshc-arg=--dim=batch=512")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--opt", default="-O1")
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     parser.add_argument("--print-plan", action="store_true")
     parser.add_argument("--backend", choices=["threads", "mpi"],
                         help="the generated runner's --backend (default: its own choice)")
@@ -93,7 +97,7 @@ def main():
     start = time.time()
     binary = base + ".bin"
     # The example's directory too: the headers of its user kernels (extern def) are relative to it.
-    run([args.cxx, args.opt, "-std=c++20", "-w", "-I", args.workdir, "-I",
+    run([args.cxx, args.opt, *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir, "-I",
          os.path.dirname(os.path.abspath(args.example))]
         + [flag for inc in args.include for flag in ("-I", inc)]
         + [unity, "-o", binary] + args.lib + ["-lpthread"])

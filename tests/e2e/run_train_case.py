@@ -33,8 +33,9 @@ only when the comparisons fail, and prints the worst error over its tolerance.
 
 Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR...
        --lib LIB... --mesh REF --mesh M2 [--mesh M3...] [--layout-of-ref auto] [--steps 20]
-       [--interp-steps 3] [--inject-fault FAULT [--expect-failure]]
-Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`)."""
+       [--interp-steps 3] [--inject-fault FAULT [--expect-failure]] [--cxx-flag=-fsanitize=address]...
+Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag adds a flag to the
+build of the generated code (compile and link), as run_case.py's."""
 import argparse
 import os
 import sys
@@ -124,6 +125,8 @@ def main():
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the second mesh")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if args.expect_failure and not args.inject_fault:
         parser.error("--expect-failure needs --inject-fault")
@@ -149,7 +152,7 @@ def main():
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
                     f'#include "{os.path.basename(base)}.main.cpp"\n')
         binary = base + ".bin"
-        run([args.cxx, "-O1", "-std=c++20", "-w", "-I", args.workdir]
+        run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
             + [flag for inc in args.include for flag in ("-I", inc)]
             + [unity, "-o", binary] + args.lib + ["-lpthread"])
         built = time.time() - start

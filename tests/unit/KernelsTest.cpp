@@ -1019,8 +1019,9 @@ TEST_CASE("input fills reproduce interp::synthesizeInput on every shard", "[kern
     std::vector<float> whole(size_t(R * C));
     fillInput(whole.data(), wholeTensor(Dims{R, C}), seed, "tokens", valueType);
     checkExact(whole, expected.data);
-    checkShards(R, C, whole, [&](float* out, const Shard& shard) {
-      fillInput(out, shard, seed, "tokens", valueType);
+    // Clang before 16 cannot capture a structured binding: an init-capture copies it.
+    checkShards(R, C, whole, [&, type = valueType](float* out, const Shard& shard) {
+      fillInput(out, shard, seed, "tokens", type);
     });
   }
   for (int64_t bound : {0, 50000}) {
@@ -1066,8 +1067,8 @@ TEST_CASE("param fills reproduce interp::initializeParam on every shard", "[kern
       std::vector<float> whole(size_t(R * C));
       fillParam(whole.data(), wholeTensor(Dims{R, C}), seed, info.path, c.init, valueType);
       checkExact(whole, expected.data);
-      checkShards(R, C, whole, [&](float* out, const Shard& shard) {
-        fillParam(out, shard, seed, info.path, c.init, valueType);
+      checkShards(R, C, whole, [&, type = valueType](float* out, const Shard& shard) {
+        fillParam(out, shard, seed, info.path, c.init, type);
       });
     }
   }
