@@ -1971,7 +1971,8 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
   if (sharedOf_[value] < 0 || stateId < 0) return false;
-  const TensorLayout& state = states_[stateId];
+  // A copy: interning the resolved state below may grow states_.
+  const TensorLayout state = states_[stateId];
   if (state.partialAxes.empty() || state.partialIsMax) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
