@@ -15,9 +15,7 @@
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/JSON.h>
-#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
-#include <llvm/Support/Program.h>
 #include <llvm/Support/ToolOutputFile.h>
 #include <llvm/Support/WithColor.h>
 
@@ -61,29 +59,6 @@ int fail(int code, const std::string& message) {
 
 void stage(const std::string& text) {
   llvm::errs() << "meshc calibrate: " << text << "\n";
-}
-
-/// Runs `args` with stdout into `log` and stderr into `log`.err; returns the exit status (negative:
-/// could not run, with `error`).
-int execute(const std::vector<std::string>& args, const std::string& log, std::string& error) {
-  std::vector<llvm::StringRef> argv(args.begin(), args.end());
-  std::string errors = log + ".err"; // outlives the call: the redirections are references
-  llvm::Optional<llvm::StringRef> redirects[] = {llvm::None, llvm::StringRef(log),
-                                                 llvm::StringRef(errors)};
-  // The redirections do not truncate: a longer report of an earlier run would remain.
-  llvm::sys::fs::remove(log);
-  llvm::sys::fs::remove(errors);
-  auto program = llvm::sys::findProgramByName(args.front());
-  if (!program) {
-    error = fmt::format("cannot find '{}'", args.front());
-    return -1;
-  }
-  return llvm::sys::ExecuteAndWait(*program, argv, llvm::None, redirects, 0, 0, &error);
-}
-
-std::string readFile(const std::string& path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path);
-  return buffer ? (*buffer)->getBuffer().str() : std::string();
 }
 
 /// The link's alpha and 1/beta fitted to the measured collectives (see the file comment).
@@ -168,7 +143,7 @@ int calibrateCommand(const char* argv0) {
   build.insert(build.end(), toolchain.libraries.begin(), toolchain.libraries.end());
   build.push_back("-lpthread");
   std::string error;
-  if (int rc = execute(build, base + ".build.log", error); rc != 0)
+  if (int rc = execute(build, base + ".build.log", base + ".build.log.err", error); rc != 0)
     return fail(kExitInternalError,
                 fmt::format("building the probe failed ({}); command: {}\n{}{}",
                             rc < 0 ? error : fmt::format("exit status {}", rc),
@@ -183,7 +158,7 @@ int calibrateCommand(const char* argv0) {
   if (calibrateQuick) probe.push_back("--quick");
   stage(fmt::format("measuring GEMM, bandwidth and collectives on {} ranks ({} backend)",
                     int(calibrateRanks), std::string(calibrateBackend)));
-  if (int rc = execute(probe, base + ".json", error); rc != 0)
+  if (int rc = execute(probe, base + ".json", base + ".json.err", error); rc != 0)
     return fail(kExitInternalError,
                 fmt::format("the probe failed ({}); command: {}\n{}",
                             rc < 0 ? error : fmt::format("exit status {}", rc),

@@ -32,8 +32,6 @@
 #include <map>
 #include <optional>
 
-extern char** environ;
-
 namespace meshc {
 
 namespace {
@@ -147,41 +145,6 @@ std::string pathIn(llvm::StringRef dir, llvm::StringRef name) {
   llvm::SmallString<256> path(dir);
   llvm::sys::path::append(path, name);
   return path.str().str();
-}
-
-std::string readFile(const std::string& path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path);
-  return buffer ? (*buffer)->getBuffer().str() : std::string();
-}
-
-/// Runs `args` (args[0] the program, found on PATH when not a path); stdout to `stdoutFile` and
-/// stderr to `stderrFile` when given, else inherited. Returns the exit status (-1: could not
-/// start, with `error` set).
-int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
-            const std::string& stderrFile, std::string& error,
-            const std::vector<std::string>* extraEnv = nullptr) {
-  llvm::outs().flush();
-  llvm::errs().flush();
-  llvm::ErrorOr<std::string> program = llvm::sys::findProgramByName(args[0]);
-  if (!program) {
-    error = fmt::format("'{}' not found", args[0]);
-    return -1;
-  }
-  std::vector<llvm::StringRef> argv(args.begin(), args.end());
-  llvm::Optional<llvm::StringRef> redirects[] = {
-      llvm::None, stdoutFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stdoutFile),
-      stderrFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stderrFile)};
-  std::vector<std::string> envStrings;
-  std::vector<llvm::StringRef> env;
-  if (extraEnv) {
-    for (char** e = environ; *e; ++e)
-      envStrings.push_back(*e);
-    envStrings.insert(envStrings.end(), extraEnv->begin(), extraEnv->end());
-    env.assign(envStrings.begin(), envStrings.end());
-  }
-  return llvm::sys::ExecuteAndWait(
-      *program, argv, extraEnv ? llvm::Optional<llvm::ArrayRef<llvm::StringRef>>(env) : llvm::None,
-      redirects, 0, 0, &error);
 }
 
 /// The pipeline's options from meshc run's: the program and its overrides.

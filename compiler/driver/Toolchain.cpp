@@ -5,10 +5,17 @@
 #include <llvm/ADT/SmallString.h>
 #include <llvm/ADT/StringRef.h>
 #include <llvm/Support/FileSystem.h>
+#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
 #include <llvm/Support/Process.h>
+#include <llvm/Support/Program.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <fmt/format.h>
 
 #include <unistd.h>
+
+extern char** environ;
 
 namespace meshc {
 
@@ -85,6 +92,40 @@ std::vector<std::string> mpirunCommand(int ranks) {
   std::vector<std::string> command = {"mpirun", "--oversubscribe", "-np", std::to_string(ranks)};
   if (::geteuid() == 0) command.insert(command.begin() + 1, "--allow-run-as-root");
   return command;
+}
+
+std::string readFile(const std::string& path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  return buffer ? (*buffer)->getBuffer().str() : std::string();
+}
+
+int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
+            const std::string& stderrFile, std::string& error,
+            const std::vector<std::string>* extraEnv) {
+  llvm::outs().flush();
+  llvm::errs().flush();
+  llvm::ErrorOr<std::string> program = llvm::sys::findProgramByName(args[0]);
+  if (!program) {
+    error = fmt::format("'{}' not found", args[0]);
+    return -1;
+  }
+  for (const std::string& file : {stdoutFile, stderrFile})
+    if (!file.empty()) llvm::sys::fs::remove(file);
+  std::vector<llvm::StringRef> argv(args.begin(), args.end());
+  llvm::Optional<llvm::StringRef> redirects[] = {
+      llvm::None, stdoutFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stdoutFile),
+      stderrFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stderrFile)};
+  std::vector<std::string> envStrings;
+  std::vector<llvm::StringRef> env;
+  if (extraEnv) {
+    for (char** e = environ; *e; ++e)
+      envStrings.push_back(*e);
+    envStrings.insert(envStrings.end(), extraEnv->begin(), extraEnv->end());
+    env.assign(envStrings.begin(), envStrings.end());
+  }
+  return llvm::sys::ExecuteAndWait(
+      *program, argv, extraEnv ? llvm::Optional<llvm::ArrayRef<llvm::StringRef>>(env) : llvm::None,
+      redirects, 0, 0, &error);
 }
 
 std::string cacheDirectory() {

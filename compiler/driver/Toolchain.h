@@ -39,6 +39,17 @@ Toolchain findToolchain(const char* argv0);
 /// --allow-run-as-root as root: OpenMPI refuses root unless told, and containers run as root).
 std::vector<std::string> mpirunCommand(int ranks);
 
+/// Runs `args` (args[0] the program, found on PATH when not a path); stdout to `stdoutFile` and
+/// stderr to `stderrFile` when given (replaced: the redirections themselves do not truncate),
+/// else inherited; `extraEnv` entries are added to this process's environment. Returns the exit
+/// status (-1: could not start, with `error` set).
+int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
+            const std::string& stderrFile, std::string& error,
+            const std::vector<std::string>* extraEnv = nullptr);
+
+/// The file's contents, or "" when it cannot be read.
+std::string readFile(const std::string& path);
+
 /// $MESHC_CACHE_DIR, else $XDG_CACHE_HOME/meshc, else ~/.cache/meshc, else <tmp>/meshc-cache.
 std::string cacheDirectory();
 
