@@ -8,6 +8,7 @@
 // all-gather a + b (p-1)/p n; weights 1/t, so that small messages count as much as large ones).
 #include "driver/Driver.h"
 #include "driver/Toolchain.h"
+#include "planner/CostModel.h"
 #include "planner/Machine.h"
 
 #include <fmt/format.h>
@@ -67,6 +68,23 @@ struct LinkFit {
   double worstRatio = 1; // the largest predicted/measured or measured/predicted
 };
 
+/// The coefficients of alpha and of 1/bandwidth in the cost model's time of one collective over
+/// `ranks` (CostModel.h's formulas, read from collectiveSeconds itself).
+std::pair<double, double> formulaCoefficients(plan::CollectiveKind kind, double bytes, int ranks) {
+  plan::Mesh mesh;
+  mesh.axes.push_back({"x", ranks});
+  plan::Machine machine;
+  machine.numDevices = machine.devicesPerNode = ranks;
+  plan::Collective collective;
+  collective.kind = kind;
+  collective.axes = {"x"};
+  collective.bytes = static_cast<int64_t>(bytes);
+  machine.intra = {"link", 1, 0}; // alpha 1, no bandwidth term
+  double alphaCoefficient = plan::collectiveSeconds(machine, mesh, collective);
+  machine.intra = {"link", 0, 1}; // no alpha, 1 byte/s
+  return {alphaCoefficient, plan::collectiveSeconds(machine, mesh, collective)};
+}
+
 LinkFit fitLink(const llvm::json::Array& collectives, int ranks) {
   // Normal equations of sum_i ((c_i a + d_i b - t_i) / t_i)^2.
   double caa = 0, cab = 0, cbb = 0, ya = 0, yb = 0;
@@ -78,8 +96,11 @@ LinkFit fitLink(const llvm::json::Array& collectives, int ranks) {
     double bytes = object->getNumber("bytes").getValueOr(0);
     double seconds = object->getNumber("seconds").getValueOr(0);
     if (seconds <= 0) continue;
-    double share = (ranks - 1.0) / ranks * bytes;
-    double c = kind == "all_reduce" ? 2 : 1, d = kind == "all_reduce" ? 2 * share : share;
+    auto [c, d] =
+        formulaCoefficients(kind == "all_reduce"       ? plan::CollectiveKind::AllReduceSum
+                            : kind == "reduce_scatter" ? plan::CollectiveKind::ReduceScatter
+                                                       : plan::CollectiveKind::AllGather,
+                            bytes, ranks);
     samples.push_back({c, d, seconds});
     double w = 1 / (seconds * seconds);
     caa += w * c * c, cab += w * c * d, cbb += w * d * d, ya += w * c * seconds,
