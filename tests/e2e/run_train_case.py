@@ -38,6 +38,7 @@ Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag a
 build of the generated code (compile and link), as run_case.py's."""
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -117,7 +118,9 @@ def main():
     parser.add_argument("--cxx", default="c++")
     parser.add_argument("--include", action="append", default=[])
     parser.add_argument("--lib", action="append", default=[])
-    parser.add_argument("--mesh", action="append", required=True)
+    parser.add_argument("--mesh", action="append", required=True,
+                        help="MESH|LAYOUT[|EXTRA]: the first is the reference; EXTRA are meshc "
+                             "options for code generation only, space-separated")
     parser.add_argument("--function", required=True, help="the train block")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interp-steps", type=int, default=3)
@@ -137,16 +140,20 @@ def main():
 
     runs = []  # (mesh, binary, overrides, losses, dump)
     for index, spec in enumerate(args.mesh):
-        mesh, layout = spec.split("|")
+        # MESH|LAYOUT[|EXTRA]: EXTRA, space-separated meshc options for code generation only
+        # (e.g. `--microbatches=batch:4`); the interpreter oracle runs without them.
+        mesh, layout, *extra = spec.split("|")
+        extra = extra[0].split() if extra else []
         overrides = ["--mesh", mesh, "--function", args.function]
         if layout != "own":
             overrides += ["--layout", layout]
-        tag = mesh.replace("=", "").replace(",", "_")
+        tag = mesh.replace("=", "").replace(",", "_") + "".join(
+            "_" + re.sub(r"[^A-Za-z0-9]+", "", option) for option in extra)
         base = os.path.join(args.workdir, f"{stem}-{tag}")
         start = time.time()
         fault = [f"--inject-fault={args.inject_fault}"] if args.inject_fault and index == 1 else []
         print(run([args.meshc, args.example, "--emit=cpp", "--cpp-runner", "-o", base] + overrides
-                  + fault, with_stderr=True), end="")
+                  + extra + fault, with_stderr=True), end="")
         unity = base + ".unity.cpp"
         with open(unity, "w") as f:
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
@@ -163,7 +170,7 @@ def main():
         losses = series.get("loss", [float("nan")])
         print(f"[{mesh}] ({layout} layout) built in {built:.1f} s, {args.steps} steps in "
               f"{time.time() - start:.2f} s: loss {losses[0]:.6g} -> {losses[-1]:.6g}")
-        runs.append((mesh, binary, overrides, series, dump))
+        runs.append((" ".join([mesh] + extra), binary, overrides, series, dump))
 
     ok = True
     path_dtypes = path_dtypes_of(args.meshc, args.example, runs[0][2])
