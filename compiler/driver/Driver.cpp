@@ -136,6 +136,11 @@ llvm::cl::opt<int64_t> deviceCount(
     llvm::cl::desc("Also choose the mesh: plan every way of sizing the mesh's axes to this many "
                    "devices and keep the fastest (--emit=plan, plan-json, spmd, dot)"),
     llvm::cl::value_desc("n"), llvm::cl::init(0), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> zeroStage(
+    "zero",
+    llvm::cl::desc("ZeRO sharding of train blocks over each weight's data-parallel axes: 1 "
+                   "optimizer state, 2 also gradients, 3 also params (FSDP); 0 none"),
+    llvm::cl::value_desc("stage"), llvm::cl::cat(meshcCategory));
 llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
@@ -173,6 +178,7 @@ PipelineOptions pipelineOptions() {
   options.dumpOutputsFile = dumpOutputs;
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
+  options.zero = zeroStage;
   return options;
 }
 

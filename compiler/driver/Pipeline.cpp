@@ -199,6 +199,14 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
     return std::nullopt;
   }
   options.devices = given.devices;
+  if (!given.zero.empty()) {
+    llvm::StringRef stage = llvm::StringRef(given.zero).trim();
+    if (stage.getAsInteger(10, options.zeroStage) || options.zeroStage < 0 ||
+        options.zeroStage > 3) {
+      optionError("--zero must be 0, 1, 2 or 3 (the ZeRO stage), not '" + given.zero + "'");
+      return std::nullopt;
+    }
+  }
   llvm::Expected<plan::Machine> machine = plan::loadMachine(given.machine);
   if (!machine) {
     optionError(llvm::toString(machine.takeError()));

@@ -55,6 +55,9 @@ cl::opt<std::string> runLayout("layout",
 cl::opt<std::string> runMachine("machine", cl::desc("The machine to plan for (default: cpu)"),
                                 cl::value_desc("name|file"), cl::sub(runSubcommand),
                                 cl::cat(runCategory));
+cl::opt<std::string> runZero("zero",
+                             cl::desc("ZeRO stage of train blocks: 1, 2 or 3 (see meshc --help)"),
+                             cl::value_desc("stage"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::list<std::string> runDims("dim", cl::desc("Set the size of a declared dim (repeatable)"),
                               cl::value_desc("name=size"), cl::sub(runSubcommand),
                               cl::cat(runCategory));
@@ -158,12 +161,14 @@ PipelineOptions pipelineOptions() {
   options.functions.assign(runFunctions.begin(), runFunctions.end());
   options.seed = runSeed;
   options.steps = runSteps;
+  options.zero = runZero;
   return options;
 }
 
 /// What the work directory is keyed by: the program and every option that changes its code.
 std::string workKey(const PipelineOptions& options) {
   std::vector<std::string> parts = {options.mesh, options.layout, options.machine};
+  if (!options.zero.empty()) parts.push_back("zero=" + options.zero);
   parts.insert(parts.end(), options.dims.begin(), options.dims.end());
   parts.push_back("functions");
   parts.insert(parts.end(), options.functions.begin(), options.functions.end());

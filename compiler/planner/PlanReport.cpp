@@ -282,6 +282,7 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
   os << fmt::format("  total         {} ({} of budget{})\n", bytesString(memory.total()),
                     percent(memory.total(), budget),
                     budget > 0 && memory.total() > budget ? ", OVER BUDGET" : "");
+  if (plan.zero) printZeroReport(*plan.zero, os);
 
   const PlanSummary& summary = fn.summary;
   os << fmt::format("\npredicted step{}\n",
@@ -437,6 +438,7 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
       json.attribute("budgetBytes",
                      plan.memoryBudgetBytes > 0 ? plan.memoryBudgetBytes : machine.memoryBytes);
     });
+    if (plan.zero) printZeroReportJson(*plan.zero, json);
     json.attributeObject("summary", [&] {
       json.attribute("stepSeconds", fn.summary.stepSeconds);
       json.attribute("computeSeconds", fn.summary.computeSeconds);

@@ -4,6 +4,7 @@
 
 #include "planner/LayoutSearch.h"
 #include "planner/SpmdIR.h"
+#include "planner/ZeroSharding.h"
 
 #include <llvm/Support/raw_ostream.h>
 
@@ -22,6 +23,7 @@ struct PlannedFunction {
   /// With --devices: every mesh tried and its predicted step time (+inf: no layout fits), in
   /// the order tried; the plan is for the fastest.
   std::vector<std::pair<Mesh, double>> meshCandidates;
+  std::optional<ZeroReport> zero; // train blocks planned with --zero
 };
 
 void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_ostream& os);

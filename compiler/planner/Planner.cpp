@@ -66,6 +66,27 @@ bool pinnedFits(const ir::Module& module, const Mesh& mesh, const Layout& pinned
   return true;
 }
 
+/// Replaces `plan`'s SPMD function (lowered from `fn` under `layout`) by its ZeRO form and
+/// reports both; a function with nothing to shard (a program) keeps its plan.
+bool applyZero(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+               const Machine& machine, const Layout& layout, int stage, PlannedFunction& plan,
+               DiagEngine& diag) {
+  std::optional<ZeroRewrite> rewrite = rewriteForZero(fn, mesh, layout, stage);
+  if (!rewrite) return true;
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(module, rewrite->fn, mesh, rewrite->layout, machine, diag);
+  if (!spmd) return false;
+  restoreZeroDims(*spmd, *rewrite, layout);
+  ZeroReport& report = rewrite->report;
+  report.totalBefore = plan.spmd.memory.total();
+  report.stepBefore = plan.spmd.summary.stepSeconds;
+  report.totalAfter = spmd->memory.total();
+  report.stepAfter = spmd->summary.stepSeconds;
+  plan.spmd = std::move(*spmd);
+  plan.zero = std::move(report);
+  return true;
+}
+
 /// The searched layout of `fn` on `mesh` and its SPMD form; nullopt after reporting an error.
 std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::Function& fn,
                                             const Mesh& mesh, const Machine& machine,
@@ -92,6 +113,9 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
   std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
   if (!spmd) return std::nullopt;
   plan.spmd = std::move(*spmd);
+  if (options.zeroStage > 0 && !applyZero(module, fn, mesh, machine, layout, options.zeroStage,
+                                          plan, diag))
+    return std::nullopt;
   return plan;
 }
 

@@ -20,6 +20,8 @@ struct PlannerOptions {
   /// > 0: also choose the mesh: every way of giving the mesh's axes (or, without a mesh, two axes
   /// `x` and `y`) sizes whose product is `devices` is planned, and the fastest is kept.
   int64_t devices = 0;
+  /// 1-3: ZeRO stage of train blocks (docs/planner.md, "ZeRO"); 0: none.
+  int zeroStage = 0;
 };
 
 /// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,

@@ -27,7 +27,7 @@ from its uninterrupted one); --expect-failure succeeds only when the comparisons
 prints the worst error over its tolerance on the other configurations.
 
 Usage: checkpoint_case.py --meshc M --example X.mesh --class C --function FN (--output NAME |
-       --train) --workdir DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]
+       --train) --workdir DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT[|OPTIONS]... [--steps N]
        [--inject-fault FAULT [--expect-failure]]
        [--cxx-flag=-fsanitize=thread]... (a flag for building the generated code, as run_case.py's)"""
 import argparse
@@ -43,9 +43,11 @@ from tolerance import coarsened_paths, compare_values, path_dtypes_of, typical_s
 
 
 def overrides_of(config):
-    """meshc's options for a configuration `mesh|layout` ("own": the file's layout)."""
-    mesh, layout = config.split("|")
-    return ["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
+    """meshc's options for a configuration `mesh|layout[|extra options]` ("own": the file's
+    layout; the extra options, e.g. `--zero=3`, go to meshc as they are)."""
+    mesh, layout, *extra = config.split("|")
+    return (["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
+            + (extra[0].split() if extra else []))
 
 
 def build(args, index, config):

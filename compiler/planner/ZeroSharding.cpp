@@ -1,0 +1,496 @@
+// ZeRO sharding by a rewrite of the train step (ZeroSharding.h).
+#include "planner/ZeroSharding.h"
+
+#include "planner/PlanReport.h"
+#include "planner/Reshard.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace meshc::plan {
+
+namespace {
+
+using ir::OpKind;
+using ir::ValueId;
+
+/// A dim and its second name.
+struct ShardName {
+  std::string dim, zero;
+  bool operator==(const ShardName&) const = default;
+};
+
+ir::TensorType renamedType(ir::TensorType type, const std::string& from, const std::string& to) {
+  for (ir::Dim& dim : type.dims)
+    if (dim.name == from) dim.name = to;
+  return type;
+}
+
+void renameAttrs(std::vector<std::pair<std::string, ir::AttrValue>>& attrs, const std::string& from,
+                 const std::string& to) {
+  for (auto& [key, value] : attrs) {
+    if (auto* text = std::get_if<std::string>(&value); text && *text == from) *text = to;
+    if (auto* names = std::get_if<std::vector<std::string>>(&value))
+      std::replace(names->begin(), names->end(), from, to);
+  }
+}
+
+/// The mesh axes (of size > 1, in mesh order) that split some dim of an op reading `weight` but
+/// none of the weight's dims: its gradient is a partial sum over them.
+AxisList dataParallelAxes(const ir::Function& fn, ValueId weight, const Mesh& mesh,
+                          const Layout& layout) {
+  std::set<std::string> own, used;
+  for (const ir::Dim& dim : fn.typeOf(weight).dims)
+    own.insert(layout.of(dim.name).begin(), layout.of(dim.name).end());
+  auto addDims = [&](const ir::TensorType& type) {
+    for (const ir::Dim& dim : type.dims)
+      used.insert(layout.of(dim.name).begin(), layout.of(dim.name).end());
+  };
+  for (const ir::Op& op : fn.ops) {
+    if (std::find(op.operands.begin(), op.operands.end(), weight) == op.operands.end()) continue;
+    for (ValueId operand : op.operands)
+      addDims(fn.typeOf(operand));
+    addDims(fn.typeOf(op.result));
+  }
+  AxisList axes;
+  for (const ir::MeshAxis& axis : mesh.axes)
+    if (axis.size > 1 && used.count(axis.name) && !own.count(axis.name)) axes.push_back(axis.name);
+  return axes;
+}
+
+/// The ops of the step that the forward pass needs (the outputs and the step states' next
+/// values), as the planner's phases count them.
+std::vector<bool> forwardOps(const ir::Function& fn) {
+  std::vector<bool> forward(fn.ops.size(), false);
+  std::vector<ValueId> work;
+  for (const ir::OutputInfo& output : fn.outputs)
+    work.push_back(output.value);
+  for (const ir::ParamUpdate& update : fn.updates)
+    if (fn.params[update.param].role == ir::ParamRole::StepState) work.push_back(update.value);
+  while (!work.empty()) {
+    uint32_t index = fn.values[work.back()].definingOp;
+    work.pop_back();
+    if (forward[index]) continue;
+    forward[index] = true;
+    for (ValueId operand : fn.ops[index].operands)
+      work.push_back(operand);
+  }
+  return forward;
+}
+
+class Rewriter {
+public:
+  Rewriter(const ir::Function& fn, const Mesh& mesh, const Layout& layout, int stage)
+      : fn_(fn), mesh_(mesh), layout_(layout), stage_(stage) {}
+
+  std::optional<ZeroRewrite> run();
+
+private:
+  void chooseShards(ZeroRewrite& out);
+  void markUpdateOps();
+  ValueId rename(ValueId value, const std::string& from, const std::string& to,
+                 const ir::Location& loc);
+  /// `value` (a new id) with `name`'s dim under its second name (or restored when `toZero` is
+  /// false); `value` itself when there is nothing to rename.
+  ValueId convert(ValueId value, const ShardName* name, const ir::Location& loc);
+  ValueId gradientShard(ValueId oldGradient, const ir::Location& loc);
+  void emit(uint32_t index);
+
+  const ir::Function& fn_;
+  const Mesh& mesh_;
+  const Layout& layout_;
+  int stage_;
+  ir::Function out_;
+  std::vector<ValueId> newOf_;                // old value -> new value
+  std::map<ValueId, ShardName> shardOf_;      // new value -> the name its dim carries
+  std::map<size_t, ShardName> paramShard_;    // sharded weights and their states
+  std::map<ValueId, ShardName> gradientOf_;   // old gradient value -> its weight's name
+  std::map<ValueId, ValueId> gradientShards_; // old gradient -> new sharded copy
+  std::map<ValueId, ValueId> weightSlices_;   // new weight (stage 1, 2) -> its shard
+  std::vector<bool> updateOps_;               // the optimizer's ops of sharded weights
+  std::map<ValueId, size_t> paramOfValue_;    // old param value -> param index
+  std::set<uint32_t> renameOps_;              // indices in out_ of the crossing renames
+};
+
+void Rewriter::chooseShards(ZeroRewrite& out) {
+  std::map<std::string, size_t> weightByPath;
+  for (size_t p = 0; p < fn_.params.size(); ++p) {
+    paramOfValue_[fn_.params[p].value] = p;
+    if (fn_.params[p].role == ir::ParamRole::Weight) weightByPath[fn_.params[p].path] = p;
+  }
+  std::set<size_t> updated;
+  for (const ir::ParamUpdate& update : fn_.updates)
+    updated.insert(update.param);
+  for (size_t p = 0; p < fn_.params.size(); ++p) {
+    const ir::ParamInfo& param = fn_.params[p];
+    if (param.role != ir::ParamRole::Weight || !param.trainable || !updated.count(p)) continue;
+    ZeroWeight weight{param.path, "", {}, ""};
+    std::optional<ValueId> gradient;
+    for (ValueId v = 0; v < fn_.values.size(); ++v)
+      if (fn_.values[v].name == "grad/" + param.path && fn_.typeOf(v) == param.type) gradient = v;
+    weight.axes = dataParallelAxes(fn_, param.value, mesh_, layout_);
+    int64_t shards = splitFactor(mesh_, weight.axes);
+    if (!gradient) {
+      weight.reason = "no gradient value found";
+    } else if (weight.axes.empty()) {
+      weight.reason = "no data-parallel axis (every axis splitting its ops splits it too)";
+    } else {
+      // The largest dim no axis splits that the ZeRO axes divide; the first such on ties.
+      const ir::Dim* best = nullptr;
+      for (const ir::Dim& dim : param.type.dims)
+        if (layout_.of(dim.name).empty() && dim.size % shards == 0 &&
+            (!best || dim.size > best->size))
+          best = &dim;
+      if (!best)
+        weight.reason = fmt::format("no unsplit dim divisible by {}", shards);
+      else
+        weight.dim = best->name;
+    }
+    if (!weight.dim.empty()) {
+      ShardName name{weight.dim,
+                     fmt::format("{}@zero.{}", weight.dim, fmt::join(weight.axes, "."))};
+      AxisList axes = layout_.of(weight.dim);
+      axes.insert(axes.end(), weight.axes.begin(), weight.axes.end());
+      out.layout.axes[name.zero] = axes;
+      paramShard_[p] = name;
+      gradientOf_[*gradient] = name;
+      for (size_t s = 0; s < fn_.params.size(); ++s)
+        if (fn_.params[s].role == ir::ParamRole::OptimizerState &&
+            fn_.params[s].path.rfind(param.path + "@", 0) == 0 &&
+            fn_.params[s].type.hasDim(weight.dim))
+          paramShard_[s] = name;
+    }
+    out.report.weights.push_back(std::move(weight));
+  }
+}
+
+/// The optimizer's ops: what the updates of sharded weights and their states read, back to the
+/// gradients, the params and the forward pass (none of which it includes).
+void Rewriter::markUpdateOps() {
+  std::vector<bool> forward = forwardOps(fn_);
+  std::set<ValueId> stops;
+  for (ValueId v = 0; v < fn_.values.size(); ++v)
+    if (fn_.values[v].name.rfind("grad/", 0) == 0) stops.insert(v);
+  updateOps_.assign(fn_.ops.size(), false);
+  std::vector<ValueId> work;
+  for (const ir::ParamUpdate& update : fn_.updates)
+    if (paramShard_.count(update.param)) work.push_back(update.value);
+  while (!work.empty()) {
+    ValueId value = work.back();
+    work.pop_back();
+    uint32_t index = fn_.values[value].definingOp;
+    if (stops.count(value) || forward[index] || updateOps_[index] ||
+        fn_.ops[index].kind == OpKind::Param)
+      continue;
+    updateOps_[index] = true;
+    for (ValueId operand : fn_.ops[index].operands)
+      work.push_back(operand);
+  }
+}
+
+ValueId Rewriter::rename(ValueId value, const std::string& from, const std::string& to,
+                         const ir::Location& loc) {
+  ir::Op op;
+  op.kind = OpKind::Rename;
+  op.operands = {value};
+  op.attrs = {{"from", std::vector<std::string>{from}}, {"to", std::vector<std::string>{to}}};
+  op.loc = loc;
+  renameOps_.insert(static_cast<uint32_t>(out_.ops.size()));
+  return out_.addOp(std::move(op), renamedType(out_.typeOf(value), from, to),
+                    out_.values[value].name);
+}
+
+ValueId Rewriter::convert(ValueId value, const ShardName* name, const ir::Location& loc) {
+  auto current = shardOf_.find(value);
+  if (current != shardOf_.end()) {
+    if (name && current->second == *name) return value;
+    ShardName had = current->second;
+    value = rename(value, had.zero, had.dim, loc); // back to the weight's dim
+  }
+  if (!name || !out_.typeOf(value).hasDim(name->dim)) return value;
+  ValueId renamed = rename(value, name->dim, name->zero, loc);
+  shardOf_[renamed] = *name;
+  return renamed;
+}
+
+ValueId Rewriter::gradientShard(ValueId oldGradient, const ir::Location& loc) {
+  auto done = gradientShards_.find(oldGradient);
+  if (done != gradientShards_.end()) return done->second;
+  ValueId shard = convert(newOf_[oldGradient], &gradientOf_.at(oldGradient), loc);
+  gradientShards_[oldGradient] = shard;
+  return shard;
+}
+
+void Rewriter::emit(uint32_t index) {
+  ir::Op op = fn_.ops[index];
+  const ValueId oldResult = op.result;
+  const ir::TensorType& oldType = fn_.typeOf(op.result);
+  const std::string& valueName = fn_.values[op.result].name;
+  if (op.kind == OpKind::Param) {
+    size_t p = paramOfValue_.at(op.result);
+    auto shard = paramShard_.find(p);
+    bool sharded = shard != paramShard_.end() &&
+                   (fn_.params[p].role == ir::ParamRole::OptimizerState || stage_ == 3);
+    ir::TensorType type =
+        sharded ? renamedType(oldType, shard->second.dim, shard->second.zero) : oldType;
+    newOf_[op.result] = out_.addOp(std::move(op), type, valueName);
+    if (sharded) {
+      shardOf_[newOf_[oldResult]] = shard->second;
+      out_.params[p].type = type;
+    }
+    return;
+  }
+  std::vector<ValueId> operands;
+  const ShardName* target = nullptr;
+  for (ValueId old : op.operands) {
+    ValueId value = newOf_[old];
+    if (updateOps_[index]) {
+      if (gradientOf_.count(old)) value = gradientShard(old, op.loc);
+      auto param = paramOfValue_.find(old);
+      if (stage_ < 3 && param != paramOfValue_.end() && paramShard_.count(param->second) &&
+          fn_.params[param->second].role == ir::ParamRole::Weight) {
+        auto slice = weightSlices_.find(value);
+        if (slice == weightSlices_.end())
+          slice =
+              weightSlices_.emplace(value, convert(value, &paramShard_.at(param->second), op.loc))
+                  .first;
+        value = slice->second;
+      }
+      auto shard = shardOf_.find(value);
+      if (!target && shard != shardOf_.end()) target = &shard->second;
+    }
+    operands.push_back(value);
+  }
+  // Outside the optimizer, every operand in its own dims: a stage-3 weight is gathered for
+  // each op reading it (the gathered copy lives only for that op).
+  std::map<ValueId, ValueId> converted;
+  for (ValueId& value : operands) {
+    if (!target && !shardOf_.count(value)) continue;
+    auto done = converted.find(value);
+    if (done == converted.end())
+      done = converted.emplace(value, convert(value, target, op.loc)).first;
+    value = done->second;
+  }
+  op.operands = operands;
+  ir::TensorType type = oldType;
+  if (target && type.hasDim(target->dim)) {
+    type = renamedType(type, target->dim, target->zero);
+    renameAttrs(op.attrs, target->dim, target->zero);
+  } else if (target) {
+    renameAttrs(op.attrs, target->dim, target->zero); // a reduction over the sharded dim
+  }
+  ValueId result = out_.addOp(std::move(op), type, valueName);
+  newOf_[oldResult] = result;
+  if (target && type.hasDim(target->zero)) shardOf_[result] = *target;
+  // Stage 2 and 3 reduce-scatter a gradient as soon as it is complete: no full copy is kept.
+  if (stage_ >= 2 && gradientOf_.count(oldResult)) gradientShard(oldResult, fn_.ops[index].loc);
+}
+
+std::optional<ZeroRewrite> Rewriter::run() {
+  if (fn_.kind != ir::Function::Kind::Train || !ir::hasOptimizerUpdates(fn_)) return std::nullopt;
+  ZeroRewrite result;
+  result.report.stage = stage_;
+  result.layout = layout_;
+  chooseShards(result);
+  markUpdateOps();
+
+  out_.kind = fn_.kind;
+  out_.name = fn_.name;
+  out_.loc = fn_.loc;
+  out_.params = fn_.params;
+  out_.train = fn_.train;
+  newOf_.assign(fn_.values.size(), 0);
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    emit(i);
+  out_.inputs = fn_.inputs;
+  for (ir::InputInfo& input : out_.inputs)
+    input.value = newOf_[input.value];
+  for (ir::ParamInfo& param : out_.params)
+    param.value = newOf_[param.value];
+  if (out_.train) out_.train->loss = newOf_[out_.train->loss];
+  for (const ir::OutputInfo& output : fn_.outputs)
+    out_.outputs.push_back(
+        {output.name, convert(newOf_[output.value], nullptr, output.loc), output.loc});
+  for (const ir::ParamUpdate& update : fn_.updates) {
+    ValueId param = out_.params[update.param].value;
+    auto shard = shardOf_.find(param);
+    out_.updates.push_back(
+        {update.param,
+         convert(newOf_[update.value], shard != shardOf_.end() ? &shard->second : nullptr,
+                 out_.params[update.param].loc)});
+  }
+  result.fn = std::move(out_);
+  result.renameOps = renameOps_;
+
+  // Memory of the weights, their gradients and their state, before and after.
+  for (size_t p = 0; p < fn_.params.size(); ++p) {
+    const ir::ParamInfo& param = fn_.params[p];
+    if (param.role == ir::ParamRole::StepState) continue;
+    TensorLayout before = tensorLayoutOf(param.type, layout_, mesh_);
+    TensorLayout after = tensorLayoutOf(result.fn.params[p].type, result.layout, mesh_);
+    double full = static_cast<double>(localBytes(param.type, before, mesh_));
+    double now = static_cast<double>(localBytes(result.fn.params[p].type, after, mesh_));
+    if (param.role == ir::ParamRole::OptimizerState) {
+      result.report.before.optimizer += full;
+      result.report.after.optimizer += now;
+      continue;
+    }
+    result.report.before.params += full;
+    result.report.after.params += now;
+    if (!param.trainable) continue;
+    auto shard = paramShard_.find(p);
+    double gradient = full;
+    if (shard != paramShard_.end() && stage_ >= 2)
+      gradient =
+          full / static_cast<double>(splitFactor(mesh_, result.layout.of(shard->second.zero)));
+    result.report.before.gradients += full;
+    result.report.after.gradients += gradient;
+  }
+  return result;
+}
+
+} // namespace
+
+std::optional<ZeroRewrite> rewriteForZero(const ir::Function& fn, const Mesh& mesh,
+                                          const Layout& layout, int stage) {
+  return Rewriter(fn, mesh, layout, stage).run();
+}
+
+void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& original) {
+  std::map<std::string, std::string> dimOf; // second name -> the weight's dim
+  for (const auto& [name, axes] : rewrite.layout.axes)
+    if (!original.axes.count(name)) dimOf[name] = name.substr(0, name.find("@zero."));
+  auto restore = [&](std::string& dim) {
+    auto it = dimOf.find(dim);
+    if (it != dimOf.end()) dim = it->second;
+  };
+  for (SpmdValue& value : spmd.values) {
+    for (ir::Dim& dim : value.globalType.dims)
+      restore(dim.name);
+    for (ir::Dim& dim : value.localType.dims)
+      restore(dim.name);
+  }
+  // The crossing renames are identities now: their readers read their operands. The
+  // collectives made for them are ZeRO's.
+  std::map<SpmdValueId, SpmdValueId> replaced;
+  std::vector<SpmdOp> kept;
+  ZeroReport& report = rewrite.report;
+  for (SpmdOp& op : spmd.ops) {
+    bool crossing = rewrite.renameOps.count(op.sourceOp) > 0;
+    if (crossing && op.kind == SpmdOp::Kind::Compute) {
+      replaced[op.result] = op.operands[0];
+      continue;
+    }
+    if (crossing && op.collective.kind == CollectiveKind::ReduceScatter) {
+      ++report.reduceScatters;
+      report.reduceScatterBytes += static_cast<double>(op.collective.bytes);
+      report.reduceScatterSeconds += op.seconds;
+    } else if (crossing && op.collective.kind == CollectiveKind::AllGather) {
+      ++report.allGathers;
+      report.allGatherBytes += static_cast<double>(op.collective.bytes);
+      report.allGatherSeconds += op.seconds;
+    }
+    if (crossing && op.note.empty())
+      op.note = fmt::format("ZeRO-{}", report.stage);
+    else if (crossing)
+      op.note = fmt::format("ZeRO-{}: {}", report.stage, op.note);
+    restore(op.collective.dim);
+    restore(op.collective.toDim);
+    for (auto& [key, value] : op.attrs) {
+      if (auto* text = std::get_if<std::string>(&value)) restore(*text);
+      if (auto* names = std::get_if<std::vector<std::string>>(&value))
+        for (std::string& name : *names)
+          restore(name);
+    }
+    kept.push_back(std::move(op));
+  }
+  auto resolve = [&](SpmdValueId id) {
+    for (auto it = replaced.find(id); it != replaced.end(); it = replaced.find(id))
+      id = it->second;
+    return id;
+  };
+  for (SpmdOp& op : kept) {
+    for (SpmdValueId& operand : op.operands)
+      operand = resolve(operand);
+    for (SpmdValueId& result : op.results)
+      result = resolve(result);
+  }
+  spmd.ops = std::move(kept);
+  for (auto& [name, id] : spmd.outputs)
+    id = resolve(id);
+  for (auto& [param, id] : spmd.updates)
+    id = resolve(id);
+  for (Replication& replication : spmd.replications)
+    restore(replication.dim);
+  for (const auto& [name, dim] : dimOf)
+    spmd.layout.axes.erase(name);
+}
+
+void printZeroReport(const ZeroReport& report, llvm::raw_ostream& os) {
+  size_t sharded = 0;
+  for (const ZeroWeight& weight : report.weights)
+    sharded += !weight.dim.empty();
+  static const char* const what[] = {"", "optimizer state", "optimizer state and gradients",
+                                     "optimizer state, gradients and params"};
+  os << fmt::format("\nZeRO stage {}: {} split over each weight's data-parallel axes\n",
+                    report.stage, what[std::clamp(report.stage, 1, 3)]);
+  os << fmt::format("  weights       {} of {} sharded\n", sharded, report.weights.size());
+  for (const ZeroWeight& weight : report.weights)
+    if (weight.dim.empty())
+      os << fmt::format("    {} stays whole: {}\n", weight.path, weight.reason);
+  auto line = [&](const char* name, double before, double after) {
+    os << fmt::format("  {:<13} {} -> {}\n", name, bytesString(before), bytesString(after));
+  };
+  line("parameters", report.before.params, report.after.params);
+  line("gradients", report.before.gradients, report.after.gradients);
+  line("optimizer", report.before.optimizer, report.after.optimizer);
+  line("plan total", report.totalBefore, report.totalAfter);
+  os << fmt::format("  traffic       {} reduce-scatters ({}, {}), {} all-gathers ({}, {})\n",
+                    report.reduceScatters, bytesString(report.reduceScatterBytes),
+                    secondsString(report.reduceScatterSeconds), report.allGathers,
+                    bytesString(report.allGatherBytes), secondsString(report.allGatherSeconds));
+  os << fmt::format("  step          {} -> {}\n", secondsString(report.stepBefore),
+                    secondsString(report.stepAfter));
+}
+
+void printZeroReportJson(const ZeroReport& report, llvm::json::OStream& json) {
+  json.attributeObject("zero", [&] {
+    json.attribute("stage", report.stage);
+    json.attributeArray("weights", [&] {
+      for (const ZeroWeight& weight : report.weights)
+        json.object([&] {
+          json.attribute("path", weight.path);
+          json.attribute("dim", weight.dim);
+          json.attributeArray("axes", [&] {
+            for (const std::string& axis : weight.axes)
+              json.value(axis);
+          });
+          json.attribute("reason", weight.reason);
+        });
+    });
+    auto memory = [&](const char* key, const ZeroMemory& m) {
+      json.attributeObject(key, [&] {
+        json.attribute("paramBytes", m.params);
+        json.attribute("gradientBytes", m.gradients);
+        json.attribute("optimizerBytes", m.optimizer);
+      });
+    };
+    memory("before", report.before);
+    memory("after", report.after);
+    json.attribute("totalBytesBefore", report.totalBefore);
+    json.attribute("totalBytesAfter", report.totalAfter);
+    json.attribute("stepSecondsBefore", report.stepBefore);
+    json.attribute("stepSecondsAfter", report.stepAfter);
+    json.attribute("reduceScatters", report.reduceScatters);
+    json.attribute("reduceScatterBytes", report.reduceScatterBytes);
+    json.attribute("reduceScatterSeconds", report.reduceScatterSeconds);
+    json.attribute("allGathers", report.allGathers);
+    json.attribute("allGatherBytes", report.allGatherBytes);
+    json.attribute("allGatherSeconds", report.allGatherSeconds);
+  });
+}
+
+} // namespace meshc::plan
