@@ -96,6 +96,7 @@ private:
   /// `value` (a new id) with `name`'s dim under its second name (or restored when `toZero` is
   /// false); `value` itself when there is nothing to rename.
   ValueId convert(ValueId value, const ShardName* name, const ir::Location& loc);
+  ValueId copy(ValueId value, const ir::Location& loc);
   ValueId gradientShard(ValueId oldGradient, const ir::Location& loc);
   void emit(uint32_t index);
 
@@ -113,6 +114,7 @@ private:
   std::vector<bool> updateOps_;               // the optimizer's ops of sharded weights
   std::map<ValueId, size_t> paramOfValue_;    // old param value -> param index
   std::set<uint32_t> renameOps_;              // indices in out_ of the crossing renames
+  std::set<uint32_t> identityOps_;            // and of the copies before them
 };
 
 void Rewriter::chooseShards(ZeroRewrite& out) {
@@ -203,6 +205,17 @@ ValueId Rewriter::rename(ValueId value, const std::string& from, const std::stri
                     out_.values[value].name);
 }
 
+ValueId Rewriter::copy(ValueId value, const ir::Location& loc) {
+  ir::Op op;
+  op.kind = OpKind::Einsum; // of one operand into its own dims: the identity
+  op.operands = {value};
+  op.loc = loc;
+  identityOps_.insert(static_cast<uint32_t>(out_.ops.size()));
+  ValueId result = out_.addOp(std::move(op), out_.typeOf(value), out_.values[value].name);
+  shardOf_[result] = shardOf_.at(value);
+  return result;
+}
+
 ValueId Rewriter::convert(ValueId value, const ShardName* name, const ir::Location& loc) {
   auto current = shardOf_.find(value);
   if (current != shardOf_.end()) {
@@ -270,8 +283,14 @@ void Rewriter::emit(uint32_t index) {
   for (ValueId& value : operands) {
     if (!target && !shardOf_.count(value)) continue;
     auto done = converted.find(value);
-    if (done == converted.end())
-      done = converted.emplace(value, convert(value, target, op.loc)).first;
+    if (done == converted.end()) {
+      ValueId from = value;
+      // The lowering reuses a value resharded once; a copy of the stage-3 weight per reader
+      // makes each reader gather its own (folded away by restoreZeroDims).
+      if (!target && out_.ops[out_.values[value].definingOp].kind == OpKind::Param)
+        from = copy(value, op.loc);
+      done = converted.emplace(value, convert(from, target, op.loc)).first;
+    }
     value = done->second;
   }
   op.operands = operands;
@@ -324,6 +343,7 @@ std::optional<ZeroRewrite> Rewriter::run() {
   }
   result.fn = std::move(out_);
   result.renameOps = renameOps_;
+  result.identityOps = identityOps_;
 
   // Memory of the weights, their gradients and their state, before and after.
   for (size_t p = 0; p < fn_.params.size(); ++p) {
@@ -380,6 +400,10 @@ void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& ori
   ZeroReport& report = rewrite.report;
   for (SpmdOp& op : spmd.ops) {
     bool crossing = rewrite.renameOps.count(op.sourceOp) > 0;
+    if (op.kind == SpmdOp::Kind::Compute && rewrite.identityOps.count(op.sourceOp)) {
+      replaced[op.result] = op.operands[0];
+      continue;
+    }
     if (crossing && op.kind == SpmdOp::Kind::Compute) {
       replaced[op.result] = op.operands[0];
       continue;
