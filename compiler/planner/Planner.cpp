@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 namespace meshc::plan {
@@ -102,21 +103,53 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
   for (const auto& [dim, axes] : pinned.axes)
     plan.pinnedDims.insert(dim);
   Layout layout = pinned;
+  // With ZeRO (given, or to be chosen under an explicit budget) a layout over the budget without
+  // it may fit with it: such a failure is quiet and retried below.
+  bool zeroTrain = fn.kind == ir::Function::Kind::Train && ir::hasOptimizerUpdates(fn);
+  bool zeroMayFit = zeroTrain && (options.zeroStage > 0 || options.memoryBudgetBytes > 0);
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  bool overBudget = false;
   // An explicit budget is checked even when nothing is searched (one candidate: the layout).
   if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
-    std::optional<SearchResult> search =
-        searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
-    if (!search) return std::nullopt;
+    std::optional<SearchResult> search = searchLayout(module, fn, mesh, machine, pinned, toSearch,
+                                                      searchOptions, zeroMayFit ? quiet : diag);
+    if (!search && zeroMayFit) { // the fastest layout whatever its memory, then ZeRO
+      overBudget = true;
+      SearchOptions unbounded = searchOptions;
+      unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
+      search = searchLayout(module, fn, mesh, machine, pinned, toSearch, unbounded, quiet);
+    }
+    if (!search) // report why
+      return searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag),
+             std::nullopt;
     layout = search->layout;
     if (!toSearch.empty()) plan.search = std::move(*search);
   }
   std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
   if (!spmd) return std::nullopt;
   plan.spmd = std::move(*spmd);
-  if (options.zeroStage > 0 && !applyZero(module, fn, mesh, machine, layout, options.zeroStage,
-                                          plan, diag))
+  if (options.zeroStage > 0 &&
+      !applyZero(module, fn, mesh, machine, layout, options.zeroStage, plan, diag))
     return std::nullopt;
-  return plan;
+  if (!overBudget) return plan;
+  // No layout fits without ZeRO: the smallest stage that fits, when none was given.
+  double need = plan.spmd.memory.total();
+  int needStage = options.zeroStage;
+  for (int stage = 1; stage <= 3 && options.zeroStage == 0; ++stage) {
+    PlannedFunction candidate = plan;
+    if (!applyZero(module, fn, mesh, machine, layout, stage, candidate, diag)) return std::nullopt;
+    need = candidate.spmd.memory.total();
+    needStage = stage;
+    if (need > plan.memoryBudgetBytes) continue;
+    candidate.zero->chosen = true;
+    return candidate;
+  }
+  if (need <= plan.memoryBudgetBytes) return plan;
+  searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
+  llvm::WithColor::note(llvm::errs(), "meshc")
+      << fmt::format("with ZeRO stage {}, train block '{}' needs {} per device\n", needStage,
+                     fn.name, bytesString(need));
+  return std::nullopt;
 }
 
 /// --devices: plans `fn` on every factorization (errors silenced) and keeps the fastest; ties go

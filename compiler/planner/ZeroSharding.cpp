@@ -459,8 +459,9 @@ void printZeroReport(const ZeroReport& report, llvm::raw_ostream& os) {
     sharded += !weight.dim.empty();
   static const char* const what[] = {"", "optimizer state", "optimizer state and gradients",
                                      "optimizer state, gradients and params"};
-  os << fmt::format("\nZeRO stage {}: {} split over each weight's data-parallel axes\n",
-                    report.stage, what[std::clamp(report.stage, 1, 3)]);
+  os << fmt::format("\nZeRO stage {}: {} split over each weight's data-parallel axes{}\n",
+                    report.stage, what[std::clamp(report.stage, 1, 3)],
+                    report.chosen ? " (chosen: no layout fits the budget without it)" : "");
   os << fmt::format("  weights       {} of {} sharded\n", sharded, report.weights.size());
   for (const ZeroWeight& weight : report.weights)
     if (weight.dim.empty())
@@ -483,6 +484,7 @@ void printZeroReport(const ZeroReport& report, llvm::raw_ostream& os) {
 void printZeroReportJson(const ZeroReport& report, llvm::json::OStream& json) {
   json.attributeObject("zero", [&] {
     json.attribute("stage", report.stage);
+    json.attribute("chosen", report.chosen);
     json.attributeArray("weights", [&] {
       for (const ZeroWeight& weight : report.weights)
         json.object([&] {

@@ -41,6 +41,7 @@ struct ZeroWeight {
 /// The plan report's ZeRO section.
 struct ZeroReport {
   int stage = 0;
+  bool chosen = false; // by the planner: no layout fits the memory budget without ZeRO
   std::vector<ZeroWeight> weights;
   ZeroMemory before, after;
   double totalBefore = 0, totalAfter = 0; // the plans' whole memory estimates per device

@@ -11,6 +11,10 @@ stage1 <meshc> <mlp.mesh>: each gradient is reduce-scattered (not all-reduced: n
 stage3 <meshc> <mlp.mesh>: the weights are stored split too: each is all-gathered in forward
     before its use, w_out again in backward (the input gradient of its einsum reads it), and
     nothing is gathered in the update.
+auto <meshc> <mlp.mesh>: without --zero, under a --memory-budget that no layout fits without ZeRO
+    (mlp_train needs 644 KiB), the planner picks the smallest stage that fits and says so: stage
+    1 under 600 KiB (it needs 402.5 KiB), stage 3 under 300 KiB (228.5 KiB); under 200 KiB none
+    fits: the error of the plain layout, and a note with what stage 3 would need.
 errors <meshc> <mlp.mesh>: bad --zero values are rejected with a message naming the option.
 """
 import json
@@ -116,6 +120,26 @@ def stage3(meshc, example):
     print("ok")
 
 
+def auto(meshc, example):
+    plain = plan(meshc, example, "--memory-budget", "1MiB")
+    expect("zero" in plain, False, "a ZeRO section when the plain layout fits")
+    for budget, stage in [("600KiB", 1), ("300KiB", 3)]:
+        function = plan(meshc, example, "--memory-budget", budget)
+        expect((function["zero"]["stage"], function["zero"]["chosen"]), (stage, True),
+               f"the stage chosen under {budget}")
+        if function["memory"]["totalBytes"] > function["memory"]["budgetBytes"]:
+            sys.exit(f"FAIL: the plan chosen under {budget} does not fit it")
+    proc = subprocess.run([meshc, example, "--emit=plan", "--machine", "8xh100", "--function",
+                           "mlp_train", "--mesh", "data=4", "--layout", "batch:data",
+                           "--memory-budget", "200KiB"], capture_output=True, text=True, timeout=300)
+    expect(proc.returncode, 1, "meshc's exit status when no stage fits")
+    for message in ["error: the layout of train block 'mlp_train' needs 644.0 KiB per device, "
+                    "over the memory budget of 200.0 KiB",
+                    "note: with ZeRO stage 3, train block 'mlp_train' needs 228.5 KiB per device"]:
+        expect(message in proc.stderr, True, f"{message!r} in {proc.stderr!r}")
+    print("ok")
+
+
 def errors(meshc, example):
     for bad in ["4", "-1", "x", "1.5", ""]:
         proc = subprocess.run([meshc, example, "--emit=plan", f"--zero={bad}"],
@@ -130,4 +154,4 @@ def errors(meshc, example):
 
 
 if __name__ == "__main__":
-    {"stage1": stage1, "stage3": stage3, "errors": errors}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"stage1": stage1, "stage3": stage3, "auto": auto, "errors": errors}[sys.argv[1]](sys.argv[2], sys.argv[3])
