@@ -12,6 +12,7 @@
 #include "planner/MergeCollectives.h"
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
+#include "planner/TrainPhases.h"
 
 #include "ir/OpTraits.h"
 
@@ -2202,6 +2203,10 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
   // only require legal layouts that keep an operand's partial axes (the randomized unit test
   // checks every value of thousands of plans).
   return std::nullopt;
+}
+
+std::vector<Phase> trainStepPhases(const ir::Function& fn) {
+  return opPhases(fn);
 }
 
 PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,

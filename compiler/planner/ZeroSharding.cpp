@@ -3,6 +3,7 @@
 
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
+#include "planner/TrainPhases.h"
 
 #include <fmt/format.h>
 
@@ -59,26 +60,6 @@ AxisList dataParallelAxes(const ir::Function& fn, ValueId weight, const Mesh& me
   for (const ir::MeshAxis& axis : mesh.axes)
     if (axis.size > 1 && used.count(axis.name) && !own.count(axis.name)) axes.push_back(axis.name);
   return axes;
-}
-
-/// The ops of the step that the forward pass needs (the outputs and the step states' next
-/// values), as the planner's phases count them.
-std::vector<bool> forwardOps(const ir::Function& fn) {
-  std::vector<bool> forward(fn.ops.size(), false);
-  std::vector<ValueId> work;
-  for (const ir::OutputInfo& output : fn.outputs)
-    work.push_back(output.value);
-  for (const ir::ParamUpdate& update : fn.updates)
-    if (fn.params[update.param].role == ir::ParamRole::StepState) work.push_back(update.value);
-  while (!work.empty()) {
-    uint32_t index = fn.values[work.back()].definingOp;
-    work.pop_back();
-    if (forward[index]) continue;
-    forward[index] = true;
-    for (ValueId operand : fn.ops[index].operands)
-      work.push_back(operand);
-  }
-  return forward;
 }
 
 class Rewriter {
@@ -172,7 +153,7 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
 /// The optimizer's ops: what the updates of sharded weights and their states read, back to the
 /// gradients, the params and the forward pass (none of which it includes).
 void Rewriter::markUpdateOps() {
-  std::vector<bool> forward = forwardOps(fn_);
+  std::vector<Phase> phases = trainStepPhases(fn_);
   std::set<ValueId> stops;
   for (ValueId v = 0; v < fn_.values.size(); ++v)
     if (fn_.values[v].name.rfind("grad/", 0) == 0) stops.insert(v);
@@ -184,7 +165,7 @@ void Rewriter::markUpdateOps() {
     ValueId value = work.back();
     work.pop_back();
     uint32_t index = fn_.values[value].definingOp;
-    if (stops.count(value) || forward[index] || updateOps_[index] ||
+    if (stops.count(value) || phases[index] == Phase::Forward || updateOps_[index] ||
         fn_.ops[index].kind == OpKind::Param)
       continue;
     updateOps_[index] = true;
