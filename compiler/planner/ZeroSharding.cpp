@@ -74,8 +74,8 @@ private:
   void markUpdateOps();
   ValueId rename(ValueId value, const std::string& from, const std::string& to,
                  const ir::Location& loc);
-  /// `value` (a new id) with `name`'s dim under its second name (or restored when `toZero` is
-  /// false); `value` itself when there is nothing to rename.
+  /// `value` (a new id) with `name`'s dim under its second name, or with its own dims when
+  /// `name` is null; `value` itself when there is nothing to rename.
   ValueId convert(ValueId value, const ShardName* name, const ir::Location& loc);
   ValueId copy(ValueId value, const ir::Location& loc);
   ValueId gradientShard(ValueId oldGradient, const ir::Location& loc);
@@ -99,11 +99,8 @@ private:
 };
 
 void Rewriter::chooseShards(ZeroRewrite& out) {
-  std::map<std::string, size_t> weightByPath;
-  for (size_t p = 0; p < fn_.params.size(); ++p) {
+  for (size_t p = 0; p < fn_.params.size(); ++p)
     paramOfValue_[fn_.params[p].value] = p;
-    if (fn_.params[p].role == ir::ParamRole::Weight) weightByPath[fn_.params[p].path] = p;
-  }
   std::set<size_t> updated;
   for (const ir::ParamUpdate& update : fn_.updates)
     updated.insert(update.param);
