@@ -20,7 +20,10 @@ enum class Collective : int64_t {
   AllToAll,
   Permute,
   Broadcast,
-  Subgroup // MPI: creating a subgroup (count: the world axes, encoded)
+  Subgroup, // MPI: creating a subgroup (count: the world axes, encoded)
+  Send,     // point-to-point (sendTo: the peer)
+  Recv,     // point-to-point (recvFrom: the peer)
+  SendRecv
 };
 
 const char* collectiveName(Collective kind);
@@ -83,6 +86,22 @@ struct CallRecord {
 /// its buffer).
 std::string argumentError(const CallRecord& call, const void* in, const void* out, int ranks,
                           int rank);
+
+/// The record of a point-to-point call: a send to `sendTo` or a recv from `recvFrom` (started or
+/// not); the count and dtype are what the two ranks must agree on.
+CallRecord pointToPoint(Collective kind, DType dtype, size_t count, int sendTo, int recvFrom,
+                        bool started);
+
+/// What is wrong with a send (`sendTo`, `sendData`) and/or recv (`recvFrom`, `recvData`) of
+/// `count` / `recvCount` elements on group rank `rank` of `ranks`: a peer outside the group or this
+/// rank itself, a null buffer, overlapping buffers; or "". kNoPeer skips that half.
+std::string pointToPointError(const CallRecord& call, const void* sendData, size_t sendCount,
+                              int sendTo, const void* recvData, size_t recvCount, int recvFrom,
+                              int ranks, int rank);
+
+/// "group rank 1 sent 8 f32 but group rank 2 expects 16 f32" (a send and its recv disagree).
+std::string pointToPointMismatch(int sender, DType sentType, size_t sentCount, int receiver,
+                                 DType expectedType, size_t expectedCount);
 
 /// Checks a permute's pairs: every rank's sendTo receives from it and its recvFrom sends to it.
 /// `callOf(q)` is group rank q's call; returns "" when they agree, else what is wrong (every
