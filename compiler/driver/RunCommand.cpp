@@ -4,7 +4,8 @@
 // generated code, runs it on the mesh's ranks (threads, or processes under mpirun), optionally
 // compares its outputs with the reference interpreter's on the same module, and prints the
 // timings of each step. With `--backend nccl` the program is compiled to CUDA (`--emit=cuda`)
-// and built with nvcc instead, and runs on one GPU per rank.
+// and built with nvcc instead, and runs on one GPU per rank (all in one process, or with
+// `--processes` one process per GPU under mpirun).
 #include "driver/Driver.h"
 #include "driver/Pipeline.h"
 #include "driver/Profile.h"
@@ -445,9 +446,10 @@ int runCommand(const char* argv0) {
     run.insert(run.begin(), mpirun.begin(), mpirun.end());
     run.insert(run.end(), {"--launch", "mpi"});
   }
-  stage(fmt::format("running on the {} backend{}", runBackend == Backend::Mpi ? "mpi"
-                                                   : onGpus                   ? "nccl"
-                                                                              : "threads",
+  stage(fmt::format("running on the {} backend{}",
+                    runBackend == Backend::Mpi ? "mpi"
+                    : onGpus                   ? "nccl"
+                                               : "threads",
                     runProcesses ? ", one process per GPU (mpirun)" : ""));
   start = Clock::now();
   int rc = execute(run, "", "", error, env.empty() ? nullptr : &env);

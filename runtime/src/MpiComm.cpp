@@ -112,7 +112,7 @@ struct Started {
   const void* send = nullptr;
   void* receive = nullptr;
   int count = 0;
-  uint64_t pointToPoint = 0;          // a send or recv: its id in MpiPeerOps (not a collective)
+  uint64_t pointToPoint = 0;         // a send or recv: its id in MpiPeerOps (not a collective)
   std::vector<Segment<void>> bucket; // a bucket's buffers, packed into `packed` at launch
   std::vector<char> packed;          // the bucket, or an in-place reduceScatter's result
   void* copyTo = nullptr;            // in-place reduceScatter: where `packed` goes
@@ -401,8 +401,8 @@ public:
 
   void sendRecvRaw(const void* sendData, size_t sendCount, int sendTo, void* recvData,
                    size_t recvCount, int recvFrom, DType dtype) override {
-    Call call = detail::pointToPoint(Collective::SendRecv, dtype, sendCount, sendTo, recvFrom,
-                                     false);
+    Call call =
+        detail::pointToPoint(Collective::SendRecv, dtype, sendCount, sendTo, recvFrom, false);
     checkPointToPoint(call, sendData, sendCount, sendTo, recvData, recvCount, recvFrom);
     uint64_t sent = 0, received = 0;
     if (sendTo != kNoPeer)

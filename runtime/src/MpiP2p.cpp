@@ -131,9 +131,9 @@ bool MpiPeerOps::step(uint64_t id, Op& op) {
     int sentType = status.MPI_TAG - kTagBase;
     size_t sentSize = dtypeSize(DType(sentType)), sentCount = size_t(bytes) / sentSize;
     if (sentType != int(op.record.dtype) || sentCount != size_t(op.record.count))
-      throw error_(op.record, pointToPointMismatch(peerOf(op), DType(sentType), sentCount,
-                                                   groupRank_, op.record.type(),
-                                                   size_t(op.record.count)));
+      throw error_(op.record,
+                   pointToPointMismatch(peerOf(op), DType(sentType), sentCount, groupRank_,
+                                        op.record.type(), size_t(op.record.count)));
     // Sends from one rank on one communicator are matched in order: this Irecv takes the
     // message just probed.
     check(op,
@@ -147,7 +147,8 @@ bool MpiPeerOps::step(uint64_t id, Op& op) {
 }
 
 void MpiPeerOps::check(const Op& op, int code, const char* function) const {
-  if (code != MPI_SUCCESS) throw error_(op.record, std::string(function) + ": " + mpiErrorText(code));
+  if (code != MPI_SUCCESS)
+    throw error_(op.record, std::string(function) + ": " + mpiErrorText(code));
 }
 
 std::string MpiPeerOps::timeoutCause(const Op& op) const {

@@ -59,9 +59,7 @@ private:
   static constexpr int kTagBase = 100;
 
   bool isSend(const Op& op) const { return op.record.collective() == Collective::Send; }
-  int peerOf(const Op& op) const {
-    return int(isSend(op) ? op.record.sendTo : op.record.recvFrom);
-  }
+  int peerOf(const Op& op) const { return int(isSend(op) ? op.record.sendTo : op.record.recvFrom); }
   /// One step without blocking: true when done; throws on failure.
   bool step(uint64_t id, Op& op);
   bool firstRecvFromPeer(uint64_t id) const;

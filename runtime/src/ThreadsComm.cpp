@@ -265,9 +265,9 @@ public:
       sent = p2p_->start(pointToPoint(Collective::Send, dtype, sendCount, sendTo, kNoPeer, false),
                          sendData, nullptr);
     if (recvFrom != kNoPeer)
-      received = p2p_->start(
-          pointToPoint(Collective::Recv, dtype, recvCount, kNoPeer, recvFrom, false), nullptr,
-          recvData);
+      received =
+          p2p_->start(pointToPoint(Collective::Recv, dtype, recvCount, kNoPeer, recvFrom, false),
+                      nullptr, recvData);
     std::exception_ptr failure;
     for (uint64_t id : {received, sent}) {
       if (!id) continue;
@@ -347,10 +347,10 @@ private:
         world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
           return error(Call{record, nullptr, nullptr}, cause);
         });
-    p2p_ = std::make_unique<PeerQueue>(
-        world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
-          return error(Call{record, nullptr, nullptr}, cause);
-        });
+    p2p_ = std::make_unique<PeerQueue>(world_, group_, groupRank_,
+                                       [this](const CallRecord& record, const std::string& cause) {
+                                         return error(Call{record, nullptr, nullptr}, cause);
+                                       });
   }
 
   Request started(const Call& call, const Segment<void>* inputs, size_t numInputs,

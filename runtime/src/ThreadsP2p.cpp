@@ -162,8 +162,8 @@ std::string PeerQueue::whyGiveUp(const Op& op, Clock::time_point deadline) const
   if (world_.failed.load(std::memory_order_acquire)) return world_.failure();
   int peer = peerOf(op), peerWorld = worldRankOf(peer);
   std::string what = isSend(op) ? "receiving it" : "sending to it";
-  std::string pair = "group rank " + std::to_string(peer) + " (world rank " +
-                     std::to_string(peerWorld) + ")";
+  std::string pair =
+      "group rank " + std::to_string(peer) + " (world rank " + std::to_string(peerWorld) + ")";
   std::string call = op.record.describe() + ": ";
   if (world_.exited[peerWorld].load(std::memory_order_acquire))
     return call + pair + " finished the program without " + what;

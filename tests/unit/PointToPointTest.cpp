@@ -1,9 +1,9 @@
 // Point-to-point send / recv on the threads backend (Comm.h, "Point-to-point"): rings on 4 ranks
 // in both directions and both call orders, several messages in order, sendRecv along a pipeline
-// chain, started sends and recvs (alone, together around a ring, with a started collective, test()),
-// a subgroup, every dtype; and the errors: mismatched counts and dtypes on both ranks, a peer out
-// of range or this rank itself, a sender that never sends (naming both ranks, and the rank that
-// really holds it up), a receiver that never receives, a peer that finished the program.
+// chain, started sends and recvs (alone, together around a ring, with a started collective,
+// test()), a subgroup, every dtype; and the errors: mismatched counts and dtypes on both ranks, a
+// peer out of range or this rank itself, a sender that never sends (naming both ranks, and the rank
+// that really holds it up), a receiver that never receives, a peer that finished the program.
 #include "meshrt/Threads.h"
 
 #include <catch2/catch.hpp>

@@ -543,12 +543,13 @@ void NcclCommunicator::sendRecvRaw(const void* sendData, size_t sendCount, int s
   if (overlaps(sendData, sendBytes, recvData, recvBytes))
     throw CommError(name, worldRank_, std::string(name) + ": the send and receive buffers overlap");
   enter(name);
-  onDevice(name, sendData, sendBytes, recvData, recvBytes,
-           [&](const void* deviceIn, void* deviceOut) {
-             enqueuePointToPoint(name, deviceIn, sendCount, sendTo, deviceOut, recvCount, recvFrom,
-                                 dtype, stream_);
-           },
-           /*afterStarted=*/false);
+  onDevice(
+      name, sendData, sendBytes, recvData, recvBytes,
+      [&](const void* deviceIn, void* deviceOut) {
+        enqueuePointToPoint(name, deviceIn, sendCount, sendTo, deviceOut, recvCount, recvFrom,
+                            dtype, stream_);
+      },
+      /*afterStarted=*/false);
 }
 
 Request NcclCommunicator::startSendRaw(const void* data, size_t count, DType dtype, int peer) {

@@ -31,8 +31,7 @@ bool mpiLaunchBuilt() {
 }
 
 NcclLaunch NcclOptions::defaultLaunch() {
-  if (const char* name = std::getenv("MESHRT_NCCL_LAUNCH"); name && *name)
-    return parseLaunch(name);
+  if (const char* name = std::getenv("MESHRT_NCCL_LAUNCH"); name && *name) return parseLaunch(name);
   // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; MPICH's and Slurm's PMI launchers set PMI_SIZE.
   for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
     if (const char* value = std::getenv(variable); value && *value) return NcclLaunch::Mpi;
@@ -45,7 +44,8 @@ NcclOptions NcclOptions::fromArgs(int& argc, char** argv) {
   for (int arg = 1; arg < argc; ++arg) {
     std::string_view text = argv[arg];
     if (text == "--launch") {
-      if (arg + 1 >= argc) throw std::invalid_argument("nccl backend: --launch needs threads or mpi");
+      if (arg + 1 >= argc)
+        throw std::invalid_argument("nccl backend: --launch needs threads or mpi");
       options.launch = parseLaunch(argv[++arg]);
     } else if (text.substr(0, 9) == "--launch=") {
       options.launch = parseLaunch(text.substr(9));
