@@ -404,25 +404,8 @@ public:
     Call call =
         detail::pointToPoint(Collective::SendRecv, dtype, sendCount, sendTo, recvFrom, false);
     checkPointToPoint(call, sendData, sendCount, sendTo, recvData, recvCount, recvFrom);
-    uint64_t sent = 0, received = 0;
-    if (sendTo != kNoPeer)
-      sent = p2p_->start(
-          detail::pointToPoint(Collective::Send, dtype, sendCount, sendTo, kNoPeer, false),
-          sendData, nullptr);
-    if (recvFrom != kNoPeer)
-      received = p2p_->start(
-          detail::pointToPoint(Collective::Recv, dtype, recvCount, kNoPeer, recvFrom, false),
-          nullptr, recvData);
-    std::exception_ptr failure;
-    for (uint64_t id : {received, sent}) {
-      if (!id) continue;
-      try {
-        p2p_->wait(id);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+    detail::sendRecvThrough(*p2p_, sendData, sendCount, sendTo, recvData, recvCount, recvFrom,
+                            dtype);
   }
 
   Request startSendRaw(const void* data, size_t count, DType dtype, int peer) override {

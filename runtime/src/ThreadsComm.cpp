@@ -42,6 +42,14 @@ public:
   ThreadsComm(WorldState& world, int worldRank)
       : ThreadsComm(world, worldRank, allAxes(world.mesh), nullptr) {}
 
+  ~ThreadsComm() override {
+    // The queues' waiting hooks reach this rank's other communicators and queues, which go away
+    // with this one (members, subgroups): off from here on.
+    closing_ = true;
+    for (auto& [axes, comm] : subgroups_)
+      comm->closing_ = true;
+  }
+
   int rank() const override { return groupRank_; }
   const Mesh& mesh() const override { return group_.mesh; }
   const Mesh& worldMesh() const override { return world_.mesh; }
@@ -258,26 +266,8 @@ public:
               sendData, recvData};
     checkPointToPoint(call, sendData, sendCount, sendTo, recvData, recvCount, recvFrom);
     progressOthers();
-    // Both halves in flight before either is waited for: the queue matches the recv while the
-    // send waits for its receiver.
-    uint64_t sent = 0, received = 0;
-    if (sendTo != kNoPeer)
-      sent = p2p_->start(pointToPoint(Collective::Send, dtype, sendCount, sendTo, kNoPeer, false),
-                         sendData, nullptr);
-    if (recvFrom != kNoPeer)
-      received =
-          p2p_->start(pointToPoint(Collective::Recv, dtype, recvCount, kNoPeer, recvFrom, false),
-                      nullptr, recvData);
-    std::exception_ptr failure;
-    for (uint64_t id : {received, sent}) {
-      if (!id) continue;
-      try {
-        p2p_->wait(id);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+    detail::sendRecvThrough(*p2p_, sendData, sendCount, sendTo, recvData, recvCount, recvFrom,
+                            dtype);
   }
 
   Request startSendRaw(const void* data, size_t count, DType dtype, int peer) override {
@@ -343,14 +333,21 @@ private:
         worldRank_(worldRank), worldComm_(worldComm) {
     groupRank_ = int(std::find(group_.worldRanks.begin(), group_.worldRanks.end(), worldRank) -
                      group_.worldRanks.begin());
-    async_ = std::make_unique<AsyncQueue>(
-        world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
-          return error(Call{record, nullptr, nullptr}, cause);
-        });
-    p2p_ = std::make_unique<PeerQueue>(world_, group_, groupRank_,
-                                       [this](const CallRecord& record, const std::string& cause) {
-                                         return error(Call{record, nullptr, nullptr}, cause);
-                                       });
+    auto makeError = [this](const CallRecord& record, const std::string& cause) {
+      return error(Call{record, nullptr, nullptr}, cause);
+    };
+    // A rank waiting for peers keeps its other work in flight moving: the peers may wait for it
+    // (a started recv their blocking send waits for, its share of a started collective).
+    async_ = std::make_unique<AsyncQueue>(world_, group_, groupRank_, makeError, [this] {
+      if (closing_) return;
+      progressOthers();
+      if (!p2p_->idle()) p2p_->progress();
+    });
+    p2p_ = std::make_unique<PeerQueue>(world_, group_, groupRank_, makeError, [this] {
+      if (closing_) return;
+      progressOthers();
+      if (!async_->idle()) async_->progress();
+    });
   }
 
   Request started(const Call& call, const Segment<void>* inputs, size_t numInputs,
@@ -542,6 +539,7 @@ private:
   };
   std::deque<InFlight> inFlight_; // started, oldest first
   uint64_t nextTicket_ = 0, completed_ = 0;
+  bool closing_ = false; // being destroyed: no waiting hooks
   std::map<std::vector<int>, std::unique_ptr<ThreadsComm>> subgroups_;
 };
 

@@ -5,8 +5,10 @@
 
 namespace meshrt::detail {
 
-PeerQueue::PeerQueue(WorldState& world, GroupState& group, int groupRank, P2pErrorFn error)
-    : world_(world), group_(group), groupRank_(groupRank), error_(std::move(error)) {}
+PeerQueue::PeerQueue(WorldState& world, GroupState& group, int groupRank, P2pErrorFn error,
+                     std::function<void()> whileWaiting)
+    : world_(world), group_(group), groupRank_(groupRank), error_(std::move(error)),
+      whileWaiting_(std::move(whileWaiting)) {}
 
 PeerQueue::~PeerQueue() {
   while (!ops_.empty()) {
@@ -57,6 +59,7 @@ void PeerQueue::wait(uint64_t id) {
       cpuRelax();
       continue;
     }
+    if (whileWaiting_) whileWaiting_();
     if (round < world_.spins + world_.yields) {
       sched_yield();
       continue;

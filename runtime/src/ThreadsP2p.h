@@ -27,7 +27,10 @@ using P2pErrorFn = std::function<CommError(const CallRecord&, const std::string&
 
 class PeerQueue {
 public:
-  PeerQueue(WorldState& world, GroupState& group, int groupRank, P2pErrorFn error);
+  /// `whileWaiting` runs while a wait here blocks (the rank's started collectives, whose peers
+  /// may be the ones this wait needs).
+  PeerQueue(WorldState& world, GroupState& group, int groupRank, P2pErrorFn error,
+            std::function<void()> whileWaiting = {});
   /// Completes what is still in flight (errors are the world's failure already).
   ~PeerQueue();
   PeerQueue(const PeerQueue&) = delete;
@@ -77,6 +80,7 @@ private:
   GroupState& group_;
   int groupRank_;
   P2pErrorFn error_;
+  std::function<void()> whileWaiting_;
   uint64_t nextId_ = 0;
   std::map<uint64_t, Op> ops_; // in flight, by id (std::map: the messages stay in place)
 };

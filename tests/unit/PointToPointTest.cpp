@@ -1,9 +1,10 @@
 // Point-to-point send / recv on the threads backend (Comm.h, "Point-to-point"): rings on 4 ranks
 // in both directions and both call orders, several messages in order, sendRecv along a pipeline
 // chain, started sends and recvs (alone, together around a ring, with a started collective,
-// test()), a subgroup, every dtype; and the errors: mismatched counts and dtypes on both ranks, a
-// peer out of range or this rank itself, a sender that never sends (naming both ranks, and the rank
-// that really holds it up), a receiver that never receives, a peer that finished the program.
+// test()), waits that keep the rank's other started work moving, a subgroup, every dtype; and the
+// errors: mismatched counts and dtypes on both ranks, a peer out of range or this rank itself, a
+// sender that never sends (naming both ranks, and the rank that really holds it up), a receiver
+// that never receives, a peer that finished the program.
 #include "meshrt/Threads.h"
 
 #include <catch2/catch.hpp>
@@ -197,6 +198,37 @@ TEST_CASE("started sends and recvs: around a ring, with a started all-reduce, te
     world.send(mine.data(), count, previous);
     world.wait(backIn);
     log.expect(back == messageOf<float>(next, 3, count), r, "started recv, blocking send");
+  });
+  log.check();
+}
+
+TEST_CASE("a rank waiting for a peer keeps its other started work moving",
+          "[runtime][p2p][async]") {
+  RankLog log;
+  runThreads(Mesh::parse("x=2"), [&](Communicator& world) {
+    std::vector<float> sum(64, float(world.rank() + 1)), message(32, 7.0f), got(32);
+    if (world.rank() == 0) {
+      // Waits for the all-reduce while rank 1's blocking send waits for the started recv.
+      Request reduce = world.startAllReduce(sum.data(), sum.size());
+      Request in = world.startRecv(got.data(), got.size(), 1);
+      world.wait(reduce);
+      world.wait(in);
+    } else {
+      world.send(message.data(), message.size(), 0);
+      world.allReduce(sum.data(), sum.size());
+    }
+    log.expect(sum == std::vector<float>(64, 3.0f), world.rank(), "the all-reduce");
+    // Rank 1 waits for rank 0's share of a started all-reduce while rank 0 waits in a recv.
+    Request again = world.startAllReduce(sum.data(), sum.size());
+    if (world.rank() == 0) {
+      world.recv(got.data(), got.size(), 1);
+      world.wait(again);
+    } else {
+      world.wait(again);
+      world.send(message.data(), message.size(), 0);
+    }
+    log.expect(sum == std::vector<float>(64, 6.0f), world.rank(), "the second all-reduce");
+    if (world.rank() == 0) log.expect(got == message, 0, "the message");
   });
   log.check();
 }
