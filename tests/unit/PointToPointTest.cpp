@@ -215,7 +215,7 @@ TEST_CASE("a rank waiting for a peer keeps its other started work moving",
       world.wait(in);
     } else {
       world.send(message.data(), message.size(), 0);
-      world.allReduce(sum.data(), sum.size());
+      world.startAllReduce(sum.data(), sum.size()).wait();
     }
     log.expect(sum == std::vector<float>(64, 3.0f), world.rank(), "the all-reduce");
     // Rank 1 waits for rank 0's share of a started all-reduce while rank 0 waits in a recv.

@@ -19,8 +19,8 @@
 // - Started collectives (startAllReduce, ...) return a Request and run while the rank computes;
 //   wait(request) completes it. Every rank starts the same collectives in the same order (as for
 //   blocking calls, checked the same way); requests on one communicator complete in the order
-//   they were started; a blocking collective first completes the requests in flight on its
-//   communicator.
+//   they were started; a blocking collective first completes the started collectives in flight
+//   on its communicator (and the sends and recvs started before them).
 // - Point-to-point send / recv (pipeline stages) involve two ranks only; see "Point-to-point".
 //
 // Host code, C++17 and up (generated CUDA sources include it through nvcc's host compiler).
@@ -266,8 +266,9 @@ public:
   // a disagreement is a CommError at wait (or earlier) on every rank, a rank that never starts
   // one is a timeout at the waiters. Requests on one communicator complete in the order they were
   // started: waiting for one completes those started before it. A blocking collective first
-  // completes the requests in flight on its communicator. On the NCCL backend wait() orders the
-  // rank's stream after the collective instead of blocking the host (see Nccl.h).
+  // completes the started collectives in flight on its communicator (and what was started before
+  // them: sends and recvs started after the last one stay in flight). On the NCCL backend wait()
+  // orders the rank's stream after the collective instead of blocking the host (see Nccl.h).
 
   /// allReduce, started: `count` elements, in == out for in place.
   template <class T>
