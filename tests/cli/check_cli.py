@@ -420,7 +420,8 @@ def run_nccl():
                    "nccl backend" in proc.stdout, "on GPUs the run matches the interpreter", proc)
         # --processes: the same binary, one process per GPU under mpirun (NCCL over MPI).
         procs = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "nccl",
-                            "--mesh", "data=2", "--processes", "--check", cache=cache)
+                            "--mesh", "data=2", "--layout", "auto", "--processes", "--check",
+                            cache=cache)
         expect("one process per GPU (mpirun)" in procs.stderr,
                "--processes runs the CUDA runner under mpirun", procs)
         if re.search(r"no CUDA device (on this host|is visible)", procs.stderr):
