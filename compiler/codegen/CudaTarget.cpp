@@ -1,6 +1,7 @@
 // The CUDA target (Target.h, CudaEmitter.h): loop nests as one `__device__` lambda launched over
 // every point (meshc::cuda::forEachIndex), GEMMs through cuBLAS (meshc::cuda::einsum2), the
-// runner on the nccl backend, one GPU per rank.
+// runner on the nccl backend, one GPU per rank (in one process, or one process per GPU under
+// mpirun).
 #include "codegen/CudaEmitter.h"
 #include "codegen/KernelPrinter.h"
 #include "codegen/Target.h"
@@ -81,12 +82,18 @@ public:
     return fmt::format("meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::{});\n", mode);
   }
   const char* launchInclude() const override { return "meshrt/Nccl.h"; }
-  const char* launchOptions() const override { return "meshrt::nccl::NcclOptions launchOptions;"; }
+  // All ranks in one process by default; one process per GPU under mpirun (or --launch mpi),
+  // so that the same binary spans hosts.
+  const char* launchOptions() const override {
+    return "meshrt::nccl::NcclOptions launchOptions = meshrt::nccl::NcclOptions::fromArgs(argc, "
+           "argv);";
+  }
   const char* launchFunction() const override { return "meshrt::nccl::launch"; }
   const char* backendNote() const override {
-    return "It runs on the nccl backend, one GPU per rank (meshrt/Nccl.h)";
+    return "It runs on the nccl backend, one GPU per rank (meshrt/Nccl.h): every rank in this "
+           "process, or one process per GPU under mpirun (--launch mpi), on one host or several";
   }
-  const char* backendUsage() const override { return ""; }
+  const char* backendUsage() const override { return "[--launch threads|mpi] "; }
 
 private:
   std::string math_;

@@ -4,7 +4,8 @@
 // generated code, runs it on the mesh's ranks (threads, or processes under mpirun), optionally
 // compares its outputs with the reference interpreter's on the same module, and prints the
 // timings of each step. With `--backend nccl` the program is compiled to CUDA (`--emit=cuda`)
-// and built with nvcc instead, and runs on one GPU per rank.
+// and built with nvcc instead, and runs on one GPU per rank (all in one process, or with
+// `--processes` one process per GPU under mpirun).
 #include "driver/Driver.h"
 #include "driver/Pipeline.h"
 #include "driver/Profile.h"
@@ -79,6 +80,11 @@ cl::opt<std::string> runCudaMath("cuda-math",
                                           "tf32 or bf16; default fp32)"),
                                  cl::value_desc("mode"), cl::init("fp32"), cl::sub(runSubcommand),
                                  cl::cat(runCategory));
+cl::opt<bool> runProcesses(
+    "processes",
+    cl::desc("With --backend nccl: one process per GPU under mpirun (NCCL bootstrapped over MPI, "
+             "as on several hosts) instead of every rank in one process"),
+    cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runCheck("check",
                        cl::desc("Compare the outputs with the reference interpreter's: every "
                                 "element within atol + rtol |expected|, rtol per dtype, atol = "
@@ -309,6 +315,9 @@ int runCommand(const char* argv0) {
   std::string error;
 
   bool onGpus = runBackend == Backend::Nccl;
+  if (runProcesses && !onGpus)
+    return fail(kExitInputError, "--processes is an option of --backend nccl (--backend mpi "
+                                 "runs a process per rank already)");
   if (onGpus && !toolchain.cuda)
     return fail(kExitInputError, "the nccl backend is not available: this meshc was built "
                                  "without CUDA (MESHC_CUDA=OFF); use --backend threads or mpi");
@@ -440,9 +449,18 @@ int runCommand(const char* argv0) {
     run.insert(run.begin(), mpirun.begin(), mpirun.end());
     env.push_back("MESHRT_BACKEND=mpi");
   }
-  stage(fmt::format("running on the {} backend", runBackend == Backend::Mpi ? "mpi"
-                                                 : onGpus                   ? "nccl"
-                                                                            : "threads"));
+  bool perProcess = runBackend == Backend::Mpi || runProcesses;
+  if (runProcesses) {
+    // The CUDA runner launches through MPI when told (meshrt::nccl::NcclOptions::fromArgs).
+    std::vector<std::string> mpirun = mpirunCommand(rankCount(*planned));
+    run.insert(run.begin(), mpirun.begin(), mpirun.end());
+    run.insert(run.end(), {"--launch", "mpi"});
+  }
+  stage(fmt::format("running on the {} backend{}",
+                    runBackend == Backend::Mpi ? "mpi"
+                    : onGpus                   ? "nccl"
+                                               : "threads",
+                    runProcesses ? ", one process per GPU (mpirun)" : ""));
   start = Clock::now();
   int rc = execute(run, "", "", error, env.empty() ? nullptr : &env);
   if (rc != 0)
@@ -452,7 +470,7 @@ int runCommand(const char* argv0) {
   double runSeconds = secondsSince(start);
   if (!tracePath.empty()) {
     // Under MPI each process wrote its ranks' file (meshrt/Trace.h): one file again.
-    if (runBackend == Backend::Mpi && !mergeRankTraces(tracePath, rankCount(*planned), error))
+    if (perProcess && !mergeRankTraces(tracePath, rankCount(*planned), error))
       return fail(kExitInternalError, error);
     stage(fmt::format("trace written to {}", tracePath));
   }

@@ -20,6 +20,12 @@ const char* collectiveName(Collective kind) {
     return "broadcast";
   case Collective::Subgroup:
     return "subgroup";
+  case Collective::Send:
+    return "send";
+  case Collective::Recv:
+    return "recv";
+  case Collective::SendRecv:
+    return "sendRecv";
   }
   return "?";
 }
@@ -34,7 +40,26 @@ std::string CallRecord::describe() const {
   if (collective() == Collective::AllReduce || collective() == Collective::ReduceScatter)
     text += std::string(" (") + reduceOpName(ReduceOp(op)) + ")";
   if (collective() == Collective::Broadcast) text += " from root " + std::to_string(root);
+  if (sendTo != Communicator::kNoPeer && collective() != Collective::Permute)
+    text += " to group rank " + std::to_string(sendTo);
+  if (recvFrom != Communicator::kNoPeer && collective() != Collective::Permute)
+    text += " from group rank " + std::to_string(recvFrom);
   return text;
+}
+
+CallRecord pointToPoint(Collective kind, DType dtype, size_t count, int sendTo, int recvFrom,
+                        bool started) {
+  CallRecord record = CallRecord::of(kind, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom);
+  record.started = started ? 1 : 0;
+  return record;
+}
+
+std::string pointToPointMismatch(int sender, DType sentType, size_t sentCount, int receiver,
+                                 DType expectedType, size_t expectedCount) {
+  return "group rank " + std::to_string(sender) + " sent " + std::to_string(sentCount) + " " +
+         dtypeName(sentType) + " but group rank " + std::to_string(receiver) + " expects " +
+         std::to_string(expectedCount) + " " + dtypeName(expectedType) +
+         " (a send and its recv must have the same count and dtype)";
 }
 
 namespace {
@@ -102,6 +127,29 @@ std::string argumentError(const CallRecord& call, const void* in, const void* ou
   default:
     return "";
   }
+}
+
+std::string pointToPointError(const CallRecord& call, const void* sendData, size_t sendCount,
+                              int sendTo, const void* recvData, size_t recvCount, int recvFrom,
+                              int ranks, int rank) {
+  size_t elementSize = dtypeSize(call.type());
+  if ((call.collective() == Collective::Send && sendTo == Communicator::kNoPeer) ||
+      (call.collective() == Collective::Recv && recvFrom == Communicator::kNoPeer))
+    return std::string(call.name()) + " needs a peer (kNoPeer is for sendRecv)";
+  for (int peer : {sendTo, recvFrom}) {
+    if (peer == Communicator::kNoPeer) continue;
+    if (peer < 0 || peer >= ranks)
+      return "peer " + std::to_string(peer) + " is not a rank of the group (of " +
+             std::to_string(ranks) + ")";
+    if (peer == rank) return "peer " + std::to_string(peer) + " is this rank itself";
+  }
+  if (sendTo != Communicator::kNoPeer && !sendData && sendCount) return "the send buffer is null";
+  if (recvFrom != Communicator::kNoPeer && !recvData && recvCount)
+    return "the receive buffer is null";
+  if (sendTo != Communicator::kNoPeer && recvFrom != Communicator::kNoPeer &&
+      overlaps(sendData, sendCount * elementSize, recvData, recvCount * elementSize))
+    return "the send and receive buffers overlap";
+  return "";
 }
 
 std::string permuteMismatch(int ranks, const std::function<const CallRecord&(int)>& callOf) {

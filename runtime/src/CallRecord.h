@@ -7,6 +7,7 @@
 #include "meshrt/Comm.h"
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -20,7 +21,10 @@ enum class Collective : int64_t {
   AllToAll,
   Permute,
   Broadcast,
-  Subgroup // MPI: creating a subgroup (count: the world axes, encoded)
+  Subgroup, // MPI: creating a subgroup (count: the world axes, encoded)
+  Send,     // point-to-point (sendTo: the peer)
+  Recv,     // point-to-point (recvFrom: the peer)
+  SendRecv
 };
 
 const char* collectiveName(Collective kind);
@@ -83,6 +87,50 @@ struct CallRecord {
 /// its buffer).
 std::string argumentError(const CallRecord& call, const void* in, const void* out, int ranks,
                           int rank);
+
+/// The record of a point-to-point call: a send to `sendTo` or a recv from `recvFrom` (started or
+/// not); the count and dtype are what the two ranks must agree on.
+CallRecord pointToPoint(Collective kind, DType dtype, size_t count, int sendTo, int recvFrom,
+                        bool started);
+
+/// What is wrong with a send (`sendTo`, `sendData`) and/or recv (`recvFrom`, `recvData`) of
+/// `count` / `recvCount` elements on group rank `rank` of `ranks`: a peer outside the group or this
+/// rank itself, a null buffer, overlapping buffers; or "". kNoPeer skips that half.
+std::string pointToPointError(const CallRecord& call, const void* sendData, size_t sendCount,
+                              int sendTo, const void* recvData, size_t recvCount, int recvFrom,
+                              int ranks, int rank);
+
+/// sendRecv through a backend's point-to-point queue (`start(record, sendData, recvData)` -> id,
+/// `wait(id)`): both halves are started before either is waited for (a wait progresses the
+/// other half, so neighbours exchanging with each other cannot deadlock); waits for both and
+/// throws the first failure. kNoPeer skips a half.
+template <class Queue>
+void sendRecvThrough(Queue& queue, const void* sendData, size_t sendCount, int sendTo,
+                     void* recvData, size_t recvCount, int recvFrom, DType dtype) {
+  uint64_t sent = 0, received = 0;
+  if (sendTo != Communicator::kNoPeer)
+    sent = queue.start(
+        pointToPoint(Collective::Send, dtype, sendCount, sendTo, Communicator::kNoPeer, false),
+        sendData, nullptr);
+  if (recvFrom != Communicator::kNoPeer)
+    received = queue.start(
+        pointToPoint(Collective::Recv, dtype, recvCount, Communicator::kNoPeer, recvFrom, false),
+        nullptr, recvData);
+  std::exception_ptr failure;
+  for (uint64_t id : {received, sent}) {
+    if (!id) continue;
+    try {
+      queue.wait(id);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+/// "group rank 1 sent 8 f32 but group rank 2 expects 16 f32" (a send and its recv disagree).
+std::string pointToPointMismatch(int sender, DType sentType, size_t sentCount, int receiver,
+                                 DType expectedType, size_t expectedCount);
 
 /// Checks a permute's pairs: every rank's sendTo receives from it and its recvFrom sends to it.
 /// `callOf(q)` is group rank q's call; returns "" when they agree, else what is wrong (every

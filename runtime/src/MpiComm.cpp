@@ -22,6 +22,7 @@
 #include "meshrt/Mpi.h"
 
 #include "CallRecord.h"
+#include "MpiP2p.h"
 
 #include <mpi.h>
 
@@ -111,6 +112,7 @@ struct Started {
   const void* send = nullptr;
   void* receive = nullptr;
   int count = 0;
+  uint64_t pointToPoint = 0;         // a send or recv: its id in MpiPeerOps (not a collective)
   std::vector<Segment<void>> bucket; // a bucket's buffers, packed into `packed` at launch
   std::vector<char> packed;          // the bucket, or an in-place reduceScatter's result
   void* copyTo = nullptr;            // in-place reduceScatter: where `packed` goes
@@ -146,6 +148,7 @@ public:
     for (int rank = 0; rank < mesh.size(); ++rank)
       worldRanks_[size_t(rank)] = rank;
     makeAgreementComm();
+    makePointToPoint();
   }
 
   ~MpiComm() override {
@@ -382,6 +385,41 @@ public:
     return launchOrQueue(call, std::move(started));
   }
 
+  // --- Point-to-point (MpiP2p.h) ---------------------------------------------------------------
+
+  void sendRaw(const void* data, size_t count, DType dtype, int peer) override {
+    Call call = detail::pointToPoint(Collective::Send, dtype, count, peer, kNoPeer, false);
+    checkPointToPoint(call, data, count, peer, nullptr, 0, kNoPeer);
+    p2p_->wait(p2p_->start(call, data, nullptr));
+  }
+
+  void recvRaw(void* data, size_t count, DType dtype, int peer) override {
+    Call call = detail::pointToPoint(Collective::Recv, dtype, count, kNoPeer, peer, false);
+    checkPointToPoint(call, nullptr, 0, kNoPeer, data, count, peer);
+    p2p_->wait(p2p_->start(call, nullptr, data));
+  }
+
+  void sendRecvRaw(const void* sendData, size_t sendCount, int sendTo, void* recvData,
+                   size_t recvCount, int recvFrom, DType dtype) override {
+    Call call =
+        detail::pointToPoint(Collective::SendRecv, dtype, sendCount, sendTo, recvFrom, false);
+    checkPointToPoint(call, sendData, sendCount, sendTo, recvData, recvCount, recvFrom);
+    detail::sendRecvThrough(*p2p_, sendData, sendCount, sendTo, recvData, recvCount, recvFrom,
+                            dtype);
+  }
+
+  Request startSendRaw(const void* data, size_t count, DType dtype, int peer) override {
+    Call call = detail::pointToPoint(Collective::Send, dtype, count, peer, kNoPeer, true);
+    checkPointToPoint(call, data, count, peer, nullptr, 0, kNoPeer);
+    return startedPointToPoint(call, p2p_->start(call, data, nullptr));
+  }
+
+  Request startRecvRaw(void* data, size_t count, DType dtype, int peer) override {
+    Call call = detail::pointToPoint(Collective::Recv, dtype, count, kNoPeer, peer, true);
+    checkPointToPoint(call, nullptr, 0, kNoPeer, data, count, peer);
+    return startedPointToPoint(call, p2p_->start(call, nullptr, data));
+  }
+
   void waitAll() override { waitRaw(nextTicket_); }
 
 protected:
@@ -461,14 +499,51 @@ private:
         started.stage = Started::Stage::Done;
         started.failure = std::current_exception();
       }
-      // Data collectives reach MPI in the order of the starts.
-      if (started.stage < Started::Stage::Running) return;
+      // Data collectives reach MPI in the order of the starts (sends and recvs are MPI's at their
+      // start).
+      if (started.stage < Started::Stage::Running && !started.pointToPoint) return;
     }
   }
 
   /// Blocking calls come after the started ones on this communicator.
+  /// Blocking calls come after the started collectives on this communicator (and the sends and
+  /// recvs started before them; later ones stay in flight).
   void finishStarted() {
-    if (!started_.empty()) waitAll();
+    for (auto last = started_.rbegin(); last != started_.rend(); ++last)
+      if (!last->pointToPoint) return waitRaw(last->ticket);
+  }
+
+  /// The communicator of sends and recvs (a group of one has no peers to talk to).
+  void makePointToPoint() {
+    if (mesh_.size() == 1) return;
+    MPI_Comm comm = MPI_COMM_NULL;
+    int code = MPI_Comm_dup(comm_, &comm);
+    if (code == MPI_SUCCESS) code = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (code != MPI_SUCCESS)
+      throw CommError("", worldRank_,
+                      "meshrt: MPI_Comm_dup (the point-to-point communicator) failed: " +
+                          mpiErrorText(code));
+    p2p_ = std::make_unique<detail::MpiPeerOps>(
+        comm, worldRanks_, groupRank_, options_.timeout,
+        [this](const Call& call, const std::string& cause) { return error(call, cause); });
+  }
+
+  /// Queues a started send or recv (`id` in p2p_) with the started collectives, for its ticket.
+  Request startedPointToPoint(const Call& call, uint64_t id) {
+    Started& queued = started_.emplace_back();
+    queued.call = call;
+    queued.ticket = ++nextTicket_;
+    queued.pointToPoint = id;
+    queued.stage = Started::Stage::Running;
+    return pendingRequest(queued.ticket);
+  }
+
+  void checkPointToPoint(const Call& call, const void* sendData, size_t sendCount, int sendTo,
+                         const void* recvData, size_t recvCount, int recvFrom) const {
+    std::string cause = detail::pointToPointError(call, sendData, sendCount, sendTo, recvData,
+                                                  recvCount, recvFrom, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
+    checkAlive(call);
   }
 
   /// Advances `started` through agreement, launch and completion (blocking: to the end, or a
@@ -480,6 +555,14 @@ private:
       return;
     }
     try {
+      if (started.pointToPoint) {
+        if (block)
+          p2p_->wait(started.pointToPoint);
+        else if (!p2p_->test(started.pointToPoint))
+          return;
+        started.stage = Started::Stage::Done;
+        return;
+      }
       if (started.stage == Started::Stage::Agreeing) {
         if (!poll(started, &started.agreement, block)) return;
         for (int q = 0; q < size(); ++q) {
@@ -579,6 +662,7 @@ private:
         worldRank_(world.worldRank_) {
     MPI_Comm_rank(comm_, &groupRank_);
     makeAgreementComm();
+    makePointToPoint();
   }
 
   /// The communicator of the started collectives' agreement records (with the check on).
@@ -735,6 +819,7 @@ private:
   std::vector<Call> calls_;   // the group's calls, gathered by the agreement check
   std::vector<char> scratch_; // in-place reduceScatter's result
   std::map<std::vector<int>, std::unique_ptr<MpiComm>> subgroups_;
+  std::unique_ptr<detail::MpiPeerOps> p2p_; // sends and recvs (null on a group of one)
 };
 
 } // namespace

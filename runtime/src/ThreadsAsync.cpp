@@ -31,8 +31,10 @@ char* at(const Segment<void>& piece, size_t offset, size_t elementSize) {
 
 } // namespace
 
-AsyncQueue::AsyncQueue(WorldState& world, GroupState& group, int groupRank, AsyncErrorFn error)
-    : world_(world), group_(group), groupRank_(groupRank), error_(std::move(error)) {
+AsyncQueue::AsyncQueue(WorldState& world, GroupState& group, int groupRank, AsyncErrorFn error,
+                       std::function<void()> whileWaiting)
+    : world_(world), group_(group), groupRank_(groupRank), error_(std::move(error)),
+      whileWaiting_(std::move(whileWaiting)) {
   if (size_t(size()) > kCountMask)
     throw std::invalid_argument("meshrt: a group of more than 2^24 ranks");
 }
@@ -353,6 +355,7 @@ template <class Done, class Check> void AsyncQueue::sleepUntil(Done done, Check 
     sched_yield();
   }
   for (;;) {
+    if (whileWaiting_) whileWaiting_();
     group_.asyncSleepers.fetch_add(1);
     uint32_t events = group_.asyncEvents.load();
     if (done()) {

@@ -36,7 +36,11 @@ using AsyncErrorFn = std::function<CommError(const CallRecord&, const std::strin
 
 class AsyncQueue {
 public:
-  AsyncQueue(WorldState& world, GroupState& group, int groupRank, AsyncErrorFn error);
+  /// `whileWaiting` runs between sleeps while this queue waits for its peers (the rank's other
+  /// work in flight, which those peers may be waiting for: its started recvs); it must not
+  /// progress this queue.
+  AsyncQueue(WorldState& world, GroupState& group, int groupRank, AsyncErrorFn error,
+             std::function<void()> whileWaiting = {});
   /// Completes what is still in flight (errors are the world's failure already).
   ~AsyncQueue();
   AsyncQueue(const AsyncQueue&) = delete;
@@ -98,6 +102,7 @@ private:
   GroupState& group_;
   int groupRank_;
   AsyncErrorFn error_;
+  std::function<void()> whileWaiting_;
   uint64_t started_ = 0, completed_ = 0;
   Local locals_[kRing];
   std::vector<const void*> inputs_; // a reduction's inputs, reused

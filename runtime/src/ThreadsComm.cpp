@@ -13,9 +13,11 @@
 
 #include "Reduce.h"
 #include "ThreadsAsync.h"
+#include "ThreadsP2p.h"
 #include "ThreadsState.h"
 
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <sstream>
 
@@ -39,6 +41,14 @@ public:
   /// A world communicator.
   ThreadsComm(WorldState& world, int worldRank)
       : ThreadsComm(world, worldRank, allAxes(world.mesh), nullptr) {}
+
+  ~ThreadsComm() override {
+    // The queues' waiting hooks reach this rank's other communicators and queues, which go away
+    // with this one (members, subgroups): off from here on.
+    closing_ = true;
+    for (auto& [axes, comm] : subgroups_)
+      comm->closing_ = true;
+  }
 
   int rank() const override { return groupRank_; }
   const Mesh& mesh() const override { return group_.mesh; }
@@ -234,15 +244,88 @@ public:
     return started(call, &input, 1, &output, 1);
   }
 
-  void waitAll() override { async_->waitAll(); }
+  // --- Point-to-point (ThreadsP2p.h) -----------------------------------------------------------
+
+  void sendRaw(const void* data, size_t count, DType dtype, int peer) override {
+    Call call{pointToPoint(Collective::Send, dtype, count, peer, kNoPeer, false), data, nullptr};
+    checkPointToPoint(call, data, count, peer, nullptr, 0, kNoPeer);
+    progressOthers();
+    p2p_->wait(p2p_->start(call, data, nullptr));
+  }
+
+  void recvRaw(void* data, size_t count, DType dtype, int peer) override {
+    Call call{pointToPoint(Collective::Recv, dtype, count, kNoPeer, peer, false), nullptr, data};
+    checkPointToPoint(call, nullptr, 0, kNoPeer, data, count, peer);
+    progressOthers();
+    p2p_->wait(p2p_->start(call, nullptr, data));
+  }
+
+  void sendRecvRaw(const void* sendData, size_t sendCount, int sendTo, void* recvData,
+                   size_t recvCount, int recvFrom, DType dtype) override {
+    Call call{pointToPoint(Collective::SendRecv, dtype, sendCount, sendTo, recvFrom, false),
+              sendData, recvData};
+    checkPointToPoint(call, sendData, sendCount, sendTo, recvData, recvCount, recvFrom);
+    progressOthers();
+    detail::sendRecvThrough(*p2p_, sendData, sendCount, sendTo, recvData, recvCount, recvFrom,
+                            dtype);
+  }
+
+  Request startSendRaw(const void* data, size_t count, DType dtype, int peer) override {
+    Call call{pointToPoint(Collective::Send, dtype, count, peer, kNoPeer, true), data, nullptr};
+    checkPointToPoint(call, data, count, peer, nullptr, 0, kNoPeer);
+    progressOthers();
+    return inFlight(false, p2p_->start(call, data, nullptr));
+  }
+
+  Request startRecvRaw(void* data, size_t count, DType dtype, int peer) override {
+    Call call{pointToPoint(Collective::Recv, dtype, count, kNoPeer, peer, true), nullptr, data};
+    checkPointToPoint(call, nullptr, 0, kNoPeer, data, count, peer);
+    progressOthers();
+    return inFlight(false, p2p_->start(call, nullptr, data));
+  }
+
+  void waitAll() override { waitRaw(nextTicket_); }
 
 protected:
-  void waitRaw(uint64_t ticket) override { async_->wait(ticket); }
+  // Tickets number the started collectives and point-to-point operations together, in start
+  // order; each maps to its queue's own number.
+  void waitRaw(uint64_t ticket) override {
+    std::exception_ptr failure;
+    while (!inFlight_.empty() && inFlight_.front().ticket <= ticket) {
+      const InFlight& front = inFlight_.front();
+      try {
+        if (front.collective)
+          async_->wait(front.inner);
+        else
+          p2p_->wait(front.inner);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      completed_ = front.ticket;
+      inFlight_.pop_front();
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
   bool testRaw(uint64_t ticket) override {
     progressOthers();
-    return async_->test(ticket);
+    p2p_->progress();
+    while (!inFlight_.empty() && inFlight_.front().ticket <= ticket) {
+      InFlight front = inFlight_.front();
+      bool done = false;
+      try {
+        done = front.collective ? async_->test(front.inner) : p2p_->test(front.inner);
+      } catch (...) {
+        completed_ = front.ticket;
+        inFlight_.pop_front();
+        throw;
+      }
+      if (!done) break;
+      completed_ = front.ticket;
+      inFlight_.pop_front();
+    }
+    return completed_ >= ticket;
   }
-  uint64_t completedThrough() const override { return async_->completed(); }
+  uint64_t completedThrough() const override { return completed_; }
 
 private:
   ThreadsComm(WorldState& world, int worldRank, std::vector<int> axes, ThreadsComm* worldComm)
@@ -250,26 +333,48 @@ private:
         worldRank_(worldRank), worldComm_(worldComm) {
     groupRank_ = int(std::find(group_.worldRanks.begin(), group_.worldRanks.end(), worldRank) -
                      group_.worldRanks.begin());
-    async_ = std::make_unique<AsyncQueue>(
-        world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
-          return error(Call{record, nullptr, nullptr}, cause);
-        });
+    auto makeError = [this](const CallRecord& record, const std::string& cause) {
+      return error(Call{record, nullptr, nullptr}, cause);
+    };
+    // A rank waiting for peers keeps its other work in flight moving: the peers may wait for it
+    // (a started recv their blocking send waits for, its share of a started collective).
+    async_ = std::make_unique<AsyncQueue>(world_, group_, groupRank_, makeError, [this] {
+      if (closing_) return;
+      progressOthers();
+      if (!p2p_->idle()) p2p_->progress();
+    });
+    p2p_ = std::make_unique<PeerQueue>(world_, group_, groupRank_, makeError, [this] {
+      if (closing_) return;
+      progressOthers();
+      if (!async_->idle()) async_->progress();
+    });
   }
 
   Request started(const Call& call, const Segment<void>* inputs, size_t numInputs,
                   const Segment<void>* outputs, size_t numOutputs) {
     progressOthers();
     uint64_t ticket = async_->start(call, inputs, numInputs, outputs, numOutputs);
-    return ticket ? pendingRequest(ticket) : Request();
+    return ticket ? inFlight(true, ticket) : Request();
+  }
+
+  /// The request of a started collective (`collective`) or point-to-point operation, numbered
+  /// `inner` by its queue.
+  Request inFlight(bool collective, uint64_t inner) {
+    inFlight_.push_back({++nextTicket_, collective, inner});
+    return pendingRequest(nextTicket_);
   }
 
   /// This rank's share of the collectives started on its other groups, as far as it goes without
   /// blocking (every entry into meshrt is a chance to progress them).
   void progressOthers() {
     ThreadsComm& worldComm = worldComm_ ? *worldComm_ : *this;
-    if (&worldComm != this && !worldComm.async_->idle()) worldComm.async_->progress();
+    auto progress = [](ThreadsComm& comm) {
+      if (!comm.async_->idle()) comm.async_->progress();
+      if (!comm.p2p_->idle()) comm.p2p_->progress();
+    };
+    if (&worldComm != this) progress(worldComm);
     for (auto& [axes, comm] : worldComm.subgroups_)
-      if (comm.get() != this && !comm->async_->idle()) comm->async_->progress();
+      if (comm.get() != this) progress(*comm);
   }
 
   static std::vector<int> allAxes(const Mesh& mesh) {
@@ -302,6 +407,12 @@ private:
   /// Argument errors (detail::argumentError) are CommErrors on the calling rank.
   void checkArguments(const Call& call, const void* in, const void* out) const {
     std::string cause = detail::argumentError(call, in, out, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
+  }
+  void checkPointToPoint(const Call& call, const void* sendData, size_t sendCount, int sendTo,
+                         const void* recvData, size_t recvCount, int recvFrom) const {
+    std::string cause = detail::pointToPointError(call, sendData, sendCount, sendTo, recvData,
+                                                  recvCount, recvFrom, size(), groupRank_);
     if (!cause.empty()) throw error(call, cause);
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
@@ -420,6 +531,15 @@ private:
   std::vector<char> scratch_;
   std::vector<const void*> inputs_; // the peers' buffers of a reduction, reused
   std::unique_ptr<AsyncQueue> async_;
+  std::unique_ptr<PeerQueue> p2p_;
+  struct InFlight {
+    uint64_t ticket;
+    bool collective; // else point-to-point
+    uint64_t inner;  // its number in async_ or p2p_
+  };
+  std::deque<InFlight> inFlight_; // started, oldest first
+  uint64_t nextTicket_ = 0, completed_ = 0;
+  bool closing_ = false; // being destroyed: no waiting hooks
   std::map<std::vector<int>, std::unique_ptr<ThreadsComm>> subgroups_;
 };
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -90,6 +91,23 @@ struct alignas(kCacheLine) Slot {
   uint64_t sequence = 0;
 };
 
+/// A send posted by its sender for one receiver (ThreadsP2p.cpp), owned by the sender until its
+/// state leaves Posted. The receiver copies straight from `data`.
+struct P2pMessage {
+  enum State : int { Posted, Done, Rejected };
+  int from = 0; // the sender's group rank
+  CallRecord record;
+  const void* data = nullptr;
+  std::atomic<int> state{Posted};
+  std::string rejection; // the receiver's reason, written before state = Rejected
+};
+
+/// One receiver's posted sends, oldest first (sends from one rank are received in order).
+struct Mailbox {
+  std::mutex mutex;
+  std::deque<P2pMessage*> posted;
+};
+
 /// What the ranks of one group share.
 struct GroupState {
   GroupState(std::vector<int> members, Mesh groupMesh)
@@ -109,6 +127,11 @@ struct GroupState {
   /// Bumped whenever a rank publishes progress on a started collective; waiters sleep on it.
   alignas(kCacheLine) std::atomic<uint32_t> asyncEvents{0};
   std::atomic<uint32_t> asyncSleepers{0};
+  /// Point-to-point (ThreadsP2p.cpp): one mailbox per receiver, and the word its waiters sleep on
+  /// (bumped whenever a send is posted, taken, rejected or withdrawn).
+  std::unique_ptr<Mailbox[]> mailboxes{new Mailbox[worldRanks.size()]};
+  alignas(kCacheLine) std::atomic<uint32_t> p2pEvents{0};
+  std::atomic<uint32_t> p2pSleepers{0};
 };
 
 /// Where a rank waits for missing peers at the start of a collective (to find the rank that
@@ -119,6 +142,8 @@ struct Waiting {
   const GroupState* group = nullptr;
   bool started = false;
   uint64_t mark = 0;
+  /// A point-to-point wait: the world rank it waits for (-1: a collective).
+  int peer = -1;
 };
 
 /// What all ranks share: the groups, and whether (and why) the world has failed.
@@ -206,6 +231,7 @@ public:
     WaitSlot& slot = waiting_[size_t(worldRank)];
     slot.mark.store(where.mark, std::memory_order_relaxed);
     slot.started.store(where.started, std::memory_order_relaxed);
+    slot.peer.store(where.peer, std::memory_order_relaxed);
     slot.group.store(where.group, std::memory_order_release);
   }
   void clearWaiting(int worldRank) {
@@ -233,6 +259,10 @@ public:
                     slot.mark.load(std::memory_order_relaxed)};
       if (!where.group) {
         found.push_back(rank);
+        continue;
+      }
+      if (int peer = slot.peer.load(std::memory_order_relaxed); peer >= 0) {
+        pending.push_back(peer);
         continue;
       }
       for (size_t q = 0; q < where.group->worldRanks.size(); ++q)
@@ -273,6 +303,8 @@ private:
       futexWakeAll(group->generation);
       group->asyncEvents.fetch_add(1);
       futexWakeAll(group->asyncEvents);
+      group->p2pEvents.fetch_add(1);
+      futexWakeAll(group->p2pEvents);
     }
   }
 
@@ -287,6 +319,7 @@ private:
     std::atomic<const GroupState*> group{nullptr};
     std::atomic<bool> started{false};
     std::atomic<uint64_t> mark{0};
+    std::atomic<int> peer{-1};
   };
   std::unique_ptr<WaitSlot[]> waiting_; // per world rank
 };

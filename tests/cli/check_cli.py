@@ -418,6 +418,24 @@ def run_nccl():
         else:
             expect(proc.returncode == 0 and "ok   mlp.y" in proc.stdout and
                    "nccl backend" in proc.stdout, "on GPUs the run matches the interpreter", proc)
+        # --processes: the same binary, one process per GPU under mpirun (NCCL over MPI).
+        procs = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "nccl",
+                            "--mesh", "data=2", "--layout", "auto", "--processes", "--check",
+                            cache=cache)
+        expect("one process per GPU (mpirun)" in procs.stderr,
+               "--processes runs the CUDA runner under mpirun", procs)
+        if re.search(r"no CUDA device (on this host|is visible)", procs.stderr):
+            expect(procs.returncode == 2 and
+                   re.search(r"error: nccl backend, process [01] of 2 \(mpirun\): "
+                             r".*no CUDA device on this host", procs.stderr),
+                   "without a GPU each MPI process stops naming itself and the missing device",
+                   procs)
+        else:
+            expect(procs.returncode == 0 and "ok   mlp.y" in procs.stdout,
+                   "on GPUs the per-process run matches the interpreter", procs)
+        wrong = run_command(MLP, "--function", "mlp", "--no-plan", "--processes", cache=cache)
+        expect(wrong.returncode == 1 and "--processes is an option of --backend nccl" in
+               wrong.stderr, "--processes needs --backend nccl", wrong)
         math = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "nccl",
                            "--cuda-math", "fp8", cache=cache)
         expect(math.returncode == 1 and "--cuda-math" in math.stderr and "fp8" in math.stderr,
@@ -431,7 +449,7 @@ def run_help():
     expect(proc.returncode == 0, "meshc run --help", proc)
     for option in ["--mesh", "--layout", "--machine", "--backend", "--check", "--function",
                    "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan",
-                   "--data", "--steps", "--cuda-math"]:
+                   "--data", "--steps", "--cuda-math", "--processes"]:
         expect(option in proc.stdout, f"meshc run --help lists {option}", proc)
     expect("--emit" not in proc.stdout and "--print-after-all" not in proc.stdout,
            "meshc run --help shows only its own options", proc)

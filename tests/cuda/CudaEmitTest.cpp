@@ -71,6 +71,10 @@ TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]
   REQUIRE(count(cuda->runner, "meshrt::nccl::launch(") == 2);
   REQUIRE(count(cuda->runner, "meshrt::launch(") == 0);
   REQUIRE(count(cuda->runner, "meshrt::LaunchOptions") == 0);
+  // The launch (all ranks in this process, or one process per GPU under mpirun) is read from
+  // the command line and the environment.
+  REQUIRE(count(cuda->runner, "meshrt::nccl::NcclOptions::fromArgs(argc, argv)") == 1);
+  REQUIRE(count(cuda->runner, "--launch threads|mpi") >= 1);
   // The host param API and checkpoints on both targets, over the target's shards.
   for (const char* api : {"paramShards()", "getParam(", "setParam(", "void save(", "void load("})
     REQUIRE(count(cuda->header, api) == count(cpu->header, api));

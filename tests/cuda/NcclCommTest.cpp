@@ -3,7 +3,7 @@
 // (tests/gpu/run.sh) it runs real collectives: all-reduce, subgroup all-gather by
 // ncclCommSplit, and a permute, on as many ranks as there are GPUs (up to 8); and the same
 // communicator on host buffers (staged through the device), as generated runners and
-// checkpoints call it.
+// checkpoints call it; and point-to-point send / recv around a ring of the GPUs.
 #include <catch2/catch.hpp>
 
 #include "meshrt/Nccl.h"
@@ -220,5 +220,66 @@ TEST_CASE("NCCL collectives on host buffers", "[cuda][nccl]") {
     dynamic_cast<meshrt::nccl::NcclCommunicator&>(world).synchronize("test");
     REQUIRE(download(device, 1)[0] == float(world.size()));
     cudaFree(device);
+  });
+}
+
+TEST_CASE("NCCL send / recv: a ring both ways, started, sendRecv, host buffers", "[cuda][nccl]") {
+  int devices = std::min(meshrt::nccl::deviceCount(), 8);
+  if (devices < 2) {
+    WARN("fewer than 2 GPUs: send / recv are compiled here, run by tests/gpu/run.sh");
+    return;
+  }
+  Mesh mesh({{"stage", devices}});
+  meshrt::nccl::runNccl(mesh, [&](meshrt::Communicator& world) {
+    auto& nccl = dynamic_cast<meshrt::nccl::NcclCommunicator&>(world);
+    int p = world.size(), r = world.rank(), next = (r + 1) % p, previous = (r + p - 1) % p;
+    const size_t count = 5000;
+    float *mine = nullptr, *fromPrevious = nullptr, *fromNext = nullptr;
+    for (float** buffer : {&mine, &fromPrevious, &fromNext})
+      REQUIRE(cudaMalloc(buffer, count * sizeof(float)) == cudaSuccess);
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i)
+      values[i] = float(r * 100000 + int(i));
+    REQUIRE(cudaMemcpyAsync(mine, values.data(), count * sizeof(float), cudaMemcpyHostToDevice,
+                            nccl.stream()) == cudaSuccess);
+    auto expectFrom = [&](const float* device, int from) {
+      std::vector<float> got = download(device, count);
+      for (size_t i = 0; i < count; i += 997)
+        REQUIRE(got[i] == float(from * 100000 + int(i)));
+    };
+    // Forward (even ranks send first, odd receive first), then backward with sendRecv.
+    if (r % 2 == 0) {
+      world.send(mine, count, next);
+      world.recv(fromPrevious, count, previous);
+    } else {
+      world.recv(fromPrevious, count, previous);
+      world.send(mine, count, next);
+    }
+    world.sendRecv(mine, count, previous, fromNext, count, next);
+    nccl.synchronize("test");
+    expectFrom(fromPrevious, previous);
+    expectFrom(fromNext, next);
+    // Started: both in flight, then waited. They run in start order on commStream(), so the
+    // ring alternates which one each rank starts first (as the blocking calls above).
+    REQUIRE(cudaMemset(fromPrevious, 0, count * sizeof(float)) == cudaSuccess);
+    meshrt::Request first, second;
+    if (r % 2 == 0) {
+      first = world.startSend(mine, count, next);
+      second = world.startRecv(fromPrevious, count, previous);
+    } else {
+      first = world.startRecv(fromPrevious, count, previous);
+      second = world.startSend(mine, count, next);
+    }
+    world.wait(second);
+    REQUIRE_FALSE(first.pending());
+    nccl.synchronize("test");
+    expectFrom(fromPrevious, previous);
+    // Host buffers: staged, complete on return.
+    std::vector<double> hostOut(7, double(r)), hostIn(7, -1);
+    world.sendRecv(hostOut.data(), hostOut.size(), next, hostIn.data(), hostIn.size(), previous);
+    REQUIRE(hostIn == std::vector<double>(7, double(previous)));
+    world.barrier();
+    for (float* buffer : {mine, fromPrevious, fromNext})
+      cudaFree(buffer);
   });
 }

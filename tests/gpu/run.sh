@@ -3,7 +3,7 @@
 #   tests/gpu/run.sh [results-file]        (default: build-gpu/gpu-results.txt)
 # 1. installs what is missing (scripts/install-deps) and builds meshc, meshrt_cuda, meshrt_nccl
 #    and the GPU programs with CUDA (build-gpu/, sm_90);
-# 2. runs the NCCL backend's collectives test, the lane-math unit test and every device support
+# 2. runs the NCCL backend's collectives test (and point-to-point send / recv), the lane-math unit test and every device support
 #    function against its CPU version (tests/gpu/support_check.cu); the installed package's
 #    CUDA consumer (meshc_add_program ... BACKEND cuda, ctest consumer.cuda.build_and_run) run on
 #    the GPUs against the interpreter;
@@ -14,6 +14,8 @@
 #    blocks also take 5 training steps on the GPU against the interpreter's 5 (params 1e-4),
 #    and resume from a checkpoint saved on the GPU against 10 uninterrupted steps;
 #    then the transformer's train step traced and profiled on the GPUs (meshc run --profile);
+#    the mlp runner for [data=2] as 2 processes (mpirun -np 2, NCCL over MPI) vs the interpreter,
+#    and meshc run --backend nccl --processes;
 # 4. generated einsum (meshrt::cuda::einsum2) against raw cuBLAS on transformer shapes;
 # 5. NCCL all-reduce bus bandwidth on every GPU (compare with the nccl-tests figures in the
 #    brief: 8xH200 ~240 GB/s at 16 MiB, ~368 at 64 MiB).
@@ -75,6 +77,11 @@ for example in mlp transformer bert performer moe vit; do
 done
 cases+=("transformer|data=1|tf32" "transformer|data=1|bf16")
 CUDA_INCLUDE=$(dirname "$(find /usr/include -name cblas.h -path '*openblas*' | head -1)")
+# meshrt_nccl's MPI libraries (its launch through mpirun), one --lib each.
+MPI_LIB_ARGS=""
+while read -r library; do
+  [ -n "$library" ] && MPI_LIB_ARGS+=" --lib=$library"
+done <"$BUILD/runtime/nccl/meshrt_nccl_mpi_libs.txt"
 compile_case() { # compile_case <example|mesh|math> [extra args]
   IFS='|' read -r example mesh math <<<"$1"
   shift
@@ -86,10 +93,10 @@ compile_case() { # compile_case <example|mesh|math> [extra args]
     --include "$ROOT/compiler/codegen/support" --include "$CUDA_INCLUDE" \
     --lib="$BUILD/runtime/cuda/libmeshrt_cuda.a" --lib="$BUILD/runtime/nccl/libmeshrt_nccl.a" \
     --lib="$BUILD/runtime/kernels/libmeshrt_kernels.a" --lib="$BUILD/runtime/libmeshrt.a" \
-    --lib=-lopenblas "$@"
+    --lib=-lopenblas $MPI_LIB_ARGS "$@"
 }
 export -f compile_case
-export ROOT BUILD CUDA_INCLUDE
+export ROOT BUILD CUDA_INCLUDE MPI_LIB_ARGS
 step "e2e: compile ${#cases[@]} cases with nvcc" \
   bash -c 'printf "%s\n" "$@" | xargs -P '"$JOBS"' -I{} bash -c "compile_case \"{}\"" ' _ "${cases[@]}"
 passed=0
@@ -102,6 +109,26 @@ for c in "${cases[@]}"; do
   fi
 done
 log "e2e: $passed of ${#cases[@]} cases match the interpreter"
+
+# Multi-process launch: the same CUDA runner as 2 processes under mpirun (one GPU each, NCCL
+# bootstrapped over MPI) against the interpreter, then through meshc run --processes.
+if [ "$gpus" -ge 2 ]; then
+  mp_dir="$BUILD/gpu-e2e/mlp-data=2-fp32"
+  mp_run="mpirun --allow-run-as-root --oversubscribe -np 2"
+  step "multi-process: mlp [data=2] runner as 2 processes (mpirun -np 2) vs interpreter" \
+    timeout 300 bash -c "compile_case 'mlp|data=2|fp32' --reuse && \
+      $mp_run '$mp_dir/mlp_cuda' '$mp_dir/mlp.mpi.actual' 0 --launch mpi && \
+      '$BUILD/compiler/tools/meshc' '$ROOT/dsl-examples/mlp.mesh' --emit=run --seed 0 \
+        --mesh data=2 --layout auto --dump-outputs '$mp_dir/mlp.mpi.expected' && \
+      python3 '$ROOT/tests/e2e/compare_outputs.py' '$mp_dir/mlp.mpi.actual' \
+        '$mp_dir/mlp.mpi.expected' --tol 1e-4 --tol-bf16 1e-2"
+  step "multi-process: meshc run --backend nccl --processes (transformer train, 3 steps)" \
+    timeout 300 "$BUILD/compiler/tools/meshc" run "$ROOT/dsl-examples/transformer.mesh" \
+    --backend nccl --processes --mesh data=2 --layout auto --function lm_train --steps 3 \
+    --check --no-plan --cache-dir "$BUILD/gpu-processes"
+else
+  log "multi-process: skipped (one GPU; mpirun -np 2 needs two)"
+fi
 
 # Traces on the GPUs: the transformer's train step traced (host timestamps around device-synchronized
 # op groups and NCCL collectives, meshrt/Trace.h) and profiled against the plan.

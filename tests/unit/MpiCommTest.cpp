@@ -2,7 +2,8 @@
 // in the same order, each as one rank. Every collective on the world ([x=4] and [a=2, b=2]) and on
 // subgroups with exact expected values, in place and out of place; the agreement checks (ranks
 // that disagree get a CommError on every rank, and the communicator stays usable); argument errors;
-// and a world whose size is not the mesh's.
+// point-to-point send / recv (rings, chains, started, in order, and their errors); and a world
+// whose size is not the mesh's.
 #define CATCH_CONFIG_RUNNER
 #include "meshrt/Mpi.h"
 
@@ -353,6 +354,116 @@ TEST_CASE("MPI argument errors are CommErrors naming the collective and the rank
   CHECK_THROWS_WITH(world->allToAll(data.data(), data.data() + 1, 1),
                     Catch::Contains("allToAll has no in-place form"));
   CHECK_THROWS_WITH(world->broadcast(data.data(), 1, 4), Catch::Contains("root 4 is not a rank"));
+  world->barrier();
+}
+
+/// Distinct per sender, round and element (exact in every dtype).
+template <class T> std::vector<T> messageOf(int from, int round, size_t count) {
+  std::vector<T> values(count);
+  for (size_t i = 0; i < count; ++i)
+    values[i] = T((from * 1000 + round * 100 + int(i % 97)) % 127);
+  return values;
+}
+
+template <class T> void checkRing(Communicator& comm, int direction) {
+  int p = comm.size(), r = comm.rank();
+  int to = (r + direction + p) % p, from = (r - direction + p) % p;
+  for (size_t count : {size_t(3), size_t(100000)}) { // eager and rendezvous sizes
+    std::vector<T> mine = messageOf<T>(r, 0, count), got(count);
+    if (r % 2 == 0) {
+      comm.send(mine.data(), count, to);
+      comm.recv(got.data(), count, from);
+    } else {
+      comm.recv(got.data(), count, from);
+      comm.send(mine.data(), count, to);
+    }
+    CHECK(got == messageOf<T>(from, 0, count));
+  }
+}
+
+TEST_CASE("MPI send / recv: rings both ways, every dtype, on the world and on subgroups") {
+  forEachGroup([](Communicator& group) {
+    if (group.size() == 1) return;
+    for (int direction : {1, -1}) {
+      checkRing<float>(group, direction);
+      checkRing<double>(group, direction);
+      checkRing<int32_t>(group, direction);
+      checkRing<unsigned char>(group, direction);
+    }
+  });
+}
+
+TEST_CASE("MPI sendRecv along a chain; started sends and recvs with a started all-reduce") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("stage=4"));
+  int p = world->size(), r = world->rank();
+  int next = r + 1 < p ? r + 1 : Communicator::kNoPeer;
+  int previous = r > 0 ? r - 1 : Communicator::kNoPeer;
+  const size_t count = 50000;
+  std::vector<double> activations = messageOf<double>(r, 1, count), fromBehind(count, -1);
+  world->sendRecv(activations.data(), count, next, fromBehind.data(), count, previous);
+  CHECK(fromBehind == (previous == Communicator::kNoPeer ? std::vector<double>(count, -1)
+                                                         : messageOf<double>(previous, 1, count)));
+  // A ring of started sends and recvs: every rank waits for its send first.
+  int ringNext = (r + 1) % p, ringPrevious = (r + p - 1) % p;
+  std::vector<float> mine = messageOf<float>(r, 2, count), got(count), sum(10, float(r + 1));
+  Request out = world->startSend(mine.data(), count, ringNext);
+  Request reduce = world->startAllReduce(sum.data(), sum.size());
+  Request in = world->startRecv(got.data(), count, ringPrevious);
+  world->wait(out);
+  while (!in.test()) {
+  }
+  CHECK_FALSE(reduce.pending());
+  CHECK(got == messageOf<float>(ringPrevious, 2, count));
+  CHECK(sum == std::vector<float>(10, float(p * (p + 1) / 2)));
+  // Several messages from one rank arrive in order.
+  if (r == 0) {
+    std::vector<std::vector<int32_t>> messages;
+    for (int round = 0; round < 3; ++round)
+      messages.push_back(messageOf<int32_t>(0, round, 40));
+    std::vector<Request> sends;
+    for (const auto& message : messages)
+      sends.push_back(world->startSend(message.data(), 40, 1));
+    world->wait(sends.back());
+  } else if (r == 1) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int32_t> message(40);
+      world->recv(message.data(), 40, 0);
+      CHECK(message == messageOf<int32_t>(0, round, 40));
+    }
+  }
+  world->barrier();
+}
+
+TEST_CASE("MPI send / recv errors: sizes and dtypes that disagree, bad peers, no sender") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("x=4"));
+  int r = world->rank();
+  std::vector<float> data(16, 1.0f);
+  // The receiver sees the mismatch (it probes the message first) and can then take it.
+  if (r == 0) world->send(data.data(), 8, 1);
+  if (r == 1) {
+    CHECK_THROWS_WITH(world->recv(data.data(), 16, 0),
+                      Catch::Contains("recv failed on world rank 1") &&
+                          Catch::Contains("group rank 0 sent 8 f32 but group rank 1 expects 16 "
+                                          "f32"));
+    std::vector<int32_t> integers(8);
+    CHECK_THROWS_WITH(world->recv(integers.data(), 8, 0),
+                      Catch::Contains("group rank 0 sent 8 f32 but group rank 1 expects 8 i32"));
+    world->recv(data.data(), 8, 0);
+  }
+  CHECK_THROWS_WITH(world->send(data.data(), 1, r), Catch::Contains("is this rank itself"));
+  CHECK_THROWS_WITH(world->recv(data.data(), 1, 4),
+                    Catch::Contains("recv failed on world rank " + std::to_string(r)) &&
+                        Catch::Contains("peer 4 is not a rank of the group"));
+  world->barrier();
+  // A recv whose sender never sends: a timeout naming both ranks.
+  MpiOptions shortWait;
+  shortWait.timeout = std::chrono::milliseconds(500);
+  std::unique_ptr<Communicator> impatient = mpiWorld(Mesh::parse("x=4"), shortWait);
+  if (r == 2)
+    CHECK_THROWS_WITH(impatient->recv(data.data(), 4, 1),
+                      Catch::Contains("recv failed on world rank 2") &&
+                          Catch::Contains("recv of 4 f32 from group rank 1: timed out after "
+                                          "0.5 s: group rank 1 (world rank 1) sent nothing"));
   world->barrier();
 }
 

@@ -6,6 +6,9 @@
 //            allreduce: the nonblocking collective times out.
 //   throw:   world rank 1 throws; the launcher prints its error and aborts the job.
 //   size:    the mesh has 4 ranks but the MPI world another number of processes.
+//   recv_timeout: world rank 2 waits to receive from world rank 1, which never sends; rank 2
+//            times out naming both and the launcher aborts the job.
+//   recv_mismatch: world rank 0 sends 8 f32 to world rank 1, which expects 16.
 #include "meshrt/Launch.h"
 
 #include <chrono>
@@ -27,6 +30,19 @@ int main(int argc, char** argv) {
       if (mode == "timeout") world.barrier();
       float x = 1;
       world.allReduce(&x, 1);
+    } else if (mode == "recv_timeout") {
+      float x = 0;
+      // Every rank but 2 waits outside meshrt until rank 2's abort ends the job (none reaches
+      // MPI_Finalize first, and no other rank's timeout races with rank 2's message).
+      if (world.rank() == 2)
+        world.recv(&x, 1, 1);
+      else
+        std::this_thread::sleep_for(world.timeout() * 20);
+    } else if (mode == "recv_mismatch") {
+      float data[16] = {};
+      if (world.rank() == 0) world.send(data, 8, 1);
+      if (world.rank() == 1) world.recv(data, 16, 0);
+      world.barrier();
     } else if (mode == "throw") {
       world.barrier();
       if (world.rank() == 1) throw std::runtime_error("boom in rank 1");

@@ -123,3 +123,31 @@ TEST_CASE("a process holding some ranks writes its own file", "[trace]") {
     }
   CHECK(events == 1);
 }
+
+TEST_CASE("traces record sends and recvs in the category p2p", "[trace][p2p]") {
+  std::string path = "trace_test_p2p_" + std::to_string(::getpid()) + ".json";
+  trace::enable(path);
+  runThreads(Mesh::parse("stage=2"), [](Communicator& world) {
+    std::vector<float> data(16, 1.0f), got(16);
+    MESHRT_TRACE_SPAN(world);
+    MESHRT_TRACE_SITE("t.mesh:7:1");
+    if (world.rank() == 0) {
+      world.send(data.data(), data.size(), 1);
+      world.startRecv(got.data(), got.size(), 1).wait();
+    } else {
+      world.recv(got.data(), got.size(), 0);
+      world.sendRecv(data.data(), data.size(), 0, got.data(), 0, Communicator::kNoPeer);
+    }
+  });
+  trace::finish();
+  nlohmann::json trace = readJson(path);
+  std::remove(path.c_str());
+  std::map<int, std::map<std::string, nlohmann::json>> byRank;
+  for (const nlohmann::json& event : trace["traceEvents"])
+    if (event["ph"] == "X") byRank[event["pid"].get<int>()][event["name"]] = event;
+  CHECK(byRank[0]["send t.mesh:7:1"]["cat"] == "p2p");
+  CHECK(byRank[0]["send t.mesh:7:1"]["args"]["bytes"] == 64);
+  CHECK(byRank[0]["startRecv t.mesh:7:1"]["cat"] == "p2p");
+  CHECK(byRank[1]["recv t.mesh:7:1"]["cat"] == "p2p");
+  CHECK(byRank[1]["sendRecv t.mesh:7:1"]["args"]["bytes"] == 64);
+}

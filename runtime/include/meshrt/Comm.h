@@ -19,8 +19,9 @@
 // - Started collectives (startAllReduce, ...) return a Request and run while the rank computes;
 //   wait(request) completes it. Every rank starts the same collectives in the same order (as for
 //   blocking calls, checked the same way); requests on one communicator complete in the order
-//   they were started; a blocking collective first completes the requests in flight on its
-//   communicator.
+//   they were started; a blocking collective first completes the started collectives in flight
+//   on its communicator (and the sends and recvs started before them).
+// - Point-to-point send / recv (pipeline stages) involve two ranks only; see "Point-to-point".
 //
 // Host code, C++17 and up (generated CUDA sources include it through nvcc's host compiler).
 #pragma once
@@ -168,6 +169,8 @@ public:
   static constexpr int kNoPeer = -1;
   /// The category of the collectives' trace events (meshrt/Trace.h).
   static constexpr const char* kCollective = "collective";
+  /// The category of send / recv trace events.
+  static constexpr const char* kPointToPoint = "p2p";
 
   virtual ~Communicator() = default;
 
@@ -263,8 +266,9 @@ public:
   // a disagreement is a CommError at wait (or earlier) on every rank, a rank that never starts
   // one is a timeout at the waiters. Requests on one communicator complete in the order they were
   // started: waiting for one completes those started before it. A blocking collective first
-  // completes the requests in flight on its communicator. On the NCCL backend wait() orders the
-  // rank's stream after the collective instead of blocking the host (see Nccl.h).
+  // completes the started collectives in flight on its communicator (and what was started before
+  // them: sends and recvs started after the last one stay in flight). On the NCCL backend wait()
+  // orders the rank's stream after the collective instead of blocking the host (see Nccl.h).
 
   /// allReduce, started: `count` elements, in == out for in place.
   template <class T>
@@ -313,6 +317,50 @@ public:
     return startAllGatherRaw(in, out, countPerRank, DTypeOf<T>::value);
   }
 
+  // --- Point-to-point -------------------------------------------------------------------------
+  // send / recv move one buffer between two ranks of the group (pipeline stages: activations
+  // forward, their gradients back). `peer` is a group rank other than rank(). The sends from one
+  // rank to another on one communicator are received in the order they were sent (no tags); a
+  // recv must name the dtype and count its matching send has (checked: a mismatch is a CommError
+  // on both ranks). A blocking send may wait until the receiver has taken the data (threads: it
+  // always does, the receiver copying straight from the sender's buffer), so two ranks that send
+  // to each other use sendRecv, or start one side. A recv whose sender never sends fails after
+  // timeout() naming both ranks. Unlike collectives, only the two ranks take part.
+  // Started forms (startSend, startRecv) return a Request that completes as the started
+  // collectives' do (in start order on the communicator; the buffer belongs to the call until
+  // then); a blocking send or recv does not wait for the requests in flight, so that a rank can
+  // start a send and then receive. On NCCL they are stream-ordered like the collectives.
+
+  /// Sends `count` elements at `data` to group rank `peer`.
+  template <class T> void send(const T* data, size_t count, int peer) {
+    trace::Scope probe(*this, "send", kPointToPoint, count * sizeof(T));
+    sendRaw(data, count, DTypeOf<T>::value, peer);
+  }
+  /// Receives `count` elements from group rank `peer` into `data`.
+  template <class T> void recv(T* data, size_t count, int peer) {
+    trace::Scope probe(*this, "recv", kPointToPoint, count * sizeof(T));
+    recvRaw(data, count, DTypeOf<T>::value, peer);
+  }
+  /// send(sendData, sendCount, sendTo) and recv(recvData, recvCount, recvFrom) at once, so that
+  /// neighbours exchanging with each other cannot deadlock. Either peer may be kNoPeer (that half
+  /// is skipped: the first and last pipeline stages). The buffers must not overlap.
+  template <class T>
+  void sendRecv(const T* sendData, size_t sendCount, int sendTo, T* recvData, size_t recvCount,
+                int recvFrom) {
+    trace::Scope probe(*this, "sendRecv", kPointToPoint, (sendCount + recvCount) * sizeof(T));
+    sendRecvRaw(sendData, sendCount, sendTo, recvData, recvCount, recvFrom, DTypeOf<T>::value);
+  }
+  /// send, started.
+  template <class T> Request startSend(const T* data, size_t count, int peer) {
+    trace::Scope probe(*this, "startSend", kPointToPoint, count * sizeof(T));
+    return startSendRaw(data, count, DTypeOf<T>::value, peer);
+  }
+  /// recv, started.
+  template <class T> Request startRecv(T* data, size_t count, int peer) {
+    trace::Scope probe(*this, "startRecv", kPointToPoint, count * sizeof(T));
+    return startRecvRaw(data, count, DTypeOf<T>::value, peer);
+  }
+
   /// Completes `request` (and every request started before it on this communicator). Throws
   /// CommError if it failed; either way it is no longer pending. No-op when not pending; a
   /// request of another communicator is std::invalid_argument.
@@ -340,6 +388,12 @@ public:
                                         ReduceOp op) = 0;
   virtual Request startAllGatherRaw(const void* in, void* out, size_t countPerRank,
                                     DType dtype) = 0;
+  virtual void sendRaw(const void* data, size_t count, DType dtype, int peer) = 0;
+  virtual void recvRaw(void* data, size_t count, DType dtype, int peer) = 0;
+  virtual void sendRecvRaw(const void* sendData, size_t sendCount, int sendTo, void* recvData,
+                           size_t recvCount, int recvFrom, DType dtype) = 0;
+  virtual Request startSendRaw(const void* data, size_t count, DType dtype, int peer) = 0;
+  virtual Request startRecvRaw(void* data, size_t count, DType dtype, int peer) = 0;
 
   /// The (sendTo, recvFrom) pair of shift(offset, boundary) on this rank.
   std::pair<int, int> shiftPeers(int offset, Boundary boundary) const;

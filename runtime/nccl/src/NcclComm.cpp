@@ -234,8 +234,9 @@ void NcclCommunicator::abort() {
 
 void NcclCommunicator::onDevice(const char* collective, const void* in, size_t inBytes, void* out,
                                 size_t outBytes,
-                                const std::function<void(const void*, void*)>& enqueue) {
-  orderAfterStarted();
+                                const std::function<void(const void*, void*)>& enqueue,
+                                bool afterStarted) {
+  if (afterStarted) orderAfterStarted();
   bool hostIn = inBytes && isHostMemory(in), hostOut = outBytes && isHostMemory(out);
   if (!hostIn && !hostOut) {
     enqueue(in, out);
@@ -495,6 +496,81 @@ Request NcclCommunicator::startAllGatherRaw(const void* in, void* out, size_t co
   return startOnCommStream(name, [&] {
     checkNccl(ncclAllGather(in, out, countPerRank, ncclType(dtype, name), comm_, commStream_),
               comm_, name, worldRank_, "ncclAllGather");
+  });
+}
+
+// --- Point-to-point ------------------------------------------------------------------------------
+
+void NcclCommunicator::checkPeer(const char* collective, int peer, bool optional) const {
+  if (optional && peer == kNoPeer) return;
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw CommError(collective, worldRank_,
+                    std::string(collective) + ": peer " + std::to_string(peer) +
+                        (peer == rank_ ? " is this rank itself"
+                                       : " is outside a group of " + std::to_string(size())));
+}
+
+void NcclCommunicator::enqueuePointToPoint(const char* collective, const void* sendData,
+                                           size_t sendCount, int sendTo, void* recvData,
+                                           size_t recvCount, int recvFrom, DType dtype,
+                                           cudaStream_t stream) {
+  ncclDataType_t type = ncclType(dtype, collective);
+  checkNccl(ncclGroupStart(), comm_, collective, worldRank_, "ncclGroupStart");
+  if (sendTo != kNoPeer)
+    checkNccl(ncclSend(sendData, sendCount, type, sendTo, comm_, stream), comm_, collective,
+              worldRank_, "ncclSend");
+  if (recvFrom != kNoPeer)
+    checkNccl(ncclRecv(recvData, recvCount, type, recvFrom, comm_, stream), comm_, collective,
+              worldRank_, "ncclRecv");
+  checkNccl(ncclGroupEnd(), comm_, collective, worldRank_, "ncclGroupEnd");
+}
+
+void NcclCommunicator::sendRaw(const void* data, size_t count, DType dtype, int peer) {
+  sendRecvRaw(data, count, peer, nullptr, 0, kNoPeer, dtype);
+}
+
+void NcclCommunicator::recvRaw(void* data, size_t count, DType dtype, int peer) {
+  sendRecvRaw(nullptr, 0, kNoPeer, data, count, peer, dtype);
+}
+
+void NcclCommunicator::sendRecvRaw(const void* sendData, size_t sendCount, int sendTo,
+                                   void* recvData, size_t recvCount, int recvFrom, DType dtype) {
+  const char* name = sendTo == kNoPeer ? "recv" : recvFrom == kNoPeer ? "send" : "sendRecv";
+  checkPeer(name, sendTo, true);
+  checkPeer(name, recvFrom, true);
+  size_t sendBytes = sendTo == kNoPeer ? 0 : bytesOf(sendCount, dtype);
+  size_t recvBytes = recvFrom == kNoPeer ? 0 : bytesOf(recvCount, dtype);
+  if (overlaps(sendData, sendBytes, recvData, recvBytes))
+    throw CommError(name, worldRank_, std::string(name) + ": the send and receive buffers overlap");
+  enter(name);
+  onDevice(
+      name, sendData, sendBytes, recvData, recvBytes,
+      [&](const void* deviceIn, void* deviceOut) {
+        enqueuePointToPoint(name, deviceIn, sendCount, sendTo, deviceOut, recvCount, recvFrom,
+                            dtype, stream_);
+      },
+      /*afterStarted=*/false);
+}
+
+Request NcclCommunicator::startSendRaw(const void* data, size_t count, DType dtype, int peer) {
+  checkPeer("send", peer, false);
+  if (count && isHostMemory(data)) {
+    sendRaw(data, count, dtype, peer); // staged: complete on return
+    return Request();
+  }
+  return startOnCommStream("send", [&] {
+    enqueuePointToPoint("send", data, count, peer, nullptr, 0, kNoPeer, dtype, commStream_);
+  });
+}
+
+Request NcclCommunicator::startRecvRaw(void* data, size_t count, DType dtype, int peer) {
+  checkPeer("recv", peer, false);
+  if (count && isHostMemory(data)) {
+    recvRaw(data, count, dtype, peer);
+    return Request();
+  }
+  return startOnCommStream("recv", [&] {
+    enqueuePointToPoint("recv", nullptr, 0, kNoPeer, data, count, peer, dtype, commStream_);
   });
 }
 

@@ -85,6 +85,15 @@ public:
   Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
                                 ReduceOp op) override;
   Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override;
+  /// ncclSend / ncclRecv (in one NCCL group for sendRecv) on stream(); the started forms on
+  /// commStream(), as the started collectives. NCCL carries no header: the count and dtype of a
+  /// send and its recv are not checked against each other here (the CPU backends check them).
+  void sendRaw(const void* data, size_t count, DType dtype, int peer) override;
+  void recvRaw(void* data, size_t count, DType dtype, int peer) override;
+  void sendRecvRaw(const void* sendData, size_t sendCount, int sendTo, void* recvData,
+                   size_t recvCount, int recvFrom, DType dtype) override;
+  Request startSendRaw(const void* data, size_t count, DType dtype, int peer) override;
+  Request startRecvRaw(void* data, size_t count, DType dtype, int peer) override;
   void waitAll() override;
 
   /// The CUDA device and stream of this rank (shared by the world and its subgroups).
@@ -130,9 +139,18 @@ private:
   /// and `out` as device addresses: device buffers as they are (returns without waiting); host
   /// buffers staged through scratch_ (copied in, copied out, stream synchronized). Every
   /// collective goes through here.
+  /// `afterStarted`: first order stream() after the started requests (collectives do; sends and
+  /// recvs do not, or a started send would hold back the recv its peer's send waits for).
   void onDevice(const char* collective, const void* in, size_t inBytes, void* out, size_t outBytes,
-                const std::function<void(const void* deviceIn, void* deviceOut)>& enqueue);
+                const std::function<void(const void* deviceIn, void* deviceOut)>& enqueue,
+                bool afterStarted = true);
   size_t bytesOf(size_t count, DType dtype) const { return count * dtypeSize(dtype); }
+  /// Throws CommError unless `peer` is kNoPeer (when `optional`) or another rank of the group.
+  void checkPeer(const char* collective, int peer, bool optional) const;
+  /// Enqueues the NCCL calls of a send to `sendTo` and/or a recv from `recvFrom` on `stream`.
+  void enqueuePointToPoint(const char* collective, const void* sendData, size_t sendCount,
+                           int sendTo, void* recvData, size_t recvCount, int recvFrom, DType dtype,
+                           cudaStream_t stream);
 
   Mesh mesh_;
   int rank_ = 0, worldRank_ = 0, device_ = 0;
@@ -152,11 +170,28 @@ private:
   size_t scratchBytes_ = 0;
 };
 
+/// How the ranks of launch() run: every rank a thread of this process (one GPU each), or one
+/// process per GPU started by mpirun, on one host or several (NCCL bootstrapped over MPI:
+/// worldFromMpi in meshrt/NcclMpi.h; needs meshrt_nccl built with MPI).
+enum class NcclLaunch { Threads, Mpi };
+
 struct NcclOptions {
-  /// The GPUs to use, rank r on devices[r % devices.size()]; empty: every visible device.
+  /// The GPUs to use, rank r on devices[r % devices.size()]; empty: every visible device. Under
+  /// MPI each process takes GPU (its rank among its host's processes) % (the host's GPUs).
   std::vector<int> devices;
   std::chrono::milliseconds timeout = defaultTimeout();
+  /// MESHRT_NCCL_LAUNCH (threads|mpi) if set, else Mpi when this process was started by mpirun
+  /// (OMPI_COMM_WORLD_SIZE or PMI_SIZE in the environment), else Threads.
+  NcclLaunch launch = defaultLaunch();
+
+  static NcclLaunch defaultLaunch();
+  /// The defaults, then `--launch threads|mpi` (or `--launch=...`) from the command line, which
+  /// it removes from argv. Throws std::invalid_argument on another value.
+  static NcclOptions fromArgs(int& argc, char** argv);
 };
+
+/// Whether this meshrt_nccl can launch through MPI (it was built with MPI).
+bool mpiLaunchBuilt();
 
 /// Runs `program` on every rank of `mesh`, one thread per rank, each with its world
 /// NcclCommunicator (its CUDA device current). Rethrows the first rank's exception after every
@@ -164,13 +199,13 @@ struct NcclOptions {
 void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program,
              const NcclOptions& options = {});
 
-/// The generated CUDA runner's entry, shaped like meshrt::launch: runs every rank in this
-/// process (so this process holds world rank 0: returns true).
-inline bool launch(const Mesh& mesh, const NcclOptions& options,
-                   const std::function<void(Communicator&)>& program) {
-  runNccl(mesh, program, options);
-  return true;
-}
+/// The generated CUDA runner's entry, shaped like meshrt::launch. Threads: runs every rank in
+/// this process (runNccl; returns true). Mpi: runs this process's rank (the MPI world's size must
+/// be mesh.size()) on its GPU and returns whether it is world rank 0, the one that reports; a
+/// rank that fails prints its error and ends the job with MPI_Abort (exit status 1), since MPI
+/// cannot withdraw its peers from the collectives they wait in (a world of one rethrows).
+bool launch(const Mesh& mesh, const NcclOptions& options,
+            const std::function<void(Communicator&)>& program);
 
 /// The number of visible CUDA devices (0 when there is none or no driver).
 int deviceCount();

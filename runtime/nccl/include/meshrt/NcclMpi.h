@@ -15,4 +15,10 @@ namespace meshrt::nccl {
 std::unique_ptr<NcclCommunicator>
 worldFromMpi(const Mesh& mesh, MPI_Comm comm, std::chrono::milliseconds timeout = defaultTimeout());
 
+/// launch() with NcclLaunch::Mpi: initializes MPI if nobody has (finalized at exit), runs this
+/// process's rank of `mesh` over MPI_COMM_WORLD (worldFromMpi) and returns whether it is world
+/// rank 0. Failures: see launch().
+bool launchWithMpi(const Mesh& mesh, const NcclOptions& options,
+                   const std::function<void(Communicator&)>& program);
+
 } // namespace meshrt::nccl
