@@ -10,6 +10,7 @@
 
 #include "planner/CostModel.h"
 #include "planner/MergeCollectives.h"
+#include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 
@@ -951,13 +952,16 @@ struct PlanEvaluator::Impl {
     findPartners();
     prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)
-      if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
+      if (lastUse_[v] >= 0 && fn.ops[fn.values[v].definingOp].kind != OpKind::Param)
+        freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
     for (const ir::ParamInfo& param : fn.params)
       if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
     prepareBound();
+    for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
+      opKeys_.add(fn.ops[i].operands, involved_[i]);
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
@@ -1174,12 +1178,8 @@ private:
   std::map<TensorLayout, int> stateIdOf_;
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
-  struct LastPlan {
-    std::vector<int> key;
-    const OpPlan* plan = nullptr;
-  };
-  std::vector<LastPlan> lastPlanOf_ = std::vector<LastPlan>(fn_.ops.size()); // per op
-  std::vector<int> key_;                                                     // scratch for planOf
+  OpKeyTable<OpPlan> opKeys_; // per op: what its key reads, and its last key
+  std::vector<int> key_;       // scratch for planOf
   std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
 };
 
@@ -1231,32 +1231,33 @@ OptimizerModel optimizerModel(const ir::Function& fn) {
 const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& dimAxesIds,
                                           const std::vector<int>& stateOf, OpRules& rules) {
   const ir::Op& op = fn_.ops[i];
-  key_.clear();
-  key_.push_back(staticIds_[i]);
-  key_.push_back(static_cast<int>(phases_[i]));
+  std::span<const ir::ValueId> operands = opKeys_.operands(i);
+  key_.resize(opKeys_.keySize(i));
+  int* key = key_.data();
+  key[0] = staticIds_[i];
+  key[1] = static_cast<int>(phases_[i]);
   // A partial sum that several ops read is resolved where it is first read, and every reader
   // reads the resolved value, when that is cheaper than keeping it lazy in each (resolveOnce):
   // an RMS norm's input, read by the mean square and by the scaling, is resolved once, not once
   // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; readsShared_[i] && k < op.operands.size() && k < 30; ++k)
-    if (resolveOnce(op.operands[k], stateOf[op.operands[k]])) eagerMask |= 1 << k;
-  key_.push_back(eagerMask);
+  for (size_t k = 0; readsShared_[i] && k < operands.size() && k < 30; ++k)
+    if (resolveOnce(operands[k], stateOf[operands[k]])) eagerMask |= 1 << k;
+  key[2] = eagerMask;
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
-  key_.push_back(partnerState); // a later sum's axes come from dims in involved_
-  for (ir::ValueId operand : op.operands)
-    key_.push_back(stateOf[operand]);
-  for (int dim : involved_[i])
-    key_.push_back(dimAxesIds[dim]);
+  key[3] = partnerState; // a later sum's axes come from dims in involved_
+  int* next = key + OpKeyTable<OpPlan>::kFixedEntries;
+  for (ir::ValueId operand : operands)
+    *next++ = stateOf[operand];
+  for (ir::ValueId dim : opKeys_.dims(i))
+    *next++ = dimAxesIds[dim];
   // Neighbouring layouts of a search mostly give an op the same key as last time: compared
   // first, before hashing.
-  LastPlan& last = lastPlanOf_[i];
-  if (last.plan && last.key == key_) return *last.plan;
+  if (const OpPlan* last = opKeys_.lastPlan(i, key)) return *last;
   auto memo = opMemo_.find(key_);
   if (memo != opMemo_.end()) {
-    last.key = key_;
-    last.plan = &memo->second; // the map's nodes stay put
+    opKeys_.setLast(i, key, &memo->second); // the map's nodes stay put
     return memo->second;
   }
   std::vector<const TensorLayout*> operandStates;
@@ -1287,9 +1288,9 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     plan.requiredIds.push_back(internState(required));
   plan.resultId = internState(plan.result);
   plan.resultBytes = localBytes(fn_.typeOf(op.result), plan.result, mesh_);
-  last.key = key_;
-  last.plan = &opMemo_.emplace(key_, std::move(plan)).first->second;
-  return *last.plan;
+  const OpPlan* planned = &opMemo_.emplace(key_, std::move(plan)).first->second;
+  opKeys_.setLast(i, key_.data(), planned);
+  return *planned;
 }
 
 EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
@@ -1423,9 +1424,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     }
 
     double temporary = 0;
-    std::vector<SpmdValueId> operandIds(out ? op.operands.size() : 0, 0);
-    for (size_t k = 0; k < op.operands.size(); ++k) {
-      ir::ValueId operand = op.operands[k];
+    std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    std::vector<SpmdValueId> operandIds(out ? operands.size() : 0, 0);
+    for (size_t k = 0; k < operands.size(); ++k) {
+      ir::ValueId operand = operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
       std::string reason; // only the SPMD function shows it
       if (out && describe_ && stateOf[operand] != plan.requiredIds[k]) {
@@ -1475,8 +1477,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       }
     }
     for (ir::ValueId dead : freesAt_[i])
-      if (fn_.ops[fn_.values[dead].definingOp].kind != OpKind::Param)
-        live -= static_cast<double>(bytesOf[dead]);
+      live -= static_cast<double>(bytesOf[dead]);
 
     if (!out) continue;
     SpmdOp spmdOp;
@@ -1870,8 +1871,9 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     const ir::Op& op = fn_.ops[i];
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
     if (!plan.divisible) return kInfinity; // every completion has this split
-    for (size_t k = 0; k < op.operands.size(); ++k)
-      communication += reshardCost(op.operands[k], plan.requiredIds[k]);
+    std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    for (size_t k = 0; k < operands.size(); ++k)
+      communication += reshardCost(operands[k], plan.requiredIds[k]);
     compute += plan.computeSeconds;
     communication += plan.postSeconds;
     stateOf[op.result] = plan.resultId;
@@ -1971,14 +1973,14 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
   if (sharedOf_[value] < 0 || stateId < 0) return false;
-  // A copy: interning the resolved state below may grow states_.
-  const TensorLayout state = states_[stateId];
-  if (state.partialAxes.empty() || state.partialIsMax) return false;
+  if (states_[stateId].partialAxes.empty() || states_[stateId].partialIsMax) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
   uint64_t key = uint64_t(uint32_t(shared.signature)) << 32 | uint32_t(stateId);
   auto memo = resolveOnceMemo_.find(key);
   if (memo != resolveOnceMemo_.end()) return memo->second;
+  // A copy: interning the resolved state below may grow states_.
+  const TensorLayout state = states_[stateId];
   TensorLayout resolved = state;
   resolved.partialAxes.clear();
   const std::optional<ReshardPath>& path = reshard(value, stateId, internState(resolved));

@@ -1,0 +1,76 @@
+// The per-op inputs of the SPMD rules' memo key (PlanEvaluator::Impl::planOf), stored flat and
+// in op order, with each op's last key and plan. A layout search walks every op of a function
+// for each of thousands of candidate layouts; reading each ir::Op's operand vector and each op's
+// dims from their own heap blocks made that walk wait on memory for most of planning time (the
+// 48-layer train block: about 10,000 ops per walk). Here a walk reads one array front to back.
+#pragma once
+
+#include "ir/IR.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace meshc::plan {
+
+template <typename Plan> class OpKeyTable {
+public:
+  /// Key entries before the operands' states and the dims' axes (planOf: static id, phase,
+  /// eager mask, partner state).
+  static constexpr size_t kFixedEntries = 4;
+
+  /// Appends the next op: the values it reads and the dims whose axes its plan depends on.
+  void add(const std::vector<ir::ValueId>& operands, const std::vector<int>& dims) {
+    Entry entry;
+    entry.begin = static_cast<uint32_t>(inputs_.size());
+    entry.numOperands = static_cast<uint16_t>(operands.size());
+    entry.numDims = static_cast<uint16_t>(dims.size());
+    entry.keyBegin = static_cast<uint32_t>(lastKeys_.size());
+    inputs_.insert(inputs_.end(), operands.begin(), operands.end());
+    inputs_.insert(inputs_.end(), dims.begin(), dims.end());
+    lastKeys_.resize(lastKeys_.size() + kFixedEntries + operands.size() + dims.size());
+    entries_.push_back(entry);
+    lastPlans_.push_back(nullptr);
+  }
+
+  std::span<const ir::ValueId> operands(uint32_t op) const {
+    const Entry& entry = entries_[op];
+    return {inputs_.data() + entry.begin, entry.numOperands};
+  }
+  /// Dim indices (stored as value ids: both are small unsigned integers).
+  std::span<const ir::ValueId> dims(uint32_t op) const {
+    const Entry& entry = entries_[op];
+    return {inputs_.data() + entry.begin + entry.numOperands, entry.numDims};
+  }
+  size_t keySize(uint32_t op) const {
+    return kFixedEntries + entries_[op].numOperands + entries_[op].numDims;
+  }
+
+  /// The plan of the op's last key, when `key` (keySize(op) entries) is that key again.
+  const Plan* lastPlan(uint32_t op, const int* key) const {
+    const Plan* plan = lastPlans_[op];
+    if (!plan) return nullptr;
+    const int* last = lastKeys_.data() + entries_[op].keyBegin;
+    for (size_t k = 0, n = keySize(op); k < n; ++k)
+      if (last[k] != key[k]) return nullptr;
+    return plan;
+  }
+  void setLast(uint32_t op, const int* key, const Plan* plan) {
+    int* last = lastKeys_.data() + entries_[op].keyBegin;
+    for (size_t k = 0, n = keySize(op); k < n; ++k)
+      last[k] = key[k];
+    lastPlans_[op] = plan;
+  }
+
+private:
+  struct Entry {
+    uint32_t begin = 0, keyBegin = 0;
+    uint16_t numOperands = 0, numDims = 0;
+  };
+  std::vector<Entry> entries_;
+  std::vector<ir::ValueId> inputs_; // per op: its operands, then its dims
+  std::vector<int> lastKeys_;       // per op: its last key, keySize(op) entries
+  std::vector<const Plan*> lastPlans_;
+};
+
+} // namespace meshc::plan
