@@ -1179,7 +1179,7 @@ private:
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan> opKeys_; // per op: what its key reads, and its last key
-  std::vector<int> key_;       // scratch for planOf
+  std::vector<int> key_;      // scratch for planOf
   std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
 };
 
