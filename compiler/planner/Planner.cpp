@@ -82,14 +82,19 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
     plan.pinnedDims.insert(dim);
   Layout layout = pinned;
   // An explicit budget is checked even when nothing is searched (one candidate: the layout).
+  // The search's evaluator lowers the layout it found (its memo tables are built already).
+  std::optional<PlanEvaluator> evaluator;
   if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
+    evaluator.emplace(module, fn, mesh, machine);
     std::optional<SearchResult> search =
-        searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
+        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
     if (!search) return std::nullopt;
     layout = search->layout;
     if (!toSearch.empty()) plan.search = std::move(*search);
   }
-  std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
+  std::optional<SpmdFunction> spmd = evaluator
+                                         ? evaluator->lower(layout, diag)
+                                         : lowerToSpmd(module, fn, mesh, layout, machine, diag);
   if (!spmd) return std::nullopt;
   plan.spmd = std::move(*spmd);
   return plan;

@@ -68,6 +68,20 @@ struct OpPlan {
   int64_t resultBytes = 0;
 };
 
+/// What a walk reads of an op's plan, copied next to the op's key (OpKeyTable).
+struct OpCost {
+  bool divisible = true;
+  int resultId = -1;
+  int64_t resultBytes = 0;
+  uint64_t usedAxes = 0;
+  double computeSeconds = 0, postSeconds = 0, globalFlops = 0, idealSeconds = 0;
+
+  explicit OpCost(const OpPlan& plan = {})
+      : divisible(plan.divisible), resultId(plan.resultId), resultBytes(plan.resultBytes),
+        usedAxes(plan.usedAxes), computeSeconds(plan.computeSeconds), postSeconds(plan.postSeconds),
+        globalFlops(plan.globalFlops), idealSeconds(plan.idealSeconds) {}
+};
+
 double peakFor(const Machine& machine, ir::DType dtype) {
   if ((dtype == ir::DType::BF16 || dtype == ir::DType::F16) && machine.peakFlopsBf16 > 0)
     return machine.peakFlopsBf16;
@@ -961,7 +975,7 @@ struct PlanEvaluator::Impl {
       maxSplit_.push_back(maxDivisorSplit(size));
     prepareBound();
     for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
-      opKeys_.add(fn.ops[i].operands, involved_[i]);
+      opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
@@ -1178,8 +1192,8 @@ private:
   std::map<TensorLayout, int> stateIdOf_;
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
-  OpKeyTable<OpPlan> opKeys_; // per op: what its key reads, and its last key
-  std::vector<int> key_;      // scratch for planOf
+  OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
+  std::vector<int> key_;              // scratch for planOf
   std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
 };
 
@@ -1247,7 +1261,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   key[2] = eagerMask;
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
   key[3] = partnerState; // a later sum's axes come from dims in involved_
-  int* next = key + OpKeyTable<OpPlan>::kFixedEntries;
+  int* next = key + OpKeyTable<OpPlan, OpCost>::kFixedEntries;
   for (ir::ValueId operand : operands)
     *next++ = stateOf[operand];
   for (ir::ValueId dim : opKeys_.dims(i))
@@ -1257,7 +1271,8 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   if (const OpPlan* last = opKeys_.lastPlan(i, key)) return *last;
   auto memo = opMemo_.find(key_);
   if (memo != opMemo_.end()) {
-    opKeys_.setLast(i, key, &memo->second); // the map's nodes stay put
+    // The map's nodes stay put.
+    opKeys_.setLast(i, key, &memo->second, OpCost(memo->second), memo->second.requiredIds);
     return memo->second;
   }
   std::vector<const TensorLayout*> operandStates;
@@ -1289,7 +1304,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   plan.resultId = internState(plan.result);
   plan.resultBytes = localBytes(fn_.typeOf(op.result), plan.result, mesh_);
   const OpPlan* planned = &opMemo_.emplace(key_, std::move(plan)).first->second;
-  opKeys_.setLast(i, key_.data(), planned);
+  opKeys_.setLast(i, key_.data(), planned, OpCost(*planned), planned->requiredIds);
   return *planned;
 }
 
@@ -1412,7 +1427,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
-    if (!plan.divisible) {
+    // The walk reads the plan's copy in opKeys_ (in op order), the rest only when lowering.
+    const OpCost& cost = opKeys_.cost(i);
+    std::span<const int> required = opKeys_.required(i);
+    if (!cost.divisible) {
       result.ok = false;
       if (!out) return result;
       if (notDivisibleReported.insert(plan.badDim).second)
@@ -1430,37 +1448,37 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       ir::ValueId operand = operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
       std::string reason; // only the SPMD function shows it
-      if (out && describe_ && stateOf[operand] != plan.requiredIds[k]) {
+      if (out && describe_ && stateOf[operand] != required[k]) {
         std::string why =
             fmt::format("for {} at {}:{}", opSpelling(op.kind), op.loc.line, op.loc.col);
         reason =
-            !from.partialAxes.empty() && states_[plan.requiredIds[k]].partialAxes.empty()
+            !from.partialAxes.empty() && states_[required[k]].partialAxes.empty()
                 ? fmt::format("resolve the partial {} of {} over {} {}",
                               from.partialIsMax ? "max" : "sum", valueName(fn_, operand),
                               axesText(AxisList(from.partialAxes.begin(), from.partialAxes.end())),
                               why)
                 : fmt::format("reshard {} {}", valueName(fn_, operand), why);
       }
-      double made = bringTo(operand, plan.requiredIds[k], reason, op.loc, i, i,
-                            out ? &operandIds[k] : nullptr);
+      double made =
+          bringTo(operand, required[k], reason, op.loc, i, i, out ? &operandIds[k] : nullptr);
       if (made < 0) {
         result.ok = false;
         if (!out) return result;
         made = 0;
       }
       temporary += made;
-      if (trainable_[operand]) gradientAxes[operand] |= plan.usedAxes;
+      if (trainable_[operand]) gradientAxes[operand] |= cost.usedAxes;
     }
-    forwardCompute += plan.computeSeconds;
-    forwardCommunication += plan.postSeconds;
-    globalFlops += plan.globalFlops;
-    idealSeconds += plan.idealSeconds;
-    stateOf[op.result] = plan.resultId;
+    forwardCompute += cost.computeSeconds;
+    forwardCommunication += cost.postSeconds;
+    globalFlops += cost.globalFlops;
+    idealSeconds += cost.idealSeconds;
+    stateOf[op.result] = cost.resultId;
     chains.write(op.result);
-    bytesOf[op.result] = plan.resultBytes;
+    bytesOf[op.result] = cost.resultBytes;
     if (op.kind != OpKind::Param) {
-      live += static_cast<double>(plan.resultBytes);
-      activationSum += static_cast<double>(plan.resultBytes);
+      live += static_cast<double>(cost.resultBytes);
+      activationSum += static_cast<double>(cost.resultBytes);
     }
     peakLive = std::max(peakLive, live + temporary);
     // Every term summed so far only grows (a path costs at least the latencies merging may
@@ -1868,16 +1886,18 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       if (soFar > cutoff) return soFar;
     }
     uint32_t i = level.knownOps[n];
-    const ir::Op& op = fn_.ops[i];
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
-    if (!plan.divisible) return kInfinity; // every completion has this split
+    planOf(i, dimAxesIds, stateOf, rules);
+    const OpCost& cost = opKeys_.cost(i);  // the plan's copy, in op order
+    if (!cost.divisible) return kInfinity; // every completion has this split
     std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    std::span<const int> required = opKeys_.required(i);
     for (size_t k = 0; k < operands.size(); ++k)
-      communication += reshardCost(operands[k], plan.requiredIds[k]);
-    compute += plan.computeSeconds;
-    communication += plan.postSeconds;
-    stateOf[op.result] = plan.resultId;
-    chains.write(op.result);
+      communication += reshardCost(operands[k], required[k]);
+    compute += cost.computeSeconds;
+    communication += cost.postSeconds;
+    ir::ValueId result = opKeys_.result(i);
+    stateOf[result] = cost.resultId;
+    chains.write(result);
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
@@ -2152,10 +2172,13 @@ void PlanEvaluator::Impl::prepareBound() {
   }
 }
 
-std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
-                                        const Mesh& mesh, const Layout& layout,
-                                        const Machine& machine, DiagEngine& diag) {
-  PlanEvaluator::Impl engine(module, fn, mesh, machine);
+namespace {
+
+/// lowerToSpmd on an engine (a search's, whose memo tables then serve).
+std::optional<SpmdFunction> lowerWith(PlanEvaluator::Impl& engine, const ir::Module& module,
+                                      const ir::Function& fn, const Mesh& mesh,
+                                      const Layout& layout, const Machine& machine,
+                                      DiagEngine& diag) {
   SpmdFunction out;
   out.name = fn.name;
   out.kind = fn.kind;
@@ -2204,6 +2227,19 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
   // only require legal layouts that keep an operand's partial axes (the randomized unit test
   // checks every value of thousands of plans).
   return std::nullopt;
+}
+
+} // namespace
+
+std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
+                                        const Mesh& mesh, const Layout& layout,
+                                        const Machine& machine, DiagEngine& diag) {
+  PlanEvaluator::Impl engine(module, fn, mesh, machine);
+  return lowerWith(engine, module, fn, mesh, layout, machine, diag);
+}
+
+std::optional<SpmdFunction> PlanEvaluator::lower(const Layout& layout, DiagEngine& diag) {
+  return lowerWith(*impl_, impl_->module_, impl_->fn_, impl_->mesh_, layout, impl_->machine_, diag);
 }
 
 PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
