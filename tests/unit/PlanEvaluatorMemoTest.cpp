@@ -106,6 +106,19 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
       REQUIRE(spmd);
       CHECK(spmd->summary.stepSeconds == seconds);
       CHECK(spmd->memory.total() == shared.memory(layout).total());
+      // Lowered by the shared evaluator (as the planner lowers a search's layout): the same.
+      std::optional<SpmdFunction> reused = shared.lower(layout, diag);
+      REQUIRE(reused);
+      CHECK(reused->summary.stepSeconds == spmd->summary.stepSeconds);
+      CHECK(reused->memory.total() == spmd->memory.total());
+      REQUIRE(reused->ops.size() == spmd->ops.size());
+      for (size_t o = 0; o < spmd->ops.size(); ++o) {
+        const SpmdOp& a = reused->ops[o];
+        const SpmdOp& b = spmd->ops[o];
+        CHECK((a.kind == b.kind && a.seconds == b.seconds && a.operands == b.operands &&
+               a.collective.kind == b.collective.kind && a.collective.axes == b.collective.axes &&
+               a.collective.bytes == b.collective.bytes && a.note == b.note));
+      }
     }
     // The bound of a partial layout: the first k relevant dims assigned.
     size_t k = rng() % (dims.size() + 1);
