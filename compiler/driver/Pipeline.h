@@ -13,6 +13,7 @@
 #include "planner/Machine.h"
 #include "planner/Planner.h"
 
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include <optional>
@@ -22,6 +23,10 @@
 namespace meshc {
 
 /// What one compilation is given: meshc's command line, or `meshc run`'s.
+/// What a train block's `--steps` train on: a fresh synthetic batch per step (seed + step), or
+/// step 0's batch every step (overfitting one batch shows that training learns).
+enum class BatchMode { Fresh, Fixed };
+
 struct PipelineOptions {
   std::string input;             // a .mesh file, or an .ir file
   std::vector<std::string> dims; // "name=size" overrides of declared dims
@@ -32,12 +37,28 @@ struct PipelineOptions {
   std::vector<std::string> functions; // only these programs and train blocks (empty: all)
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
+  // Pipeline stages (PlanPipeline.h):
+  std::string microbatches;              // "DIM=K" or "DIM=auto"; "": one microbatch
+  std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b
   // The interpreter (interpretModule):
   uint64_t seed = 0;
-  int64_t steps = 0;           // > 0: train blocks take this many steps
-  std::string inputsFile;      // tensors named <function>.<input>; the rest synthesized
-  std::string dumpOutputsFile; // "": no dump
+  int64_t steps = 0;                  // > 0: train blocks take this many steps
+  BatchMode batch = BatchMode::Fresh; // what --steps train on
+  std::string inputsFile;             // tensors named <function>.<input>; the rest synthesized
+  std::string dumpOutputsFile;        // "": no dump
 };
+
+/// `--batch=fresh|fixed`, the option of `meshc --emit=run` and `meshc run`: what `--steps` trains
+/// on. The values, for both options' declarations.
+llvm::cl::ValuesClass batchModeValues();
+
+/// What a train block's --steps train on, said before the first step; `givenInputs`: some of its
+/// inputs come from a data file.
+std::string batchModeLine(const PipelineOptions& options, bool givenInputs);
+
+/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary); an
+/// option error for anything else (false).
+bool parseByteSize(llvm::StringRef text, double& bytes);
 
 /// `meshc: error: <message>` for a bad option value; returns false.
 bool optionError(const std::string& message);
