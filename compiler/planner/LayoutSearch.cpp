@@ -394,6 +394,14 @@ std::optional<SearchResult> searchLayout(const ir::Module& module, const ir::Fun
                                          const std::vector<std::string>& toSearch,
                                          const SearchOptions& options, DiagEngine& diag) {
   PlanEvaluator evaluator(module, fn, mesh, machine);
+  return searchLayout(evaluator, module, fn, mesh, machine, pinned, toSearch, options, diag);
+}
+
+std::optional<SearchResult> searchLayout(PlanEvaluator& evaluator, const ir::Module& module,
+                                         const ir::Function& fn, const Mesh& mesh,
+                                         const Machine& machine, const Layout& pinned,
+                                         const std::vector<std::string>& toSearch,
+                                         const SearchOptions& options, DiagEngine& diag) {
   SearchSpace space(module, fn, mesh, pinned, toSearch, evaluator.relevantDims());
   double budget = budgetFor(options, machine);
   LayoutSearcher searcher(space, evaluator, budget);

@@ -40,6 +40,14 @@ std::optional<SearchResult> searchLayout(const ir::Module& module, const ir::Fun
                                          const std::vector<std::string>& toSearch,
                                          const SearchOptions& options, DiagEngine& diag);
 
+/// The same, costing layouts with `evaluator` (of `fn` on `mesh` and `machine`), which the
+/// caller may then use to lower the layout found (PlanEvaluator::lower).
+std::optional<SearchResult> searchLayout(PlanEvaluator& evaluator, const ir::Module& module,
+                                         const ir::Function& fn, const Mesh& mesh,
+                                         const Machine& machine, const Layout& pinned,
+                                         const std::vector<std::string>& toSearch,
+                                         const SearchOptions& options, DiagEngine& diag);
+
 /// Brute force over the same space, without pruning or memoization: the oracle of the tests.
 SearchResult bruteForceLayout(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
                               const Machine& machine, const Layout& pinned,

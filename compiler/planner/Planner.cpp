@@ -110,22 +110,30 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
   DiagEngine quiet(diag.sources(), llvm::nulls());
   bool overBudget = false;
   // An explicit budget is checked even when nothing is searched (one candidate: the layout).
+  // The search's evaluator lowers the layout it found (its memo tables are built already).
+  std::optional<PlanEvaluator> evaluator;
   if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
-    std::optional<SearchResult> search = searchLayout(module, fn, mesh, machine, pinned, toSearch,
-                                                      searchOptions, zeroMayFit ? quiet : diag);
+    evaluator.emplace(module, fn, mesh, machine);
+    std::optional<SearchResult> search =
+        searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
+                     zeroMayFit ? quiet : diag);
     if (!search && zeroMayFit) { // the fastest layout whatever its memory, then ZeRO
       overBudget = true;
       SearchOptions unbounded = searchOptions;
       unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
-      search = searchLayout(module, fn, mesh, machine, pinned, toSearch, unbounded, quiet);
+      search = searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, unbounded,
+                            quiet);
     }
     if (!search) // report why
-      return searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag),
+      return searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
+                          diag),
              std::nullopt;
     layout = search->layout;
     if (!toSearch.empty()) plan.search = std::move(*search);
   }
-  std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
+  std::optional<SpmdFunction> spmd = evaluator
+                                         ? evaluator->lower(layout, diag)
+                                         : lowerToSpmd(module, fn, mesh, layout, machine, diag);
   if (!spmd) return std::nullopt;
   plan.spmd = std::move(*spmd);
   if (options.zeroStage > 0 &&

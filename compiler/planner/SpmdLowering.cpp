@@ -10,6 +10,7 @@
 
 #include "planner/CostModel.h"
 #include "planner/MergeCollectives.h"
+#include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 #include "planner/TrainPhases.h"
@@ -66,6 +67,20 @@ struct OpPlan {
   std::vector<int> requiredIds;
   int resultId = -1;
   int64_t resultBytes = 0;
+};
+
+/// What a walk reads of an op's plan, copied next to the op's key (OpKeyTable).
+struct OpCost {
+  bool divisible = true;
+  int resultId = -1;
+  int64_t resultBytes = 0;
+  uint64_t usedAxes = 0;
+  double computeSeconds = 0, postSeconds = 0, globalFlops = 0, idealSeconds = 0;
+
+  explicit OpCost(const OpPlan& plan = {})
+      : divisible(plan.divisible), resultId(plan.resultId), resultBytes(plan.resultBytes),
+        usedAxes(plan.usedAxes), computeSeconds(plan.computeSeconds), postSeconds(plan.postSeconds),
+        globalFlops(plan.globalFlops), idealSeconds(plan.idealSeconds) {}
 };
 
 double peakFor(const Machine& machine, ir::DType dtype) {
@@ -952,13 +967,16 @@ struct PlanEvaluator::Impl {
     findPartners();
     prepareSharedPartials();
     for (size_t v = 0; v < fn.values.size(); ++v)
-      if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
+      if (lastUse_[v] >= 0 && fn.ops[fn.values[v].definingOp].kind != OpKind::Param)
+        freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
     for (const ir::ParamInfo& param : fn.params)
       if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
     prepareBound();
+    for (uint32_t i = 0; i < fn.ops.size(); ++i) // after findPartners: its dims are final
+      opKeys_.add(fn.ops[i].operands, involved_[i], fn.ops[i].result);
   }
 
   /// The walk over the ops. Without `out`, it stops as soon as what it has summed is a lower
@@ -1175,12 +1193,8 @@ private:
   std::map<TensorLayout, int> stateIdOf_;
   std::map<AxisList, int> axesIdOf_;
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
-  struct LastPlan {
-    std::vector<int> key;
-    const OpPlan* plan = nullptr;
-  };
-  std::vector<LastPlan> lastPlanOf_ = std::vector<LastPlan>(fn_.ops.size()); // per op
-  std::vector<int> key_;                                                     // scratch for planOf
+  OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
+  std::vector<int> key_;              // scratch for planOf
   std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
 };
 
@@ -1232,32 +1246,34 @@ OptimizerModel optimizerModel(const ir::Function& fn) {
 const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& dimAxesIds,
                                           const std::vector<int>& stateOf, OpRules& rules) {
   const ir::Op& op = fn_.ops[i];
-  key_.clear();
-  key_.push_back(staticIds_[i]);
-  key_.push_back(static_cast<int>(phases_[i]));
+  std::span<const ir::ValueId> operands = opKeys_.operands(i);
+  key_.resize(opKeys_.keySize(i));
+  int* key = key_.data();
+  key[0] = staticIds_[i];
+  key[1] = static_cast<int>(phases_[i]);
   // A partial sum that several ops read is resolved where it is first read, and every reader
   // reads the resolved value, when that is cheaper than keeping it lazy in each (resolveOnce):
   // an RMS norm's input, read by the mean square and by the scaling, is resolved once, not once
   // for each; a norm's input gradient read only by its gain's and bias's gradients stays lazy
   // (they are summed before they are resolved). A partial read once stays lazy.
   int eagerMask = 0;
-  for (size_t k = 0; readsShared_[i] && k < op.operands.size() && k < 30; ++k)
-    if (resolveOnce(op.operands[k], stateOf[op.operands[k]])) eagerMask |= 1 << k;
-  key_.push_back(eagerMask);
+  for (size_t k = 0; readsShared_[i] && k < operands.size() && k < 30; ++k)
+    if (resolveOnce(operands[k], stateOf[operands[k]])) eagerMask |= 1 << k;
+  key[2] = eagerMask;
   int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
-  key_.push_back(partnerState); // a later sum's axes come from dims in involved_
-  for (ir::ValueId operand : op.operands)
-    key_.push_back(stateOf[operand]);
-  for (int dim : involved_[i])
-    key_.push_back(dimAxesIds[dim]);
+  key[3] = partnerState; // a later sum's axes come from dims in involved_
+  int* next = key + OpKeyTable<OpPlan, OpCost>::kFixedEntries;
+  for (ir::ValueId operand : operands)
+    *next++ = stateOf[operand];
+  for (ir::ValueId dim : opKeys_.dims(i))
+    *next++ = dimAxesIds[dim];
   // Neighbouring layouts of a search mostly give an op the same key as last time: compared
   // first, before hashing.
-  LastPlan& last = lastPlanOf_[i];
-  if (last.plan && last.key == key_) return *last.plan;
+  if (const OpPlan* last = opKeys_.lastPlan(i, key)) return *last;
   auto memo = opMemo_.find(key_);
   if (memo != opMemo_.end()) {
-    last.key = key_;
-    last.plan = &memo->second; // the map's nodes stay put
+    // The map's nodes stay put.
+    opKeys_.setLast(i, key, &memo->second, OpCost(memo->second), memo->second.requiredIds);
     return memo->second;
   }
   std::vector<const TensorLayout*> operandStates;
@@ -1288,9 +1304,9 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     plan.requiredIds.push_back(internState(required));
   plan.resultId = internState(plan.result);
   plan.resultBytes = localBytes(fn_.typeOf(op.result), plan.result, mesh_);
-  last.key = key_;
-  last.plan = &opMemo_.emplace(key_, std::move(plan)).first->second;
-  return *last.plan;
+  const OpPlan* planned = &opMemo_.emplace(key_, std::move(plan)).first->second;
+  opKeys_.setLast(i, key_.data(), planned, OpCost(*planned), planned->requiredIds);
+  return *planned;
 }
 
 EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, double stopAbove) {
@@ -1412,7 +1428,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
-    if (!plan.divisible) {
+    // The walk reads the plan's copy in opKeys_ (in op order), the rest only when lowering.
+    const OpCost& cost = opKeys_.cost(i);
+    std::span<const int> required = opKeys_.required(i);
+    if (!cost.divisible) {
       result.ok = false;
       if (!out) return result;
       if (notDivisibleReported.insert(plan.badDim).second)
@@ -1424,42 +1443,43 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     }
 
     double temporary = 0;
-    std::vector<SpmdValueId> operandIds(out ? op.operands.size() : 0, 0);
-    for (size_t k = 0; k < op.operands.size(); ++k) {
-      ir::ValueId operand = op.operands[k];
+    std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    std::vector<SpmdValueId> operandIds(out ? operands.size() : 0, 0);
+    for (size_t k = 0; k < operands.size(); ++k) {
+      ir::ValueId operand = operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
       std::string reason; // only the SPMD function shows it
-      if (out && describe_ && stateOf[operand] != plan.requiredIds[k]) {
+      if (out && describe_ && stateOf[operand] != required[k]) {
         std::string why =
             fmt::format("for {} at {}:{}", opSpelling(op.kind), op.loc.line, op.loc.col);
         reason =
-            !from.partialAxes.empty() && states_[plan.requiredIds[k]].partialAxes.empty()
+            !from.partialAxes.empty() && states_[required[k]].partialAxes.empty()
                 ? fmt::format("resolve the partial {} of {} over {} {}",
                               from.partialIsMax ? "max" : "sum", valueName(fn_, operand),
                               axesText(AxisList(from.partialAxes.begin(), from.partialAxes.end())),
                               why)
                 : fmt::format("reshard {} {}", valueName(fn_, operand), why);
       }
-      double made = bringTo(operand, plan.requiredIds[k], reason, op.loc, i, i,
-                            out ? &operandIds[k] : nullptr);
+      double made =
+          bringTo(operand, required[k], reason, op.loc, i, i, out ? &operandIds[k] : nullptr);
       if (made < 0) {
         result.ok = false;
         if (!out) return result;
         made = 0;
       }
       temporary += made;
-      if (trainable_[operand]) gradientAxes[operand] |= plan.usedAxes;
+      if (trainable_[operand]) gradientAxes[operand] |= cost.usedAxes;
     }
-    forwardCompute += plan.computeSeconds;
-    forwardCommunication += plan.postSeconds;
-    globalFlops += plan.globalFlops;
-    idealSeconds += plan.idealSeconds;
-    stateOf[op.result] = plan.resultId;
+    forwardCompute += cost.computeSeconds;
+    forwardCommunication += cost.postSeconds;
+    globalFlops += cost.globalFlops;
+    idealSeconds += cost.idealSeconds;
+    stateOf[op.result] = cost.resultId;
     chains.write(op.result);
-    bytesOf[op.result] = plan.resultBytes;
+    bytesOf[op.result] = cost.resultBytes;
     if (op.kind != OpKind::Param) {
-      live += static_cast<double>(plan.resultBytes);
-      activationSum += static_cast<double>(plan.resultBytes);
+      live += static_cast<double>(cost.resultBytes);
+      activationSum += static_cast<double>(cost.resultBytes);
     }
     peakLive = std::max(peakLive, live + temporary);
     // Every term summed so far only grows (a path costs at least the latencies merging may
@@ -1476,8 +1496,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       }
     }
     for (ir::ValueId dead : freesAt_[i])
-      if (fn_.ops[fn_.values[dead].definingOp].kind != OpKind::Param)
-        live -= static_cast<double>(bytesOf[dead]);
+      live -= static_cast<double>(bytesOf[dead]);
 
     if (!out) continue;
     SpmdOp spmdOp;
@@ -1868,15 +1887,18 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       if (soFar > cutoff) return soFar;
     }
     uint32_t i = level.knownOps[n];
-    const ir::Op& op = fn_.ops[i];
-    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
-    if (!plan.divisible) return kInfinity; // every completion has this split
-    for (size_t k = 0; k < op.operands.size(); ++k)
-      communication += reshardCost(op.operands[k], plan.requiredIds[k]);
-    compute += plan.computeSeconds;
-    communication += plan.postSeconds;
-    stateOf[op.result] = plan.resultId;
-    chains.write(op.result);
+    planOf(i, dimAxesIds, stateOf, rules);
+    const OpCost& cost = opKeys_.cost(i);  // the plan's copy, in op order
+    if (!cost.divisible) return kInfinity; // every completion has this split
+    std::span<const ir::ValueId> operands = opKeys_.operands(i);
+    std::span<const int> required = opKeys_.required(i);
+    for (size_t k = 0; k < operands.size(); ++k)
+      communication += reshardCost(operands[k], required[k]);
+    compute += cost.computeSeconds;
+    communication += cost.postSeconds;
+    ir::ValueId result = opKeys_.result(i);
+    stateOf[result] = cost.resultId;
+    chains.write(result);
   }
   for (const ir::OutputInfo& output : fn_.outputs) {
     const ir::TensorType& type = fn_.typeOf(output.value);
@@ -1972,14 +1994,14 @@ void PlanEvaluator::Impl::prepareSharedPartials() {
 
 bool PlanEvaluator::Impl::resolveOnce(ir::ValueId value, int stateId) {
   if (sharedOf_[value] < 0 || stateId < 0) return false;
-  // A copy: interning the resolved state below may grow states_.
-  const TensorLayout state = states_[stateId];
-  if (state.partialAxes.empty() || state.partialIsMax) return false;
+  if (states_[stateId].partialAxes.empty() || states_[stateId].partialIsMax) return false;
   const SharedPartial& shared = shared_[sharedOf_[value]];
   if (shared.resolvedAnyway) return true;
   uint64_t key = uint64_t(uint32_t(shared.signature)) << 32 | uint32_t(stateId);
   auto memo = resolveOnceMemo_.find(key);
   if (memo != resolveOnceMemo_.end()) return memo->second;
+  // A copy: interning the resolved state below may grow states_.
+  const TensorLayout state = states_[stateId];
   TensorLayout resolved = state;
   resolved.partialAxes.clear();
   const std::optional<ReshardPath>& path = reshard(value, stateId, internState(resolved));
@@ -2151,10 +2173,13 @@ void PlanEvaluator::Impl::prepareBound() {
   }
 }
 
-std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
-                                        const Mesh& mesh, const Layout& layout,
-                                        const Machine& machine, DiagEngine& diag) {
-  PlanEvaluator::Impl engine(module, fn, mesh, machine);
+namespace {
+
+/// lowerToSpmd on an engine (a search's, whose memo tables then serve).
+std::optional<SpmdFunction> lowerWith(PlanEvaluator::Impl& engine, const ir::Module& module,
+                                      const ir::Function& fn, const Mesh& mesh,
+                                      const Layout& layout, const Machine& machine,
+                                      DiagEngine& diag) {
   SpmdFunction out;
   out.name = fn.name;
   out.kind = fn.kind;
@@ -2203,6 +2228,19 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
   // only require legal layouts that keep an operand's partial axes (the randomized unit test
   // checks every value of thousands of plans).
   return std::nullopt;
+}
+
+} // namespace
+
+std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
+                                        const Mesh& mesh, const Layout& layout,
+                                        const Machine& machine, DiagEngine& diag) {
+  PlanEvaluator::Impl engine(module, fn, mesh, machine);
+  return lowerWith(engine, module, fn, mesh, layout, machine, diag);
+}
+
+std::optional<SpmdFunction> PlanEvaluator::lower(const Layout& layout, DiagEngine& diag) {
+  return lowerWith(*impl_, impl_->module_, impl_->fn_, impl_->mesh_, layout, impl_->machine_, diag);
 }
 
 std::vector<Phase> trainStepPhases(const ir::Function& fn) {

@@ -38,6 +38,9 @@ public:
   /// is then not lowered, which is most of an evaluation's cost).
   double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity());
   MemoryEstimate memory(const Layout& layout);
+  /// lowerToSpmd(module, fn, mesh, layout, machine, diag) with this evaluator's memo tables (a
+  /// search's final layout is lowered without building them again).
+  std::optional<SpmdFunction> lower(const Layout& layout, DiagEngine& diag);
   /// The dims whose layout can change the cost (the search enumerates only these).
   const std::vector<std::string>& relevantDims() const;
   /// A lower bound of stepSeconds over all layouts that agree with `partial` on the dims it

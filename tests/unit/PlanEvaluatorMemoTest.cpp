@@ -1,0 +1,155 @@
+// The layout search's evaluator keeps memo tables across the layouts it costs (each op's plan by
+// its key and its last key, reshard paths, the bound's levels, the shared partial sums'
+// choices): a walk over a neighbouring layout reuses them. They must never change a result, so
+// one evaluator walked over a random sequence of neighbouring layouts must give, for every
+// layout, exactly what a fresh evaluator gives (step time with and without a cutoff, memory,
+// lower bounds of partial layouts), and what the lowering's own summary says. On the 48-layer
+// transformer train block (all layers alike) and on T5 and XLNet (encoder and decoder layers,
+// relative attention: layers that are not all alike).
+#include "CompiledSource.h"
+#include "planner/LayoutSearch.h"
+#include "train/Optimizer.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+using namespace meshc;
+using namespace meshc::plan;
+
+namespace {
+
+struct Case {
+  std::string file, function;
+  std::map<std::string, int64_t> dims;
+  std::vector<ir::MeshAxis> mesh;
+};
+
+Machine machine(const std::string& name) {
+  llvm::Expected<Machine> loaded = loadMachine(name);
+  REQUIRE(static_cast<bool>(loaded));
+  return std::move(*loaded);
+}
+
+/// Equal as the search compares them: bit for bit (both infinite counts as equal).
+bool same(double a, double b) {
+  return a == b || (std::isinf(a) && std::isinf(b));
+}
+
+void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
+  SemaOptions options;
+  options.dimSizes = c.dims;
+  options.mesh = c.mesh;
+  options.layout = "auto";
+  testing::CompiledSource compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + c.file,
+                                   options);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  ir::Function* fn = nullptr;
+  for (ir::Function& f : compiled.module->functions)
+    if (f.name == c.function) fn = &f;
+  REQUIRE(fn);
+  REQUIRE(train::lowerTraining(*fn, compiled.diag));
+  REQUIRE_FALSE(fn->updates.empty());
+  Mesh mesh;
+  mesh.axes = c.mesh;
+  Machine h100 = machine("8xh100");
+
+  PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
+  std::vector<std::string> dims = shared.relevantDims();
+  std::map<std::string, int64_t> sizes(compiled.module->dims.begin(), compiled.module->dims.end());
+  for (const ir::Value& value : fn->values)
+    for (const ir::Dim& dim : value.type.dims)
+      sizes[dim.name] = dim.size;
+  // A random walk: each step moves one or two dims to another option, as the search's descent
+  // and its branch and bound do; illegal layouts (an axis twice in a tensor) included.
+  std::mt19937 rng(20261202);
+  Layout layout;
+  size_t compared = 0, finite = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    // (A new layout each step: asked the layout it costed last, an evaluator reuses that.)
+    Layout previous = layout;
+    for (int moves = 1 + static_cast<int>(rng() % 2); moves > 0 || layout == previous; --moves) {
+      const std::string& dim = dims[rng() % dims.size()];
+      std::vector<AxisList> choices = layoutOptions(sizes[dim], mesh);
+      AxisList axes = choices[rng() % choices.size()];
+      if (axes.empty())
+        layout.axes.erase(dim);
+      else
+        layout.axes[dim] = axes;
+    }
+    std::string text;
+    for (const auto& [dim, axes] : layout.axes)
+      text += fmt::format("{}: [{}] ", dim, fmt::join(axes, ", "));
+    INFO(fmt::format("{} {} step {}: layout {}", c.file, c.function, step, text));
+    // First with a cutoff below the cost (as the search asks): a bound above the cutoff, the
+    // same from either evaluator. (Asked again, the shared one reuses what it knows of the
+    // layout, which may be more: so once per layout, before the exact cost.)
+    PlanEvaluator fresh(*compiled.module, *fn, mesh, h100);
+    double exact = PlanEvaluator(*compiled.module, *fn, mesh, h100).stepSeconds(layout);
+    double cutoff = (step % 2 ? 0.5 : 0.9) * exact;
+    double cut = fresh.stepSeconds(layout, cutoff);
+    CHECK(same(shared.stepSeconds(layout, cutoff), cut));
+    if (std::isfinite(exact)) CHECK((cut > cutoff && cut <= exact * (1 + 1e-12)));
+    double seconds = fresh.stepSeconds(layout);
+    CHECK(same(seconds, exact));
+    CHECK(same(shared.stepSeconds(layout), seconds));
+    if (std::isfinite(seconds)) {
+      ++finite;
+      CHECK(shared.memory(layout).total() == fresh.memory(layout).total());
+      // The plan itself: the lowering's summary and memory.
+      DiagEngine& diag = compiled.diag;
+      std::optional<SpmdFunction> spmd =
+          lowerToSpmd(*compiled.module, *fn, mesh, layout, h100, diag);
+      REQUIRE(spmd);
+      CHECK(spmd->summary.stepSeconds == seconds);
+      CHECK(spmd->memory.total() == shared.memory(layout).total());
+      // Lowered by the shared evaluator (as the planner lowers a search's layout): the same.
+      std::optional<SpmdFunction> reused = shared.lower(layout, diag);
+      REQUIRE(reused);
+      CHECK(reused->summary.stepSeconds == spmd->summary.stepSeconds);
+      CHECK(reused->memory.total() == spmd->memory.total());
+      REQUIRE(reused->ops.size() == spmd->ops.size());
+      for (size_t o = 0; o < spmd->ops.size(); ++o) {
+        const SpmdOp& a = reused->ops[o];
+        const SpmdOp& b = spmd->ops[o];
+        CHECK((a.kind == b.kind && a.seconds == b.seconds && a.operands == b.operands &&
+               a.collective.kind == b.collective.kind && a.collective.axes == b.collective.axes &&
+               a.collective.bytes == b.collective.bytes && a.note == b.note));
+      }
+    }
+    // The bound of a partial layout: the first k relevant dims assigned.
+    size_t k = rng() % (dims.size() + 1);
+    std::vector<std::string> assigned(dims.begin(), dims.begin() + static_cast<long>(k));
+    Layout partial;
+    for (const std::string& dim : assigned)
+      if (layout.axes.count(dim)) partial.axes[dim] = layout.axes.at(dim);
+    PlanEvaluator freshBound(*compiled.module, *fn, mesh, h100);
+    double bound = freshBound.lowerBound(partial, assigned);
+    CHECK(same(shared.lowerBound(partial, assigned), bound));
+    if (k < dims.size()) { // and stopped early at a cutoff, as the branch and bound asks
+      PlanEvaluator freshCutBound(*compiled.module, *fn, mesh, h100);
+      CHECK(same(shared.lowerBound(partial, assigned, bound / 2),
+                 freshCutBound.lowerBound(partial, assigned, bound / 2)));
+    }
+    ++compared;
+  }
+  CHECK(compared == steps);
+  CHECK(finite > steps / 4); // the walk costs real layouts, not only illegal ones
+}
+
+} // namespace
+
+TEST_CASE("memo tables change nothing: the 48-layer transformer train block on [2, 2]") {
+  checkAgainstFreshEvaluators(
+      {"transformer.mesh", "lm_train", {{"layers", 48}}, {{"data", 2}, {"model", 2}}}, 24);
+}
+
+TEST_CASE("memo tables change nothing: T5's and XLNet's train blocks (unlike layers)") {
+  checkAgainstFreshEvaluators({"t5.mesh", "t5_train", {{"layers", 3}}, {{"data", 2}, {"model", 4}}},
+                              40);
+  checkAgainstFreshEvaluators(
+      {"xlnet.mesh", "xlnet_train", {{"layers", 3}}, {{"data", 2}, {"model", 4}}}, 40);
+}
