@@ -282,8 +282,9 @@ int calibrateCommand(const char* argv0) {
        fmt::format(
            "measured by `{}`: the einsum's GEMM on one thread (GFLOP/s: {}; the best is the "
            "peak), the fused elementwise loop a = b + s c over 32 MiB arrays (bytes read "
-           "and written per second) and over arrays filling a quarter of the last-level "
-           "cache's share per core (cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
+           "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
+           "written) over arrays filling half of the last-level cache's share per core "
+           "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
            "flops / peak + gemm_latency_seconds, all-reduce, reduce-scatter and all-gather "
            "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
            "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
