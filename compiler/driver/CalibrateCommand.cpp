@@ -189,8 +189,8 @@ int calibrateCommand(const char* argv0) {
            "int main(int argc, char** argv) { return meshrt::calibrate::probeMain(argc, argv); }\n";
   }
   // meshc run's flags for generated code (-fno-math-errno lets square roots vectorize).
-  std::vector<std::string> build = {toolchain.cxx, "-O3", "-march=native", "-fno-math-errno",
-                                    "-std=c++20", "-w"};
+  std::vector<std::string> build = {toolchain.cxx,     "-O3",        "-march=native",
+                                    "-fno-math-errno", "-std=c++20", "-w"};
   for (const std::string& include : toolchain.includeDirs)
     build.insert(build.end(), {"-I", include});
   build.insert(build.end(), {base + ".cpp", "-o", base + ".bin"});

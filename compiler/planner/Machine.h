@@ -35,11 +35,12 @@ struct Machine {
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
-  Link intra;                 // inside a node
-  Link inter;                 // between nodes (unused when devicesPerNode >= numDevices)
+  Link intra; // inside a node
+  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
 };
 
-/// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster", "tpuv2-pod").
+/// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",
+/// "tpuv2-pod").
 std::vector<std::string> builtinMachineNames();
 
 /// A built-in by name, or else a JSON file at that path.

@@ -95,8 +95,8 @@ struct Lowered {
   int communicating() const {
     int count = 0;
     for (const SpmdOp& op : spmd->ops)
-      count += op.kind == SpmdOp::Kind::Collective &&
-               op.collective.kind != CollectiveKind::LocalSlice;
+      count +=
+          op.kind == SpmdOp::Kind::Collective && op.collective.kind != CollectiveKind::LocalSlice;
     return count;
   }
 };
@@ -136,8 +136,8 @@ TEST_CASE("cost model: ops that fit in the cache stream at its bandwidth", "[cos
   Machine m = parsed(kRefinedJson);
   CHECK(streamBandwidth(m, 1e6) == Approx(1e10));
   CHECK(streamBandwidth(m, 1e6 + 1) == Approx(1e9));
-  CHECK(computeSeconds(m, 10, 5e5, ir::DType::F32) == Approx(5e-5)); // 0.5 MB at 10 GB/s
-  CHECK(computeSeconds(m, 10, 2e6, ir::DType::F32) == Approx(2e-3)); // 2 MB at 1 GB/s
+  CHECK(computeSeconds(m, 10, 5e5, ir::DType::F32) == Approx(5e-5));  // 0.5 MB at 10 GB/s
+  CHECK(computeSeconds(m, 10, 2e6, ir::DType::F32) == Approx(2e-3));  // 2 MB at 1 GB/s
   CHECK(computeSeconds(m, 1e6, 5e5, ir::DType::F32) == Approx(1e-3)); // FLOP-bound
   // Never faster with more bytes (the search's lower bounds need it): the jump is upwards.
   CHECK(computeSeconds(m, 0, 1e6, ir::DType::F32) < computeSeconds(m, 0, 1e6 + 1, ir::DType::F32));
@@ -163,8 +163,7 @@ TEST_CASE("cost model: oversubscribed ranks pay a sync per collective", "[cost]"
   CHECK(oversubscribedSyncSeconds(m, over) == Approx(1e-4));
   // 2a + 2 (p-1)/p n b, plus the sync only when oversubscribed.
   CHECK(collectiveSeconds(m, fits, allReduce(4000)) == Approx(2e-6 + 2 * 0.75 * 4e-6));
-  CHECK(collectiveSeconds(m, over, allReduce(4000)) ==
-        Approx(1e-4 + 2e-6 + 2 * 0.875 * 4e-6));
+  CHECK(collectiveSeconds(m, over, allReduce(4000)) == Approx(1e-4 + 2e-6 + 2 * 0.875 * 4e-6));
   // Merged all-reduces are one collective: one sync, as one alpha.
   CHECK(mergeableLatencySeconds(m, over, allReduce(4000)) == Approx(1e-4 + 2e-6));
   CHECK(mergeableLatencySeconds(m, fits, allReduce(4000)) == Approx(2e-6));
@@ -198,8 +197,7 @@ TEST_CASE("lowering: GEMMs, oversubscribed compute and collectives as the model 
     REQUIRE(plainRelu.size() == 1);
     double elements = 8.0 * 64 / static_cast<double>(ranks);
     CHECK(plainRelu[0]->seconds == Approx(factor * 2 * 4 * elements / 1e9)); // in and out at 1 GB/s
-    CHECK(relu[0]->seconds ==
-          Approx(factor * std::max(elements / 1e9, 2 * 4 * elements / 1e10)));
+    CHECK(relu[0]->seconds == Approx(factor * std::max(elements / 1e9, 2 * 4 * elements / 1e10)));
     // One all-reduce (the second einsum's partial sum); the sync only on 8 ranks.
     REQUIRE(with.communicating() == 1);
     CHECK(with.spmd->summary.communicationSeconds ==

@@ -113,10 +113,9 @@ inline size_t cacheBytesPerCore() {
       size_t end = shared.find(',', at);
       std::string part = shared.substr(at, end == std::string::npos ? std::string::npos : end - at);
       size_t dash = part.find('-');
-      sharing += dash == std::string::npos
-                     ? 1
-                     : std::strtoull(part.c_str() + dash + 1, nullptr, 10) -
-                           std::strtoull(part.c_str(), nullptr, 10) + 1;
+      sharing += dash == std::string::npos ? 1
+                                           : std::strtoull(part.c_str() + dash + 1, nullptr, 10) -
+                                                 std::strtoull(part.c_str(), nullptr, 10) + 1;
       at = end == std::string::npos ? shared.size() : end + 1;
     }
     if (std::atoi(level.c_str()) > bestLevel && bytes > 0) {
@@ -202,7 +201,7 @@ inline double cachedLoopBytesPerSecond(size_t workingSetBytes, int repetitions) 
       param[i] -= lr * (first / (std::sqrt(second) + 1e-8f) + 0.01f * param[i]);
     }
     if (r > 0) best = std::min(best, secondsSince(start)); // r = 0 brings the arrays in
-    lr *= 1.0000001f;                                       // keeps the loops from folding
+    lr *= 1.0000001f;                                      // keeps the loops from folding
   }
   return 7.0 * sizeof(float) * double(elements) / best;
 }
@@ -291,15 +290,14 @@ inline int probeMain(int argc, char** argv) {
         streamBytesPerSecond(quick ? (size_t(8) << 20) : (size_t(32) << 20), repetitions);
     // In cache: an update-like fused loop over half the per-core share, many repetitions.
     size_t cacheBytes = cacheBytesPerCore();
-    double cacheStream = cacheBytes ? cachedLoopBytesPerSecond(cacheBytes / 2, quick ? 20 : 100)
-                                    : 0;
+    double cacheStream =
+        cacheBytes ? cachedLoopBytesPerSecond(cacheBytes / 2, quick ? 20 : 100) : 0;
     std::string gemmSmall;
     for (int64_t size : {16, 32, 64, 128}) {
       double seconds = gemmSeconds(size, quick ? 20 : 100);
       gemmSmall += (gemmSmall.empty() ? "" : ", ") + std::string("{\"m\": ") +
                    std::to_string(size) + ", \"n\": " + std::to_string(size) +
-                   ", \"k\": " + std::to_string(size) + ", \"seconds\": " + number(seconds) +
-                   "}";
+                   ", \"k\": " + std::to_string(size) + ", \"seconds\": " + number(seconds) + "}";
     }
     std::string collectives;
     for (const CollectiveTime& time : times)
