@@ -81,7 +81,10 @@ def plan(meshc, path, fn, mesh, machine, variant):
         return
     report = json.loads(proc.stdout)[0]
     variant.predicted = report["summary"]["stepSeconds"]
-    variant.layout = sorted((d["dim"], tuple(d["axes"])) for d in report["layout"])
+    # Axes of size 1 split nothing: [1]'s `batch: data` is the replicated layout.
+    sizes = {axis["axis"]: axis["size"] for axis in report["mesh"]}
+    variant.layout = sorted((d["dim"], tuple(a for a in d["axes"] if sizes.get(a, 1) > 1))
+                            for d in report["layout"])
 
 
 def build(meshc, path, fn, mesh, machine, variant, cache):
