@@ -1,5 +1,6 @@
 // The compiler's pipeline, stage by stage (Pipeline.h).
 #include "driver/Pipeline.h"
+#include "driver/PlanPipeline.h"
 
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
@@ -54,9 +55,6 @@ bool optionError(const std::string& message) {
   return false;
 }
 
-namespace {
-
-/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
 bool parseByteSize(llvm::StringRef text, double& bytes) {
   llvm::StringRef rest = text.trim();
   size_t numberEnd = 0;
@@ -87,6 +85,8 @@ bool parseByteSize(llvm::StringRef text, double& bytes) {
                                  "80GB, 1048576)",
                                  text.str()));
 }
+
+namespace {
 
 /// "name=size": one entry of --mesh or --dim.
 bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size) {
@@ -205,6 +205,12 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag) {
+  bool stagesOk = true;
+  if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk)) {
+    diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
+    return std::nullopt;
+  }
+  if (!stagesOk) return std::nullopt;
   plan::PlannerOptions options;
   options.machine = given.machine;
   if (!given.memoryBudget.empty() && !parseByteSize(given.memoryBudget, options.memoryBudgetBytes))
