@@ -6,6 +6,9 @@
 // memory bandwidth, and the link's alpha and bandwidth by weighted least squares on the
 // alpha-beta formulas of CostModel.h (all-reduce 2a + 2b (p-1)/p n; reduce-scatter and
 // all-gather a + b (p-1)/p n; weights 1/t, so that small messages count as much as large ones).
+// The refinements: a cache level (an update-like fused loop over data that fits), the fixed
+// cost of a GEMM call (small GEMMs) and what a collective costs when thread ranks outnumber the
+// cores (docs/tool.md).
 #include "driver/Driver.h"
 #include "driver/Toolchain.h"
 #include "planner/CostModel.h"
@@ -126,6 +129,34 @@ LinkFit fitLink(const llvm::json::Array& collectives, int ranks) {
   return fit;
 }
 
+/// The fixed cost per GEMM call t0 in t = flops / peak + t0, fitted to the small GEMMs by least
+/// squares with weights 1/t^2 (relative errors, as fitLink), the peak held at the large GEMMs'.
+double fitGemmLatency(const llvm::json::Array& small, double peak) {
+  double num = 0, den = 0;
+  for (const llvm::json::Value& entry : small) {
+    const llvm::json::Object* object = entry.getAsObject();
+    if (!object) continue;
+    double m = object->getNumber("m").getValueOr(0), n = object->getNumber("n").getValueOr(0),
+           k = object->getNumber("k").getValueOr(0);
+    double seconds = object->getNumber("seconds").getValueOr(0);
+    if (seconds <= 0) continue;
+    num += (seconds - 2 * m * n * k / peak) / (seconds * seconds);
+    den += 1 / (seconds * seconds);
+  }
+  return den > 0 ? std::max(0.0, num / den) : 0;
+}
+
+/// What one collective costs on top of alpha when thread ranks outnumber the cores: an
+/// iteration of the probe (a loop, then a 4-byte all-reduce) less the loop's share of the cores
+/// (its time alone times ranks / cores) and the all-reduce's 2 alpha.
+double oversubscribedSync(const llvm::json::Object& over, int64_t cores, double alpha) {
+  double ranks = over.getNumber("ranks").getValueOr(0);
+  double work = over.getNumber("work_seconds").getValueOr(0);
+  double iteration = over.getNumber("iteration_seconds").getValueOr(0);
+  if (ranks <= static_cast<double>(cores) || iteration <= 0) return 0;
+  return std::max(0.0, iteration - work * ranks / static_cast<double>(cores) - 2 * alpha);
+}
+
 } // namespace
 
 bool calibrateCommandChosen() {
@@ -157,7 +188,9 @@ int calibrateCommand(const char* argv0) {
     out << "#include \"meshrt/Calibrate.h\"\n"
            "int main(int argc, char** argv) { return meshrt::calibrate::probeMain(argc, argv); }\n";
   }
-  std::vector<std::string> build = {toolchain.cxx, "-O3", "-march=native", "-std=c++20", "-w"};
+  // meshc run's flags for generated code (-fno-math-errno lets square roots vectorize).
+  std::vector<std::string> build = {toolchain.cxx,     "-O3",        "-march=native",
+                                    "-fno-math-errno", "-std=c++20", "-w"};
   for (const std::string& include : toolchain.includeDirs)
     build.insert(build.end(), {"-I", include});
   build.insert(build.end(), {base + ".cpp", "-o", base + ".bin"});
@@ -209,6 +242,15 @@ int calibrateCommand(const char* argv0) {
     return fail(kExitInternalError, fmt::format("the probe measured nothing usable: {}", measured));
   LinkFit link = fitLink(*collectives, calibrateRanks);
   int64_t cores = std::max<int64_t>(report->getInteger("cores").getValueOr(1), 1);
+  double cacheBytes = report->getNumber("cache_bytes").getValueOr(0);
+  double cacheBandwidth = report->getNumber("cache_stream_bytes_per_s").getValueOr(0);
+  if (cacheBandwidth <= bandwidth) cacheBytes = cacheBandwidth = 0; // no faster level seen
+  double gemmLatency = 0;
+  if (const llvm::json::Array* small = report->getArray("gemm_small"))
+    gemmLatency = fitGemmLatency(*small, peak);
+  double syncSeconds = 0;
+  if (const llvm::json::Object* over = report->getObject("oversubscribed"))
+    syncSeconds = oversubscribedSync(*over, cores, link.alphaSeconds);
 
   char date[32];
   std::time_t now = std::time(nullptr);
@@ -229,6 +271,10 @@ int calibrateCommand(const char* argv0) {
       {"peak_flops_bf16", 0},
       {"memory_bandwidth", bandwidth},
       {"memory_bytes", report->getNumber("memory_bytes").getValueOr(0)},
+      {"cache_bytes", cacheBytes},
+      {"cache_bandwidth", cacheBandwidth},
+      {"gemm_latency_seconds", gemmLatency},
+      {"oversubscribed_sync_seconds", syncSeconds},
       {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
                                    {"alpha_seconds", link.alphaSeconds},
                                    {"bandwidth", link.bandwidth}}},
@@ -236,10 +282,15 @@ int calibrateCommand(const char* argv0) {
        fmt::format(
            "measured by `{}`: the einsum's GEMM on one thread (GFLOP/s: {}; the best is the "
            "peak), the fused elementwise loop a = b + s c over 32 MiB arrays (bytes read "
-           "and written per second), and all-reduce, reduce-scatter and all-gather from 4 B "
-           "on {} ranks fitted to the alpha-beta formulas (the worst sample is {:.2f}x off "
-           "the fit); no bf16 hardware assumed",
-           command, gemmTable, int(calibrateRanks), link.worstRatio)},
+           "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
+           "written) over arrays filling half of the last-level cache's share per core "
+           "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
+           "flops / peak + gemm_latency_seconds, all-reduce, reduce-scatter and all-gather "
+           "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
+           "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
+           "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
+           "of the cores and 2 alpha is oversubscribed_sync_seconds; no bf16 hardware assumed",
+           command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
   };
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
   // What `--machine` reads back must parse: the same reader checks it before it is written.
@@ -254,6 +305,9 @@ int calibrateCommand(const char* argv0) {
   out.keep();
   stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
+  stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us, oversubscribed "
+                    "sync {:.2f} us",
+                    cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, syncSeconds * 1e6));
   return kExitOk;
 }
 

@@ -4,13 +4,34 @@
 
 namespace meshc::plan {
 
+double streamBandwidth(const Machine& machine, double bytes) {
+  // Never below the memory's: an op's time then never decreases as its bytes grow, which the
+  // search's lower bounds (smaller shards than any real layout's) rely on.
+  if (bytes <= machine.cacheBytes) return std::max(machine.cacheBandwidth, machine.memoryBandwidth);
+  return machine.memoryBandwidth;
+}
+
 double computeSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype) {
   double peak = machine.peakFlops;
   if ((dtype == ir::DType::BF16 || dtype == ir::DType::F16) && machine.peakFlopsBf16 > 0)
     peak = machine.peakFlopsBf16;
   double flopSeconds = peak > 0 ? flops / peak : 0;
-  double memorySeconds = machine.memoryBandwidth > 0 ? bytes / machine.memoryBandwidth : 0;
+  double bandwidth = streamBandwidth(machine, bytes);
+  double memorySeconds = bandwidth > 0 ? bytes / bandwidth : 0;
   return std::max(flopSeconds, memorySeconds);
+}
+
+double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype) {
+  return computeSeconds(machine, flops, bytes, dtype) + machine.gemmLatencySeconds;
+}
+
+double oversubscription(const Machine& machine, const Mesh& mesh) {
+  return std::max(1.0, static_cast<double>(mesh.numDevices()) /
+                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+}
+
+double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {
+  return oversubscription(machine, mesh) > 1 ? machine.oversubscribedSyncSeconds : 0;
 }
 
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective) {
@@ -22,19 +43,20 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   double b = link.bandwidthBytesPerS > 0 ? 1.0 / link.bandwidthBytesPerS : 0;
   double n = static_cast<double>(collective.bytes);
   double fraction = (p - 1) / p;
+  double sync = oversubscribedSyncSeconds(machine, mesh);
   switch (collective.kind) {
   case CollectiveKind::AllReduceSum:
   case CollectiveKind::AllReduceMax:
   case CollectiveKind::AllReduceMin:
   case CollectiveKind::BucketedAllReduceSum:
-    return 2 * a + 2 * b * fraction * n;
+    return sync + 2 * a + 2 * b * fraction * n;
   case CollectiveKind::ReduceScatter:
   case CollectiveKind::AllGather:
-    return a + b * fraction * n;
+    return sync + a + b * fraction * n;
   case CollectiveKind::AllToAll:
-    return (p - 1) * a + b * fraction * n;
+    return sync + (p - 1) * a + b * fraction * n;
   case CollectiveKind::Permute:
-    return a + b * n;
+    return sync + a + b * n;
   case CollectiveKind::LocalSlice:
     return 0;
   }
@@ -47,7 +69,8 @@ double mergeableLatencySeconds(const Machine& machine, const Mesh& mesh,
        collective.kind != CollectiveKind::BucketedAllReduceSum) ||
       splitFactor(mesh, collective.axes) <= 1)
     return 0;
-  return 2 * linkFor(machine, mesh, collective.axes).alphaSeconds;
+  return oversubscribedSyncSeconds(machine, mesh) +
+         2 * linkFor(machine, mesh, collective.axes).alphaSeconds;
 }
 
 } // namespace meshc::plan

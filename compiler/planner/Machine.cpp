@@ -137,6 +137,10 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.peakFlopsBf16 = reader.number("peak_flops_bf16", false, 0);
   machine.memoryBandwidth = reader.number("memory_bandwidth");
   machine.memoryBytes = reader.number("memory_bytes");
+  machine.cacheBytes = reader.number("cache_bytes", false, 0);
+  machine.cacheBandwidth = reader.number("cache_bandwidth", false, 0);
+  machine.gemmLatencySeconds = reader.number("gemm_latency_seconds", false, 0);
+  machine.oversubscribedSyncSeconds = reader.number("oversubscribed_sync_seconds", false, 0);
   reader.string("notes", false); // free text: sources and assumptions
   if (error.empty() && machine.peakFlops <= 0) reader.fail("field 'peak_flops' must be positive");
   if (error.empty() && machine.memoryBandwidth <= 0)

@@ -27,11 +27,20 @@ struct Machine {
   double peakFlopsBf16 = 0;   // per device, bf16/f16 tensor cores (0: same as peakFlops)
   double memoryBandwidth = 0; // bytes/s per device
   double memoryBytes = 0;     // capacity per device
-  Link intra;                 // inside a node
-  Link inter;                 // between nodes (unused when devicesPerNode >= numDevices)
+  // Measured refinements (docs/planner.md, "Cost model"; 0: not modelled). An op whose bytes fit
+  // in `cacheBytes` streams at `cacheBandwidth` instead of `memoryBandwidth`; every GEMM pays
+  // `gemmLatencySeconds` on top of its roofline; every collective of a mesh with more ranks than
+  // devices (threads sharing cores) pays `oversubscribedSyncSeconds` on top of alpha-beta.
+  double cacheBytes = 0;
+  double cacheBandwidth = 0;
+  double gemmLatencySeconds = 0;
+  double oversubscribedSyncSeconds = 0;
+  Link intra; // inside a node
+  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
 };
 
-/// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster", "tpuv2-pod").
+/// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",
+/// "tpuv2-pod").
 std::vector<std::string> builtinMachineNames();
 
 /// A built-in by name, or else a JSON file at that path.

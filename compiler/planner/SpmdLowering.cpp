@@ -845,7 +845,11 @@ private:
       out.bytes +=
           static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
     out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
-    out.computeSeconds = computeSeconds(machine_, out.flops, out.bytes, dtype) * oversubscription_;
+    // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm).
+    bool gemm = op.kind == OpKind::Einsum && op.operands.size() >= 2;
+    out.computeSeconds = (gemm ? gemmSeconds(machine_, out.flops, out.bytes, dtype)
+                               : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+                         oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
   }
@@ -915,9 +919,7 @@ struct PlanEvaluator::Impl {
       : module_(module), fn_(fn), mesh_(mesh), machine_(machine),
         chains_(machine_, mesh_, fn.values.size()), boundStateOf_(fn.values.size(), -1),
         walk_(fn.values.size()) {
-    oversubscription_ =
-        std::max(1.0, static_cast<double>(mesh.numDevices()) /
-                          static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+    oversubscription_ = oversubscription(machine, mesh);
     for (const ir::Value& value : fn.values) {
       typeIds_.push_back(internType(value.type));
       for (const ir::Dim& dim : value.type.dims)

@@ -475,6 +475,17 @@ def calibrate():
                f"the link fitted: {machine['intra']}")
         expect(machine["devices"] >= 1 and "meshc calibrate --name mine" in machine["notes"],
                "the notes state the command")
+        # The refinements (docs/planner.md): a cache level faster than memory or none, a GEMM's
+        # fixed cost and the oversubscribed sync, all measured (>= 0) and announced.
+        expect(all(machine[key] >= 0 for key in ["cache_bytes", "cache_bandwidth",
+                                                  "gemm_latency_seconds",
+                                                  "oversubscribed_sync_seconds"]),
+               f"the refinements are written: {machine}")
+        expect(machine["cache_bandwidth"] == 0 or
+               (machine["cache_bandwidth"] > machine["memory_bandwidth"] and
+                machine["cache_bytes"] > 0), f"a cache level is faster than memory: {machine}")
+        expect("meshc calibrate: cache" in proc.stderr, "calibrate announces the refinements",
+               proc)
         plan = meshc(MLP, "--machine", out, "--emit=plan", "--function", "mlp")
         expect(plan.returncode == 0 and "machine  mine" in plan.stdout,
                "--machine takes the calibrated description", plan)

@@ -20,7 +20,6 @@ support::Shape Encode::inputShape(const std::string &name) {
 
 Encode::Encode(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "encode")), seed_(seed),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder_layer[0]/random_features: orthogonal (performer.mesh:103)
   param0_encoder_layer_0_random_features.resize(1024);
@@ -79,25 +78,23 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
   // encoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
   param8_encoder_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param9_encoder_layer_0_ffn_w_in.resize(2048);
-  support::fillParam(
-      param9_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "encoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param9_encoder_layer_0_ffn_w_in.resize(4096);
+  support::fillParam(param9_encoder_layer_0_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "encoder_layer[0]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param10_encoder_layer_0_ffn_w_out.resize(2048);
-  support::fillParam(
-      param10_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "encoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param10_encoder_layer_0_ffn_w_out.resize(4096);
+  support::fillParam(param10_encoder_layer_0_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "encoder_layer[0]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/random_features: orthogonal (performer.mesh:103)
   param11_encoder_layer_1_random_features.resize(1024);
   support::fillParam(
@@ -155,25 +152,23 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
   // encoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
   param19_encoder_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param20_encoder_layer_1_ffn_w_in.resize(2048);
-  support::fillParam(
-      param20_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "encoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param20_encoder_layer_1_ffn_w_in.resize(4096);
+  support::fillParam(param20_encoder_layer_1_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "encoder_layer[1]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param21_encoder_layer_1_ffn_w_out.resize(2048);
-  support::fillParam(
-      param21_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "encoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param21_encoder_layer_1_ffn_w_out.resize(4096);
+  support::fillParam(param21_encoder_layer_1_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "encoder_layer[1]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // norm/gain: ones (performer.mesh:27)
   param22_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm/bias: zeros (performer.mesh:28)
@@ -202,17 +197,17 @@ void Encode::computeInvariants() {
   }
 
   // performer.mesh:36:36 iota
-  support::View v3 = persistent_.view(1024, 4);
-  static const support::Shape shape2_1 = {4};
+  support::View v3 = persistent_.view(1024, 16);
+  static const support::Shape shape2_1 = {16};
   static const support::Shape shape2_2 = {1};
-  support::iota(v3.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
+  support::iota(v3.data(), shape2_1, shape2_2, 0);
 
   // performer.mesh:36:31 cast
-  support::View v4 = persistent_.view(1088, 4);
+  support::View v4 = persistent_.view(1088, 16);
   {
     float *__restrict v4p = v4.data();
     const float *__restrict v3p = v3.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v3p[i0];
       const float s1 = s0;
       v4p[i0] = s1;
@@ -220,11 +215,11 @@ void Encode::computeInvariants() {
   }
 
   // performer.mesh:36:53 mul
-  support::View v6 = persistent_.view(1216, 4);
+  support::View v6 = persistent_.view(1216, 16);
   {
     float *__restrict v6p = v6.data();
     const float *__restrict v4p = v4.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v4p[i0];
       const float s1 = -0.5756f;
       const float s2 = (s0 * s1);
@@ -233,11 +228,11 @@ void Encode::computeInvariants() {
   }
 
   // performer.mesh:36:27 exp -> inverse_frequency
-  support::View v7 = persistent_.view(1280, 4);
+  support::View v7 = persistent_.view(1280, 16);
   {
     float *__restrict v7p = v7.data();
     const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = support::fexp(s0);
       v7p[i0] = s1;
@@ -245,27 +240,27 @@ void Encode::computeInvariants() {
   }
 
   // performer.mesh:37:24 mul -> angle
-  support::View v8 = persistent_.view(1344, 512);
+  support::View v8 = persistent_.view(1344, 2048);
   {
     float *__restrict v8p = v8.data();
     const float *__restrict v2p = v2.data();
     const float *__restrict v7p = v7.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 4; ++i1) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
         const float s0 = v2p[i0];
         const float s1 = v7p[i1];
         const float s2 = (s0 * s1);
-        v8p[i0 * 4 + i1] = s2;
+        v8p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // performer.mesh:38:17 sin
-  support::View v9 = persistent_.view(3392, 512);
+  support::View v9 = persistent_.view(9536, 2048);
   {
     float *__restrict v9p = v9.data();
     const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v8p[i0];
       const float s1 = support::fsin(s0);
       v9p[i0] = s1;
@@ -273,11 +268,11 @@ void Encode::computeInvariants() {
   }
 
   // performer.mesh:38:29 cos
-  support::View v10 = persistent_.view(5440, 512);
+  support::View v10 = persistent_.view(17728, 2048);
   {
     float *__restrict v10p = v10.data();
     const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v8p[i0];
       const float s1 = support::fcos(s0);
       v10p[i0] = s1;
@@ -287,13 +282,13 @@ void Encode::computeInvariants() {
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "encode");
-  // Arena: 131584 bytes for 995848 bytes of temporaries (placed by liveness).
+  // Arena: 147456 bytes for 1110536 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  support::View v141 = arena_.view(16384, 4096);
+  support::View v137 = arena_.view(16384, 4096);
 
   Outputs outputs;
-  outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v141.begin(), v141.end())};
+  outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v137.begin(), v137.end())};
   return outputs;
 }
 
@@ -301,181 +296,169 @@ void Encode::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // performer.mesh:38:10 all_gather (reshard %9 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v9 = persistent_.view(3392, 512);
-  support::View v11 = arena_.view(16384, 2048);
-  static const support::Shape shape0_2 = {128, 4};
-  support::allGatherDim(v11, v9, shape0_2, 1, group_data_model);
-
-  // performer.mesh:38:10 all_gather (reshard %10 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v10 = persistent_.view(5440, 512);
-  support::View v12 = arena_.view(24576, 2048);
-  static const support::Shape shape1_2 = {128, 4};
-  support::allGatherDim(v12, v10, shape1_2, 1, group_data_model);
-
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  support::View v13 = arena_.slot(0, 4096);
-  static const support::Shape shape2_2 = {128};
-  static const support::Shape shape2_3 = {32};
-  static const support::Shape shape2_4 = {16};
-  support::copyWindow(v13.data(), v11.data(), shape2_2, shape2_3, shape2_4, 1, 1, 32, 16,
+  support::View v9 = persistent_.view(9536, 2048);
+  support::View v11 = arena_.slot(0, 4096);
+  static const support::Shape shape0_2 = {128};
+  static const support::Shape shape0_3 = {32};
+  static const support::Shape shape0_4 = {16};
+  support::copyWindow(v11.data(), v9.data(), shape0_2, shape0_3, shape0_4, 1, 1, 32, 16,
                       int64_t(0));
 
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  static const support::Shape shape3_2 = {128};
-  static const support::Shape shape3_3 = {32};
-  static const support::Shape shape3_4 = {16};
-  support::copyWindow(v13.data(), v12.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
+  support::View v10 = persistent_.view(17728, 2048);
+  static const support::Shape shape1_2 = {128};
+  static const support::Shape shape1_3 = {32};
+  static const support::Shape shape1_4 = {16};
+  support::copyWindow(v11.data(), v10.data(), shape1_2, shape1_3, shape1_4, 1, 1, 32, 16,
                       int64_t(16));
 
   // performer.mesh:122:39 add -> h
   MESHRT_TRACE("loop", "performer.mesh:122:39", "forward");
   const support::Buffer &v0 = inputs.x.data;
-  support::View v14 = arena_.view(98304, 4096);
+  support::View v12 = arena_.view(98304, 4096);
   {
-    float *__restrict v14p = v14.data();
+    float *__restrict v12p = v12.data();
     const float *__restrict v0p = v0.data();
-    const float *__restrict v13p = v13.data();
+    const float *__restrict v11p = v11.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = v0p[i0];
-      const float s1 = v13p[i0];
+      const float s1 = v11p[i0];
       const float s2 = (s0 + s1);
-      v14p[i0] = s2;
+      v12p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v18 = arena_.view(0, 4096);
-  static const support::Shape shape5_2 = {1, 128};
-  static const support::Shape shape5_3 = {4096, 32};
-  static const support::Shape shape5_4 = {4096, 32};
-  static const support::Shape shape5_5 = {32};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v18.data(), v14.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  support::View v16 = arena_.view(0, 4096);
+  static const support::Shape shape3_2 = {1, 128};
+  static const support::Shape shape3_3 = {4096, 32};
+  static const support::Shape shape3_4 = {4096, 32};
+  static const support::Shape shape3_5 = {32};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v16.data(), v12.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  const support::Buffer &v16 = param1_encoder_layer_0_norm_gain;
-  const support::Buffer &v17 = param2_encoder_layer_0_norm_bias;
-  support::View v20 = arena_.view(114688, 4096);
+  const support::Buffer &v14 = param1_encoder_layer_0_norm_gain;
+  const support::Buffer &v15 = param2_encoder_layer_0_norm_bias;
+  support::View v18 = arena_.view(114688, 4096);
   {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v18p = v18.data();
+    float *__restrict v18p = v18.data();
     const float *__restrict v16p = v16.data();
-    const float *__restrict v17p = v17.data();
+    const float *__restrict v14p = v14.data();
+    const float *__restrict v15p = v15.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v18p[i0 * 32 + i1];
-        const float s1 = v16p[i1];
+        const float s0 = v16p[i0 * 32 + i1];
+        const float s1 = v14p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v17p[i1];
+        const float s3 = v15p[i1];
         const float s4 = (s2 + s3);
-        v20p[i0 * 32 + i1] = s4;
+        v18p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 31 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
-  support::View v22 = arena_.view(32768, 2048);
-  const support::Buffer &v15 = param0_encoder_layer_0_random_features;
-  support::View v25 = arena_.view(0, 8192);
-  support::View v26 = arena_.view(40960, 2048);
-  support::View v27 = arena_.view(65536, 128);
-  support::View v30 = arena_.view(32768, 8192);
-  support::View v31 = arena_.view(65536, 128);
-  support::View v36 = arena_.view(0, 8192);
-  const support::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
-  support::View v38 = arena_.view(65536, 2048);
-  support::View v41 = arena_.view(32768, 8192);
-  support::View v42 = arena_.view(73728, 2048);
-  support::View v43 = arena_.view(131072, 128);
-  support::View v46 = arena_.view(65536, 8192);
-  support::View v47 = arena_.view(131072, 1);
-  support::View v52 = arena_.view(32768, 8192);
-  const support::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
+  const support::Buffer &v19 = param3_encoder_layer_0_heads_in_w;
+  support::View v20 = arena_.view(32768, 2048);
+  const support::Buffer &v13 = param0_encoder_layer_0_random_features;
+  support::View v23 = arena_.view(0, 8192);
+  support::View v24 = arena_.view(40960, 2048);
+  support::View v25 = arena_.view(65536, 128);
+  support::View v28 = arena_.view(32768, 8192);
+  support::View v29 = arena_.view(65536, 128);
+  support::View v34 = arena_.view(0, 8192);
+  const support::Buffer &v35 = param4_encoder_layer_0_heads_in_1_w;
+  support::View v36 = arena_.view(65536, 2048);
+  support::View v39 = arena_.view(32768, 8192);
+  support::View v40 = arena_.view(73728, 2048);
+  support::View v41 = arena_.view(131072, 128);
+  support::View v44 = arena_.view(65536, 8192);
+  support::View v45 = arena_.view(131072, 1);
+  support::View v50 = arena_.view(32768, 8192);
+  const support::Buffer &v51 = param5_encoder_layer_0_heads_in_2_w;
+  support::View v52 = arena_.view(65536, 2048);
+  support::View v53 = arena_.view(73728, 1024);
   support::View v54 = arena_.view(65536, 2048);
-  support::View v55 = arena_.view(73728, 1024);
-  support::View v56 = arena_.view(65536, 2048);
-  support::View v57 = arena_.view(73728, 64);
-  support::View v58 = arena_.view(32768, 128);
-  support::View v59 = arena_.view(16384, 2048);
-  const support::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
-  support::View v61 = arena_.view(0, 4096);
-  support::View v63 = arena_.view(65536, 4096);
-  support::View v66 = arena_.view(0, 4096);
-  const support::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
-  const support::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
-  support::View v68 = arena_.view(32768, 4096);
-  const support::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
-  support::View v71 = arena_.view(0, 8192);
-  support::View v72 = arena_.view(32768, 8192);
-  const support::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
-  support::View v73 = arena_.view(0, 4096);
-  support::View v75 = arena_.view(98304, 4096);
-  support::View v79 = arena_.view(0, 4096);
-  const support::Buffer &v77 = param12_encoder_layer_1_norm_gain;
-  const support::Buffer &v78 = param13_encoder_layer_1_norm_bias;
-  support::View v81 = arena_.view(114688, 4096);
-  repeated0(v20, v21, v22, v15, v25, v26, v27, v30, v31, v36, v37, v38, v41, v42, v43, v46, v47,
-            v52, v53, v54, v55, v56, v57, v58, v59, v60, v61, v14, v63, v66, v64, v65, v68, v69,
-            v71, v72, v70, v73, v75, v79, v77, v78, v81);
+  support::View v55 = arena_.view(73728, 64);
+  support::View v56 = arena_.view(32768, 128);
+  support::View v57 = arena_.view(16384, 2048);
+  const support::Buffer &v58 = param6_encoder_layer_0_heads_out_w;
+  support::View v59 = arena_.view(0, 4096);
+  support::View v61 = arena_.view(131072, 4096);
+  support::View v64 = arena_.view(0, 4096);
+  const support::Buffer &v62 = param7_encoder_layer_0_norm_1_gain;
+  const support::Buffer &v63 = param8_encoder_layer_0_norm_1_bias;
+  support::View v66 = arena_.view(65536, 4096);
+  const support::Buffer &v67 = param9_encoder_layer_0_ffn_w_in;
+  support::View v69 = arena_.view(0, 16384);
+  support::View v70 = arena_.view(65536, 16384);
+  const support::Buffer &v68 = param10_encoder_layer_0_ffn_w_out;
+  support::View v71 = arena_.view(0, 4096);
+  support::View v72 = arena_.view(98304, 4096);
+  support::View v76 = arena_.view(0, 4096);
+  const support::Buffer &v74 = param12_encoder_layer_1_norm_gain;
+  const support::Buffer &v75 = param13_encoder_layer_1_norm_bias;
+  support::View v78 = arena_.view(114688, 4096);
+  repeated0(v18, v19, v20, v13, v23, v24, v25, v28, v29, v34, v35, v36, v39, v40, v41, v44, v45,
+            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v64, v62, v63, v66, v67,
+            v69, v70, v68, v71, v72, v76, v74, v75, v78);
 
-  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 31 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
-  support::View v83 = arena_.view(32768, 2048);
-  const support::Buffer &v76 = param11_encoder_layer_1_random_features;
-  support::View v86 = arena_.view(0, 8192);
-  support::View v87 = arena_.view(40960, 2048);
-  support::View v88 = arena_.view(65536, 128);
-  support::View v91 = arena_.view(32768, 8192);
-  support::View v92 = arena_.view(65536, 128);
-  support::View v97 = arena_.view(0, 8192);
-  const support::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
-  support::View v99 = arena_.view(65536, 2048);
-  support::View v102 = arena_.view(32768, 8192);
-  support::View v103 = arena_.view(73728, 2048);
-  support::View v104 = arena_.view(131072, 128);
-  support::View v107 = arena_.view(65536, 8192);
-  support::View v108 = arena_.view(131072, 1);
-  support::View v113 = arena_.view(32768, 8192);
-  const support::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
-  support::View v115 = arena_.view(65536, 2048);
-  support::View v116 = arena_.view(73728, 1024);
-  support::View v117 = arena_.view(65536, 2048);
-  support::View v118 = arena_.view(73728, 64);
-  support::View v119 = arena_.view(32768, 128);
-  support::View v120 = arena_.view(16384, 2048);
-  const support::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
-  support::View v122 = arena_.view(0, 4096);
-  support::View v124 = arena_.view(65536, 4096);
-  support::View v127 = arena_.view(0, 4096);
-  const support::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
-  const support::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
-  support::View v129 = arena_.view(32768, 4096);
-  const support::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
-  support::View v132 = arena_.view(0, 8192);
-  support::View v133 = arena_.view(32768, 8192);
-  const support::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
-  support::View v134 = arena_.view(0, 4096);
-  support::View v136 = arena_.view(16384, 4096);
-  support::View v139 = arena_.view(0, 4096);
-  const support::Buffer &v137 = param22_norm_gain;
-  const support::Buffer &v138 = param23_norm_bias;
-  support::View v141 = arena_.view(16384, 4096);
-  repeated0(v81, v82, v83, v76, v86, v87, v88, v91, v92, v97, v98, v99, v102, v103, v104, v107,
-            v108, v113, v114, v115, v116, v117, v118, v119, v120, v121, v122, v75, v124, v127, v125,
-            v126, v129, v130, v132, v133, v131, v134, v136, v139, v137, v138, v141);
+  const support::Buffer &v79 = param14_encoder_layer_1_heads_in_w;
+  support::View v80 = arena_.view(32768, 2048);
+  const support::Buffer &v73 = param11_encoder_layer_1_random_features;
+  support::View v83 = arena_.view(0, 8192);
+  support::View v84 = arena_.view(40960, 2048);
+  support::View v85 = arena_.view(65536, 128);
+  support::View v88 = arena_.view(32768, 8192);
+  support::View v89 = arena_.view(65536, 128);
+  support::View v94 = arena_.view(0, 8192);
+  const support::Buffer &v95 = param15_encoder_layer_1_heads_in_1_w;
+  support::View v96 = arena_.view(65536, 2048);
+  support::View v99 = arena_.view(32768, 8192);
+  support::View v100 = arena_.view(73728, 2048);
+  support::View v101 = arena_.view(131072, 128);
+  support::View v104 = arena_.view(65536, 8192);
+  support::View v105 = arena_.view(131072, 1);
+  support::View v110 = arena_.view(32768, 8192);
+  const support::Buffer &v111 = param16_encoder_layer_1_heads_in_2_w;
+  support::View v112 = arena_.view(65536, 2048);
+  support::View v113 = arena_.view(73728, 1024);
+  support::View v114 = arena_.view(65536, 2048);
+  support::View v115 = arena_.view(73728, 64);
+  support::View v116 = arena_.view(32768, 128);
+  support::View v117 = arena_.view(16384, 2048);
+  const support::Buffer &v118 = param17_encoder_layer_1_heads_out_w;
+  support::View v119 = arena_.view(0, 4096);
+  support::View v121 = arena_.view(131072, 4096);
+  support::View v124 = arena_.view(0, 4096);
+  const support::Buffer &v122 = param18_encoder_layer_1_norm_1_gain;
+  const support::Buffer &v123 = param19_encoder_layer_1_norm_1_bias;
+  support::View v126 = arena_.view(65536, 4096);
+  const support::Buffer &v127 = param20_encoder_layer_1_ffn_w_in;
+  support::View v129 = arena_.view(0, 16384);
+  support::View v130 = arena_.view(65536, 16384);
+  const support::Buffer &v128 = param21_encoder_layer_1_ffn_w_out;
+  support::View v131 = arena_.view(0, 4096);
+  support::View v132 = arena_.view(16384, 4096);
+  support::View v135 = arena_.view(0, 4096);
+  const support::Buffer &v133 = param22_norm_gain;
+  const support::Buffer &v134 = param23_norm_bias;
+  support::View v137 = arena_.view(16384, 4096);
+  repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
+            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v124, v122, v123,
+            v126, v127, v129, v130, v128, v131, v132, v135, v133, v134, v137);
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -779,7 +762,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan25(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan25.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
@@ -787,7 +770,7 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a34p = a34.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    for (int64_t i0 = 0; i0 < 16384; ++i0) {
       const float s0 = a34p[i0];
       const float s1 = support::fgelu(s0);
       a35p[i0] = s1;
@@ -798,13 +781,8 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan27(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan27.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
-
-  // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
-  // 108:12)
-  MESHRT_TRACE_SITE("performer.mesh:108:12");
-  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:108:12", "forward");
@@ -822,14 +800,14 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape30_2 = {1, 128};
-  static const support::Shape shape30_3 = {4096, 32};
-  static const support::Shape shape30_4 = {4096, 32};
-  static const support::Shape shape30_5 = {32};
-  static const support::Shape shape30_6 = {1};
-  static const support::Shape shape30_7 = {1};
-  support::along(a39.data(), a38.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
-                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape29_2 = {1, 128};
+  static const support::Shape shape29_3 = {4096, 32};
+  static const support::Shape shape29_4 = {4096, 32};
+  static const support::Shape shape29_5 = {32};
+  static const support::Shape shape29_6 = {1};
+  static const support::Shape shape29_7 = {1};
+  support::along(a39.data(), a38.data(), shape29_2, shape29_3, shape29_4, shape29_5, shape29_6,
+                 shape29_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
@@ -937,8 +915,8 @@ std::vector<support::ParamShard> Encode::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"encoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
       {"encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
       {"encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -951,8 +929,8 @@ std::vector<support::ParamShard> Encode::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"norm/gain", false, "f32", "d_model:32:32:"},
       {"norm/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_encoder_layer_0_random_features,
@@ -1022,28 +1000,25 @@ support::Shape Lm::inputShape(const std::string &name) {
 
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm")), seed_(seed),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
-  param0_causal_lm_embedding.resize(1024);
-  support::fillParam(
-      param0_causal_lm_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "causal_lm/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-      meshrt::kernels::ValueType::F32);
+  param0_causal_lm_embedding.resize(2048);
+  support::fillParam(param0_causal_lm_embedding.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{64, 32}},
+                     seed, "causal_lm/embedding",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
-  param1_causal_lm_unembed.resize(1024);
-  support::fillParam(
-      param1_causal_lm_unembed.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "causal_lm/unembed",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  param1_causal_lm_unembed.resize(2048);
+  support::fillParam(param1_causal_lm_unembed.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 64}},
+                     seed, "causal_lm/unembed",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
   support::fillParam(
@@ -1105,25 +1080,23 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
   param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  support::fillParam(
-      param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "causal_lm/decoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
+  support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "causal_lm/decoder_layer[0]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  support::fillParam(
-      param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "causal_lm/decoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
+  support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "causal_lm/decoder_layer[0]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
   support::fillParam(
@@ -1185,25 +1158,23 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
   param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  support::fillParam(
-      param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "causal_lm/decoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
+  support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "causal_lm/decoder_layer[1]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  support::fillParam(
-      param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "causal_lm/decoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
+  support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "causal_lm/decoder_layer[1]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
@@ -1232,17 +1203,17 @@ void Lm::computeInvariants() {
   }
 
   // performer.mesh:36:36 iota
-  support::View v6 = persistent_.view(1024, 4);
-  static const support::Shape shape2_1 = {4};
+  support::View v6 = persistent_.view(1024, 16);
+  static const support::Shape shape2_1 = {16};
   static const support::Shape shape2_2 = {1};
-  support::iota(v6.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
+  support::iota(v6.data(), shape2_1, shape2_2, 0);
 
   // performer.mesh:36:31 cast
-  support::View v7 = persistent_.view(1088, 4);
+  support::View v7 = persistent_.view(1088, 16);
   {
     float *__restrict v7p = v7.data();
     const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = s0;
       v7p[i0] = s1;
@@ -1250,11 +1221,11 @@ void Lm::computeInvariants() {
   }
 
   // performer.mesh:36:53 mul
-  support::View v9 = persistent_.view(1216, 4);
+  support::View v9 = persistent_.view(1216, 16);
   {
     float *__restrict v9p = v9.data();
     const float *__restrict v7p = v7.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = -0.5756f;
       const float s2 = (s0 * s1);
@@ -1263,11 +1234,11 @@ void Lm::computeInvariants() {
   }
 
   // performer.mesh:36:27 exp -> inverse_frequency
-  support::View v10 = persistent_.view(1280, 4);
+  support::View v10 = persistent_.view(1280, 16);
   {
     float *__restrict v10p = v10.data();
     const float *__restrict v9p = v9.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v9p[i0];
       const float s1 = support::fexp(s0);
       v10p[i0] = s1;
@@ -1275,27 +1246,27 @@ void Lm::computeInvariants() {
   }
 
   // performer.mesh:37:24 mul -> angle
-  support::View v11 = persistent_.view(1344, 512);
+  support::View v11 = persistent_.view(1344, 2048);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v5p = v5.data();
     const float *__restrict v10p = v10.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 4; ++i1) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
         const float s0 = v5p[i0];
         const float s1 = v10p[i1];
         const float s2 = (s0 * s1);
-        v11p[i0 * 4 + i1] = s2;
+        v11p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // performer.mesh:38:17 sin
-  support::View v12 = persistent_.view(3392, 512);
+  support::View v12 = persistent_.view(9536, 2048);
   {
     float *__restrict v12p = v12.data();
     const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v11p[i0];
       const float s1 = support::fsin(s0);
       v12p[i0] = s1;
@@ -1303,11 +1274,11 @@ void Lm::computeInvariants() {
   }
 
   // performer.mesh:38:29 cos
-  support::View v13 = persistent_.view(5440, 512);
+  support::View v13 = persistent_.view(17728, 2048);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v11p[i0];
       const float s1 = support::fcos(s0);
       v13p[i0] = s1;
@@ -1317,13 +1288,13 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 1130496 bytes for 3182600 bytes of temporaries (placed by liveness).
+  // Arena: 1130496 bytes for 3313672 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
-  support::View v148 = arena_.view(0, 4096);
+  support::View v143 = arena_.view(0, 8192);
 
   Outputs outputs;
-  outputs.logits = support::Tensor{{1, 128, 32}, support::Buffer(v148.begin(), v148.end())};
+  outputs.logits = support::Tensor{{1, 128, 64}, support::Buffer(v143.begin(), v143.end())};
   return outputs;
 }
 
@@ -1331,7 +1302,7 @@ void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   const support::Buffer &v1 = param0_causal_lm_embedding;
   const support::Buffer &v0 = inputs.tokens.data;
@@ -1339,199 +1310,181 @@ void Lm::runPart0(const Inputs &inputs) {
   static const support::Shape shape0_1 = {1, 128, 32};
   static const support::Shape shape0_3 = {0, 0, 1};
   static const support::Shape shape0_5 = {128, 1, 0};
-  support::gather(v3.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 32, 32,
-                  support::shardStart(world_, {"model"}, 32));
+  support::gather(v3.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 64, 32, 0);
 
-  // performer.mesh:38:10 all_gather (reshard %12 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v12 = persistent_.view(3392, 512);
-  support::View v14 = arena_.view(32768, 2048);
-  static const support::Shape shape1_2 = {128, 4};
-  support::allGatherDim(v14, v12, shape1_2, 1, group_data_model);
-
-  // performer.mesh:38:10 all_gather (reshard %13 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v13 = persistent_.view(5440, 512);
-  support::View v15 = arena_.view(40960, 2048);
-  static const support::Shape shape2_2 = {128, 4};
-  support::allGatherDim(v15, v13, shape2_2, 1, group_data_model);
-
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  support::View v16 = arena_.slot(16384, 4096);
-  static const support::Shape shape3_2 = {128};
-  static const support::Shape shape3_3 = {32};
-  static const support::Shape shape3_4 = {16};
-  support::copyWindow(v16.data(), v14.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
+  support::View v12 = persistent_.view(9536, 2048);
+  support::View v14 = arena_.slot(16384, 4096);
+  static const support::Shape shape1_2 = {128};
+  static const support::Shape shape1_3 = {32};
+  static const support::Shape shape1_4 = {16};
+  support::copyWindow(v14.data(), v12.data(), shape1_2, shape1_3, shape1_4, 1, 1, 32, 16,
                       int64_t(0));
 
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  static const support::Shape shape4_2 = {128};
-  static const support::Shape shape4_3 = {32};
-  static const support::Shape shape4_4 = {16};
-  support::copyWindow(v16.data(), v15.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
+  support::View v13 = persistent_.view(17728, 2048);
+  static const support::Shape shape2_2 = {128};
+  static const support::Shape shape2_3 = {32};
+  static const support::Shape shape2_4 = {16};
+  support::copyWindow(v14.data(), v13.data(), shape2_2, shape2_3, shape2_4, 1, 1, 32, 16,
                       int64_t(16));
-
-  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %3 over model for add at
-  // 133:70)
-  MESHRT_TRACE_SITE("performer.mesh:133:70");
-  group_model.allReduce(v3.data(), v3.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
-  support::View v18 = arena_.view(1114112, 4096);
+  support::View v15 = arena_.view(1114112, 4096);
   {
-    float *__restrict v18p = v18.data();
+    float *__restrict v15p = v15.data();
     const float *__restrict v3p = v3.data();
-    const float *__restrict v16p = v16.data();
+    const float *__restrict v14p = v14.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = v3p[i0];
-      const float s1 = v16p[i0];
+      const float s1 = v14p[i0];
       const float s2 = (s0 + s1);
-      v18p[i0] = s2;
+      v15p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v22 = arena_.view(0, 4096);
-  static const support::Shape shape7_2 = {1, 128};
-  static const support::Shape shape7_3 = {4096, 32};
-  static const support::Shape shape7_4 = {4096, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v22.data(), v18.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  support::View v19 = arena_.view(0, 4096);
+  static const support::Shape shape4_2 = {1, 128};
+  static const support::Shape shape4_3 = {4096, 32};
+  static const support::Shape shape4_4 = {4096, 32};
+  static const support::Shape shape4_5 = {32};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(v19.data(), v15.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  const support::Buffer &v20 = param3_causal_lm_decoder_layer_0_norm_gain;
-  const support::Buffer &v21 = param4_causal_lm_decoder_layer_0_norm_bias;
-  support::View v24 = arena_.view(65536, 4096);
+  const support::Buffer &v17 = param3_causal_lm_decoder_layer_0_norm_gain;
+  const support::Buffer &v18 = param4_causal_lm_decoder_layer_0_norm_bias;
+  support::View v21 = arena_.view(65536, 4096);
   {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v22p = v22.data();
-    const float *__restrict v20p = v20.data();
-    const float *__restrict v21p = v21.data();
+    float *__restrict v21p = v21.data();
+    const float *__restrict v19p = v19.data();
+    const float *__restrict v17p = v17.data();
+    const float *__restrict v18p = v18.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v22p[i0 * 32 + i1];
-        const float s1 = v20p[i1];
+        const float s0 = v19p[i0 * 32 + i1];
+        const float s1 = v17p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v21p[i1];
+        const float s3 = v18p[i1];
         const float s4 = (s2 + s3);
-        v24p[i0 * 32 + i1] = s4;
+        v21p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // 33 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
-  support::View v26 = arena_.view(32768, 2048);
-  const support::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v29 = arena_.view(0, 8192);
-  support::View v30 = arena_.view(40960, 2048);
-  support::View v31 = arena_.view(81920, 128);
-  support::View v34 = arena_.view(32768, 8192);
-  support::View v35 = arena_.view(0, 128);
-  support::View v40 = arena_.view(1048576, 8192);
-  const support::Buffer &v41 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
-  support::View v42 = arena_.view(32768, 2048);
-  support::View v45 = arena_.view(0, 8192);
-  support::View v46 = arena_.view(40960, 2048);
-  support::View v47 = arena_.view(81920, 128);
-  support::View v50 = arena_.view(32768, 8192);
-  support::View v51 = arena_.view(0, 1);
-  support::View v56 = arena_.view(1081344, 8192);
-  const support::Buffer &v57 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
-  support::View v58 = arena_.view(524288, 2048);
-  support::View v59 = arena_.view(0, 131072);
-  support::View v60 = arena_.view(524288, 131072);
-  support::View v61 = arena_.view(32768, 2048);
-  support::View v62 = arena_.view(0, 8192);
-  support::View v63 = arena_.view(40960, 128);
-  support::View v64 = arena_.view(16384, 2048);
-  const support::Buffer &v65 = param8_causal_lm_decoder_layer_0_heads_out_w;
-  support::View v66 = arena_.view(0, 4096);
-  support::View v68 = arena_.view(65536, 4096);
-  support::View v71 = arena_.view(0, 4096);
-  const support::Buffer &v69 = param9_causal_lm_decoder_layer_0_norm_1_gain;
-  const support::Buffer &v70 = param10_causal_lm_decoder_layer_0_norm_1_bias;
-  support::View v73 = arena_.view(32768, 4096);
-  const support::Buffer &v74 = param11_causal_lm_decoder_layer_0_ffn_w_in;
-  support::View v76 = arena_.view(0, 8192);
-  support::View v77 = arena_.view(32768, 8192);
-  const support::Buffer &v75 = param12_causal_lm_decoder_layer_0_ffn_w_out;
-  support::View v78 = arena_.view(0, 4096);
-  support::View v80 = arena_.view(1114112, 4096);
-  support::View v84 = arena_.view(0, 4096);
-  const support::Buffer &v82 = param14_causal_lm_decoder_layer_1_norm_gain;
-  const support::Buffer &v83 = param15_causal_lm_decoder_layer_1_norm_bias;
-  support::View v86 = arena_.view(65536, 4096);
-  repeated0(v24, v25, v26, v19, v29, v30, v31, v34, v35, v40, v41, v42, v45, v46, v47, v50, v51,
-            v56, v57, v58, v59, v60, v61, v62, v63, v64, v65, v66, v18, v68, v71, v69, v70, v73,
-            v74, v76, v77, v75, v78, v80, v84, v82, v83, v86);
+  const support::Buffer &v22 = param5_causal_lm_decoder_layer_0_heads_in_w;
+  support::View v23 = arena_.view(32768, 2048);
+  const support::Buffer &v16 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v26 = arena_.view(0, 8192);
+  support::View v27 = arena_.view(40960, 2048);
+  support::View v28 = arena_.view(81920, 128);
+  support::View v31 = arena_.view(32768, 8192);
+  support::View v32 = arena_.view(0, 128);
+  support::View v37 = arena_.view(1048576, 8192);
+  const support::Buffer &v38 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
+  support::View v39 = arena_.view(32768, 2048);
+  support::View v42 = arena_.view(0, 8192);
+  support::View v43 = arena_.view(40960, 2048);
+  support::View v44 = arena_.view(81920, 128);
+  support::View v47 = arena_.view(32768, 8192);
+  support::View v48 = arena_.view(0, 1);
+  support::View v53 = arena_.view(1081344, 8192);
+  const support::Buffer &v54 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
+  support::View v55 = arena_.view(524288, 2048);
+  support::View v56 = arena_.view(0, 131072);
+  support::View v57 = arena_.view(524288, 131072);
+  support::View v58 = arena_.view(32768, 2048);
+  support::View v59 = arena_.view(0, 8192);
+  support::View v60 = arena_.view(40960, 128);
+  support::View v61 = arena_.view(16384, 2048);
+  const support::Buffer &v62 = param8_causal_lm_decoder_layer_0_heads_out_w;
+  support::View v63 = arena_.view(0, 4096);
+  support::View v65 = arena_.view(131072, 4096);
+  support::View v68 = arena_.view(0, 4096);
+  const support::Buffer &v66 = param9_causal_lm_decoder_layer_0_norm_1_gain;
+  const support::Buffer &v67 = param10_causal_lm_decoder_layer_0_norm_1_bias;
+  support::View v70 = arena_.view(65536, 4096);
+  const support::Buffer &v71 = param11_causal_lm_decoder_layer_0_ffn_w_in;
+  support::View v73 = arena_.view(0, 16384);
+  support::View v74 = arena_.view(65536, 16384);
+  const support::Buffer &v72 = param12_causal_lm_decoder_layer_0_ffn_w_out;
+  support::View v75 = arena_.view(0, 4096);
+  support::View v76 = arena_.view(1114112, 4096);
+  support::View v80 = arena_.view(0, 4096);
+  const support::Buffer &v78 = param14_causal_lm_decoder_layer_1_norm_gain;
+  const support::Buffer &v79 = param15_causal_lm_decoder_layer_1_norm_bias;
+  support::View v82 = arena_.view(65536, 4096);
+  repeated0(v21, v22, v23, v16, v26, v27, v28, v31, v32, v37, v38, v39, v42, v43, v44, v47, v48,
+            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v68, v66, v67, v70,
+            v71, v73, v74, v72, v75, v76, v80, v78, v79, v82);
 
-  // 33 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  const support::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
-  support::View v88 = arena_.view(32768, 2048);
-  const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v91 = arena_.view(0, 8192);
-  support::View v92 = arena_.view(40960, 2048);
-  support::View v93 = arena_.view(81920, 128);
-  support::View v96 = arena_.view(32768, 8192);
-  support::View v97 = arena_.view(0, 128);
-  support::View v102 = arena_.view(1048576, 8192);
-  const support::Buffer &v103 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
-  support::View v104 = arena_.view(32768, 2048);
-  support::View v107 = arena_.view(0, 8192);
-  support::View v108 = arena_.view(40960, 2048);
-  support::View v109 = arena_.view(81920, 128);
-  support::View v112 = arena_.view(32768, 8192);
-  support::View v113 = arena_.view(0, 1);
-  support::View v118 = arena_.view(1081344, 8192);
-  const support::Buffer &v119 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
-  support::View v120 = arena_.view(524288, 2048);
-  support::View v121 = arena_.view(0, 131072);
-  support::View v122 = arena_.view(524288, 131072);
-  support::View v123 = arena_.view(32768, 2048);
-  support::View v124 = arena_.view(0, 8192);
-  support::View v125 = arena_.view(40960, 128);
-  support::View v126 = arena_.view(16384, 2048);
-  const support::Buffer &v127 = param19_causal_lm_decoder_layer_1_heads_out_w;
-  support::View v128 = arena_.view(0, 4096);
-  support::View v130 = arena_.view(65536, 4096);
-  support::View v133 = arena_.view(0, 4096);
-  const support::Buffer &v131 = param20_causal_lm_decoder_layer_1_norm_1_gain;
-  const support::Buffer &v132 = param21_causal_lm_decoder_layer_1_norm_1_bias;
-  support::View v135 = arena_.view(32768, 4096);
-  const support::Buffer &v136 = param22_causal_lm_decoder_layer_1_ffn_w_in;
-  support::View v138 = arena_.view(0, 8192);
-  support::View v139 = arena_.view(32768, 8192);
-  const support::Buffer &v137 = param23_causal_lm_decoder_layer_1_ffn_w_out;
+  const support::Buffer &v83 = param16_causal_lm_decoder_layer_1_heads_in_w;
+  support::View v84 = arena_.view(32768, 2048);
+  const support::Buffer &v77 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v87 = arena_.view(0, 8192);
+  support::View v88 = arena_.view(40960, 2048);
+  support::View v89 = arena_.view(81920, 128);
+  support::View v92 = arena_.view(32768, 8192);
+  support::View v93 = arena_.view(0, 128);
+  support::View v98 = arena_.view(1048576, 8192);
+  const support::Buffer &v99 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
+  support::View v100 = arena_.view(32768, 2048);
+  support::View v103 = arena_.view(0, 8192);
+  support::View v104 = arena_.view(40960, 2048);
+  support::View v105 = arena_.view(81920, 128);
+  support::View v108 = arena_.view(32768, 8192);
+  support::View v109 = arena_.view(0, 1);
+  support::View v114 = arena_.view(1081344, 8192);
+  const support::Buffer &v115 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
+  support::View v116 = arena_.view(524288, 2048);
+  support::View v117 = arena_.view(0, 131072);
+  support::View v118 = arena_.view(524288, 131072);
+  support::View v119 = arena_.view(32768, 2048);
+  support::View v120 = arena_.view(0, 8192);
+  support::View v121 = arena_.view(40960, 128);
+  support::View v122 = arena_.view(16384, 2048);
+  const support::Buffer &v123 = param19_causal_lm_decoder_layer_1_heads_out_w;
+  support::View v124 = arena_.view(0, 4096);
+  support::View v126 = arena_.view(131072, 4096);
+  support::View v129 = arena_.view(0, 4096);
+  const support::Buffer &v127 = param20_causal_lm_decoder_layer_1_norm_1_gain;
+  const support::Buffer &v128 = param21_causal_lm_decoder_layer_1_norm_1_bias;
+  support::View v131 = arena_.view(65536, 4096);
+  const support::Buffer &v132 = param22_causal_lm_decoder_layer_1_ffn_w_in;
+  support::View v134 = arena_.view(0, 16384);
+  support::View v135 = arena_.view(65536, 16384);
+  const support::Buffer &v133 = param23_causal_lm_decoder_layer_1_ffn_w_out;
+  support::View v136 = arena_.view(0, 4096);
+  support::View v137 = arena_.view(16384, 4096);
   support::View v140 = arena_.view(0, 4096);
-  support::View v142 = arena_.view(16384, 4096);
-  support::View v145 = arena_.view(0, 4096);
-  const support::Buffer &v143 = param24_causal_lm_norm_gain;
-  const support::Buffer &v144 = param25_causal_lm_norm_bias;
-  support::View v147 = arena_.view(16384, 4096);
-  repeated0(v86, v87, v88, v81, v91, v92, v93, v96, v97, v102, v103, v104, v107, v108, v109, v112,
-            v113, v118, v119, v120, v121, v122, v123, v124, v125, v126, v127, v128, v80, v130, v133,
-            v131, v132, v135, v136, v138, v139, v137, v140, v142, v145, v143, v144, v147);
+  const support::Buffer &v138 = param24_causal_lm_norm_gain;
+  const support::Buffer &v139 = param25_causal_lm_norm_bias;
+  support::View v142 = arena_.view(32768, 4096);
+  repeated0(v82, v83, v84, v77, v87, v88, v89, v92, v93, v98, v99, v100, v103, v104, v105, v108,
+            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v129,
+            v127, v128, v131, v132, v134, v135, v133, v136, v137, v140, v138, v139, v142);
 
   // performer.mesh:137:10 einsum -> logits
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   const support::Buffer &v2 = param1_causal_lm_unembed;
-  support::View v148 = arena_.view(0, 4096);
+  support::View v143 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v147.data(), v2.data(), v148.data(), 1.0f, 0.0f);
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan8.run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1847,7 +1800,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan26.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
@@ -1855,7 +1808,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    for (int64_t i0 = 0; i0 < 16384; ++i0) {
       const float s0 = a35p[i0];
       const float s1 = support::fgelu(s0);
       a36p[i0] = s1;
@@ -1866,13 +1819,8 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan28.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
-  // 117:12)
-  MESHRT_TRACE_SITE("performer.mesh:117:12");
-  group_model.allReduce(a38.data(), a38.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
@@ -1890,14 +1838,14 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape31_2 = {1, 128};
-  static const support::Shape shape31_3 = {4096, 32};
-  static const support::Shape shape31_4 = {4096, 32};
-  static const support::Shape shape31_5 = {32};
-  static const support::Shape shape31_6 = {1};
-  static const support::Shape shape31_7 = {1};
-  support::along(a40.data(), a39.data(), shape31_2, shape31_3, shape31_4, shape31_5, shape31_6,
-                 shape31_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape30_2 = {1, 128};
+  static const support::Shape shape30_3 = {4096, 32};
+  static const support::Shape shape30_4 = {4096, 32};
+  static const support::Shape shape30_5 = {32};
+  static const support::Shape shape30_6 = {1};
+  static const support::Shape shape30_7 = {1};
+  support::along(a40.data(), a39.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
+                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
@@ -1953,12 +1901,11 @@ support::Tensor Lm::scatterInput(meshrt::Communicator &world, const std::string 
 support::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string &name,
                                  const support::Tensor &local) {
   if (name == "logits") {
-    support::checkShape("local output", name, local, {1, 128, 32});
+    support::checkShape("local output", name, local, {1, 128, 64});
     return support::Tensor{
         {2, 128, 64},
-        support::gatherShards(world, local.data, {1, 128, 32}, {2, 128, 64}, [&](int rank) {
-          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 1), 0,
-                                support::shardStartOf(world.mesh(), rank, {"model"}, 32)};
+        support::gatherShards(world, local.data, {1, 128, 64}, {2, 128, 64}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 1), 0, 0};
         })};
   }
   throw std::invalid_argument("lm: no output named '" + name + "'");
@@ -2000,8 +1947,8 @@ bool Lm::isOptimizerState(const std::string &path) {
 
 std::vector<support::ParamShard> Lm::paramShards() {
   static constexpr support::ParamSpec specs[] = {
-      {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
+      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
       {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
       {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -2015,8 +1962,8 @@ std::vector<support::ParamShard> Lm::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
       {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -2030,8 +1977,8 @@ std::vector<support::ParamShard> Lm::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"}};
   support::Buffer *const data[] = {&param0_causal_lm_embedding,
@@ -2104,28 +2051,25 @@ support::Shape LmTrain::inputShape(const std::string &name) {
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
-      group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
-  param0_causal_lm_embedding.resize(1024);
-  support::fillParam(
-      param0_causal_lm_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "causal_lm/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-      meshrt::kernels::ValueType::F32);
+  param0_causal_lm_embedding.resize(2048);
+  support::fillParam(param0_causal_lm_embedding.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{64, 32}},
+                     seed, "causal_lm/embedding",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
-  param1_causal_lm_unembed.resize(1024);
-  support::fillParam(
-      param1_causal_lm_unembed.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "causal_lm/unembed",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  param1_causal_lm_unembed.resize(2048);
+  support::fillParam(param1_causal_lm_unembed.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 64}},
+                     seed, "causal_lm/unembed",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
   support::fillParam(
@@ -2187,25 +2131,23 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
-  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  support::fillParam(
-      param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "causal_lm/decoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
+  support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "causal_lm/decoder_layer[0]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
-  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  support::fillParam(
-      param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "causal_lm/decoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
+  support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "causal_lm/decoder_layer[0]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
   support::fillParam(
@@ -2267,37 +2209,35 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
-  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  support::fillParam(
-      param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "causal_lm/decoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
+  support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 128}},
+                     seed, "causal_lm/decoder_layer[1]/ffn/w_in",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
-  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  support::fillParam(
-      param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 32}},
-      seed, "causal_lm/decoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-      meshrt::kernels::ValueType::F32);
+  param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
+  support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{128, 32}},
+                     seed, "causal_lm/decoder_layer[1]/ffn/w_out",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+                     meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
   param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/embedding@m: zeros (performer.mesh:131)
-  param26_causal_lm_embedding_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
+  param26_causal_lm_embedding_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/embedding@v: zeros (performer.mesh:131)
-  param27_causal_lm_embedding_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
+  param27_causal_lm_embedding_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/unembed@m: zeros (performer.mesh:132)
-  param28_causal_lm_unembed_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
+  param28_causal_lm_unembed_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/unembed@v: zeros (performer.mesh:132)
-  param29_causal_lm_unembed_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
+  param29_causal_lm_unembed_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm/gain@m: zeros (performer.mesh:27)
   param30_causal_lm_decoder_layer_0_norm_gain_m.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -2348,16 +2288,16 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in@m: zeros (performer.mesh:94)
   param46_causal_lm_decoder_layer_0_ffn_w_in_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in@v: zeros (performer.mesh:94)
   param47_causal_lm_decoder_layer_0_ffn_w_in_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_out@m: zeros (performer.mesh:95)
   param48_causal_lm_decoder_layer_0_ffn_w_out_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_out@v: zeros (performer.mesh:95)
   param49_causal_lm_decoder_layer_0_ffn_w_out_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm/gain@m: zeros (performer.mesh:27)
   param50_causal_lm_decoder_layer_1_norm_gain_m.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -2408,16 +2348,16 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in@m: zeros (performer.mesh:94)
   param66_causal_lm_decoder_layer_1_ffn_w_in_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in@v: zeros (performer.mesh:94)
   param67_causal_lm_decoder_layer_1_ffn_w_in_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_out@m: zeros (performer.mesh:95)
   param68_causal_lm_decoder_layer_1_ffn_w_out_m.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_out@v: zeros (performer.mesh:95)
   param69_causal_lm_decoder_layer_1_ffn_w_out_v.assign(
-      2048, support::roundValue(support::DType::F32, 0.0));
+      4096, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/gain@m: zeros (performer.mesh:27)
   param70_causal_lm_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/gain@v: zeros (performer.mesh:27)
@@ -2450,17 +2390,17 @@ void LmTrain::computeInvariants() {
   }
 
   // performer.mesh:36:36 iota
-  support::View v11 = persistent_.view(1088, 4);
-  static const support::Shape shape2_1 = {4};
+  support::View v11 = persistent_.view(1088, 16);
+  static const support::Shape shape2_1 = {16};
   static const support::Shape shape2_2 = {1};
-  support::iota(v11.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
+  support::iota(v11.data(), shape2_1, shape2_2, 0);
 
   // performer.mesh:36:31 cast
-  support::View v12 = persistent_.view(1152, 4);
+  support::View v12 = persistent_.view(1152, 16);
   {
     float *__restrict v12p = v12.data();
     const float *__restrict v11p = v11.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v11p[i0];
       const float s1 = s0;
       v12p[i0] = s1;
@@ -2468,11 +2408,11 @@ void LmTrain::computeInvariants() {
   }
 
   // performer.mesh:36:53 mul
-  support::View v14 = persistent_.view(1280, 4);
+  support::View v14 = persistent_.view(1280, 16);
   {
     float *__restrict v14p = v14.data();
     const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v12p[i0];
       const float s1 = -0.5756f;
       const float s2 = (s0 * s1);
@@ -2481,11 +2421,11 @@ void LmTrain::computeInvariants() {
   }
 
   // performer.mesh:36:27 exp -> inverse_frequency
-  support::View v15 = persistent_.view(1344, 4);
+  support::View v15 = persistent_.view(1344, 16);
   {
     float *__restrict v15p = v15.data();
     const float *__restrict v14p = v14.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v14p[i0];
       const float s1 = support::fexp(s0);
       v15p[i0] = s1;
@@ -2493,27 +2433,27 @@ void LmTrain::computeInvariants() {
   }
 
   // performer.mesh:37:24 mul -> angle
-  support::View v16 = persistent_.view(1408, 512);
+  support::View v16 = persistent_.view(1408, 2048);
   {
     float *__restrict v16p = v16.data();
     const float *__restrict v10p = v10.data();
     const float *__restrict v15p = v15.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 4; ++i1) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
         const float s0 = v10p[i0];
         const float s1 = v15p[i1];
         const float s2 = (s0 * s1);
-        v16p[i0 * 4 + i1] = s2;
+        v16p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // performer.mesh:38:17 sin
-  support::View v17 = persistent_.view(3456, 512);
+  support::View v17 = persistent_.view(9600, 2048);
   {
     float *__restrict v17p = v17.data();
     const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v16p[i0];
       const float s1 = support::fsin(s0);
       v17p[i0] = s1;
@@ -2521,11 +2461,11 @@ void LmTrain::computeInvariants() {
   }
 
   // performer.mesh:38:29 cos
-  support::View v18 = persistent_.view(5504, 512);
+  support::View v18 = persistent_.view(17792, 2048);
   {
     float *__restrict v18p = v18.data();
     const float *__restrict v16p = v16.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v16p[i0];
       const float s1 = support::fcos(s0);
       v18p[i0] = s1;
@@ -2535,18 +2475,18 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2284864 bytes for 8086048 bytes of temporaries (placed by liveness).
+  // Arena: 2370880 bytes for 8487200 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  support::View v165 = arena_.view(2284800, 1);
+  support::View v159 = arena_.view(2370816, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v165.begin(), v165.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v159.begin(), v159.end())};
   return outputs;
 }
 
@@ -2557,7 +2497,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:147:17 shift -> targets
   MESHRT_TRACE("shift", "performer.mesh:147:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v1 = arena_.view(1933312, 128);
+  support::View v1 = arena_.view(1998848, 128);
   static const support::Shape shape0_2 = {1, 128};
   support::shift(v1, v0, shape0_2, 1, -1, nullptr);
 
@@ -2579,331 +2519,296 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // performer.mesh:148:18 shift -> has_next
   MESHRT_TRACE("shift", "performer.mesh:148:18", "forward");
-  support::View v5 = arena_.view(1933824, 128);
+  support::View v5 = arena_.view(1999360, 128);
   static const support::Shape shape2_2 = {1, 128};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
-  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  // performer.mesh:133:37 gather
   MESHRT_TRACE("gather", "performer.mesh:133:37", "forward");
   support::View v6(param0_causal_lm_embedding); // updated in place
   support::View v8 = arena_.view(0, 4096);
   static const support::Shape shape3_1 = {1, 128, 32};
   static const support::Shape shape3_3 = {0, 0, 1};
   static const support::Shape shape3_5 = {128, 1, 0};
-  support::gather(v8.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 32, 32,
-                  support::shardStart(world_, {"model"}, 32));
+  support::gather(v8.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 64, 32, 0);
 
-  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
-  // 133:70)
-  MESHRT_TRACE_SITE("performer.mesh:133:70");
-  auto request0 = support::startAllReduce(group_model, {v8}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:38:10 all_gather (reshard %17 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v17 = persistent_.view(3456, 512);
-  support::View v19 = arena_.view(32768, 2048);
-  static const support::Shape shape5_2 = {128, 4};
-  support::allGatherDim(v19, v17, shape5_2, 1, group_data_model);
-
-  // performer.mesh:38:10 all_gather (reshard %18 for concat at 38:10)
-  MESHRT_TRACE("all_gather", "performer.mesh:38:10", "forward");
-  support::View v18 = persistent_.view(5504, 512);
-  support::View v20 = arena_.view(40960, 2048);
-  static const support::Shape shape6_2 = {128, 4};
-  support::allGatherDim(v20, v18, shape6_2, 1, group_data_model);
-
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  support::View v21 = arena_.slot(16384, 4096);
-  static const support::Shape shape7_2 = {128};
-  static const support::Shape shape7_3 = {32};
-  static const support::Shape shape7_4 = {16};
-  support::copyWindow(v21.data(), v19.data(), shape7_2, shape7_3, shape7_4, 1, 1, 32, 16,
+  support::View v17 = persistent_.view(9600, 2048);
+  support::View v19 = arena_.slot(16384, 4096);
+  static const support::Shape shape4_2 = {128};
+  static const support::Shape shape4_3 = {32};
+  static const support::Shape shape4_4 = {16};
+  support::copyWindow(v19.data(), v17.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
                       int64_t(0));
 
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  // performer.mesh:38:10 concat
   MESHRT_TRACE("concat", "performer.mesh:38:10", "forward");
-  static const support::Shape shape8_2 = {128};
-  static const support::Shape shape8_3 = {32};
-  static const support::Shape shape8_4 = {16};
-  support::copyWindow(v21.data(), v20.data(), shape8_2, shape8_3, shape8_4, 1, 1, 32, 16,
+  support::View v18 = persistent_.view(17792, 2048);
+  static const support::Shape shape5_2 = {128};
+  static const support::Shape shape5_3 = {32};
+  static const support::Shape shape5_4 = {16};
+  support::copyWindow(v19.data(), v18.data(), shape5_2, shape5_3, shape5_4, 1, 1, 32, 16,
                       int64_t(16));
-
-  MESHRT_TRACE_SITE("performer.mesh:133:70");
-  group_model.wait(request0);
 
   // performer.mesh:133:70 add -> h
   MESHRT_TRACE("loop", "performer.mesh:133:70", "forward");
-  support::View v23 = arena_.view(2031616, 4096);
+  support::View v20 = arena_.view(2097152, 4096);
   {
-    float *__restrict v23p = v23.data();
+    float *__restrict v20p = v20.data();
     const float *__restrict v8p = v8.data();
-    const float *__restrict v21p = v21.data();
+    const float *__restrict v19p = v19.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = v8p[i0];
-      const float s1 = v21p[i0];
+      const float s1 = v19p[i0];
       const float s2 = (s0 + s1);
-      v23p[i0] = s2;
+      v20p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v27 = arena_.view(2048000, 4096);
-  static const support::Shape shape11_2 = {1, 128};
-  static const support::Shape shape11_3 = {4096, 32};
-  static const support::Shape shape11_4 = {4096, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v27.data(), v23.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v24 = arena_.view(2113536, 4096);
+  static const support::Shape shape7_2 = {1, 128};
+  static const support::Shape shape7_3 = {4096, 32};
+  static const support::Shape shape7_4 = {4096, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v24.data(), v20.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
   MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v26(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
-  support::View v29 = arena_.view(2064384, 4096);
+  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
+  support::View v26 = arena_.view(2129920, 4096);
   {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v26p = v26.data();
+    float *__restrict v26p = v26.data();
+    const float *__restrict v24p = v24.data();
+    const float *__restrict v22p = v22.data();
+    const float *__restrict v23p = v23.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v27p[i0 * 32 + i1];
-        const float s1 = v25p[i1];
+        const float s0 = v24p[i0 * 32 + i1];
+        const float s1 = v22p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v26p[i1];
+        const float s3 = v23p[i1];
         const float s4 = (s2 + s3);
-        v29p[i0 * 32 + i1] = s4;
+        v26p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // 33 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v31 = arena_.view(2195456, 2048);
-  const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v34 = arena_.view(0, 8192);
-  support::View v35 = arena_.view(32768, 2048);
-  support::View v36 = arena_.view(65536, 128);
-  support::View v39 = arena_.view(32768, 8192);
-  support::View v40 = arena_.view(0, 128);
-  support::View v45 = arena_.view(1605632, 8192);
-  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v47 = arena_.view(2203648, 2048);
-  support::View v50 = arena_.view(0, 8192);
-  support::View v51 = arena_.view(32768, 2048);
-  support::View v52 = arena_.view(65536, 128);
-  support::View v55 = arena_.view(32768, 8192);
-  support::View v56 = arena_.view(0, 1);
-  support::View v61 = arena_.view(1671168, 8192);
-  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v63 = arena_.view(2211840, 2048);
-  support::View v64 = arena_.view(0, 131072);
-  support::View v65 = arena_.view(524288, 131072);
-  support::View v66 = arena_.view(0, 2048);
-  support::View v67 = arena_.view(1703936, 8192);
-  support::View v68 = arena_.view(2283520, 128);
-  support::View v69 = arena_.view(2220032, 2048);
-  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v71 = arena_.view(0, 4096);
-  support::View v73 = arena_.view(2080768, 4096);
-  support::View v76 = arena_.view(2097152, 4096);
-  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
-  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
-  support::View v78 = arena_.view(2113536, 4096);
-  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v81 = arena_.view(1736704, 8192);
-  support::View v82 = arena_.view(1769472, 8192);
-  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v83 = arena_.view(0, 4096);
-  support::View v85 = arena_.view(2129920, 4096);
-  support::View v89 = arena_.view(2146304, 4096);
-  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
-  support::View v43 = arena_.view(1572864, 8192);
-  support::View v59 = arena_.view(1638400, 8192);
-  support::View v91 = arena_.view(2162688, 4096);
-  repeated2(v29, v30, v31, v24, v34, v35, v36, v39, v40, v43, v45, v46, v47, v50, v51, v52, v55,
-            v56, v59, v61, v62, v63, v64, v65, v66, v67, v68, v69, v70, v71, v23, v73, v76, v74,
-            v75, v78, v79, v81, v82, v80, v83, v85, v89, v87, v88, v91);
+  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v28 = arena_.view(2293760, 2048);
+  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v31 = arena_.view(0, 8192);
+  support::View v32 = arena_.view(32768, 2048);
+  support::View v33 = arena_.view(65536, 128);
+  support::View v36 = arena_.view(32768, 8192);
+  support::View v37 = arena_.view(0, 128);
+  support::View v42 = arena_.view(1736704, 8192);
+  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v44 = arena_.view(2301952, 2048);
+  support::View v47 = arena_.view(0, 8192);
+  support::View v48 = arena_.view(32768, 2048);
+  support::View v49 = arena_.view(65536, 128);
+  support::View v52 = arena_.view(32768, 8192);
+  support::View v53 = arena_.view(0, 1);
+  support::View v58 = arena_.view(1802240, 8192);
+  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v60 = arena_.view(2310144, 2048);
+  support::View v61 = arena_.view(0, 131072);
+  support::View v62 = arena_.view(524288, 131072);
+  support::View v63 = arena_.view(0, 2048);
+  support::View v64 = arena_.view(1835008, 8192);
+  support::View v65 = arena_.view(2369536, 128);
+  support::View v66 = arena_.view(2318336, 2048);
+  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v68 = arena_.view(0, 4096);
+  support::View v70 = arena_.view(2146304, 4096);
+  support::View v73 = arena_.view(2162688, 4096);
+  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v75 = arena_.view(2179072, 4096);
+  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v78 = arena_.view(1572864, 16384);
+  support::View v79 = arena_.view(1638400, 16384);
+  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v80 = arena_.view(0, 4096);
+  support::View v81 = arena_.view(2195456, 4096);
+  support::View v85 = arena_.view(2211840, 4096);
+  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v40 = arena_.view(1703936, 8192);
+  support::View v56 = arena_.view(1769472, 8192);
+  support::View v87 = arena_.view(2228224, 4096);
+  repeated2(v26, v27, v28, v21, v31, v32, v33, v36, v37, v40, v42, v43, v44, v47, v48, v49, v52,
+            v53, v56, v58, v59, v60, v61, v62, v63, v64, v65, v66, v67, v68, v20, v70, v73, v71,
+            v72, v75, v76, v78, v79, v77, v80, v81, v85, v83, v84, v87);
 
-  // 33 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
-  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v93 = arena_.view(2228224, 2048);
-  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v96 = arena_.view(0, 8192);
-  support::View v97 = arena_.view(32768, 2048);
-  support::View v98 = arena_.view(65536, 128);
-  support::View v101 = arena_.view(32768, 8192);
-  support::View v102 = arena_.view(0, 128);
-  support::View v107 = arena_.view(1835008, 8192);
-  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v109 = arena_.view(2236416, 2048);
-  support::View v112 = arena_.view(0, 8192);
-  support::View v113 = arena_.view(32768, 2048);
-  support::View v114 = arena_.view(65536, 128);
-  support::View v117 = arena_.view(32768, 8192);
-  support::View v118 = arena_.view(0, 1);
-  support::View v123 = arena_.view(1900544, 8192);
-  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v125 = arena_.view(2244608, 2048);
-  support::View v126 = arena_.view(0, 131072);
-  support::View v127 = arena_.view(1048576, 131072);
-  support::View v128 = arena_.view(32768, 2048);
-  support::View v129 = arena_.view(0, 8192);
-  support::View v130 = arena_.view(253952, 128);
-  support::View v131 = arena_.view(245760, 2048);
-  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v133 = arena_.view(32768, 4096);
-  support::View v135 = arena_.view(131072, 4096);
-  support::View v138 = arena_.view(147456, 4096);
-  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
-  support::View v140 = arena_.view(163840, 4096);
-  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v143 = arena_.view(32768, 8192);
-  support::View v144 = arena_.view(65536, 8192);
-  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v145 = arena_.view(98304, 4096);
-  support::View v147 = arena_.view(114688, 4096);
-  support::View v150 = arena_.view(98304, 4096);
-  support::View v148(param24_causal_lm_norm_gain); // updated in place
-  support::View v149(param25_causal_lm_norm_bias); // updated in place
-  support::View v105 = arena_.view(1802240, 8192);
-  support::View v121 = arena_.view(1867776, 8192);
-  support::View v152 = arena_.view(180224, 4096);
-  repeated2(v91, v92, v93, v86, v96, v97, v98, v101, v102, v105, v107, v108, v109, v112, v113, v114,
-            v117, v118, v121, v123, v124, v125, v126, v127, v128, v129, v130, v131, v132, v133, v85,
-            v135, v138, v136, v137, v140, v141, v143, v144, v142, v145, v147, v150, v148, v149,
-            v152);
+  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v89 = arena_.view(2326528, 2048);
+  const support::Buffer &v82 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v92 = arena_.view(0, 8192);
+  support::View v93 = arena_.view(32768, 2048);
+  support::View v94 = arena_.view(65536, 128);
+  support::View v97 = arena_.view(32768, 8192);
+  support::View v98 = arena_.view(0, 128);
+  support::View v103 = arena_.view(1900544, 8192);
+  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v105 = arena_.view(2334720, 2048);
+  support::View v108 = arena_.view(0, 8192);
+  support::View v109 = arena_.view(32768, 2048);
+  support::View v110 = arena_.view(65536, 128);
+  support::View v113 = arena_.view(32768, 8192);
+  support::View v114 = arena_.view(0, 1);
+  support::View v119 = arena_.view(1966080, 8192);
+  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v121 = arena_.view(2342912, 2048);
+  support::View v122 = arena_.view(0, 131072);
+  support::View v123 = arena_.view(1048576, 131072);
+  support::View v124 = arena_.view(0, 2048);
+  support::View v125 = arena_.view(196608, 8192);
+  support::View v126 = arena_.view(368640, 128);
+  support::View v127 = arena_.view(360448, 2048);
+  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v129 = arena_.view(0, 4096);
+  support::View v131 = arena_.view(262144, 4096);
+  support::View v134 = arena_.view(278528, 4096);
+  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v136 = arena_.view(294912, 4096);
+  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v139 = arena_.view(0, 16384);
+  support::View v140 = arena_.view(65536, 16384);
+  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v141 = arena_.view(131072, 4096);
+  support::View v142 = arena_.view(311296, 4096);
+  support::View v145 = arena_.view(327680, 4096);
+  support::View v143(param24_causal_lm_norm_gain); // updated in place
+  support::View v144(param25_causal_lm_norm_bias); // updated in place
+  support::View v101 = arena_.view(1867776, 8192);
+  support::View v117 = arena_.view(1933312, 8192);
+  support::View v147 = arena_.view(344064, 4096);
+  repeated2(v87, v88, v89, v82, v92, v93, v94, v97, v98, v101, v103, v104, v105, v108, v109, v110,
+            v113, v114, v117, v119, v120, v121, v122, v123, v124, v125, v126, v127, v128, v129, v81,
+            v131, v134, v132, v133, v136, v137, v139, v140, v138, v141, v142, v145, v143, v144,
+            v147);
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v153 = arena_.view(196608, 4096);
+  support::View v148 = arena_.view(131072, 8192);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v152.data(), v7.data(), v153.data(), 1.0f, 0.0f);
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan11.run(v147.data(), v7.data(), v148.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
   MESHRT_TRACE("log_softmax", "performer.mesh:149:25", "forward");
-  support::View v154 = arena_.view(212992, 4096);
-  static const support::Shape shape16_2 = {1, 128};
-  static const support::Shape shape16_3 = {4096, 32};
-  static const support::Shape shape16_4 = {4096, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v154.data(), v153.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v149 = arena_.view(163840, 8192);
+  static const support::Shape shape12_2 = {1, 128};
+  static const support::Shape shape12_3 = {8192, 64};
+  static const support::Shape shape12_4 = {8192, 64};
+  static const support::Shape shape12_5 = {64};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v149.data(), v148.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LogSoftmax, 1e-05, 64, nullptr);
 
   // performer.mesh:149:65 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:149:65", "forward");
-  support::View v155 = arena_.view(196608, 4096);
-  static const support::Shape shape17_1 = {1, 128, 32};
-  static const support::Shape shape17_3 = {128, 1, 0};
-  static const support::Shape shape17_4 = {0, 0, 1};
-  support::oneHot(v155.data(), shape17_1, v1.data(), shape17_3, shape17_4,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v150 = arena_.view(131072, 8192);
+  static const support::Shape shape13_1 = {1, 128, 64};
+  static const support::Shape shape13_3 = {128, 1, 0};
+  static const support::Shape shape13_4 = {0, 0, 1};
+  support::oneHot(v150.data(), shape13_1, v1.data(), shape13_3, shape13_4, 0);
 
   // performer.mesh:149:63 mul
   MESHRT_TRACE("loop", "performer.mesh:149:63", "forward");
-  support::View v156 = arena_.view(229376, 4096);
+  support::View v151 = arena_.view(229376, 8192);
   {
-    float *__restrict v156p = v156.data();
-    const float *__restrict v154p = v154.data();
-    const float *__restrict v155p = v155.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v154p[i0];
-      const float s1 = v155p[i0];
+    float *__restrict v151p = v151.data();
+    const float *__restrict v149p = v149.data();
+    const float *__restrict v150p = v150.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v149p[i0];
+      const float s1 = v150p[i0];
       const float s2 = (s0 * s1);
-      v156p[i0] = s2;
+      v151p[i0] = s2;
     }
   }
 
   // performer.mesh:149:21 sum
   MESHRT_TRACE("sum", "performer.mesh:149:21", "forward");
-  support::View v157 = arena_.view(254464, 128);
-  static const support::Shape shape19_1 = {1, 128};
-  static const support::Shape shape19_3 = {4096, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v157.data(), shape19_1, v156.data(), shape19_3, shape19_4, shape19_5,
+  support::View v152 = arena_.view(369152, 128);
+  static const support::Shape shape15_1 = {1, 128};
+  static const support::Shape shape15_3 = {8192, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v152.data(), shape15_1, v151.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
   MESHRT_TRACE("loop", "performer.mesh:149:20", "forward");
-  support::View v159 = arena_.view(229376, 128);
+  support::View v154 = arena_.view(229376, 128);
   {
-    float *__restrict v159p = v159.data();
-    const float *__restrict v157p = v157.data();
+    float *__restrict v154p = v154.data();
+    const float *__restrict v152p = v152.data();
     const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v157p[i0];
+      const float s0 = v152p[i0];
       const float s1 = -s0;
       const float s2 = v5p[i0];
       const float s3 = (s1 * s2);
-      v159p[i0] = s3;
+      v154p[i0] = s3;
     }
   }
 
   // performer.mesh:150:14 sum
   MESHRT_TRACE("sum", "performer.mesh:150:14", "forward");
-  support::View v160 = arena_.view(229888, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {1, 128};
-  static const support::Shape shape21_5 = {128, 1};
-  support::reduce(v160.data(), shape21_1, v159.data(), shape21_3, shape21_4, shape21_5,
+  support::View v155 = arena_.view(229888, 1);
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {1, 128};
+  static const support::Shape shape17_5 = {128, 1};
+  support::reduce(v155.data(), shape17_1, v154.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
-  // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
-  MESHRT_TRACE("local_slice", "performer.mesh:150:43", "forward");
-  support::View v161 = arena_.view(229376, 64);
-  static const support::Shape shape22_2 = {1, 128};
-  support::sliceDim(v161, v5, shape22_2, 1, support::blockIndex(world_, {"model"}), 2);
-
-  // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  // performer.mesh:150:43 sum
   MESHRT_TRACE("sum", "performer.mesh:150:43", "forward");
-  support::View v162 = arena_.view(254464, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {1, 64};
-  static const support::Shape shape23_5 = {64, 1};
-  support::reduce(v162.data(), shape23_1, v161.data(), shape23_3, shape23_4, shape23_5,
+  support::View v156 = arena_.view(369152, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {1, 128};
+  static const support::Shape shape18_5 = {128, 1};
+  support::reduce(v156.data(), shape18_1, v5.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
-}
 
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
-
-  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
-  // resolved together, 8 B in one buffer)
+  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data resolved
+  // together, 8 B in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:150:41");
-  support::View v160 = arena_.view(229888, 1);
-  support::View v162 = arena_.view(254464, 1);
-  support::allReduceBucket(group_data_model, {v160, v162});
+  support::allReduceBucket(group_data, {v155, v156});
 
   // performer.mesh:150:41 div -> loss
   MESHRT_TRACE("loop", "performer.mesh:150:41", "forward");
-  support::View v165 = arena_.view(2284800, 1);
+  support::View v159 = arena_.view(2370816, 1);
   {
-    float *__restrict v165p = v165.data();
-    const float *__restrict v160p = v160.data();
-    const float *__restrict v162p = v162.data();
-    const float s0 = v160p[0];
-    const float s1 = v162p[0];
+    float *__restrict v159p = v159.data();
+    const float *__restrict v155p = v155.data();
+    const float *__restrict v156p = v156.data();
+    const float s0 = v155p[0];
+    const float s1 = v156p[0];
     const float s2 = (s0 / s1);
-    v165p[0] = s2;
+    v159p[0] = s2;
   }
 
   // performer.mesh:150:41 div
@@ -2913,231 +2818,221 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:149:21 broadcast
   // performer.mesh:149:63 mul
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
-  support::View v5 = arena_.view(1933824, 128);
-  support::View v155 = arena_.view(196608, 4096);
-  support::View v172 = arena_.view(229376, 4096);
+  support::View v166 = arena_.view(229376, 8192);
   {
-    float *__restrict v172p = v172.data();
-    const float *__restrict v162p = v162.data();
+    float *__restrict v166p = v166.data();
+    const float *__restrict v156p = v156.data();
     const float *__restrict v5p = v5.data();
-    const float *__restrict v155p = v155.data();
+    const float *__restrict v150p = v150.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = 1.0f;
-        const float s1 = v162p[0];
+        const float s1 = v156p[0];
         const float s2 = (s0 / s1);
         const float s3 = s2;
         const float s4 = v5p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
         const float s7 = s6;
-        const float s8 = v155p[i0 * 32 + i1];
+        const float s8 = v150p[i0 * 64 + i1];
         const float s9 = (s7 * s8);
-        v172p[i0 * 32 + i1] = s9;
+        v166p[i0 * 64 + i1] = s9;
       }
     }
   }
 
   // performer.mesh:149:25 sum
   MESHRT_TRACE("sum", "performer.mesh:149:25", "backward");
-  support::View v173 = arena_.view(254464, 128);
-  static const support::Shape shape3_1 = {1, 128};
-  static const support::Shape shape3_3 = {4096, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v173.data(), shape3_1, v172.data(), shape3_3, shape3_4, shape3_5,
+  support::View v167 = arena_.view(369152, 128);
+  static const support::Shape shape22_1 = {1, 128};
+  static const support::Shape shape22_3 = {8192, 64};
+  static const support::Shape shape22_4 = {64};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v167.data(), shape22_1, v166.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
-
-  // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
-  // 149:25)
-  MESHRT_TRACE_SITE("performer.mesh:149:25");
-  group_model.allReduce(v173.data(), v173.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:149:25 exp
   // performer.mesh:149:25 mul
   // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:149:25", "backward");
-  support::View v154 = arena_.view(212992, 4096);
-  support::View v177 = arena_.view(196608, 4096);
+  support::View v170 = arena_.view(131072, 8192);
   {
-    float *__restrict v177p = v177.data();
-    const float *__restrict v154p = v154.data();
-    const float *__restrict v173p = v173.data();
-    const float *__restrict v172p = v172.data();
+    float *__restrict v170p = v170.data();
+    const float *__restrict v149p = v149.data();
+    const float *__restrict v167p = v167.data();
+    const float *__restrict v166p = v166.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v154p[i0 * 32 + i1];
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v149p[i0 * 64 + i1];
         const float s1 = support::fexp(s0);
-        const float s2 = v173p[i0];
+        const float s2 = v167p[i0];
         const float s3 = (s1 * s2);
-        const float s4 = v172p[i0 * 32 + i1];
+        const float s4 = v166p[i0 * 64 + i1];
         const float s5 = (s4 - s3);
-        v177p[i0 * 32 + i1] = s5;
+        v170p[i0 * 64 + i1] = s5;
       }
     }
   }
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:137:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v170 = arena_.view(131072, 8192);
   support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v178 = arena_.view(212992, 4096);
+  support::View v171 = arena_.view(163840, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v177.data(), v7.data(), v178.data(), 1.0f, 0.0f);
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
-  // 29:40)
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request1 = support::startAllReduce(group_model, {v178}, meshrt::ReduceOp::Sum);
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan0.run(v170.data(), v7.data(), v171.data(), 1.0f, 0.0f);
 
   // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v152 = arena_.view(180224, 4096);
-  support::View v179 = arena_.view(2277376, 1024);
+  support::View v147 = arena_.view(344064, 4096);
+  support::View v172 = arena_.view(2351104, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request1);
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan1.run(v170.data(), v147.data(), v172.data(), 1.0f, 0.0f);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::View v181 = arena_.view(2284288, 32);
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {1, 128};
-  static const support::Shape shape10_5 = {4096, 32};
-  support::reduce(v181.data(), shape10_1, v178.data(), shape10_3, shape10_4, shape10_5,
+  support::View v173 = arena_.view(2370304, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 128};
+  static const support::Shape shape2_5 = {4096, 32};
+  support::reduce(v173.data(), shape2_1, v171.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v150 = arena_.view(98304, 4096);
-  support::View v183 = arena_.view(180224, 4096);
+  support::View v145 = arena_.view(327680, 4096);
+  support::View v175 = arena_.view(131072, 4096);
   {
-    float *__restrict v183p = v183.data();
-    const float *__restrict v178p = v178.data();
-    const float *__restrict v150p = v150.data();
+    float *__restrict v175p = v175.data();
+    const float *__restrict v171p = v171.data();
+    const float *__restrict v145p = v145.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v178p[i0];
-      const float s1 = v150p[i0];
+      const float s0 = v171p[i0];
+      const float s1 = v145p[i0];
       const float s2 = (s0 * s1);
-      v183p[i0] = s2;
+      v175p[i0] = s2;
     }
   }
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::View v184 = arena_.view(2284416, 32);
-  static const support::Shape shape12_1 = {32};
-  static const support::Shape shape12_3 = {1};
-  static const support::Shape shape12_4 = {1, 128};
-  static const support::Shape shape12_5 = {4096, 32};
-  support::reduce(v184.data(), shape12_1, v183.data(), shape12_3, shape12_4, shape12_5,
+  support::View v176 = arena_.view(2370432, 32);
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {1, 128};
+  static const support::Shape shape4_5 = {4096, 32};
+  support::reduce(v176.data(), shape4_1, v175.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v147 = arena_.view(114688, 4096);
-  support::View v185 = arena_.view(196608, 128);
-  static const support::Shape shape13_1 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v185.data(), shape13_1, v147.data(), shape13_3, shape13_4, shape13_5,
+  support::View v142 = arena_.view(311296, 4096);
+  support::View v177 = arena_.view(147456, 128);
+  static const support::Shape shape5_1 = {1, 128};
+  static const support::Shape shape5_3 = {4096, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v177.data(), shape5_1, v142.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v187 = arena_.view(180224, 4096);
+  support::View v179 = arena_.view(131072, 4096);
   {
-    float *__restrict v187p = v187.data();
-    const float *__restrict v147p = v147.data();
-    const float *__restrict v185p = v185.data();
+    float *__restrict v179p = v179.data();
+    const float *__restrict v142p = v142.data();
+    const float *__restrict v177p = v177.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v147p[i0 * 32 + i1];
-        const float s1 = v185p[i0];
+        const float s0 = v142p[i0 * 32 + i1];
+        const float s1 = v177p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v187p[i0 * 32 + i1] = s3;
+        v179p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v188 = arena_.view(114688, 128);
-  static const support::Shape shape15_1 = {1, 128};
-  static const support::Shape shape15_3 = {4096, 32};
-  static const support::Shape shape15_4 = {32};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v188.data(), shape15_1, v187.data(), shape15_3, shape15_4, shape15_5,
+  support::View v180 = arena_.view(147456, 128);
+  static const support::Shape shape7_1 = {1, 128};
+  static const support::Shape shape7_3 = {4096, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v180.data(), shape7_1, v179.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v191 = arena_.view(196608, 128);
+  support::View v183 = arena_.view(180224, 128);
   {
-    float *__restrict v191p = v191.data();
-    const float *__restrict v188p = v188.data();
+    float *__restrict v183p = v183.data();
+    const float *__restrict v180p = v180.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v188p[i0];
+      const float s0 = v180p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v191p[i0] = s3;
+      v183p[i0] = s3;
     }
   }
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
-  support::View v148(param24_causal_lm_norm_gain); // updated in place
-  support::View v182 = arena_.view(114688, 4096);
-  support::View v192 = arena_.view(180224, 4096);
+  support::View v143(param24_causal_lm_norm_gain); // updated in place
+  support::View v174 = arena_.view(131072, 4096);
+  support::View v184 = arena_.view(147456, 4096);
   {
-    float *__restrict v182p = v182.data();
-    float *__restrict v192p = v192.data();
-    const float *__restrict v178p = v178.data();
-    const float *__restrict v148p = v148.data();
-    const float *__restrict v150p = v150.data();
+    float *__restrict v174p = v174.data();
+    float *__restrict v184p = v184.data();
+    const float *__restrict v171p = v171.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v145p = v145.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v178p[i0 * 32 + i1];
-        const float s1 = v148p[i1];
+        const float s0 = v171p[i0 * 32 + i1];
+        const float s1 = v143p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v150p[i0 * 32 + i1];
+        const float s3 = v145p[i0 * 32 + i1];
         const float s4 = (s2 * s3);
-        v182p[i0 * 32 + i1] = s2;
-        v192p[i0 * 32 + i1] = s4;
+        v174p[i0 * 32 + i1] = s2;
+        v184p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v193 = arena_.view(197120, 128);
-  static const support::Shape shape18_1 = {1, 128};
-  static const support::Shape shape18_3 = {4096, 32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v193.data(), shape18_1, v192.data(), shape18_3, shape18_4, shape18_5,
+  support::View v185 = arena_.view(163840, 128);
+  static const support::Shape shape10_1 = {1, 128};
+  static const support::Shape shape10_3 = {4096, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v185.data(), shape10_1, v184.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v195 = arena_.view(197632, 128);
-  static const support::Shape shape19_1 = {1, 128};
-  static const support::Shape shape19_3 = {4096, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v195.data(), shape19_1, v182.data(), shape19_3, shape19_4, shape19_5,
+  support::View v187 = arena_.view(147456, 128);
+  static const support::Shape shape11_1 = {1, 128};
+  static const support::Shape shape11_3 = {4096, 32};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v187.data(), shape11_1, v174.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -3145,284 +3040,253 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v198 = arena_.view(180224, 4096);
+  support::View v190 = arena_.view(229376, 4096);
   {
-    float *__restrict v198p = v198.data();
-    const float *__restrict v150p = v150.data();
-    const float *__restrict v193p = v193.data();
-    const float *__restrict v182p = v182.data();
-    const float *__restrict v195p = v195.data();
-    const float *__restrict v191p = v191.data();
+    float *__restrict v190p = v190.data();
+    const float *__restrict v145p = v145.data();
+    const float *__restrict v185p = v185.data();
+    const float *__restrict v174p = v174.data();
+    const float *__restrict v187p = v187.data();
+    const float *__restrict v183p = v183.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v150p[i0 * 32 + i1];
-        const float s1 = v193p[i0];
+        const float s0 = v145p[i0 * 32 + i1];
+        const float s1 = v185p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v182p[i0 * 32 + i1];
-        const float s4 = v195p[i0];
+        const float s3 = v174p[i0 * 32 + i1];
+        const float s4 = v187p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v191p[i0];
+        const float s7 = v183p[i0];
         const float s8 = (s6 * s7);
-        v198p[i0 * 32 + i1] = s8;
+        v190p[i0 * 32 + i1] = s8;
       }
     }
   }
 
-  // 62 statements from performer.mesh:96:10 einsum (1 of 2)
+  // 60 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v199 = arena_.view(98304, 8192);
-  support::View v144 = arena_.view(65536, 8192);
-  support::View v143 = arena_.view(32768, 8192);
-  support::View v222 = arena_.view(65536, 8192);
-  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v223 = arena_.view(32768, 4096);
-  support::View v140 = arena_.view(163840, 4096);
-  support::View v138 = arena_.view(147456, 4096);
-  support::View v228 = arena_.view(49152, 4096);
-  support::View v230 = arena_.view(65536, 128);
-  support::View v135 = arena_.view(131072, 4096);
-  support::View v232 = arena_.view(49152, 4096);
-  support::View v233 = arena_.view(65536, 128);
-  support::View v235 = arena_.view(81920, 128);
-  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v227 = arena_.view(49152, 4096);
-  support::View v236 = arena_.view(65536, 4096);
-  support::View v237 = arena_.view(32768, 128);
-  support::View v239 = arena_.view(33280, 128);
-  support::View v243 = arena_.view(2179072, 4096);
-  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v244 = arena_.view(32768, 2048);
-  support::View v131 = arena_.view(245760, 2048);
-  support::View v130 = arena_.view(253952, 128);
-  support::View v246 = arena_.view(2269184, 2048);
-  support::View v249 = arena_.view(40960, 2048);
-  support::View v250 = arena_.view(32768, 128);
-  support::View v129 = arena_.view(0, 8192);
-  support::View v251 = arena_.view(1933312, 8192);
-  support::View v107 = arena_.view(1835008, 8192);
-  support::View v252 = arena_.view(0, 8192);
-  support::View v253 = arena_.view(2284032, 64);
-  support::View v255 = arena_.view(1966080, 8192);
-  support::View v127 = arena_.view(1048576, 131072);
-  support::View v257 = arena_.view(1998848, 8192);
-  support::View v259 = arena_.view(0, 131072);
-  support::View v260 = arena_.view(1835008, 1024);
-  support::View v262 = arena_.view(1048576, 131072);
-  support::View v263 = arena_.view(0, 131072);
-  support::View v125 = arena_.view(2244608, 2048);
-  support::View v264 = arena_.view(1048576, 8192);
-  support::View v123 = arena_.view(1900544, 8192);
-  support::View v266 = arena_.view(1081344, 2048);
-  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v267 = arena_.view(65536, 4096);
-  support::View v91 = arena_.view(2162688, 4096);
-  support::View v121 = arena_.view(1867776, 8192);
-  support::View v270 = arena_.view(0, 8192);
-  support::View v271 = arena_.view(32768, 8192);
-  support::View v272 = arena_.view(81920, 128);
-  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v278 = arena_.view(32768, 2048);
-  support::View v109 = arena_.view(2236416, 2048);
-  support::View v280 = arena_.view(0, 2048);
-  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v281 = arena_.view(81920, 4096);
-  support::View v105 = arena_.view(1802240, 8192);
-  support::View v285 = arena_.view(0, 8192);
-  support::View v286 = arena_.view(32768, 8192);
-  support::View v287 = arena_.view(98304, 128);
-  support::View v292 = arena_.view(32768, 2048);
-  support::View v93 = arena_.view(2228224, 2048);
-  support::View v294 = arena_.view(40960, 2048);
-  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v295 = arena_.view(0, 4096);
-  support::View v296 = arena_.view(16384, 4096);
-  support::View v89 = arena_.view(2146304, 4096);
-  support::View v301 = arena_.view(0, 4096);
-  support::View v303 = arena_.view(32768, 128);
-  support::View v85 = arena_.view(2129920, 4096);
-  support::View v305 = arena_.view(0, 4096);
-  support::View v306 = arena_.view(32768, 128);
-  support::View v308 = arena_.view(49152, 128);
-  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v300 = arena_.view(0, 4096);
-  support::View v309 = arena_.view(32768, 4096);
-  support::View v310 = arena_.view(16384, 128);
-  support::View v312 = arena_.view(16896, 128);
-  support::View v200 = arena_.view(2252800, 2048);
-  support::View v224 = arena_.view(2260992, 2048);
-  support::View v226 = arena_.view(2284544, 32);
-  support::View v229 = arena_.view(2284672, 32);
-  support::View v245 = arena_.view(2281472, 512);
-  support::View v268 = arena_.view(1187840, 512);
-  support::View v283 = arena_.view(1189888, 512);
-  support::View v297 = arena_.view(1191936, 512);
-  support::View v299 = arena_.view(1196288, 32);
-  support::View v302 = arena_.view(1196416, 32);
-  support::View v316 = arena_.view(65536, 4096);
-  repeated0(v198, v142, v199, v144, v200, v143, v222, v141, v223, v140, v224, v226, v138, v228,
-            v229, v230, v135, v232, v233, v235, v136, v227, v236, v237, v239, v243, v132, v244,
-            v131, v245, v130, v246, v249, v250, v129, v251, v107, v252, v253, v255, v127, v257,
-            v259, v260, v262, v263, v125, v264, v123, v266, v124, v267, v91, v268, v121, v270, v271,
-            v272, v86, v278, v109, v280, v108, v281, v283, v105, v285, v286, v287, v292, v93, v294,
-            v92, v295, v296, v297, v299, v89, v301, v302, v303, v85, v305, v306, v308, v87, v300,
-            v309, v310, v312, v316);
+  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v191 = arena_.view(131072, 16384);
+  support::View v140 = arena_.view(65536, 16384);
+  support::View v139 = arena_.view(0, 16384);
+  support::View v214 = arena_.view(65536, 16384);
+  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v215 = arena_.view(0, 4096);
+  support::View v136 = arena_.view(294912, 4096);
+  support::View v134 = arena_.view(278528, 4096);
+  support::View v219 = arena_.view(16384, 4096);
+  support::View v221 = arena_.view(32768, 128);
+  support::View v131 = arena_.view(262144, 4096);
+  support::View v223 = arena_.view(16384, 4096);
+  support::View v224 = arena_.view(32768, 128);
+  support::View v226 = arena_.view(49152, 128);
+  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v218 = arena_.view(16384, 4096);
+  support::View v227 = arena_.view(32768, 4096);
+  support::View v228 = arena_.view(0, 128);
+  support::View v230 = arena_.view(512, 128);
+  support::View v234 = arena_.view(2277376, 4096);
+  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v235 = arena_.view(0, 2048);
+  support::View v127 = arena_.view(360448, 2048);
+  support::View v126 = arena_.view(368640, 128);
+  support::View v237 = arena_.view(2359296, 2048);
+  support::View v240 = arena_.view(8192, 2048);
+  support::View v241 = arena_.view(32768, 128);
+  support::View v125 = arena_.view(196608, 8192);
+  support::View v242 = arena_.view(1998848, 8192);
+  support::View v103 = arena_.view(1900544, 8192);
+  support::View v243 = arena_.view(0, 8192);
+  support::View v244 = arena_.view(2370048, 64);
+  support::View v246 = arena_.view(2031616, 8192);
+  support::View v123 = arena_.view(1048576, 131072);
+  support::View v248 = arena_.view(2064384, 8192);
+  support::View v250 = arena_.view(0, 131072);
+  support::View v251 = arena_.view(1900544, 1024);
+  support::View v253 = arena_.view(1048576, 131072);
+  support::View v254 = arena_.view(0, 131072);
+  support::View v121 = arena_.view(2342912, 2048);
+  support::View v255 = arena_.view(1048576, 8192);
+  support::View v119 = arena_.view(1966080, 8192);
+  support::View v257 = arena_.view(1081344, 2048);
+  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v258 = arena_.view(65536, 4096);
+  support::View v87 = arena_.view(2228224, 4096);
+  support::View v117 = arena_.view(1933312, 8192);
+  support::View v261 = arena_.view(0, 8192);
+  support::View v262 = arena_.view(32768, 8192);
+  support::View v263 = arena_.view(81920, 128);
+  const support::Buffer &v82 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v269 = arena_.view(32768, 2048);
+  support::View v105 = arena_.view(2334720, 2048);
+  support::View v271 = arena_.view(0, 2048);
+  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v272 = arena_.view(81920, 4096);
+  support::View v101 = arena_.view(1867776, 8192);
+  support::View v276 = arena_.view(0, 8192);
+  support::View v277 = arena_.view(32768, 8192);
+  support::View v278 = arena_.view(98304, 128);
+  support::View v283 = arena_.view(32768, 2048);
+  support::View v89 = arena_.view(2326528, 2048);
+  support::View v285 = arena_.view(40960, 2048);
+  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v286 = arena_.view(0, 4096);
+  support::View v287 = arena_.view(16384, 4096);
+  support::View v85 = arena_.view(2211840, 4096);
+  support::View v292 = arena_.view(0, 4096);
+  support::View v294 = arena_.view(32768, 128);
+  support::View v81 = arena_.view(2195456, 4096);
+  support::View v296 = arena_.view(0, 4096);
+  support::View v297 = arena_.view(32768, 128);
+  support::View v299 = arena_.view(49152, 128);
+  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v291 = arena_.view(0, 4096);
+  support::View v300 = arena_.view(32768, 4096);
+  support::View v301 = arena_.view(16384, 128);
+  support::View v303 = arena_.view(16896, 128);
+  support::View v192 = arena_.view(2244608, 4096);
+  support::View v216 = arena_.view(2260992, 4096);
+  support::View v217 = arena_.view(2370560, 32);
+  support::View v220 = arena_.view(2370688, 32);
+  support::View v236 = arena_.view(2367488, 512);
+  support::View v259 = arena_.view(1204224, 512);
+  support::View v274 = arena_.view(1206272, 512);
+  support::View v288 = arena_.view(1208320, 512);
+  support::View v290 = arena_.view(1212672, 32);
+  support::View v293 = arena_.view(1212800, 32);
+  support::View v307 = arena_.view(131072, 4096);
+  repeated0(v190, v138, v191, v140, v192, v139, v214, v137, v215, v136, v216, v217, v134, v219,
+            v220, v221, v131, v223, v224, v226, v132, v218, v227, v228, v230, v234, v128, v235,
+            v127, v236, v126, v237, v240, v241, v125, v242, v103, v243, v244, v246, v123, v248,
+            v250, v251, v253, v254, v121, v255, v119, v257, v120, v258, v87, v259, v117, v261, v262,
+            v263, v82, v269, v105, v271, v104, v272, v274, v101, v276, v277, v278, v283, v89, v285,
+            v88, v286, v287, v288, v290, v85, v292, v293, v294, v81, v296, v297, v299, v83, v291,
+            v300, v301, v303, v307);
 
-  // 62 statements from performer.mesh:96:10 einsum (2 of 2)
+  // 60 statements from performer.mesh:96:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
-  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v317 = arena_.view(0, 8192);
-  support::View v82 = arena_.view(1769472, 8192);
-  support::View v81 = arena_.view(1736704, 8192);
-  support::View v335 = arena_.view(32768, 8192);
-  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v336 = arena_.view(0, 4096);
-  support::View v78 = arena_.view(2113536, 4096);
-  support::View v76 = arena_.view(2097152, 4096);
-  support::View v341 = arena_.view(16384, 4096);
-  support::View v343 = arena_.view(32768, 128);
-  support::View v73 = arena_.view(2080768, 4096);
-  support::View v345 = arena_.view(16384, 4096);
-  support::View v346 = arena_.view(32768, 128);
-  support::View v348 = arena_.view(49152, 128);
-  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v340 = arena_.view(16384, 4096);
-  support::View v349 = arena_.view(32768, 4096);
-  support::View v350 = arena_.view(0, 128);
-  support::View v352 = arena_.view(512, 128);
-  support::View v356 = arena_.view(1146880, 4096);
-  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v357 = arena_.view(0, 2048);
-  support::View v69 = arena_.view(2220032, 2048);
-  support::View v68 = arena_.view(2283520, 128);
-  support::View v359 = arena_.view(1179648, 2048);
-  support::View v362 = arena_.view(8192, 2048);
-  support::View v363 = arena_.view(32768, 128);
-  support::View v67 = arena_.view(1703936, 8192);
-  support::View v364 = arena_.view(1048576, 8192);
-  support::View v45 = arena_.view(1605632, 8192);
-  support::View v365 = arena_.view(0, 8192);
-  support::View v366 = arena_.view(1196032, 64);
-  support::View v368 = arena_.view(1081344, 8192);
-  support::View v65 = arena_.view(524288, 131072);
-  support::View v370 = arena_.view(1114112, 8192);
-  support::View v372 = arena_.view(0, 131072);
-  support::View v373 = arena_.view(1179648, 1024);
-  support::View v375 = arena_.view(524288, 131072);
-  support::View v376 = arena_.view(0, 131072);
-  support::View v63 = arena_.view(2211840, 2048);
-  support::View v377 = arena_.view(524288, 8192);
-  support::View v61 = arena_.view(1671168, 8192);
-  support::View v379 = arena_.view(557056, 2048);
-  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v380 = arena_.view(65536, 4096);
-  support::View v29 = arena_.view(2064384, 4096);
-  support::View v59 = arena_.view(1638400, 8192);
-  support::View v383 = arena_.view(0, 8192);
-  support::View v384 = arena_.view(32768, 8192);
-  support::View v385 = arena_.view(81920, 128);
-  const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v390 = arena_.view(32768, 2048);
-  support::View v47 = arena_.view(2203648, 2048);
-  support::View v392 = arena_.view(0, 2048);
-  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v393 = arena_.view(81920, 4096);
-  support::View v43 = arena_.view(1572864, 8192);
-  support::View v397 = arena_.view(0, 8192);
-  support::View v398 = arena_.view(32768, 8192);
-  support::View v399 = arena_.view(102400, 128);
-  support::View v404 = arena_.view(32768, 2048);
-  support::View v31 = arena_.view(2195456, 2048);
-  support::View v406 = arena_.view(40960, 2048);
-  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v308 = arena_.view(0, 16384);
+  support::View v79 = arena_.view(1638400, 16384);
+  support::View v78 = arena_.view(1572864, 16384);
+  support::View v326 = arena_.view(65536, 16384);
+  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v327 = arena_.view(0, 4096);
+  support::View v75 = arena_.view(2179072, 4096);
+  support::View v73 = arena_.view(2162688, 4096);
+  support::View v331 = arena_.view(16384, 4096);
+  support::View v333 = arena_.view(32768, 128);
+  support::View v70 = arena_.view(2146304, 4096);
+  support::View v335 = arena_.view(16384, 4096);
+  support::View v336 = arena_.view(32768, 128);
+  support::View v338 = arena_.view(49152, 128);
+  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v330 = arena_.view(16384, 4096);
+  support::View v339 = arena_.view(32768, 4096);
+  support::View v340 = arena_.view(0, 128);
+  support::View v342 = arena_.view(512, 128);
+  support::View v346 = arena_.view(1179648, 4096);
+  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v347 = arena_.view(0, 2048);
+  support::View v66 = arena_.view(2318336, 2048);
+  support::View v65 = arena_.view(2369536, 128);
+  support::View v349 = arena_.view(1196032, 2048);
+  support::View v352 = arena_.view(8192, 2048);
+  support::View v353 = arena_.view(32768, 128);
+  support::View v64 = arena_.view(1835008, 8192);
+  support::View v354 = arena_.view(1048576, 8192);
+  support::View v42 = arena_.view(1736704, 8192);
+  support::View v355 = arena_.view(0, 8192);
+  support::View v356 = arena_.view(1212416, 64);
+  support::View v358 = arena_.view(1081344, 8192);
+  support::View v62 = arena_.view(524288, 131072);
+  support::View v360 = arena_.view(1114112, 8192);
+  support::View v362 = arena_.view(0, 131072);
+  support::View v363 = arena_.view(1196032, 1024);
+  support::View v365 = arena_.view(524288, 131072);
+  support::View v366 = arena_.view(0, 131072);
+  support::View v60 = arena_.view(2310144, 2048);
+  support::View v367 = arena_.view(524288, 8192);
+  support::View v58 = arena_.view(1802240, 8192);
+  support::View v369 = arena_.view(557056, 2048);
+  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v370 = arena_.view(65536, 4096);
+  support::View v26 = arena_.view(2129920, 4096);
+  support::View v56 = arena_.view(1769472, 8192);
+  support::View v373 = arena_.view(0, 8192);
+  support::View v374 = arena_.view(32768, 8192);
+  support::View v375 = arena_.view(81920, 128);
+  const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v380 = arena_.view(32768, 2048);
+  support::View v44 = arena_.view(2301952, 2048);
+  support::View v382 = arena_.view(0, 2048);
+  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v383 = arena_.view(81920, 4096);
+  support::View v40 = arena_.view(1703936, 8192);
+  support::View v387 = arena_.view(0, 8192);
+  support::View v388 = arena_.view(32768, 8192);
+  support::View v389 = arena_.view(102400, 128);
+  support::View v394 = arena_.view(32768, 2048);
+  support::View v28 = arena_.view(2293760, 2048);
+  support::View v396 = arena_.view(40960, 2048);
+  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v397 = arena_.view(0, 4096);
+  support::View v398 = arena_.view(16384, 4096);
+  support::View v24 = arena_.view(2113536, 4096);
+  support::View v403 = arena_.view(0, 4096);
+  support::View v405 = arena_.view(32768, 128);
+  support::View v20 = arena_.view(2097152, 4096);
   support::View v407 = arena_.view(0, 4096);
-  support::View v408 = arena_.view(16384, 4096);
-  support::View v27 = arena_.view(2048000, 4096);
-  support::View v413 = arena_.view(0, 4096);
-  support::View v415 = arena_.view(32768, 128);
-  support::View v23 = arena_.view(2031616, 4096);
-  support::View v417 = arena_.view(0, 4096);
-  support::View v418 = arena_.view(32768, 128);
-  support::View v420 = arena_.view(51200, 128);
-  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v412 = arena_.view(0, 4096);
-  support::View v421 = arena_.view(32768, 4096);
-  support::View v422 = arena_.view(51712, 128);
-  support::View v424 = arena_.view(32768, 128);
-  support::View v318 = arena_.view(1163264, 2048);
-  support::View v337 = arena_.view(1171456, 2048);
-  support::View v339 = arena_.view(1196544, 32);
-  support::View v342 = arena_.view(1196672, 32);
-  support::View v358 = arena_.view(1193984, 512);
-  support::View v381 = arena_.view(98304, 512);
-  support::View v395 = arena_.view(100352, 512);
-  support::View v409 = arena_.view(49152, 512);
-  support::View v411 = arena_.view(52224, 32);
-  support::View v414 = arena_.view(52352, 32);
-  support::View v428 = arena_.view(16384, 4096);
-  repeated0(v316, v80, v317, v82, v318, v81, v335, v79, v336, v78, v337, v339, v76, v341, v342,
-            v343, v73, v345, v346, v348, v74, v340, v349, v350, v352, v356, v70, v357, v69, v358,
-            v68, v359, v362, v363, v67, v364, v45, v365, v366, v368, v65, v370, v372, v373, v375,
-            v376, v63, v377, v61, v379, v62, v380, v29, v381, v59, v383, v384, v385, v24, v390, v47,
-            v392, v46, v393, v395, v43, v397, v398, v399, v404, v31, v406, v30, v407, v408, v409,
-            v411, v27, v413, v414, v415, v23, v417, v418, v420, v25, v412, v421, v422, v424, v428);
+  support::View v408 = arena_.view(32768, 128);
+  support::View v410 = arena_.view(49152, 128);
+  support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v402 = arena_.view(0, 4096);
+  support::View v411 = arena_.view(32768, 4096);
+  support::View v412 = arena_.view(16384, 128);
+  support::View v414 = arena_.view(16896, 128);
+  support::View v309 = arena_.view(1146880, 4096);
+  support::View v328 = arena_.view(1163264, 4096);
+  support::View v329 = arena_.view(1212928, 32);
+  support::View v332 = arena_.view(1213056, 32);
+  support::View v348 = arena_.view(1210368, 512);
+  support::View v371 = arena_.view(98304, 512);
+  support::View v385 = arena_.view(100352, 512);
+  support::View v399 = arena_.view(57344, 512);
+  support::View v401 = arena_.view(59392, 32);
+  support::View v404 = arena_.view(59520, 32);
+  support::View v418 = arena_.view(32768, 4096);
+  repeated0(v307, v77, v308, v79, v309, v78, v326, v76, v327, v75, v328, v329, v73, v331, v332,
+            v333, v70, v335, v336, v338, v71, v330, v339, v340, v342, v346, v67, v347, v66, v348,
+            v65, v349, v352, v353, v64, v354, v42, v355, v356, v358, v62, v360, v362, v363, v365,
+            v366, v60, v367, v58, v369, v59, v370, v26, v371, v56, v373, v374, v375, v21, v380, v44,
+            v382, v43, v383, v385, v40, v387, v388, v389, v394, v28, v396, v27, v397, v398, v399,
+            v401, v24, v403, v404, v405, v20, v407, v408, v410, v22, v402, v411, v412, v414, v418);
 
   // performer.mesh:133:37 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v429 = arena_.view(0, 4096);
-  static const support::Shape shape23_1 = {1, 128, 32};
-  static const support::Shape shape23_3 = {128, 1, 0};
-  static const support::Shape shape23_4 = {0, 0, 1};
-  support::oneHot(v429.data(), shape23_1, v0.data(), shape23_3, shape23_4,
-                  support::shardStart(world_, {"model"}, 32));
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v419 = arena_.view(0, 8192);
+  static const support::Shape shape15_1 = {1, 128, 64};
+  static const support::Shape shape15_3 = {128, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(v419.data(), shape15_1, v0.data(), shape15_3, shape15_4, 0);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
   MESHRT_TRACE("gemm", "performer.mesh:133:37", "backward");
-  support::View v429 = arena_.view(0, 4096);
-  support::View v428 = arena_.view(16384, 4096);
-  support::View v430 = arena_.view(32768, 1024);
+  support::View v420 = arena_.view(49152, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan0.run(v429.data(), v428.data(), v430.data(), 1.0f, 0.0f);
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsumPlan16.run(v419.data(), v418.data(), v420.data(), 1.0f, 0.0f);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
-  // resolved together, 57.2 KiB in one buffer)
+  // resolved together, 97.2 KiB in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v179 = arena_.view(2277376, 1024);
-  support::View v181 = arena_.view(2284288, 32);
-  support::View v184 = arena_.view(2284416, 32);
-  support::View v200 = arena_.view(2252800, 2048);
-  support::View v224 = arena_.view(2260992, 2048);
-  support::View v226 = arena_.view(2284544, 32);
-  support::View v229 = arena_.view(2284672, 32);
-  support::View v245 = arena_.view(2281472, 512);
-  support::View v268 = arena_.view(1187840, 512);
-  support::View v283 = arena_.view(1189888, 512);
-  support::View v297 = arena_.view(1191936, 512);
-  support::View v299 = arena_.view(1196288, 32);
-  support::View v302 = arena_.view(1196416, 32);
-  support::View v318 = arena_.view(1163264, 2048);
-  support::View v337 = arena_.view(1171456, 2048);
-  support::View v339 = arena_.view(1196544, 32);
-  support::View v342 = arena_.view(1196672, 32);
-  support::View v358 = arena_.view(1193984, 512);
-  support::View v381 = arena_.view(98304, 512);
-  support::View v395 = arena_.view(100352, 512);
-  support::View v409 = arena_.view(49152, 512);
-  support::View v411 = arena_.view(52224, 32);
-  support::View v414 = arena_.view(52352, 32);
-  auto request6 = support::startAllReduce(
-      group_data, {v179, v181, v184, v200, v224, v226, v229, v245, v268, v283, v297, v299,
-                   v302, v318, v337, v339, v342, v358, v381, v395, v409, v411, v414, v430},
+  auto request2 = support::startAllReduce(
+      group_data, {v172, v173, v176, v192, v216, v217, v220, v236, v259, v274, v288, v290,
+                   v293, v309, v328, v329, v332, v348, v371, v385, v399, v401, v404, v420},
       meshrt::ReduceOp::Sum);
 
   // performer.mesh:151:3 step
@@ -3441,14 +3305,14 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v446 = arena_.view(0, 1);
-  support::View v462 = arena_.view(64, 1);
-  support::View v464 = arena_.view(128, 1);
+  support::View v436 = arena_.view(0, 1);
+  support::View v452 = arena_.view(64, 1);
+  support::View v454 = arena_.view(128, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v446p = v446.data();
-    float *__restrict v462p = v462.data();
-    float *__restrict v464p = v464.data();
+    float *__restrict v436p = v436.data();
+    float *__restrict v452p = v452.data();
+    float *__restrict v454p = v454.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3472,13 +3336,13 @@ void LmTrain::runPart2(const Inputs &inputs) {
     const float s20 = support::fpow(s19, s2);
     const float s21 = 1.0f;
     const float s22 = (s21 - s20);
-    v446p[0] = s14;
-    v462p[0] = s18;
-    v464p[0] = s22;
+    v436p[0] = s14;
+    v452p[0] = s18;
+    v454p[0] = s22;
   }
 
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  group_data.wait(request6);
+  group_data.wait(request2);
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -3498,50 +3362,50 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
-  support::View v448(param27_causal_lm_embedding_v); // updated in place
-  support::View v447(param26_causal_lm_embedding_m); // updated in place
+  support::View v438(param27_causal_lm_embedding_v); // updated in place
+  support::View v437(param26_causal_lm_embedding_m); // updated in place
   {
-    float *__restrict v448p = v448.data();
-    float *__restrict v447p = v447.data();
+    float *__restrict v438p = v438.data();
+    float *__restrict v437p = v437.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v430p = v430.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v454p = v454.data();
+    const float *__restrict v452p = v452.data();
+    const float *__restrict v436p = v436.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v430p[i0];
+      const float s3 = v420p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v448p[i0];
+      const float s7 = v438p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = v454p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v430p[i0];
+      const float s16 = v420p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v447p[i0];
+      const float s19 = v437p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = v452p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = v436p[0];
       const float s28 = (s26 * s27);
       const float s29 = v6p[i0];
       const float s30 = (s29 - s28);
-      v448p[i0] = s10;
-      v447p[i0] = s22;
+      v438p[i0] = s10;
+      v437p[i0] = s22;
       v6p[i0] = s30;
     }
   }
@@ -3563,140 +3427,166 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v7(param1_causal_lm_unembed);      // updated in place
-  support::View v476(param29_causal_lm_unembed_v); // updated in place
-  support::View v475(param28_causal_lm_unembed_m); // updated in place
+  support::View v466(param29_causal_lm_unembed_v); // updated in place
+  support::View v465(param28_causal_lm_unembed_m); // updated in place
   {
-    float *__restrict v476p = v476.data();
-    float *__restrict v475p = v475.data();
+    float *__restrict v466p = v466.data();
+    float *__restrict v465p = v465.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v179p = v179.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float *__restrict v172p = v172.data();
+    const float *__restrict v454p = v454.data();
+    const float *__restrict v452p = v452.data();
+    const float *__restrict v436p = v436.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v179p[i0];
+      const float s3 = v172p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v476p[i0];
+      const float s7 = v466p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = v454p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v179p[i0];
+      const float s16 = v172p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v475p[i0];
+      const float s19 = v465p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = v452p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = v436p[0];
       const float s28 = (s26 * s27);
       const float s29 = v7p[i0];
       const float s30 = (s29 - s28);
-      v476p[i0] = s10;
-      v475p[i0] = s22;
+      v466p[i0] = s10;
+      v465p[i0] = s22;
       v7p[i0] = s30;
     }
   }
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain);     // updated in place
-  support::View v497(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v496(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  repeated3(v25, v414, v497, v464, v496, v462, v446);
+  support::View v487(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v486(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  repeated3(v22, v404, v487, v454, v486, v452, v436);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v26(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
-  support::View v518(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v517(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
-  repeated3(v26, v411, v518, v464, v517, v462, v446);
+  support::View v23(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
+  support::View v508(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v507(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v23, v401, v508, v454, v507, v452, v436);
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w);       // updated in place
-  support::View v539(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
-  support::View v538(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
-  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w);     // updated in place
-  support::View v560(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v559(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
-  support::View v581(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v580(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
-  support::View v602(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
-  support::View v601(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
-  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain);      // updated in place
-  support::View v623(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
-  support::View v622(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
-  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
-  support::View v644(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
-  support::View v643(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
-  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in);        // updated in place
-  support::View v665(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
-  support::View v664(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
-  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out);       // updated in place
-  support::View v686(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
-  support::View v685(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
-  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain);       // updated in place
-  support::View v707(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
-  support::View v706(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
-  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
-  support::View v728(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
-  support::View v727(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
-  repeated1(v30, v409, v539, v464, v538, v462, v446, v46, v395, v560, v559, v62, v381, v581, v580,
-            v70, v358, v602, v601, v74, v342, v623, v622, v75, v339, v644, v643, v79, v337, v665,
-            v664, v80, v318, v686, v685, v87, v302, v707, v706, v88, v299, v728, v727);
+  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v399 = arena_.view(57344, 512);
+  support::View v529(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
+  support::View v454 = arena_.view(128, 1);
+  support::View v528(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
+  support::View v452 = arena_.view(64, 1);
+  support::View v436 = arena_.view(0, 1);
+  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v385 = arena_.view(100352, 512);
+  support::View v550(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v549(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
+  support::View v371 = arena_.view(98304, 512);
+  support::View v571(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v570(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
+  support::View v348 = arena_.view(1210368, 512);
+  support::View v592(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
+  support::View v591(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
+  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);     // updated in place
+  support::View v332 = arena_.view(1213056, 32);
+  support::View v613(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v612(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);    // updated in place
+  support::View v329 = arena_.view(1212928, 32);
+  support::View v634(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v633(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in);       // updated in place
+  support::View v328 = arena_.view(1163264, 4096);
+  support::View v655(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v654(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out);   // updated in place
+  support::View v309 = arena_.view(1146880, 4096);
+  support::View v676(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v675(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain);    // updated in place
+  support::View v293 = arena_.view(1212800, 32);
+  support::View v697(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
+  support::View v696(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
+  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);    // updated in place
+  support::View v290 = arena_.view(1212672, 32);
+  support::View v718(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
+  support::View v717(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
+  repeated1(v27, v399, v529, v454, v528, v452, v436, v43, v385, v550, v549, v59, v371, v571, v570,
+            v67, v348, v592, v591, v71, v332, v613, v612, v72, v329, v634, v633, v76, v328, v655,
+            v654, v77, v309, v676, v675, v83, v293, v697, v696, v84, v290, v718, v717);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w);      // updated in place
-  support::View v749(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
-  support::View v748(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
-  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w);   // updated in place
-  support::View v770(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v769(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
-  support::View v791(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v790(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
-  support::View v812(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
-  support::View v811(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
-  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain);    // updated in place
-  support::View v833(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
-  support::View v832(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
-  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
-  support::View v854(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
-  support::View v853(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
-  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in);       // updated in place
-  support::View v875(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
-  support::View v874(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
-  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out);      // updated in place
-  support::View v896(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
-  support::View v895(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
-  support::View v148(param24_causal_lm_norm_gain);                      // updated in place
-  support::View v917(param71_causal_lm_norm_gain_v);                    // updated in place
-  support::View v916(param70_causal_lm_norm_gain_m);                    // updated in place
-  support::View v149(param25_causal_lm_norm_bias);                      // updated in place
-  support::View v938(param73_causal_lm_norm_bias_v);                    // updated in place
-  support::View v937(param72_causal_lm_norm_bias_m);                    // updated in place
-  repeated1(v92, v297, v749, v464, v748, v462, v446, v108, v283, v770, v769, v124, v268, v791, v790,
-            v132, v245, v812, v811, v136, v229, v833, v832, v137, v226, v854, v853, v141, v224,
-            v875, v874, v142, v200, v896, v895, v148, v184, v917, v916, v149, v181, v938, v937);
+  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v288 = arena_.view(1208320, 512);
+  support::View v739(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
+  support::View v738(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
+  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v274 = arena_.view(1206272, 512);
+  support::View v760(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v759(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
+  support::View v259 = arena_.view(1204224, 512);
+  support::View v781(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v780(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
+  support::View v236 = arena_.view(2367488, 512);
+  support::View v802(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
+  support::View v801(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
+  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain);   // updated in place
+  support::View v220 = arena_.view(2370688, 32);
+  support::View v823(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v822(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias);   // updated in place
+  support::View v217 = arena_.view(2370560, 32);
+  support::View v844(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v843(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in);      // updated in place
+  support::View v216 = arena_.view(2260992, 4096);
+  support::View v865(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v864(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out);  // updated in place
+  support::View v192 = arena_.view(2244608, 4096);
+  support::View v886(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v885(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v143(param24_causal_lm_norm_gain);                   // updated in place
+  support::View v176 = arena_.view(2370432, 32);
+  support::View v907(param71_causal_lm_norm_gain_v); // updated in place
+  support::View v906(param70_causal_lm_norm_gain_m); // updated in place
+  support::View v144(param25_causal_lm_norm_bias);   // updated in place
+  support::View v173 = arena_.view(2370304, 32);
+  support::View v928(param73_causal_lm_norm_bias_v); // updated in place
+  support::View v927(param72_causal_lm_norm_bias_m); // updated in place
+  repeated1(v88, v288, v739, v454, v738, v452, v436, v104, v274, v760, v759, v120, v259, v781, v780,
+            v128, v236, v802, v801, v132, v220, v823, v822, v133, v217, v844, v843, v137, v216,
+            v865, v864, v138, v192, v886, v885, v143, v176, v907, v906, v144, v173, v928, v927);
 }
 
 void LmTrain::repeated0(
@@ -3729,14 +3619,14 @@ void LmTrain::repeated0(
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "backward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 square
@@ -3761,7 +3651,7 @@ void LmTrain::repeated0(
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
     const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    for (int64_t i0 = 0; i0 < 16384; ++i0) {
       const float s0 = a5p[i0];
       const float s1 = s0 * s0;
       const float s2 = a5p[i0];
@@ -3800,31 +3690,23 @@ void LmTrain::repeated0(
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
-  // 29:40)
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "backward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request2);
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan4.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {1, 128};
-  static const support::Shape shape7_5 = {4096, 32};
-  support::reduce(a11.data(), shape7_1, a8.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape5_1 = {32};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {1, 128};
+  static const support::Shape shape5_5 = {4096, 32};
+  support::reduce(a11.data(), shape5_1, a8.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
@@ -3843,20 +3725,20 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {1, 128};
-  static const support::Shape shape9_5 = {4096, 32};
-  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape7_1 = {32};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {1, 128};
+  static const support::Shape shape7_5 = {4096, 32};
+  support::reduce(a14.data(), shape7_1, a13.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape10_1 = {1, 128};
-  static const support::Shape shape10_3 = {4096, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(a15.data(), shape10_1, a16.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape8_1 = {1, 128};
+  static const support::Shape shape8_3 = {4096, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(a15.data(), shape8_1, a16.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
@@ -3879,11 +3761,11 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape12_1 = {1, 128};
-  static const support::Shape shape12_3 = {4096, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a18.data(), shape12_1, a17.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape10_1 = {1, 128};
+  static const support::Shape shape10_3 = {4096, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a18.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
@@ -3925,20 +3807,20 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape15_1 = {1, 128};
-  static const support::Shape shape15_3 = {4096, 32};
-  static const support::Shape shape15_4 = {32};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(a23.data(), shape15_1, a22.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape13_1 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a23.data(), shape13_1, a22.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape16_1 = {1, 128};
-  static const support::Shape shape16_3 = {4096, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a24.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape14_1 = {1, 128};
+  static const support::Shape shape14_3 = {4096, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a24.data(), shape14_1, a21.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -3976,16 +3858,16 @@ void LmTrain::repeated0(
   // performer.mesh:50:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan18.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  einsumPlan16.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
   MESHRT_TRACE("gemm", "performer.mesh:50:10", "backward");
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan19.run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  einsumPlan17.run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
   MESHRT_TRACE("loop", "performer.mesh:90:20", "backward");
@@ -4027,80 +3909,80 @@ void LmTrain::repeated0(
 
   // performer.mesh:90:20 sum
   MESHRT_TRACE("sum", "performer.mesh:90:20", "backward");
-  static const support::Shape shape22_1 = {1, 128, 1};
-  static const support::Shape shape22_3 = {2048, 16, 16};
-  static const support::Shape shape22_4 = {16};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(a33.data(), shape22_1, a32.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape20_1 = {1, 128, 1};
+  static const support::Shape shape20_3 = {2048, 16, 16};
+  static const support::Shape shape20_4 = {16};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(a33.data(), shape20_1, a32.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan23.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  einsumPlan21.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:20 einsum
   MESHRT_TRACE("gemm", "performer.mesh:89:20", "backward");
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan24.run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  einsumPlan22.run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 sum
   MESHRT_TRACE("sum", "performer.mesh:89:31", "backward");
-  static const support::Shape shape25_1 = {1, 1, 64};
-  static const support::Shape shape25_3 = {8192, 64, 1};
-  static const support::Shape shape25_4 = {128};
-  static const support::Shape shape25_5 = {64};
-  support::reduce(a38.data(), shape25_1, a37.data(), shape25_3, shape25_4, shape25_5,
+  static const support::Shape shape23_1 = {1, 1, 64};
+  static const support::Shape shape23_3 = {8192, 64, 1};
+  static const support::Shape shape23_4 = {128};
+  static const support::Shape shape23_5 = {64};
+  support::reduce(a38.data(), shape23_1, a37.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:89:31 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:89:31", "backward");
-  static const support::Shape shape26_2 = {1, 1, 64};
-  static const support::Shape shape26_3 = {8192, 64, 1};
-  static const support::Shape shape26_4 = {8192, 64, 1};
-  static const support::Shape shape26_5 = {128};
-  static const support::Shape shape26_6 = {64};
-  static const support::Shape shape26_7 = {64};
-  support::along(a39.data(), a37.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
-                 shape26_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+  static const support::Shape shape24_2 = {1, 1, 64};
+  static const support::Shape shape24_3 = {8192, 64, 1};
+  static const support::Shape shape24_4 = {8192, 64, 1};
+  static const support::Shape shape24_5 = {128};
+  static const support::Shape shape24_6 = {64};
+  static const support::Shape shape24_7 = {64};
+  support::along(a39.data(), a37.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
+                 shape24_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
+  static const meshrt::kernels::EinsumPlan einsumPlan25(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan27.run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  einsumPlan25.run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:88:19", "backward");
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsumPlan28.run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
+  einsumPlan26.run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 sum
   MESHRT_TRACE("sum", "performer.mesh:87:12", "backward");
-  static const support::Shape shape29_1 = {1, 1, 64, 16};
-  static const support::Shape shape29_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape29_4 = {128};
-  static const support::Shape shape29_5 = {1024};
-  support::reduce(a43.data(), shape29_1, a42.data(), shape29_3, shape29_4, shape29_5,
+  static const support::Shape shape27_1 = {1, 1, 64, 16};
+  static const support::Shape shape27_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape27_4 = {128};
+  static const support::Shape shape27_5 = {1024};
+  support::reduce(a43.data(), shape27_1, a42.data(), shape27_3, shape27_4, shape27_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:87:12 cumsum
   MESHRT_TRACE("cumsum", "performer.mesh:87:12", "backward");
-  static const support::Shape shape30_2 = {1, 1, 64, 16};
-  static const support::Shape shape30_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape30_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape30_5 = {128};
-  static const support::Shape shape30_6 = {1024};
-  static const support::Shape shape30_7 = {1024};
-  support::along(a44.data(), a42.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
-                 shape30_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+  static const support::Shape shape28_2 = {1, 1, 64, 16};
+  static const support::Shape shape28_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape28_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape28_5 = {128};
+  static const support::Shape shape28_6 = {1024};
+  static const support::Shape shape28_7 = {1024};
+  support::along(a44.data(), a42.data(), shape28_2, shape28_3, shape28_4, shape28_5, shape28_6,
+                 shape28_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
 
   // performer.mesh:87:12 broadcast
   // performer.mesh:87:12 sub
@@ -4123,30 +4005,30 @@ void LmTrain::repeated0(
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan32(
+  static const meshrt::kernels::EinsumPlan einsumPlan30(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan32.run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+  einsumPlan30.run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
   MESHRT_TRACE("gemm", "performer.mesh:87:19", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan33(
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan33.run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+  einsumPlan31.run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan34.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+  einsumPlan32.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan35(
+  static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan35.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  einsumPlan33.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 broadcast
   // performer.mesh:89:31 sub
@@ -4183,19 +4065,19 @@ void LmTrain::repeated0(
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  static const support::Shape shape37_1 = {1, 128, 1};
-  static const support::Shape shape37_3 = {8192, 64, 64};
-  static const support::Shape shape37_4 = {64};
-  static const support::Shape shape37_5 = {1};
-  support::reduce(a57.data(), shape37_1, a56.data(), shape37_3, shape37_4, shape37_5,
+  static const support::Shape shape35_1 = {1, 128, 1};
+  static const support::Shape shape35_3 = {8192, 64, 64};
+  static const support::Shape shape35_4 = {64};
+  static const support::Shape shape35_5 = {1};
+  support::reduce(a57.data(), shape35_1, a56.data(), shape35_3, shape35_4, shape35_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
+  static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan38.run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+  einsumPlan36.run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -4231,16 +4113,16 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan40(
+  static const meshrt::kernels::EinsumPlan einsumPlan38(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan40.run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+  einsumPlan38.run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan41(
+  static const meshrt::kernels::EinsumPlan einsumPlan39(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan41.run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
+  einsumPlan39.run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
 
   // performer.mesh:88:19 add
   // performer.mesh:66:61 mul
@@ -4269,19 +4151,19 @@ void LmTrain::repeated0(
 
   // performer.mesh:57:59 sum
   MESHRT_TRACE("sum", "performer.mesh:57:59", "backward");
-  static const support::Shape shape43_1 = {1, 128, 1};
-  static const support::Shape shape43_3 = {8192, 64, 64};
-  static const support::Shape shape43_4 = {64};
-  static const support::Shape shape43_5 = {1};
-  support::reduce(a68.data(), shape43_1, a67.data(), shape43_3, shape43_4, shape43_5,
+  static const support::Shape shape41_1 = {1, 128, 1};
+  static const support::Shape shape41_3 = {8192, 64, 64};
+  static const support::Shape shape41_4 = {64};
+  static const support::Shape shape41_5 = {1};
+  support::reduce(a68.data(), shape41_1, a67.data(), shape41_3, shape41_4, shape41_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:57:10", "backward");
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
+  static const meshrt::kernels::EinsumPlan einsumPlan42(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan44.run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
+  einsumPlan42.run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 mul
   // performer.mesh:57:89 mul
@@ -4317,9 +4199,9 @@ void LmTrain::repeated0(
   // performer.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan46(
+  static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan46.run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
+  einsumPlan44.run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
 
   // performer.mesh:45:10 add
   // performer.mesh:45:10 add
@@ -4342,25 +4224,25 @@ void LmTrain::repeated0(
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  auto request3 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
   MESHRT_TRACE("gemm", "performer.mesh:45:10", "backward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan49(
+  static const meshrt::kernels::EinsumPlan einsumPlan47(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan49.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
+  einsumPlan47.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("performer.mesh:29:40");
-  group_model.wait(request3);
+  group_model.wait(request0);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  static const support::Shape shape51_1 = {32};
-  static const support::Shape shape51_3 = {1};
-  static const support::Shape shape51_4 = {1, 128};
-  static const support::Shape shape51_5 = {4096, 32};
-  support::reduce(a76.data(), shape51_1, a74.data(), shape51_3, shape51_4, shape51_5,
+  static const support::Shape shape49_1 = {32};
+  static const support::Shape shape49_3 = {1};
+  static const support::Shape shape49_4 = {1, 128};
+  static const support::Shape shape49_5 = {4096, 32};
+  support::reduce(a76.data(), shape49_1, a74.data(), shape49_3, shape49_4, shape49_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
@@ -4379,20 +4261,20 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  static const support::Shape shape53_1 = {32};
-  static const support::Shape shape53_3 = {1};
-  static const support::Shape shape53_4 = {1, 128};
-  static const support::Shape shape53_5 = {4096, 32};
-  support::reduce(a79.data(), shape53_1, a78.data(), shape53_3, shape53_4, shape53_5,
+  static const support::Shape shape51_1 = {32};
+  static const support::Shape shape51_3 = {1};
+  static const support::Shape shape51_4 = {1, 128};
+  static const support::Shape shape51_5 = {4096, 32};
+  support::reduce(a79.data(), shape51_1, a78.data(), shape51_3, shape51_4, shape51_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape54_1 = {1, 128};
-  static const support::Shape shape54_3 = {4096, 32};
-  static const support::Shape shape54_4 = {32};
-  static const support::Shape shape54_5 = {1};
-  support::reduce(a80.data(), shape54_1, a81.data(), shape54_3, shape54_4, shape54_5,
+  static const support::Shape shape52_1 = {1, 128};
+  static const support::Shape shape52_3 = {4096, 32};
+  static const support::Shape shape52_4 = {32};
+  static const support::Shape shape52_5 = {1};
+  support::reduce(a80.data(), shape52_1, a81.data(), shape52_3, shape52_4, shape52_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
@@ -4415,11 +4297,11 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape56_1 = {1, 128};
-  static const support::Shape shape56_3 = {4096, 32};
-  static const support::Shape shape56_4 = {32};
-  static const support::Shape shape56_5 = {1};
-  support::reduce(a83.data(), shape56_1, a82.data(), shape56_3, shape56_4, shape56_5,
+  static const support::Shape shape54_1 = {1, 128};
+  static const support::Shape shape54_3 = {4096, 32};
+  static const support::Shape shape54_4 = {32};
+  static const support::Shape shape54_5 = {1};
+  support::reduce(a83.data(), shape54_1, a82.data(), shape54_3, shape54_4, shape54_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
@@ -4461,20 +4343,20 @@ void LmTrain::repeated0(
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape59_1 = {1, 128};
-  static const support::Shape shape59_3 = {4096, 32};
-  static const support::Shape shape59_4 = {32};
-  static const support::Shape shape59_5 = {1};
-  support::reduce(a88.data(), shape59_1, a87.data(), shape59_3, shape59_4, shape59_5,
+  static const support::Shape shape57_1 = {1, 128};
+  static const support::Shape shape57_3 = {4096, 32};
+  static const support::Shape shape57_4 = {32};
+  static const support::Shape shape57_5 = {1};
+  support::reduce(a88.data(), shape57_1, a87.data(), shape57_3, shape57_4, shape57_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  static const support::Shape shape60_1 = {1, 128};
-  static const support::Shape shape60_3 = {4096, 32};
-  static const support::Shape shape60_4 = {32};
-  static const support::Shape shape60_5 = {1};
-  support::reduce(a89.data(), shape60_1, a86.data(), shape60_3, shape60_4, shape60_5,
+  static const support::Shape shape58_1 = {1, 128};
+  static const support::Shape shape58_3 = {4096, 32};
+  static const support::Shape shape58_4 = {32};
+  static const support::Shape shape58_5 = {1};
+  support::reduce(a89.data(), shape58_1, a86.data(), shape58_3, shape58_4, shape58_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -4927,7 +4809,7 @@ void LmTrain::repeated1(
     const float *__restrict a3p = a3.data();
     const float *__restrict a5p = a5.data();
     const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = a27p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
@@ -4990,7 +4872,7 @@ void LmTrain::repeated1(
     const float *__restrict a3p = a3.data();
     const float *__restrict a5p = a5.data();
     const float *__restrict a6p = a6.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = a31p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
@@ -5474,7 +5356,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan26(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan26.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
@@ -5482,7 +5364,7 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a37p = a37.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+    for (int64_t i0 = 0; i0 < 16384; ++i0) {
       const float s0 = a37p[i0];
       const float s1 = support::fgelu(s0);
       a38p[i0] = s1;
@@ -5493,13 +5375,8 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+      {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
-  // 117:12)
-  MESHRT_TRACE_SITE("performer.mesh:117:12");
-  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
@@ -5517,14 +5394,14 @@ void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::V
 
   // performer.mesh:29:10 layer_norm
   MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape31_2 = {1, 128};
-  static const support::Shape shape31_3 = {4096, 32};
-  static const support::Shape shape31_4 = {4096, 32};
-  static const support::Shape shape31_5 = {32};
-  static const support::Shape shape31_6 = {1};
-  static const support::Shape shape31_7 = {1};
-  support::along(a42.data(), a41.data(), shape31_2, shape31_3, shape31_4, shape31_5, shape31_6,
-                 shape31_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape30_2 = {1, 128};
+  static const support::Shape shape30_3 = {4096, 32};
+  static const support::Shape shape30_4 = {4096, 32};
+  static const support::Shape shape30_5 = {32};
+  static const support::Shape shape30_6 = {1};
+  static const support::Shape shape30_7 = {1};
+  support::along(a42.data(), a41.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
+                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
@@ -5790,8 +5667,8 @@ bool LmTrain::isOptimizerState(const std::string &path) {
 
 std::vector<support::ParamShard> LmTrain::paramShards() {
   static constexpr support::ParamSpec specs[] = {
-      {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/embedding", false, "f32", "vocab:64:64: d_model:32:32:"},
+      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:64:"},
       {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
       {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -5805,8 +5682,8 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
       {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
@@ -5820,14 +5697,14 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
        "heads:2:1:model d_head:16:16: d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
       {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
-      {"causal_lm/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"causal_lm/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
-      {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:32:model"},
-      {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/embedding@m", true, "f32", "vocab:64:64: d_model:32:32:"},
+      {"causal_lm/embedding@v", true, "f32", "vocab:64:64: d_model:32:32:"},
+      {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:64:"},
+      {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:64:"},
       {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -5852,10 +5729,10 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
       {"causal_lm/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
@@ -5880,10 +5757,10 @@ std::vector<support::ParamShard> LmTrain::paramShards() {
       {"causal_lm/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
       {"causal_lm/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:128:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:128: d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:128: d_model:32:32:"},
       {"causal_lm/norm/gain@m", true, "f32", "d_model:32:32:"},
       {"causal_lm/norm/gain@v", true, "f32", "d_model:32:32:"},
       {"causal_lm/norm/bias@m", true, "f32", "d_model:32:32:"},

@@ -13,7 +13,7 @@ namespace meshc_generated {
 namespace support = meshc::gen;
 
 /// The program `encode` of performer.mesh, planned for the mesh [data=2, model=2] with layout
-/// batch: [data], d_ff: [model], half: [data, model], heads: [model].
+/// batch: [data], heads: [model].
 class Encode {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -42,11 +42,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 131584;
+  static constexpr size_t kArenaBytes = 147456;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 995848;
+  static constexpr size_t kTemporaryBytes = 1110536;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 7616;
+  static constexpr size_t kPersistentBytes = 26048;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -104,7 +104,6 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_data_model;                 // the ranks along data, model
   meshrt::Communicator &group_model;                      // the ranks along model
   support::Buffer param0_encoder_layer_0_random_features; // encoder_layer[0]/random_features:
                                                           // [features, d_head] local {64, 16}
@@ -125,10 +124,10 @@ private:
       param7_encoder_layer_0_norm_1_gain; // encoder_layer[0]/norm#1/gain: [d_model] local {32}
   support::Buffer
       param8_encoder_layer_0_norm_1_bias; // encoder_layer[0]/norm#1/bias: [d_model] local {32}
-  support::Buffer param9_encoder_layer_0_ffn_w_in;   // encoder_layer[0]/ffn/w_in: [d_model,
-                                                     // d_ff:[model]] local {32, 64}
-  support::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out: [d_ff:[model],
-                                                     // d_model] local {64, 32}
+  support::Buffer
+      param9_encoder_layer_0_ffn_w_in; // encoder_layer[0]/ffn/w_in: [d_model, d_ff] local {32, 128}
+  support::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out: [d_ff, d_model]
+                                                     // local {128, 32}
   support::Buffer param11_encoder_layer_1_random_features; // encoder_layer[1]/random_features:
                                                            // [features, d_head] local {64, 16}
   support::Buffer
@@ -148,10 +147,10 @@ private:
       param18_encoder_layer_1_norm_1_gain; // encoder_layer[1]/norm#1/gain: [d_model] local {32}
   support::Buffer
       param19_encoder_layer_1_norm_1_bias; // encoder_layer[1]/norm#1/bias: [d_model] local {32}
-  support::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model,
-                                                     // d_ff:[model]] local {32, 64}
-  support::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out: [d_ff:[model],
-                                                     // d_model] local {64, 32}
+  support::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model, d_ff]
+                                                     // local {32, 128}
+  support::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out: [d_ff, d_model]
+                                                     // local {128, 32}
   support::Buffer param22_norm_gain;                 // norm/gain: [d_model] local {32}
   support::Buffer param23_norm_bias;                 // norm/bias: [d_model] local {32}
   support::Arena arena_{kArenaBytes};                // run()'s temporaries
@@ -159,7 +158,7 @@ private:
 };
 
 /// The program `lm` of performer.mesh, planned for the mesh [data=2, model=2] with layout batch:
-/// [data], d_ff: [model], half: [data, model], heads: [model], vocab: [model].
+/// [data], heads: [model].
 class Lm {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -168,7 +167,7 @@ public:
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    support::Tensor logits; // [batch:[data], seq, vocab:[model]] local {1, 128, 32}
+    support::Tensor logits; // [batch:[data], seq, vocab] local {1, 128, 64}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -190,9 +189,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 1130496;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 3182600;
+  static constexpr size_t kTemporaryBytes = 3313672;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 7616;
+  static constexpr size_t kPersistentBytes = 26048;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -250,12 +249,10 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_data_model; // the ranks along data, model
-  meshrt::Communicator &group_model;      // the ranks along model
+  meshrt::Communicator &group_model; // the ranks along model
   support::Buffer
-      param0_causal_lm_embedding; // causal_lm/embedding: [vocab:[model], d_model] local {32, 32}
-  support::Buffer
-      param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab:[model]] local {32, 32}
+      param0_causal_lm_embedding;           // causal_lm/embedding: [vocab, d_model] local {64, 32}
+  support::Buffer param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab] local {32, 64}
   support::Buffer
       param2_causal_lm_decoder_layer_0_random_features; // causal_lm/decoder_layer[0]/random_features:
                                                         // [features, d_head] local {64, 16}
@@ -279,12 +276,10 @@ private:
                                                                 // [d_model] local {32}
   support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer
-      param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
-                                                  // d_ff:[model]] local {32, 64}
-  support::Buffer
-      param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
-                                                   // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in:
+                                                              // [d_model, d_ff] local {32, 128}
+  support::Buffer param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
+                                                               // [d_ff, d_model] local {128, 32}
   support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
@@ -308,20 +303,18 @@ private:
                                                                  // [d_model] local {32}
   support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer
-      param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
-                                                  // d_ff:[model]] local {32, 64}
-  support::Buffer
-      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                   // [d_ff:[model], d_model] local {64, 32}
-  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
-  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
-  support::Arena arena_{kArenaBytes};              // run()'s temporaries
-  support::Arena persistent_{kPersistentBytes};    // computed in the constructor
+  support::Buffer param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in:
+                                                              // [d_model, d_ff] local {32, 128}
+  support::Buffer param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                               // [d_ff, d_model] local {128, 32}
+  support::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 /// The train block `lm_train` of performer.mesh, planned for the mesh [data=2, model=2] with layout
-/// batch: [data], d_ff: [model], half: [data, model], heads: [model], vocab: [model].
+/// batch: [data], heads: [model].
 class LmTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
@@ -350,11 +343,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 2284864;
+  static constexpr size_t kArenaBytes = 2370880;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 8086048;
+  static constexpr size_t kTemporaryBytes = 8487200;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 8704;
+  static constexpr size_t kPersistentBytes = 27136;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -463,13 +456,11 @@ private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;       // the ranks along data
-  meshrt::Communicator &group_data_model; // the ranks along data, model
-  meshrt::Communicator &group_model;      // the ranks along model
+  meshrt::Communicator &group_data;  // the ranks along data
+  meshrt::Communicator &group_model; // the ranks along model
   support::Buffer
-      param0_causal_lm_embedding; // causal_lm/embedding: [vocab:[model], d_model] local {32, 32}
-  support::Buffer
-      param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab:[model]] local {32, 32}
+      param0_causal_lm_embedding;           // causal_lm/embedding: [vocab, d_model] local {64, 32}
+  support::Buffer param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab] local {32, 64}
   support::Buffer
       param2_causal_lm_decoder_layer_0_random_features; // causal_lm/decoder_layer[0]/random_features:
                                                         // [features, d_head] local {64, 16}
@@ -493,12 +484,10 @@ private:
                                                                 // [d_model] local {32}
   support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  support::Buffer
-      param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
-                                                  // d_ff:[model]] local {32, 64}
-  support::Buffer
-      param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
-                                                   // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in:
+                                                              // [d_model, d_ff] local {32, 128}
+  support::Buffer param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
+                                                               // [d_ff, d_model] local {128, 32}
   support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
@@ -522,22 +511,20 @@ private:
                                                                  // [d_model] local {32}
   support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
                                                                  // [d_model] local {32}
+  support::Buffer param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in:
+                                                              // [d_model, d_ff] local {32, 128}
+  support::Buffer param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                               // [d_ff, d_model] local {128, 32}
+  support::Buffer param24_causal_lm_norm_gain; // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias; // causal_lm/norm/bias: [d_model] local {32}
   support::Buffer
-      param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
-                                                  // d_ff:[model]] local {32, 64}
+      param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab, d_model] local {64, 32}
   support::Buffer
-      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                   // [d_ff:[model], d_model] local {64, 32}
-  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
-  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
-  support::Buffer param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab:[model], d_model]
-                                                 // local {32, 32}
-  support::Buffer param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab:[model], d_model]
-                                                 // local {32, 32}
+      param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab, d_model] local {64, 32}
   support::Buffer
-      param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab:[model]] local {32, 32}
+      param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab] local {32, 64}
   support::Buffer
-      param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab:[model]] local {32, 32}
+      param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab] local {32, 64}
   support::Buffer param30_causal_lm_decoder_layer_0_norm_gain_m; // causal_lm/decoder_layer[0]/norm/gain@m:
                                                                  // [d_model] local {32}
   support::Buffer param31_causal_lm_decoder_layer_0_norm_gain_v; // causal_lm/decoder_layer[0]/norm/gain@v:
@@ -578,18 +565,14 @@ private:
                                                                    // [d_model] local {32}
   support::Buffer param45_causal_lm_decoder_layer_0_norm_1_bias_v; // causal_lm/decoder_layer[0]/norm#1/bias@v:
                                                                    // [d_model] local {32}
-  support::Buffer
-      param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
-                                                    // [d_model, d_ff:[model]] local {32, 64}
-  support::Buffer
-      param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
-                                                    // [d_model, d_ff:[model]] local {32, 64}
-  support::Buffer
-      param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
-                                                     // [d_ff:[model], d_model] local {64, 32}
-  support::Buffer
-      param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
-                                                     // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
+                                                                // [d_model, d_ff] local {32, 128}
+  support::Buffer param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
+                                                                // [d_model, d_ff] local {32, 128}
+  support::Buffer param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
+                                                                 // [d_ff, d_model] local {128, 32}
+  support::Buffer param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
+                                                                 // [d_ff, d_model] local {128, 32}
   support::Buffer param50_causal_lm_decoder_layer_1_norm_gain_m; // causal_lm/decoder_layer[1]/norm/gain@m:
                                                                  // [d_model] local {32}
   support::Buffer param51_causal_lm_decoder_layer_1_norm_gain_v; // causal_lm/decoder_layer[1]/norm/gain@v:
@@ -630,24 +613,20 @@ private:
                                                                    // [d_model] local {32}
   support::Buffer param65_causal_lm_decoder_layer_1_norm_1_bias_v; // causal_lm/decoder_layer[1]/norm#1/bias@v:
                                                                    // [d_model] local {32}
-  support::Buffer
-      param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
-                                                    // [d_model, d_ff:[model]] local {32, 64}
-  support::Buffer
-      param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
-                                                    // [d_model, d_ff:[model]] local {32, 64}
-  support::Buffer
-      param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
-                                                     // [d_ff:[model], d_model] local {64, 32}
-  support::Buffer
-      param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
-                                                     // [d_ff:[model], d_model] local {64, 32}
-  support::Buffer param70_causal_lm_norm_gain_m;     // causal_lm/norm/gain@m: [d_model] local {32}
-  support::Buffer param71_causal_lm_norm_gain_v;     // causal_lm/norm/gain@v: [d_model] local {32}
-  support::Buffer param72_causal_lm_norm_bias_m;     // causal_lm/norm/bias@m: [d_model] local {32}
-  support::Buffer param73_causal_lm_norm_bias_v;     // causal_lm/norm/bias@v: [d_model] local {32}
-  support::Arena arena_{kArenaBytes};                // run()'s temporaries
-  support::Arena persistent_{kPersistentBytes};      // computed in the constructor
+  support::Buffer param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
+                                                                // [d_model, d_ff] local {32, 128}
+  support::Buffer param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
+                                                                // [d_model, d_ff] local {32, 128}
+  support::Buffer param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
+                                                                 // [d_ff, d_model] local {128, 32}
+  support::Buffer param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
+                                                                 // [d_ff, d_model] local {128, 32}
+  support::Buffer param70_causal_lm_norm_gain_m; // causal_lm/norm/gain@m: [d_model] local {32}
+  support::Buffer param71_causal_lm_norm_gain_v; // causal_lm/norm/gain@v: [d_model] local {32}
+  support::Buffer param72_causal_lm_norm_bias_m; // causal_lm/norm/bias@m: [d_model] local {32}
+  support::Buffer param73_causal_lm_norm_bias_v; // causal_lm/norm/bias@v: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};            // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};  // computed in the constructor
 };
 
 } // namespace meshc_generated

@@ -175,7 +175,7 @@ TEST_CASE("machines: the built-ins load and have the brief's figures", "[machine
     CHECK(m.peakFlops > 0);
     CHECK(m.intra.bandwidthBytesPerS > 0);
   }
-  CHECK(machine("cpu").peakFlops == Approx(84e9));
+  CHECK(machine("cpu").description.find("meshc calibrate") != std::string::npos);
   CHECK(machine("tpuv2-pod").numDevices == 512);
   CHECK(machine("h100-cluster").inter.bandwidthBytesPerS == Approx(50e9));
   // A100 80GB: 312 TFLOP/s bf16, NVLink 600 GB/s both ways, 200 Gb/s per GPU between hosts.

@@ -5,8 +5,11 @@
 // The probe prints one JSON object on stdout (world rank 0):
 //   {"backend": "threads", "ranks": 2, "cores": 2, "memory_bytes": ...,
 //    "gemm": [{"m": 1024, "n": 1024, "k": 1024, "flops_per_s": ...}, ...],
-//    "stream_bytes_per_s": ...,
-//    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...]}
+//    "stream_bytes_per_s": ..., "cache_bytes": ..., "cache_stream_bytes_per_s": ...,
+//    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
+//    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
+//    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...}}
+// (the last on the threads backend only).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
 // rank); each time is the best of several repetitions (the machine may be shared), collectives
 // the median over repetitions of the slowest rank's time.
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -72,6 +76,134 @@ inline double streamBytesPerSecond(size_t elements, int repetitions) {
     s += a[elements / 2] * 1e-9f;                          // keeps the loops from folding
   }
   return 3.0 * sizeof(float) * double(elements) / best;
+}
+
+/// Best time of one GEMM of m = n = k = `size` (small GEMMs: the library's fixed cost per call
+/// shows next to the FLOPs).
+inline double gemmSeconds(int64_t size, int repetitions) {
+  return 2.0 * double(size) * double(size) * double(size) /
+         gemmFlopsPerSecond(size, size, size, repetitions);
+}
+
+/// The cache the ops of one rank may keep their operands in: the last level's share per core,
+/// from Linux's sysfs (level, size and the CPUs sharing it; sysconf's figures are the host's in
+/// some VMs). 0 when unknown.
+inline size_t cacheBytesPerCore() {
+  size_t best = 0;
+  int bestLevel = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    auto read = [&](const char* name) {
+      std::string text;
+      if (std::FILE* file = std::fopen((dir + name).c_str(), "r")) {
+        char line[256] = {};
+        if (std::fgets(line, sizeof line, file)) text = line;
+        std::fclose(file);
+      }
+      return text;
+    };
+    std::string level = read("level"), size = read("size"), shared = read("shared_cpu_list");
+    if (level.empty() || size.empty() || read("type").rfind("Instruction", 0) == 0) continue;
+    size_t bytes = std::strtoull(size.c_str(), nullptr, 10);
+    if (size.find('K') != std::string::npos) bytes <<= 10;
+    if (size.find('M') != std::string::npos) bytes <<= 20;
+    // "0-1,4-5": count the CPUs sharing it.
+    size_t sharing = 0;
+    for (size_t at = 0; at < shared.size();) {
+      size_t end = shared.find(',', at);
+      std::string part = shared.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      size_t dash = part.find('-');
+      sharing += dash == std::string::npos ? 1
+                                           : std::strtoull(part.c_str() + dash + 1, nullptr, 10) -
+                                                 std::strtoull(part.c_str(), nullptr, 10) + 1;
+      at = end == std::string::npos ? shared.size() : end + 1;
+    }
+    if (std::atoi(level.c_str()) > bestLevel && bytes > 0) {
+      bestLevel = std::atoi(level.c_str());
+      best = bytes / std::max<size_t>(sharing, 1);
+    }
+  }
+  return best;
+}
+
+/// Ranks that outnumber the cores (threads): each iteration is an in-cache loop of `elements`
+/// then a 4-byte all-reduce. Reports the loop's time alone on one thread (best) and an
+/// iteration's (median); without a cost of synchronizing, the iteration would take the loop's
+/// time times ranks / cores.
+struct OversubscribedTime {
+  int ranks = 0;
+  double workSeconds = 0, iterationSeconds = 0;
+};
+
+inline double streamLoopSeconds(std::vector<float>& a, const std::vector<float>& b, float s) {
+  Clock::time_point start = Clock::now();
+  float* __restrict out = a.data();
+  const float* __restrict x = b.data();
+  for (size_t i = 0; i < a.size(); ++i)
+    out[i] = x[i] + s * out[i];
+  return secondsSince(start);
+}
+
+inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int ranks,
+                                             int iterations) {
+  const size_t elements = 262144; // 2 MiB per rank: tens of microseconds, as an op group
+  OversubscribedTime result;
+  result.ranks = ranks;
+  {
+    std::vector<float> a(elements, 1.0f), b(elements, 2.0f);
+    double best = 1e30;
+    for (int r = 0; r < 3 * iterations; ++r)
+      best = std::min(best, streamLoopSeconds(a, b, 1e-6f));
+    result.workSeconds = best;
+  }
+  launch(Mesh({{"x", ranks}}), options, [&](Communicator& comm) {
+    std::vector<float> a(elements, 1.0f), b(elements, 2.0f);
+    float value = 1;
+    std::vector<double> samples;
+    comm.barrier();
+    // Rank 0's time from one all-reduce's return to the next: the all-reduce holds every rank,
+    // so that is the world's iteration, without one collective more to measure it.
+    Clock::time_point start = Clock::now();
+    for (int r = 0; r <= iterations; ++r) {
+      streamLoopSeconds(a, b, 1e-6f);
+      comm.allReduce(&value, 1, ReduceOp::Sum);
+      Clock::time_point now = Clock::now();
+      if (r > 0) samples.push_back(std::chrono::duration<double>(now - start).count());
+      start = now; // r = 0: first touches
+    }
+    if (comm.rank() != 0) return;
+    std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+    result.iterationSeconds = samples[samples.size() / 2];
+  });
+  return result;
+}
+
+/// Best rate (bytes read and written per second) of a fused loop like the generated optimizer
+/// update (AdamW: reads param, gradient and two moments, writes three; a square root and a
+/// division per element) over arrays that together fill `workingSetBytes`: what the generated
+/// code's fused loops reach on data that stays in the cache.
+inline double cachedLoopBytesPerSecond(size_t workingSetBytes, int repetitions) {
+  size_t elements = std::max<size_t>(workingSetBytes / (4 * sizeof(float)), 1024);
+  std::vector<float> p(elements, 1.0f), g(elements, 0.1f), m(elements, 0.0f), v(elements, 0.0f);
+  float lr = 1e-3f;
+  double best = 1e30;
+  for (int r = 0; r <= repetitions; ++r) {
+    Clock::time_point start = Clock::now();
+    float* __restrict param = p.data();
+    const float* __restrict grad = g.data();
+    float* __restrict m1 = m.data();
+    float* __restrict m2 = v.data();
+    for (size_t i = 0; i < elements; ++i) {
+      float first = 0.9f * m1[i] + 0.1f * grad[i];
+      float second = 0.999f * m2[i] + 0.001f * grad[i] * grad[i];
+      m1[i] = first;
+      m2[i] = second;
+      param[i] -= lr * (first / (std::sqrt(second) + 1e-8f) + 0.01f * param[i]);
+    }
+    if (r > 0) best = std::min(best, secondsSince(start)); // r = 0 brings the arrays in
+    lr *= 1.0000001f;                                      // keeps the loops from folding
+  }
+  return 7.0 * sizeof(float) * double(elements) / best;
 }
 
 struct CollectiveTime {
@@ -156,6 +288,17 @@ inline int probeMain(int argc, char** argv) {
     }
     double stream =
         streamBytesPerSecond(quick ? (size_t(8) << 20) : (size_t(32) << 20), repetitions);
+    // In cache: an update-like fused loop over half the per-core share, many repetitions.
+    size_t cacheBytes = cacheBytesPerCore();
+    double cacheStream =
+        cacheBytes ? cachedLoopBytesPerSecond(cacheBytes / 2, quick ? 20 : 100) : 0;
+    std::string gemmSmall;
+    for (int64_t size : {16, 32, 64, 128}) {
+      double seconds = gemmSeconds(size, quick ? 20 : 100);
+      gemmSmall += (gemmSmall.empty() ? "" : ", ") + std::string("{\"m\": ") +
+                   std::to_string(size) + ", \"n\": " + std::to_string(size) +
+                   ", \"k\": " + std::to_string(size) + ", \"seconds\": " + number(seconds) + "}";
+    }
     std::string collectives;
     for (const CollectiveTime& time : times)
       collectives += (collectives.empty() ? "" : ", ") + std::string("{\"kind\": \"") + time.kind +
@@ -166,10 +309,20 @@ inline int probeMain(int argc, char** argv) {
              "\", \"ranks\": " + std::to_string(ranks) +
              ", \"cores\": " + std::to_string(std::thread::hardware_concurrency()) +
              ", \"memory_bytes\": " + number(double(pages) * double(pageSize)) + ", \"gemm\": [" +
-             gemm + "], \"stream_bytes_per_s\": " + number(stream) + ", \"collectives\": [" +
-             collectives + "]}\n";
+             gemm + "], \"stream_bytes_per_s\": " + number(stream) +
+             ", \"cache_bytes\": " + std::to_string(cacheBytes) +
+             ", \"cache_stream_bytes_per_s\": " + number(cacheStream) + ", \"gemm_small\": [" +
+             gemmSmall + "], \"collectives\": [" + collectives + "]";
   });
-  if (first) std::fputs(report.c_str(), stdout);
+  // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
+  if (first && options.backend == Backend::Threads) {
+    int cores = std::max(1, int(std::thread::hardware_concurrency()));
+    OversubscribedTime over = oversubscribedTime(options, 2 * cores, quick ? 100 : 1000);
+    report += ", \"oversubscribed\": {\"ranks\": " + std::to_string(over.ranks) +
+              ", \"work_seconds\": " + number(over.workSeconds) +
+              ", \"iteration_seconds\": " + number(over.iterationSeconds) + "}";
+  }
+  if (first) std::fputs((report + "}\n").c_str(), stdout);
   return 0;
 }
 
