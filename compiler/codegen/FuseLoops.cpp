@@ -111,6 +111,7 @@ private:
   }
 
   bool tryFuse(size_t p, size_t c, BufferId x) {
+    if (fn.body[p].perMicrobatch != fn.body[c].perMicrobatch) return false; // the loop's bounds
     const Loop& producer = std::get<Loop>(fn.body[p].node);
     const Loop& consumer = std::get<Loop>(fn.body[c].node);
     const Store* store = nullptr;

@@ -140,6 +140,12 @@ llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
+llvm::cl::opt<std::string> microbatches(
+    "microbatches",
+    llvm::cl::desc("Train blocks run K microbatches of DIM per step, accumulating gradients "
+                   "before one update (K divides DIM's extent per device), e.g. batch=4"),
+    llvm::cl::value_desc("DIM=K"), llvm::cl::cat(meshcCategory));
+
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
 llvm::cl::opt<std::string> injectFault(
     "inject-fault",
@@ -173,14 +179,15 @@ PipelineOptions pipelineOptions() {
   options.dumpOutputsFile = dumpOutputs;
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
+  options.microbatches = microbatches;
   return options;
 }
 
 /// Plans every selected function and prints the stage asked for (a report, the kernel IR or the
 /// generated code). Returns the exit status.
 int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
-                 llvm::raw_ostream& os) {
-  std::optional<PlannedModule> planned = planModule(module, options, diag);
+                 llvm::raw_ostream& os, const char* argv0) {
+  std::optional<PlannedModule> planned = planModule(module, options, diag, argv0);
   if (!planned) return kExitInputError;
   std::vector<std::string> disabled(disabledPasses.begin(), disabledPasses.end());
   if (emitStage == Emit::Cpp || emitStage == Emit::Cuda)
@@ -189,7 +196,8 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
         GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda, cudaMath, disabled}, os);
   if (emitStage == Emit::Kernels) {
     llvm::Expected<kir::KernelModule> kernels =
-        kir::lowerModule(module, planned->plans, kir::LowerOptions{disabled});
+        kir::lowerModule(planned->codeModuleOr(module), planned->plans,
+                         kir::LowerOptions{disabled});
     if (!kernels) {
       llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(kernels.takeError()) << "\n";
       return kExitInputError;
@@ -319,7 +327,7 @@ int runMeshc(int argc, char** argv) {
   else if (emitStage == Emit::Dtypes)
     printToleranceDtypes(*module, options, os);
   else if (planning())
-    if (int status = planAndPrint(*module, options, diag, os); status != kExitOk) return status;
+    if (int status = planAndPrint(*module, options, diag, os, argv[0]); status != kExitOk) return status;
 
   // --emit=cpp with -o wrote its own files.
   if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")

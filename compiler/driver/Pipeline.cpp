@@ -4,6 +4,7 @@
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
 #include "driver/Driver.h"
+#include "driver/Microbatches.h"
 #include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
@@ -188,7 +189,8 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 } // namespace
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
-                                        DiagEngine& diag) {
+                                        DiagEngine& diag, const char* argv0) {
+  if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);
   plan::PlannerOptions options;
   options.machine = given.machine;
   if (!given.memoryBudget.empty() && !parseByteSize(given.memoryBudget, options.memoryBudgetBytes))
@@ -217,8 +219,9 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   return PlannedModule{std::move(*machine), std::move(*plans)};
 }
 
-int writeGeneratedCode(const ir::Module& module, const PlannedModule& planned,
+int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,
                        const GenerateOptions& given, llvm::raw_ostream& os) {
+  const ir::Module& module = planned.codeModuleOr(loaded);
   const std::vector<plan::PlannedFunction>& plans = planned.plans;
   codegen::CppOptions options;
   std::string base = given.base == "-" ? std::string("generated") : given.base;

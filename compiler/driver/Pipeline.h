@@ -32,6 +32,9 @@ struct PipelineOptions {
   std::vector<std::string> functions; // only these programs and train blocks (empty: all)
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
+  /// "DIM=K": every selected train block runs K microbatches of DIM per step and accumulates
+  /// their gradients before one update (planModule; docs/training.md); "": none.
+  std::string microbatches;
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;           // > 0: train blocks take this many steps
@@ -53,13 +56,20 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
 /// `verify`, the IR verifier after it.
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
 
-/// 3. Every selected function planned for the machine.
+/// 3. Every selected function planned for the machine. With --microbatches, the train blocks
+/// are loaded again (`argv0` as for loadModule) with the dim at its microbatch size, trained and
+/// planned so; `codeModule` is then the module the code is generated from (those train blocks,
+/// the other functions as loaded), while the interpreter keeps running the loaded one.
 struct PlannedModule {
   plan::Machine machine;
   std::vector<plan::PlannedFunction> plans;
+  std::optional<ir::Module> codeModule;
+  const ir::Module& codeModuleOr(const ir::Module& loaded) const {
+    return codeModule ? *codeModule : loaded;
+  }
 };
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& options,
-                                        DiagEngine& diag);
+                                        DiagEngine& diag, const char* argv0 = nullptr);
 
 /// 4. The generated code: <base>.h and <base>.cpp or .cu (with the runner, <base>.main.cpp or
 /// .main.cu), each written only when all were generated; base "-": to `os`, one after another.

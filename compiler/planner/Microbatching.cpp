@@ -1,0 +1,180 @@
+// Microbatching's schedule of a planned train step (Microbatching.h).
+#include "planner/Microbatching.h"
+
+#include "planner/PlanReport.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+#include <algorithm>
+#include <set>
+
+namespace meshc::plan {
+namespace {
+
+llvm::Error refuse(const SpmdFunction& fn, const std::string& why) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(), "%s",
+      fmt::format("cannot microbatch train block '{}': {}", fn.name, why).c_str());
+}
+
+bool isGradientName(const std::string& name) {
+  return name.rfind("grad/", 0) == 0;
+}
+
+bool drawsRandom(const SpmdOp& op) {
+  return op.kind == SpmdOp::Kind::Compute &&
+         (op.computeKind == ir::OpKind::RandomNormal ||
+          op.computeKind == ir::OpKind::RandomUniform ||
+          op.computeKind == ir::OpKind::RandomInt || op.computeKind == ir::OpKind::Dropout);
+}
+
+std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
+  return op.results.empty() ? std::vector<SpmdValueId>{op.result} : op.results;
+}
+
+} // namespace
+
+llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
+                                                        const std::string& dim) {
+  size_t ops = fn.ops.size(), values = fn.values.size();
+  constexpr size_t kNone = ~size_t(0);
+  std::vector<size_t> producer(values, kNone);
+  for (size_t i = 0; i < ops; ++i)
+    for (SpmdValueId id : resultsOf(fn.ops[i]))
+      producer[id] = i;
+
+  // Gradients: the values autodiff named, and what collectives make of them.
+  std::vector<bool> gradient(values, false);
+  for (SpmdValueId id = 0; id < values; ++id)
+    gradient[id] = isGradientName(fn.values[id].name);
+  for (const SpmdOp& op : fn.ops)
+    if (op.kind == SpmdOp::Kind::Collective &&
+        llvm::any_of(op.operands, [&](SpmdValueId id) { return gradient[id]; }))
+      for (SpmdValueId id : resultsOf(op))
+        gradient[id] = true;
+
+  // The loop: every op the outputs and the gradients need (the forward and backward passes).
+  MicrobatchSchedule schedule;
+  schedule.perMicrobatch.assign(ops, false);
+  schedule.afterLoop.assign(ops, false);
+  std::vector<SpmdValueId> work;
+  for (const auto& output : fn.outputs)
+    work.push_back(output.second);
+  for (SpmdValueId id = 0; id < values; ++id)
+    if (isGradientName(fn.values[id].name)) work.push_back(id);
+  while (!work.empty()) {
+    size_t index = producer[work.back()];
+    work.pop_back();
+    if (index == kNone || schedule.perMicrobatch[index]) continue;
+    schedule.perMicrobatch[index] = true;
+    for (SpmdValueId operand : fn.ops[index].operands)
+      work.push_back(operand);
+  }
+
+  // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
+  std::vector<bool> fromBatch(values, false);
+  for (SpmdValueId id : fn.inputs)
+    fromBatch[id] = true;
+  for (const SpmdOp& op : fn.ops) {
+    bool depends = drawsRandom(op) ||
+                   llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
+    for (SpmdValueId id : resultsOf(op))
+      fromBatch[id] = fromBatch[id] || depends;
+  }
+
+  // Values of the loop read after it: by an op of the update, an update or the caller.
+  std::vector<bool> readInLoop(values, false), readAfter(values, false);
+  for (size_t i = 0; i < ops; ++i)
+    for (SpmdValueId operand : fn.ops[i].operands)
+      (schedule.perMicrobatch[i] ? readInLoop : readAfter)[operand] = true;
+  for (const auto& [param, id] : fn.updates) {
+    if (producer[id] != kNone && schedule.perMicrobatch[producer[id]])
+      return refuse(fn, fmt::format("the next value of '{}' is computed from the batch (a step "
+                                    "state cannot be split into microbatches)",
+                                    fn.values[fn.params[param]].name));
+  }
+  std::set<SpmdValueId> outputs;
+  for (const auto& [name, id] : fn.outputs) {
+    if (fn.values[id].localType.hasDim(dim))
+      return refuse(fn, fmt::format("its output '{}' has the dim '{}' (outputs are averaged over "
+                                    "the microbatches)",
+                                    name, dim));
+    if (fn.values[id].localType.dtype == ir::DType::I32)
+      return refuse(fn, fmt::format("its output '{}' is an integer (outputs are averaged over the "
+                                    "microbatches)",
+                                    name));
+    outputs.insert(id);
+    readAfter[id] = true;
+  }
+  std::set<SpmdValueId> accumulated;
+  for (SpmdValueId id = 0; id < values; ++id) {
+    if (!readAfter[id] || !fromBatch[id]) continue; // a batch-independent value is the same
+    bool inLoop = producer[id] != kNone && schedule.perMicrobatch[producer[id]];
+    if (producer[id] != kNone && !inLoop) continue; // computed by the update itself
+    if (!inLoop || (!gradient[id] && !outputs.count(id)))
+      return refuse(fn, fmt::format("the update reads '{}', which is computed from the batch "
+                                    "and is no gradient",
+                                    fn.values[id].name.empty() ? fmt::format("%{}", id)
+                                                               : fn.values[id].name));
+    accumulated.insert(id);
+  }
+  schedule.accumulated.assign(accumulated.begin(), accumulated.end());
+
+  // Sums over ranks of values only read after the loop: summed once, after it.
+  for (size_t i = 0; i < ops; ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (!schedule.perMicrobatch[i] || op.kind != SpmdOp::Kind::Collective ||
+        (op.collective.kind != CollectiveKind::AllReduceSum &&
+         op.collective.kind != CollectiveKind::BucketedAllReduceSum))
+      continue;
+    std::vector<SpmdValueId> results = resultsOf(op);
+    schedule.afterLoop[i] = llvm::all_of(
+        results, [&](SpmdValueId id) { return !readInLoop[id] && accumulated.count(id); });
+  }
+  return schedule;
+}
+
+llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count) {
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn, dim);
+  if (!schedule) return schedule.takeError();
+  fn.microbatching = Microbatching{dim, count, 0};
+  for (SpmdValueId id : schedule->accumulated) // held as f32
+    fn.microbatching.accumulatorBytes += double(fn.values[id].localType.numElements()) * 4;
+  fn.memory.gradientBytes += fn.microbatching.accumulatorBytes;
+  return llvm::Error::success();
+}
+
+MicrobatchCollectives countCollectives(const SpmdFunction& fn,
+                                       const MicrobatchSchedule& schedule) {
+  MicrobatchCollectives count;
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (op.kind != SpmdOp::Kind::Collective || op.collective.kind == CollectiveKind::LocalSlice ||
+        op.collective.axes.empty())
+      continue;
+    if (schedule.perMicrobatch[i] && !schedule.afterLoop[i])
+      ++count.perMicrobatch;
+    else
+      ++count.once;
+  }
+  return count;
+}
+
+std::string microbatchingSummary(const SpmdFunction& fn) {
+  const Microbatching& m = fn.microbatching;
+  if (m.count <= 1) return "";
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn, m.dim);
+  if (!schedule) {
+    llvm::consumeError(schedule.takeError());
+    return "";
+  }
+  MicrobatchCollectives collectives = countCollectives(fn, *schedule);
+  return fmt::format("{} microbatches along {} per step: activations above are one "
+                     "microbatch's; gradient accumulators {} (in gradients); collectives per "
+                     "step {} x {} in the loop + {} once",
+                     m.count, m.dim, bytesString(m.accumulatorBytes), collectives.perMicrobatch,
+                     m.count, collectives.once);
+}
+
+} // namespace meshc::plan
