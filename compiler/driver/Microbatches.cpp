@@ -67,6 +67,12 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
       return fail(fmt::format("{}={}: no input of train block '{}' has the dim '{}'", dim, count,
                               fn.name, dim)),
              std::nullopt;
+    for (const ir::ParamInfo& param : fn.params)
+      if (fn.kind == ir::Function::Kind::Train && param.type.hasDim(dim))
+        return fail(fmt::format("{}={}: param '{}' of train block '{}' has the dim '{}' (a "
+                                "microbatch would hold a part of it)",
+                                dim, count, param.path, fn.name, dim)),
+               std::nullopt;
   }
   if (trainBlocks.empty()) return fail("applies to train blocks, and none is selected"), std::nullopt;
   if (!checkExtent(module, dim, count)) return std::nullopt;
