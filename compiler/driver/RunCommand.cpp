@@ -101,6 +101,9 @@ cl::opt<std::string> runMicrobatches(
     cl::desc("Train blocks run K microbatches of DIM per step, accumulating gradients before one "
              "update (checked against the interpreter's whole batch), e.g. batch=4"),
     cl::value_desc("DIM=K"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<BatchMode> runBatch("batch", cl::desc("With --steps N: what the train blocks train on"),
+                            batchModeValues(), cl::init(BatchMode::Fresh), cl::sub(runSubcommand),
+                            cl::cat(runCategory));
 cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
                           cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runCxx("cxx",
@@ -164,6 +167,7 @@ PipelineOptions pipelineOptions() {
   options.seed = runSeed;
   options.steps = runSteps;
   options.microbatches = runMicrobatches;
+  options.batch = runBatch;
   return options;
 }
 
@@ -411,6 +415,7 @@ int runCommand(const char* argv0) {
   std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
   if (runData.getNumOccurrences()) run.push_back(dataPath);
   if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
+  if (runSteps > 0 && runBatch == BatchMode::Fixed) run.push_back("--fixed-batch");
   // --profile traces into the work directory unless --trace names the file.
   std::string tracePath;
   if (runTrace.getNumOccurrences()) {
