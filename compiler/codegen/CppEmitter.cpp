@@ -239,8 +239,7 @@ llvm::Error FunctionEmitter::emit() {
                           kernels.microbatches.count, kernels.microbatches.dim,
                           kernels.microbatches.count);
     body += fmt::format("runPart{}(inputs);\n", k);
-    if (partPerMicrobatch[k] && (k + 1 == parts.size() || !partPerMicrobatch[k + 1]))
-      body += "}\n";
+    if (partPerMicrobatch[k] && (k + 1 == parts.size() || !partPerMicrobatch[k + 1])) body += "}\n";
   }
   // What run() itself reads after the parts: the outputs and the updates' new values.
   std::vector<kir::BufferId> results = kernels.outputs;

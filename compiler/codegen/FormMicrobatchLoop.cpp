@@ -113,14 +113,14 @@ llvm::Error formMicrobatchLoop(KernelFunction& fn, const plan::SpmdFunction& spm
     for (size_t k = 0; k < loop.size(); ++k)
       if (llvm::is_contained(writesOf(loop[k]), from)) last = k;
     if (last == loop.size()) return internal(spmd, what + " is not computed in the loop");
-    Stmt add = pointwise(
-        type, {acc, from},
-        {Scalar{.kind = Scalar::Kind::Load, .read = 0},
-         Scalar{.kind = Scalar::Kind::Load, .read = 1, .dtype = buffer.dtype},
-         Scalar{.kind = Scalar::Kind::Const, .value = share},
-         Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {1, 2}},
-         Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 3}}},
-        acc);
+    Stmt add =
+        pointwise(type, {acc, from},
+                  {Scalar{.kind = Scalar::Kind::Load, .read = 0},
+                   Scalar{.kind = Scalar::Kind::Load, .read = 1, .dtype = buffer.dtype},
+                   Scalar{.kind = Scalar::Kind::Const, .value = share},
+                   Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {1, 2}},
+                   Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 3}}},
+                  acc);
     add.sources = {fmt::format("accumulate {} / {}", what, m.count)};
     add.phase = phase;
     add.perMicrobatch = true;
@@ -157,8 +157,8 @@ llvm::Error formMicrobatchLoop(KernelFunction& fn, const plan::SpmdFunction& spm
                                     Arg{.kind = Arg::Kind::Int, .value = double(m.count)}},
                            .out = slice,
                            .reads = {input}},
-              .sources = {fmt::format("microbatch of input {} along {}", fn.buffers[size_t(input)].what,
-                                      m.dim)},
+              .sources = {fmt::format("microbatch of input {} along {}",
+                                      fn.buffers[size_t(input)].what, m.dim)},
               .perMicrobatch = true};
     slices.push_back(std::move(copy));
   }

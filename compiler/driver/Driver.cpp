@@ -202,9 +202,8 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
         module, *planned,
         GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda, cudaMath, disabled}, os);
   if (emitStage == Emit::Kernels) {
-    llvm::Expected<kir::KernelModule> kernels =
-        kir::lowerModule(planned->codeModuleOr(module), planned->plans,
-                         kir::LowerOptions{disabled});
+    llvm::Expected<kir::KernelModule> kernels = kir::lowerModule(
+        planned->codeModuleOr(module), planned->plans, kir::LowerOptions{disabled});
     if (!kernels) {
       llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(kernels.takeError()) << "\n";
       return kExitInputError;
@@ -334,7 +333,8 @@ int runMeshc(int argc, char** argv) {
   else if (emitStage == Emit::Dtypes)
     printToleranceDtypes(*module, options, os);
   else if (planning())
-    if (int status = planAndPrint(*module, options, diag, os, argv[0]); status != kExitOk) return status;
+    if (int status = planAndPrint(*module, options, diag, os, argv[0]); status != kExitOk)
+      return status;
 
   // --emit=cpp with -o wrote its own files.
   if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")

@@ -74,7 +74,8 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
                                 dim, count, param.path, fn.name, dim)),
                std::nullopt;
   }
-  if (trainBlocks.empty()) return fail("applies to train blocks, and none is selected"), std::nullopt;
+  if (trainBlocks.empty())
+    return fail("applies to train blocks, and none is selected"), std::nullopt;
   if (!checkExtent(module, dim, count)) return std::nullopt;
 
   PipelineOptions plain = options;

@@ -25,8 +25,8 @@ bool isGradientName(const std::string& name) {
 bool drawsRandom(const SpmdOp& op) {
   return op.kind == SpmdOp::Kind::Compute &&
          (op.computeKind == ir::OpKind::RandomNormal ||
-          op.computeKind == ir::OpKind::RandomUniform ||
-          op.computeKind == ir::OpKind::RandomInt || op.computeKind == ir::OpKind::Dropout);
+          op.computeKind == ir::OpKind::RandomUniform || op.computeKind == ir::OpKind::RandomInt ||
+          op.computeKind == ir::OpKind::Dropout);
 }
 
 std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
@@ -77,8 +77,8 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
   for (SpmdValueId id : fn.inputs)
     fromBatch[id] = true;
   for (const SpmdOp& op : fn.ops) {
-    bool depends = drawsRandom(op) ||
-                   llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
+    bool depends =
+        drawsRandom(op) || llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
     for (SpmdValueId id : resultsOf(op))
       fromBatch[id] = fromBatch[id] || depends;
   }
@@ -145,8 +145,7 @@ llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t
   return llvm::Error::success();
 }
 
-MicrobatchCollectives countCollectives(const SpmdFunction& fn,
-                                       const MicrobatchSchedule& schedule) {
+MicrobatchCollectives countCollectives(const SpmdFunction& fn, const MicrobatchSchedule& schedule) {
   MicrobatchCollectives count;
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const SpmdOp& op = fn.ops[i];
