@@ -38,11 +38,11 @@ std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
 llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
                                                         const std::string& dim) {
   size_t ops = fn.ops.size(), values = fn.values.size();
-  constexpr size_t kNone = ~size_t(0);
-  std::vector<size_t> producer(values, kNone);
+  // Every op that writes a value: in-place ops (a lane op's collectives) write their operand.
+  std::vector<std::vector<size_t>> producers(values);
   for (size_t i = 0; i < ops; ++i)
     for (SpmdValueId id : resultsOf(fn.ops[i]))
-      producer[id] = i;
+      producers[id].push_back(i);
 
   // Gradients: the values autodiff named, and what collectives make of them.
   std::vector<bool> gradient(values, false);
@@ -64,13 +64,18 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
   for (SpmdValueId id = 0; id < values; ++id)
     if (isGradientName(fn.values[id].name)) work.push_back(id);
   while (!work.empty()) {
-    size_t index = producer[work.back()];
+    SpmdValueId value = work.back();
     work.pop_back();
-    if (index == kNone || schedule.perMicrobatch[index]) continue;
-    schedule.perMicrobatch[index] = true;
-    for (SpmdValueId operand : fn.ops[index].operands)
-      work.push_back(operand);
+    for (size_t index : producers[value]) {
+      if (schedule.perMicrobatch[index]) continue;
+      schedule.perMicrobatch[index] = true;
+      for (SpmdValueId operand : fn.ops[index].operands)
+        work.push_back(operand);
+    }
   }
+  auto computedInLoop = [&](SpmdValueId id) {
+    return llvm::any_of(producers[id], [&](size_t i) { return schedule.perMicrobatch[i]; });
+  };
 
   // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
   std::vector<bool> fromBatch(values, false);
@@ -89,7 +94,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
     for (SpmdValueId operand : fn.ops[i].operands)
       (schedule.perMicrobatch[i] ? readInLoop : readAfter)[operand] = true;
   for (const auto& [param, id] : fn.updates) {
-    if (producer[id] != kNone && schedule.perMicrobatch[producer[id]])
+    if (computedInLoop(id))
       return refuse(fn, fmt::format("the next value of '{}' is computed from the batch (a step "
                                     "state cannot be split into microbatches)",
                                     fn.values[fn.params[param]].name));
@@ -110,8 +115,8 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
   std::set<SpmdValueId> accumulated;
   for (SpmdValueId id = 0; id < values; ++id) {
     if (!readAfter[id] || !fromBatch[id]) continue; // a batch-independent value is the same
-    bool inLoop = producer[id] != kNone && schedule.perMicrobatch[producer[id]];
-    if (producer[id] != kNone && !inLoop) continue; // computed by the update itself
+    bool inLoop = computedInLoop(id);
+    if (!producers[id].empty() && !inLoop) continue; // computed by the update itself
     if (!inLoop || (!gradient[id] && !outputs.count(id)))
       return refuse(fn, fmt::format("the update reads '{}', which is computed from the batch "
                                     "and is no gradient",
