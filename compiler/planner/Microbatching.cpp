@@ -1,6 +1,7 @@
 // Microbatching's schedule of a planned train step (Microbatching.h).
 #include "planner/Microbatching.h"
 
+#include "ir/OpTraits.h"
 #include "planner/PlanReport.h"
 
 #include <fmt/format.h>
@@ -44,15 +45,43 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
     for (SpmdValueId id : resultsOf(fn.ops[i]))
       producers[id].push_back(i);
 
-  // Gradients: the values autodiff named, and what collectives make of them.
+  // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
+  std::vector<bool> fromBatch(values, false);
+  for (SpmdValueId id : fn.inputs)
+    fromBatch[id] = true;
+  for (const SpmdOp& op : fn.ops) {
+    bool depends =
+        drawsRandom(op) || llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
+    for (SpmdValueId id : resultsOf(op))
+      fromBatch[id] = fromBatch[id] || depends;
+  }
+
+  // Gradients: the values autodiff named, what collectives make of them, and what is linear in
+  // them with batch-independent factors (the planner may resolve `lr * grad` instead of `grad`,
+  // or the sum of a shared weight's contributions): the mean over microbatches commutes with it.
   std::vector<bool> gradient(values, false);
   for (SpmdValueId id = 0; id < values; ++id)
     gradient[id] = isGradientName(fn.values[id].name);
-  for (const SpmdOp& op : fn.ops)
-    if (op.kind == SpmdOp::Kind::Collective &&
-        llvm::any_of(op.operands, [&](SpmdValueId id) { return gradient[id]; }))
+  for (const SpmdOp& op : fn.ops) {
+    bool linear = false;
+    if (op.kind == SpmdOp::Kind::Collective) {
+      linear = llvm::any_of(op.operands, [&](SpmdValueId id) { return gradient[id]; });
+    } else {
+      // One batch-dependent operand, a gradient the op is linear in; or a sum of gradients.
+      const ir::OpTraits& traits = ir::opTraits(op.computeKind);
+      bool sum = op.computeKind == ir::OpKind::Add || op.computeKind == ir::OpKind::Sub;
+      size_t dependent = 0, linearGradients = 0;
+      for (size_t k = 0; k < op.operands.size(); ++k) {
+        if (!fromBatch[op.operands[k]]) continue;
+        ++dependent;
+        linearGradients += gradient[op.operands[k]] && traits.isLinearIn(k);
+      }
+      linear = linearGradients > 0 && linearGradients == dependent && (dependent == 1 || sum);
+    }
+    if (linear)
       for (SpmdValueId id : resultsOf(op))
         gradient[id] = true;
+  }
 
   // The loop: every op the outputs and the gradients need (the forward and backward passes).
   MicrobatchSchedule schedule;
@@ -73,20 +102,34 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
         work.push_back(operand);
     }
   }
+  // What the update needs (outside the loop's own ops). What nothing needs (a forward value no
+  // loss reads, a step count no schedule reads) runs in the loop, unless it reads the update's
+  // values; dead-code elimination drops it either way.
+  std::vector<bool> update(ops, false);
+  for (const auto& [param, id] : fn.updates)
+    work.push_back(id);
+  while (!work.empty()) {
+    SpmdValueId value = work.back();
+    work.pop_back();
+    for (size_t index : producers[value]) {
+      if (schedule.perMicrobatch[index] || update[index]) continue;
+      update[index] = true;
+      for (SpmdValueId operand : fn.ops[index].operands)
+        work.push_back(operand);
+    }
+  }
+  std::vector<bool> afterLoop(values, false); // written by an op of the update
+  for (size_t i = 0; i < ops; ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (!update[i] && llvm::none_of(op.operands, [&](SpmdValueId id) { return afterLoop[id]; }))
+      schedule.perMicrobatch[i] = true;
+    if (!schedule.perMicrobatch[i])
+      for (SpmdValueId id : resultsOf(op))
+        afterLoop[id] = true;
+  }
   auto computedInLoop = [&](SpmdValueId id) {
     return llvm::any_of(producers[id], [&](size_t i) { return schedule.perMicrobatch[i]; });
   };
-
-  // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
-  std::vector<bool> fromBatch(values, false);
-  for (SpmdValueId id : fn.inputs)
-    fromBatch[id] = true;
-  for (const SpmdOp& op : fn.ops) {
-    bool depends =
-        drawsRandom(op) || llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
-    for (SpmdValueId id : resultsOf(op))
-      fromBatch[id] = fromBatch[id] || depends;
-  }
 
   // Values of the loop read after it: by an op of the update, an update or the caller.
   std::vector<bool> readInLoop(values, false), readAfter(values, false);
