@@ -54,7 +54,7 @@ llvm::Error formMicrobatchLoop(KernelFunction& fn, const plan::SpmdFunction& spm
                                const std::vector<size_t>& opOf,
                                const std::vector<BufferId>& bufferOf) {
   const plan::Microbatching& m = spmd.microbatching;
-  llvm::Expected<plan::MicrobatchSchedule> schedule = plan::scheduleMicrobatches(spmd, m.dim);
+  llvm::Expected<plan::MicrobatchSchedule> schedule = plan::scheduleMicrobatches(spmd);
   if (!schedule) return schedule.takeError();
   if (opOf.size() != fn.body.size()) return internal(spmd, "statements without their op");
 

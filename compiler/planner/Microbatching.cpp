@@ -36,8 +36,7 @@ std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
 
 } // namespace
 
-llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
-                                                        const std::string& dim) {
+llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) {
   size_t ops = fn.ops.size(), values = fn.values.size();
   // Every op that writes a value: in-place ops (a lane op's collectives) write their operand.
   std::vector<std::vector<size_t>> producers(values);
@@ -143,17 +142,10 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
                                     fn.values[fn.params[param]].name));
   }
   std::set<SpmdValueId> outputs;
-  for (const auto& [name, id] : fn.outputs) {
-    if (fn.values[id].localType.hasDim(dim))
-      return refuse(fn, fmt::format("its output '{}' has the dim '{}' (outputs are averaged over "
-                                    "the microbatches)",
-                                    name, dim));
-    if (fn.values[id].localType.dtype == ir::DType::I32)
-      return refuse(fn, fmt::format("its output '{}' is an integer (outputs are averaged over the "
-                                    "microbatches)",
-                                    name));
-    outputs.insert(id);
-    readAfter[id] = true;
+  // The loss and the metrics: f32 scalars (sema's rule), averaged over the microbatches.
+  for (const auto& output : fn.outputs) {
+    outputs.insert(output.second);
+    readAfter[output.second] = true;
   }
   std::set<SpmdValueId> accumulated;
   for (SpmdValueId id = 0; id < values; ++id) {
@@ -184,7 +176,7 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
 }
 
 llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count) {
-  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn, dim);
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn);
   if (!schedule) return schedule.takeError();
   fn.microbatching = Microbatching{dim, count, 0};
   for (SpmdValueId id : schedule->accumulated) // held as f32
@@ -211,7 +203,7 @@ MicrobatchCollectives countCollectives(const SpmdFunction& fn, const MicrobatchS
 std::string microbatchingSummary(const SpmdFunction& fn) {
   const Microbatching& m = fn.microbatching;
   if (m.count <= 1) return "";
-  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn, m.dim);
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn);
   if (!schedule) {
     llvm::consumeError(schedule.takeError());
     return "";

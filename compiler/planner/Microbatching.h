@@ -26,11 +26,11 @@ struct MicrobatchSchedule {
   std::vector<SpmdValueId> accumulated;
 };
 
-/// The schedule of `fn`, planned for one microbatch along `dim`. An error says what cannot be
-/// microbatched: a step state (its next value is computed from the batch), an output with the
-/// dim `dim`, or a value computed from the batch that the update reads and that is no gradient.
-llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn,
-                                                        const std::string& dim);
+/// The schedule of `fn`, planned for one microbatch. An error says what cannot be
+/// microbatched: a value computed from the batch that the update reads and that is neither a
+/// gradient (or linear in gradients), the loss nor a metric, or a step state's next value
+/// computed in the loop.
+llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn);
 
 /// Records that `fn` (planned for one microbatch of `dim`) runs `count` times per step, and adds
 /// its accumulators to the memory estimate (as gradients). Fails as scheduleMicrobatches does.
