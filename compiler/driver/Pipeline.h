@@ -37,9 +37,12 @@ struct PipelineOptions {
   std::vector<std::string> functions; // only these programs and train blocks (empty: all)
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
-  /// "DIM=K": every selected train block runs K microbatches of DIM per step and accumulates
-  /// their gradients before one update (planModule; docs/training.md); "": none.
+  /// "DIM=K": without pipeline stages, every selected train block runs K microbatches of DIM per
+  /// step and accumulates their gradients before one update (planModule, Microbatches.h;
+  /// docs/training.md); with stages, the pipeline's microbatches (PlanPipeline.h; "DIM=auto"
+  /// searches K). "": one microbatch.
   std::string microbatches;
+  std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps
@@ -55,6 +58,10 @@ llvm::cl::ValuesClass batchModeValues();
 /// What a train block's --steps train on, said before the first step; `givenInputs`: some of its
 /// inputs come from a data file.
 std::string batchModeLine(const PipelineOptions& options, bool givenInputs);
+
+/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary); an
+/// option error for anything else (false).
+bool parseByteSize(llvm::StringRef text, double& bytes);
 
 /// `meshc: error: <message>` for a bad option value; returns false.
 bool optionError(const std::string& message);
