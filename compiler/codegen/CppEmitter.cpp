@@ -4,6 +4,7 @@
 // runner main when asked, and formats everything with clang-format. What each op computes on
 // local shards is LowerToKernels.cpp's.
 #include "codegen/CppEmitter.h"
+#include "codegen/FormMicrobatchLoop.h"
 #include "codegen/KernelPrinter.h"
 #include "codegen/Lower.h"
 #include "codegen/Target.h"
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
+#include <deque>
 #include <set>
 
 namespace meshc::codegen {
@@ -199,8 +201,10 @@ llvm::Error FunctionEmitter::emit() {
   std::string hoisted = printer.print(kernels.init);
   printer.traced = true;
   // run()'s statements in parts, each a member function (compilers optimize many small
-  // functions much faster than one long one); a part never ends inside a started collective.
+  // functions much faster than one long one); a part never ends inside a started collective,
+  // and the microbatch loop's bounds are bounds of parts (the loop calls its parts).
   std::vector<std::string> parts;
+  std::vector<bool> partPerMicrobatch;
   std::vector<kir::Stmt> part;
   int inFlight = 0;
   for (size_t k = 0; k < kernels.body.size(); ++k) {
@@ -209,9 +213,13 @@ llvm::Error FunctionEmitter::emit() {
       inFlight += c->phase == kir::Collective::Phase::Start  ? 1
                   : c->phase == kir::Collective::Phase::Wait ? -1
                                                              : 0;
-    if ((part.size() >= kStatementsPerPart && inFlight == 0) || k + 1 == kernels.body.size()) {
+    bool loopBound = k + 1 < kernels.body.size() &&
+                     kernels.body[k + 1].perMicrobatch != kernels.body[k].perMicrobatch;
+    if ((part.size() >= kStatementsPerPart && inFlight == 0) || loopBound ||
+        k + 1 == kernels.body.size()) {
       printer.newScope();
       parts.push_back(printer.print(part));
+      partPerMicrobatch.push_back(kernels.body[k].perMicrobatch);
       part.clear();
     }
   }
@@ -223,8 +231,16 @@ llvm::Error FunctionEmitter::emit() {
     subroutineBodies.push_back(printer.print(sub.body));
   }
   std::string body;
-  for (size_t k = 0; k < parts.size(); ++k)
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (partPerMicrobatch[k] && (k == 0 || !partPerMicrobatch[k - 1]))
+      body += fmt::format("// The microbatch loop: {} microbatches along {}, each its slice of the "
+                          "inputs; gradients, loss and metrics averaged over them.\n"
+                          "for (microbatch_ = 0; microbatch_ < {}; ++microbatch_) {{\n",
+                          kernels.microbatches.count, kernels.microbatches.dim,
+                          kernels.microbatches.count);
     body += fmt::format("runPart{}(inputs);\n", k);
+    if (partPerMicrobatch[k] && (k + 1 == parts.size() || !partPerMicrobatch[k + 1])) body += "}\n";
+  }
   // What run() itself reads after the parts: the outputs and the updates' new values.
   std::vector<kir::BufferId> results = kernels.outputs;
   for (const kir::KernelFunction::Update& update : kernels.updates)
@@ -327,6 +343,8 @@ llvm::Error FunctionEmitter::emit() {
          "void computeInvariants();\n";
   h += "\nprivate:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
+  if (kernels.microbatches.count > 1)
+    h += "int64_t microbatch_ = 0; // the microbatch run() is at (its loop's index)\n";
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", groupMember(axes),
                      fmt::join(axes, ", "));
@@ -756,10 +774,19 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
       kir::lowerModule(module, plans, kir::LowerOptions{options.disabledPasses});
   if (!kernels) return kernels.takeError();
   std::vector<std::unique_ptr<FunctionEmitter>> emitters;
+  // A microbatched train block's class takes the whole step's inputs (its plan and kernel IR are
+  // one microbatch's): it is emitted from copies with the inputs widened.
+  std::deque<std::pair<ir::Function, plan::SpmdFunction>> widened;
   for (size_t k = 0; k < plans.size(); ++k) {
     const ir::Function* irFn = module.findFunction(plans[k].spmd.name);
-    auto emitter =
-        std::make_unique<FunctionEmitter>(*irFn, plans[k].spmd, kernels->functions[k], target);
+    const plan::SpmdFunction* spmd = &plans[k].spmd;
+    if (spmd->microbatching.count > 1) {
+      widened.emplace_back(*irFn, *spmd);
+      kir::widenInputsToStep(widened.back().first, widened.back().second);
+      irFn = &widened.back().first;
+      spmd = &widened.back().second;
+    }
+    auto emitter = std::make_unique<FunctionEmitter>(*irFn, *spmd, kernels->functions[k], target);
     if (auto error = emitter->emit()) return error;
     emitters.push_back(std::move(emitter));
   }

@@ -26,7 +26,9 @@ void eliminateCommonSubexpressions(KernelFunction& fn) {
       Stmt renamed = fn.body[earlier];
       BufferId kept = writesOf(renamed)[0];
       replaceBuffer(renamed, kept, writes[0]);
+      // (Never across the microbatch loop's bounds: a value of the loop changes per microbatch.)
       if (renamed.node == stmt.node && renamed.zeroFirst == stmt.zeroFirst &&
+          renamed.perMicrobatch == stmt.perMicrobatch &&
           fn.buffers[size_t(kept)].elements == fn.buffers[size_t(writes[0])].elements) {
         fn.body[earlier].sources.insert(fn.body[earlier].sources.end(), stmt.sources.begin(),
                                         stmt.sources.end());

@@ -111,6 +111,7 @@ private:
   }
 
   bool tryFuse(size_t p, size_t c, BufferId x) {
+    if (fn.body[p].perMicrobatch != fn.body[c].perMicrobatch) return false; // the loop's bounds
     const Loop& producer = std::get<Loop>(fn.body[p].node);
     const Loop& consumer = std::get<Loop>(fn.body[c].node);
     const Store* store = nullptr;
@@ -212,6 +213,7 @@ private:
     fused.sources = fn.body[p].sources;
     // The later phase (an update fused with the gradient it reads is the update's work).
     fused.phase = std::max(fn.body[p].phase, fn.body[c].phase);
+    fused.perMicrobatch = fn.body[c].perMicrobatch; // and p's: fusion keeps to the loop's bounds
     fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(), fn.body[c].sources.end());
     // The def-use tables: what p and c read is now read at c; p's dropped stores are gone.
     std::vector<BufferId> touched = readsOf(fn.body[p]);

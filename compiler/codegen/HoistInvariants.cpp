@@ -25,6 +25,7 @@ void hoistInvariants(KernelFunction& fn) {
       continue;
     }
     fn.buffers[size_t(writes[0])].storage = Storage::Persistent;
+    stmt.perMicrobatch = false; // the same for every microbatch: computed once, in the constructor
     fn.init.push_back(std::move(stmt));
   }
   fn.body = std::move(kept);

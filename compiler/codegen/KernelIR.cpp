@@ -172,9 +172,50 @@ bool isPure(const Stmt& stmt) {
   if (!(traits & kPure) || (traits & (kCommunicates | kStepKeyed))) return false;
   for (const Arg& arg : call->args)
     if ((arg.kind == Arg::Kind::Stream && arg.value != 0) || arg.kind == Arg::Kind::StreamKey ||
-        (arg.kind == Arg::Kind::Text && arg.text == "seed_"))
+        (arg.kind == Arg::Kind::Text && arg.text == "seed_") || readsMicrobatch(arg))
       return false; // the seed changes on load(); streams keyed by step change every step
   return true;
+}
+
+bool readsMicrobatch(const Arg& arg) {
+  if (llvm::is_contained(arg.names, kMicrobatchAxis)) return true;
+  return llvm::any_of(arg.starts, [](const auto& start) {
+    return llvm::is_contained(start.first, kMicrobatchAxis);
+  });
+}
+
+LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts) {
+  constexpr size_t kNever = ~size_t(0);
+  LiveRanges ranges{std::vector<size_t>(fn.buffers.size(), kNever),
+                    std::vector<size_t>(fn.buffers.size(), 0)};
+  std::vector<bool> inLoop(fn.buffers.size(), false), outside(fn.buffers.size(), false);
+  size_t loopBegin = kNever, loopEnd = 0;
+  auto touch = [&](BufferId id, size_t at, bool looped) {
+    ranges.first[size_t(id)] = std::min(ranges.first[size_t(id)], at);
+    ranges.last[size_t(id)] = std::max(ranges.last[size_t(id)], at);
+    (looped ? inLoop : outside)[size_t(id)] = true;
+  };
+  for (size_t k = 0; k < stmts.size(); ++k) {
+    if (stmts[k].perMicrobatch) {
+      loopBegin = std::min(loopBegin, k);
+      loopEnd = std::max(loopEnd, k);
+    }
+    for (BufferId id : readsOf(stmts[k]))
+      touch(id, k, stmts[k].perMicrobatch);
+    for (BufferId id : writesOf(stmts[k]))
+      touch(id, k, stmts[k].perMicrobatch);
+  }
+  for (BufferId id : fn.outputs)
+    touch(id, stmts.size(), false);
+  for (const KernelFunction::Update& update : fn.updates)
+    touch(update.value, stmts.size(), false);
+  if (loopBegin != kNever)
+    for (size_t id = 0; id < fn.buffers.size(); ++id)
+      if (inLoop[id] && outside[id]) {
+        ranges.first[id] = std::min(ranges.first[id], loopBegin);
+        ranges.last[id] = std::max(ranges.last[id], loopEnd);
+      }
+  return ranges;
 }
 
 std::vector<int> KernelFunction::writerCounts() const {
@@ -206,6 +247,7 @@ std::vector<Stmt> KernelFunction::inlinedBody() const {
         arg.text = invoke->texts.at(size_t(arg.textParameter));
         arg.textParameter = -1;
       });
+      inner.perMicrobatch = stmt.perMicrobatch;
       out.push_back(std::move(inner));
     }
   }
@@ -265,8 +307,16 @@ public:
         statement(stmt);
     }
     out += "run:\n";
-    for (const Stmt& stmt : fn.body)
+    bool looping = false;
+    for (const Stmt& stmt : fn.body) {
+      if (stmt.perMicrobatch != looping)
+        out += stmt.perMicrobatch ? fmt::format("microbatches {} along {}:\n",
+                                                fn.microbatches.count, fn.microbatches.dim)
+                                  : "end microbatches\n";
+      looping = stmt.perMicrobatch;
       statement(stmt);
+    }
+    if (looping) out += "end microbatches\n";
     std::vector<std::string> outputs, updates;
     for (BufferId id : fn.outputs)
       outputs.push_back(name(id));
@@ -376,9 +426,11 @@ private:
     case Arg::Kind::ShardStart:
       return fmt::format("start[{}]/{}", fmt::join(arg.names, ","), int64_t(arg.value));
     case Arg::Kind::GlobalBase:
-      return fmt::format("globalBase({}){}", arg.value, ints(arg.ints));
+      return fmt::format("globalBase({}){}{}", arg.value, ints(arg.ints),
+                         readsMicrobatch(arg) ? "+microbatch" : "");
     case Arg::Kind::Shard:
-      return fmt::format("shard{}{}", ints(arg.ints), ints(arg.ints2));
+      return fmt::format("shard{}{}{}", ints(arg.ints), ints(arg.ints2),
+                         readsMicrobatch(arg) ? "+microbatch" : "");
     case Arg::Kind::BlockIndex:
       return fmt::format("block[{}]", fmt::join(arg.names, ","));
     case Arg::Kind::Group:

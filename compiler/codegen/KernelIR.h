@@ -220,6 +220,9 @@ struct Stmt {
   bool zeroFirst = false;
   /// The train step's part it belongs to (that of its first source): named in traces.
   plan::Phase phase = plan::Phase::Forward;
+  /// Runs once per microbatch, in the microbatch loop (KernelFunction::microbatches): the
+  /// statements so marked are one contiguous stretch of run()'s body.
+  bool perMicrobatch = false;
 };
 
 /// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,
@@ -236,8 +239,25 @@ std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, siz
 struct KernelFunction;
 void replaceBufferFrom(KernelFunction& function, size_t first, BufferId from, BufferId to);
 /// Whether `stmt` may be merged with an identical one or moved: a loop, a GEMM, or a kernel
-/// that is pure (KernelCalls.def) and not keyed by the seed or the train step.
+/// that is pure (KernelCalls.def) and not keyed by the seed, the train step or the microbatch.
 bool isPure(const Stmt& stmt);
+
+/// A mesh axis name no mesh has, standing in Arg::names and Arg::starts for the microbatch
+/// loop's index: a dim split over `{axes..., kMicrobatchAxis}` with local size s starts at
+/// blockIndex(axes) * count * s + microbatch * s (the loop is the innermost split of the
+/// microbatched dim), so positions and RNG draws are the whole step's (docs/training.md).
+inline constexpr const char* kMicrobatchAxis = "@microbatch";
+/// Whether `arg` depends on the microbatch loop's index.
+bool readsMicrobatch(const Arg& arg);
+
+/// Live ranges over `stmts` (run()'s body, or it with the subroutines inlined): per buffer, the
+/// first and last statement touching it (results: to stmts.size(); never touched: first is
+/// ~0). A buffer touched both in the microbatch loop and outside it lives over the whole loop
+/// (an accumulator, a value the loop reads from before it or leaves for after it).
+struct LiveRanges {
+  std::vector<size_t> first, last;
+};
+LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts);
 
 /// Code that repeats in run() (the layers of a `repeat`), outlined into one member function:
 /// its parameters are buffers of storage Argument, its body refers to nothing else.
@@ -268,6 +288,13 @@ struct KernelFunction {
   std::vector<BufferId> params; // per param: its buffer
   std::vector<Subroutine> subroutines;
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
+  /// The microbatch loop (FormMicrobatchLoop.h): the statements marked perMicrobatch run `count`
+  /// times, microbatch m over the m-th of `count` slices of the inputs along `dim`.
+  struct Microbatches {
+    int64_t count = 1;
+    std::string dim;
+  };
+  Microbatches microbatches;
 
   /// Per buffer: how many statements of init and body write it.
   std::vector<int> writerCounts() const;

@@ -565,12 +565,23 @@ std::string StatementPrinter::copy(const kir::Copy& c) {
 }
 
 std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t position) {
-  auto start = [&](const std::vector<std::string>& axes, int64_t size) {
-    if (axes.empty()) return std::string("0");
+  auto start = [&](std::vector<std::string> axes, int64_t size) {
+    // The microbatch loop splits the dim innermost: this microbatch's rows of the rank's rows.
+    std::string microbatch;
+    if (!axes.empty() && axes.back() == kir::kMicrobatchAxis) {
+      axes.pop_back();
+      microbatch = fmt::format("microbatch_ * {}", size);
+      size *= fn.microbatches.count;
+    }
     std::vector<std::string> quoted;
     for (const std::string& axis : axes)
       quoted.push_back(fmt::format("\"{}\"", axis));
-    return fmt::format("support::shardStart(world_, {{{}}}, {})", fmt::join(quoted, ", "), size);
+    std::string rank = axes.empty() ? ""
+                                    : fmt::format("support::shardStart(world_, {{{}}}, {})",
+                                                  fmt::join(quoted, ", "), size);
+    if (microbatch.empty()) return rank.empty() ? std::string("0") : rank;
+    return rank.empty() ? fmt::format("({})", microbatch)
+                        : fmt::format("({} + {})", rank, microbatch);
   };
   switch (arg.kind) {
   case kir::Arg::Kind::Data:
@@ -586,6 +597,7 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
   case kir::Arg::Kind::ShardStart:
     return start(arg.names, int64_t(arg.value));
   case kir::Arg::Kind::BlockIndex: {
+    if (arg.names == std::vector<std::string>{kir::kMicrobatchAxis}) return "microbatch_";
     std::vector<std::string> quoted;
     for (const std::string& axis : arg.names)
       quoted.push_back(fmt::format("\"{}\"", axis));

@@ -9,6 +9,7 @@
 // op describe exactly that communication and are absorbed into it).
 #include "codegen/LowerToKernels.h"
 
+#include "codegen/FormMicrobatchLoop.h"
 #include "interp/Interpreter.h"
 
 #include <fmt/format.h>
@@ -198,29 +199,49 @@ private:
   static Arg groupPointer(const plan::AxisList& axes) {
     return Arg{.kind = Arg::Kind::GroupPointer, .names = axes};
   }
+  /// The axes `id`'s dim `d` is split over, for positions in the whole step: under
+  /// microbatching, the microbatched dim is split by the loop too, innermost (kMicrobatchAxis).
+  plan::AxisList positionAxes(SpmdValueId id, size_t d) const {
+    plan::AxisList axes = layout(id).dimAxes[d];
+    if (fn.microbatching.count > 1 && local(id).dims[d].name == fn.microbatching.dim)
+      axes.push_back(kMicrobatchAxis);
+    return axes;
+  }
+  /// `id`'s global type in the whole step (the microbatched dim at its full size): what global
+  /// indices, and so the RNG's draws, are counted in.
+  TensorType stepGlobal(SpmdValueId id) const {
+    TensorType type = global(id);
+    for (ir::Dim& dim : type.dims)
+      if (fn.microbatching.count > 1 && dim.name == fn.microbatching.dim)
+        dim.size *= fn.microbatching.count;
+    return type;
+  }
   /// This rank's shard start of `id` along `dim` (an Int 0 when the dim is not split).
   Arg shardStart(SpmdValueId id, const std::string& dim) const {
     int position = local(id).findDim(dim);
-    if (position < 0 || layout(id).dimAxes[size_t(position)].empty()) return integer(0);
+    if (position < 0) return integer(0);
+    plan::AxisList axes = positionAxes(id, size_t(position));
+    if (axes.empty()) return integer(0);
     return Arg{.kind = Arg::Kind::ShardStart,
                .value = double(local(id).dims[size_t(position)].size),
-               .names = layout(id).dimAxes[size_t(position)]};
+               .names = axes};
   }
   std::vector<std::pair<std::vector<std::string>, int64_t>> starts(SpmdValueId id) const {
     std::vector<std::pair<std::vector<std::string>, int64_t>> result;
     for (size_t d = 0; d < local(id).dims.size(); ++d)
-      result.emplace_back(layout(id).dimAxes[d], local(id).dims[d].size);
+      result.emplace_back(positionAxes(id, d), local(id).dims[d].size);
     return result;
   }
   Arg shard(SpmdValueId id) const {
     return Arg{.kind = Arg::Kind::Shard,
-               .ints = sizesOf(global(id).dims),
+               .ints = sizesOf(stepGlobal(id).dims),
                .ints2 = sizesOf(local(id).dims),
                .starts = starts(id)};
   }
   Arg globalBase(SpmdValueId id) const {
-    return Arg{
-        .kind = Arg::Kind::GlobalBase, .ints = rowMajorStrides(global(id)), .starts = starts(id)};
+    return Arg{.kind = Arg::Kind::GlobalBase,
+               .ints = rowMajorStrides(stepGlobal(id)),
+               .starts = starts(id)};
   }
   Arg streamKey(const SpmdOp& op) const {
     Arg key = stream(op);
@@ -257,6 +278,7 @@ private:
     stmt.sources.push_back(source(fn.ops[current]));
     stmt.phase = fn.ops[current].phase;
     out.body.push_back(std::move(stmt));
+    opOf.push_back(current);
   }
   void call(Callee callee, std::vector<Arg> args, BufferId result,
             std::vector<SpmdValueId> operands) {
@@ -300,6 +322,7 @@ private:
   std::vector<BufferId> bufferOf; // per SPMD value
   std::vector<size_t> lastUse;
   std::vector<bool> absorbed;
+  std::vector<size_t> opOf; // per statement of out.body: the op it lowers
   size_t current = 0;
 };
 
@@ -539,7 +562,7 @@ llvm::Error Lowerer::lowerOther(size_t index) {
                                  .read = 0,
                                  .value = numberAttr(op, "rate", 0),
                                  .dtype = result.dtype,
-                                 .strides = rowMajorStrides(global(op.result))});
+                                 .strides = rowMajorStrides(stepGlobal(op.result))});
       BufferId written = allocate(op.result);
       loop.stores.push_back(Store{Access{written, rowMajorStrides(result)}, 1});
       emit(Stmt{.node = std::move(loop)});
@@ -853,6 +876,8 @@ llvm::Expected<KernelFunction> Lowerer::lower() {
     out.updates.push_back({param, bufferOf[id],
                            local(fn.params[param]).dims == local(id).dims &&
                                local(fn.params[param]).dtype == local(id).dtype});
+  if (fn.microbatching.count > 1)
+    if (auto error = formMicrobatchLoop(out, fn, opOf, bufferOf)) return error;
   return std::move(out);
 }
 

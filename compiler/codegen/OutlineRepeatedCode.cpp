@@ -105,7 +105,8 @@ private:
       for (auto it = begin; it != end && found < 0; ++it) {
         const Skeleton& other = representatives[size_t(it->second)];
         if (other.buffers == skeleton.buffers && other.stmt.node == skeleton.stmt.node &&
-            other.stmt.zeroFirst == skeleton.stmt.zeroFirst)
+            other.stmt.zeroFirst == skeleton.stmt.zeroFirst &&
+            other.stmt.perMicrobatch == skeleton.stmt.perMicrobatch)
           found = it->second;
       }
       if (found < 0) {
@@ -249,6 +250,7 @@ private:
       for (BufferId id : writesOf(stmt))
         written[position.at(id)] = true;
       forEachBuffer(stmt, [&](BufferId& id) { id = sub.parameters[position.at(id)]; });
+      stmt.perMicrobatch = false; // the call says where it runs
       sub.body.push_back(std::move(stmt));
     }
     int index = int(fn.subroutines.size());
@@ -263,9 +265,11 @@ private:
         if (read[k]) invoke.reads.push_back(invoke.arguments[k]);
         if (written[k]) invoke.writes.push_back(invoke.arguments[k]);
       }
+      // A window lies on one side of the microbatch loop's bounds (its class says which).
       Stmt call{.node = std::move(invoke),
                 .sources = {fmt::format("{} statements from {} ({} of {})", length, firstSource,
-                                        p + 1, places.size())}};
+                                        p + 1, places.size())},
+                .perMicrobatch = fn.body[places[p]].perMicrobatch};
       auto begin = fn.body.begin() + long(places[p]);
       fn.body.erase(begin, begin + long(length));
       fn.body.insert(fn.body.begin() + long(places[p]), std::move(call));

@@ -15,23 +15,10 @@ size_t padded(size_t bytes) {
 } // namespace
 
 void planBuffers(KernelFunction& fn) {
-  // Live ranges over run()'s statements: first touch to last touch (results: to the end).
+  // Live ranges over run()'s statements: first touch to last touch (results: to the end; what
+  // the microbatch loop shares with the rest of run(): over the whole loop).
   constexpr size_t kNever = ~size_t(0);
-  std::vector<size_t> first(fn.buffers.size(), kNever), last(fn.buffers.size(), 0);
-  auto touch = [&](BufferId id, size_t at) {
-    first[size_t(id)] = std::min(first[size_t(id)], at);
-    last[size_t(id)] = std::max(last[size_t(id)], at);
-  };
-  for (size_t k = 0; k < fn.body.size(); ++k) {
-    for (BufferId id : readsOf(fn.body[k]))
-      touch(id, k);
-    for (BufferId id : writesOf(fn.body[k]))
-      touch(id, k);
-  }
-  for (BufferId id : fn.outputs)
-    touch(id, fn.body.size());
-  for (const KernelFunction::Update& update : fn.updates)
-    touch(update.value, fn.body.size());
+  auto [first, last] = liveRanges(fn, fn.body);
 
   struct Slot {
     BufferId id;

@@ -13,9 +13,11 @@ void scheduleCollectives(KernelFunction& fn) {
         (c->kind != plan::CollectiveKind::AllReduceSum &&
          c->kind != plan::CollectiveKind::BucketedAllReduceSum))
       continue;
-    // The first later statement that touches one of its buffers waits for it.
+    // The first later statement that touches one of its buffers waits for it (in the microbatch
+    // loop, at the latest its last statement: each microbatch waits for what it started).
     size_t touch = k + 1;
     for (; touch < fn.body.size(); ++touch) {
+      if (fn.body[k].perMicrobatch && !fn.body[touch].perMicrobatch) break;
       bool touches = false;
       for (BufferId id : readsOf(fn.body[touch]))
         touches = touches || llvm::is_contained(c->buffers, id);
@@ -30,7 +32,8 @@ void scheduleCollectives(KernelFunction& fn) {
                                  .axes = c->axes,
                                  .buffers = c->buffers,
                                  .phase = Collective::Phase::Wait,
-                                 .request = c->request}};
+                                 .request = c->request},
+              .perMicrobatch = fn.body[k].perMicrobatch};
     fn.body.insert(fn.body.begin() + std::ptrdiff_t(touch), std::move(wait));
   }
 }

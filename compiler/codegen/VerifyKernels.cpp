@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
+#include <algorithm>
 #include <map>
 
 namespace meshc::kir {
@@ -21,6 +22,7 @@ public:
       if (fn.buffers[id].elements <= 0) return fmt::format("buffer {} has no elements", id);
     }
     if (std::string problem = subroutines(); !problem.empty()) return problem;
+    if (std::string problem = microbatchLoop(); !problem.empty()) return problem;
     for (size_t k = 0; k < fn.init.size() && error.empty(); ++k)
       statement(fn.init[k], fmt::format("init[{}]", k), true);
     // Outlined code is checked where it runs: each call's body over its arguments.
@@ -80,6 +82,42 @@ private:
           return fmt::format("run[{}]: argument {} of {} does not match its parameter", k, a,
                              sub.name);
       }
+    }
+    return "";
+  }
+
+  /// The statements marked perMicrobatch are one stretch of run() (none in the constructor or
+  /// in subroutines), there when the function has microbatches, and no collective is started on
+  /// one side of the loop's bounds and waited for on the other.
+  std::string microbatchLoop() const {
+    size_t begin = fn.body.size(), end = 0;
+    for (size_t k = 0; k < fn.body.size(); ++k)
+      if (fn.body[k].perMicrobatch) {
+        begin = std::min(begin, k);
+        end = k + 1;
+      }
+    for (size_t k = begin; k < end; ++k)
+      if (!fn.body[k].perMicrobatch)
+        return fmt::format("run[{}]: outside the microbatch loop, between its statements", k);
+    if ((begin < end) != (fn.microbatches.count > 1))
+      return fmt::format("{} microbatches, and {} statements in the microbatch loop",
+                         fn.microbatches.count, end > begin ? end - begin : 0);
+    for (const Stmt& stmt : fn.init)
+      if (stmt.perMicrobatch) return "the constructor has a statement of the microbatch loop";
+    for (const Subroutine& sub : fn.subroutines)
+      for (const Stmt& stmt : sub.body)
+        if (stmt.perMicrobatch) return sub.name + ": a statement marked for the microbatch loop";
+    std::map<int, bool> started; // request -> started in the loop
+    for (size_t k = 0; k < fn.body.size(); ++k) {
+      const Collective* c = std::get_if<Collective>(&fn.body[k].node);
+      if (!c || c->phase == Collective::Phase::Blocking) continue;
+      if (c->phase == Collective::Phase::Start) started[c->request] = fn.body[k].perMicrobatch;
+      auto it = started.find(c->request);
+      if (c->phase == Collective::Phase::Wait && it != started.end() &&
+          it->second != fn.body[k].perMicrobatch)
+        return fmt::format("run[{}]: request #{} is started and waited for on two sides of the "
+                           "microbatch loop's bounds",
+                           k, c->request);
     }
     return "";
   }
@@ -198,20 +236,7 @@ private:
 
   /// Planned arena slots of buffers alive at the same time must not share bytes.
   std::string overlaps() const {
-    std::vector<size_t> first(fn.buffers.size(), ~size_t(0)), last(fn.buffers.size(), 0);
-    for (size_t k = 0; k < body.size(); ++k) {
-      std::vector<BufferId> touched = readsOf(body[k]);
-      for (BufferId id : writesOf(body[k]))
-        touched.push_back(id);
-      for (BufferId id : touched) {
-        first[size_t(id)] = std::min(first[size_t(id)], k);
-        last[size_t(id)] = std::max(last[size_t(id)], k);
-      }
-    }
-    for (BufferId id : fn.outputs)
-      last[size_t(id)] = body.size();
-    for (const KernelFunction::Update& update : fn.updates)
-      last[size_t(update.value)] = body.size();
+    auto [first, last] = liveRanges(fn, body);
     std::vector<size_t> placed;
     for (size_t id = 0; id < fn.buffers.size(); ++id) {
       const Buffer& buffer = fn.buffers[id];

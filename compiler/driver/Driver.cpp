@@ -152,6 +152,7 @@ llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
+
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
 llvm::cl::opt<std::string> injectFault(
     "inject-fault",
@@ -161,8 +162,10 @@ llvm::cl::opt<std::string> injectFault(
 
 llvm::cl::opt<std::string> microbatches(
     "microbatches",
-    llvm::cl::desc("Pipeline stages: split DIM (the batch) into K microbatches per step, or "
-                   "search K with DIM=auto (--emit=plan, plan-json; docs/planner.md)"),
+    llvm::cl::desc("Train blocks run K microbatches of DIM per step, accumulating gradients "
+                   "before one update (K divides DIM's extent per device; docs/training.md); "
+                   "with pipeline stages, the pipeline's microbatches, or DIM=auto to search K "
+                   "(--emit=plan, plan-json; docs/planner.md)"),
     llvm::cl::value_desc("DIM=K"), llvm::cl::cat(meshcCategory));
 
 llvm::cl::opt<std::string> pipelineSchedule(
@@ -207,8 +210,8 @@ PipelineOptions pipelineOptions() {
 /// Plans every selected function and prints the stage asked for (a report, the kernel IR or the
 /// generated code). Returns the exit status.
 int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
-                 llvm::raw_ostream& os) {
-  std::optional<PlannedModule> planned = planModule(module, options, diag);
+                 llvm::raw_ostream& os, const char* argv0) {
+  std::optional<PlannedModule> planned = planModule(module, options, diag, argv0);
   if (!planned) return kExitInputError;
   std::vector<std::string> disabled(disabledPasses.begin(), disabledPasses.end());
   if (emitStage == Emit::Cpp || emitStage == Emit::Cuda)
@@ -216,8 +219,8 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
         module, *planned,
         GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda, cudaMath, disabled}, os);
   if (emitStage == Emit::Kernels) {
-    llvm::Expected<kir::KernelModule> kernels =
-        kir::lowerModule(module, planned->plans, kir::LowerOptions{disabled});
+    llvm::Expected<kir::KernelModule> kernels = kir::lowerModule(
+        planned->codeModuleOr(module), planned->plans, kir::LowerOptions{disabled});
     if (!kernels) {
       llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(kernels.takeError()) << "\n";
       return kExitInputError;
@@ -258,7 +261,7 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   if (!ok) return kExitInputError;
   if (stages && (emitStage == Emit::Plan || emitStage == Emit::PlanJson))
     return planPipelines(module, *stages, options, diag, argv0, emitStage == Emit::PlanJson, os);
-  return planAndPrint(module, options, diag, os);
+  return planAndPrint(module, options, diag, os, argv0);
 }
 
 /// --emit=tolerance-dtypes: one JSON object, compared tensor name -> dtype (interp/DtypePaths.h).

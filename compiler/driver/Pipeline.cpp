@@ -5,6 +5,7 @@
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
 #include "driver/Driver.h"
+#include "driver/Microbatches.h"
 #include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
@@ -204,13 +205,14 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 } // namespace
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
-                                        DiagEngine& diag) {
+                                        DiagEngine& diag, const char* argv0) {
   bool stagesOk = true;
   if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk)) {
     diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
     return std::nullopt;
   }
   if (!stagesOk) return std::nullopt;
+  if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);
   plan::PlannerOptions options;
   options.machine = given.machine;
   if (!given.memoryBudget.empty() && !parseByteSize(given.memoryBudget, options.memoryBudgetBytes))
@@ -247,8 +249,9 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   return PlannedModule{std::move(*machine), std::move(*plans)};
 }
 
-int writeGeneratedCode(const ir::Module& module, const PlannedModule& planned,
+int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,
                        const GenerateOptions& given, llvm::raw_ostream& os) {
+  const ir::Module& module = planned.codeModuleOr(loaded);
   const std::vector<plan::PlannedFunction>& plans = planned.plans;
   codegen::CppOptions options;
   std::string base = given.base == "-" ? std::string("generated") : given.base;

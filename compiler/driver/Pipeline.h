@@ -38,9 +38,12 @@ struct PipelineOptions {
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
   std::string zero;        // --zero: "1", "2" or "3" (ZeRO stage of train blocks); "": none
-  // Pipeline stages (PlanPipeline.h):
-  std::string microbatches;              // "DIM=K" or "DIM=auto"; "": one microbatch
-  std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b
+  /// "DIM=K": without pipeline stages, every selected train block runs K microbatches of DIM per
+  /// step and accumulates their gradients before one update (planModule, Microbatches.h;
+  /// docs/training.md); with stages, the pipeline's microbatches (PlanPipeline.h; "DIM=auto"
+  /// searches K). "": one microbatch.
+  std::string microbatches;
+  std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps
@@ -75,13 +78,20 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
 /// `verify`, the IR verifier after it.
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
 
-/// 3. Every selected function planned for the machine.
+/// 3. Every selected function planned for the machine. With --microbatches, the train blocks
+/// are loaded again (`argv0` as for loadModule) with the dim at its microbatch size, trained and
+/// planned so; `codeModule` is then the module the code is generated from (those train blocks,
+/// the other functions as loaded), while the interpreter keeps running the loaded one.
 struct PlannedModule {
   plan::Machine machine;
   std::vector<plan::PlannedFunction> plans;
+  std::optional<ir::Module> codeModule;
+  const ir::Module& codeModuleOr(const ir::Module& loaded) const {
+    return codeModule ? *codeModule : loaded;
+  }
 };
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& options,
-                                        DiagEngine& diag);
+                                        DiagEngine& diag, const char* argv0 = nullptr);
 
 /// 4. The generated code: <base>.h and <base>.cpp or .cu (with the runner, <base>.main.cpp or
 /// .main.cu), each written only when all were generated; base "-": to `os`, one after another.

@@ -87,6 +87,9 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
   if (!micro.dim.empty())
     options.dims.push_back(fmt::format("{}={}", micro.dim, module.dims.at(micro.dim) / count));
   options.functions = {fn.name};
+  // The dims above are already one microbatch's: the inner plan is an ordinary one (planModule
+  // would otherwise microbatch it again, Microbatches.h).
+  options.microbatches.clear();
   // The budget holds for a stage (layers, in-flight microbatches), which predictPipeline checks;
   // a plan of one or two layers has none of its own.
   options.memoryBudget = "1e30";

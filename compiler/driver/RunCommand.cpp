@@ -105,6 +105,11 @@ cl::opt<int64_t> runSteps("steps",
                                    "the losses and final params with N interpreter steps"),
                           cl::value_desc("N"), cl::init(0), cl::sub(runSubcommand),
                           cl::cat(runCategory));
+cl::opt<std::string> runMicrobatches(
+    "microbatches",
+    cl::desc("Train blocks run K microbatches of DIM per step, accumulating gradients before one "
+             "update (checked against the interpreter's whole batch), e.g. batch=4"),
+    cl::value_desc("DIM=K"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<BatchMode> runBatch("batch", cl::desc("With --steps N: what the train blocks train on"),
                             batchModeValues(), cl::init(BatchMode::Fresh), cl::sub(runSubcommand),
                             cl::cat(runCategory));
@@ -171,6 +176,7 @@ PipelineOptions pipelineOptions() {
   options.seed = runSeed;
   options.steps = runSteps;
   options.zero = runZero;
+  options.microbatches = runMicrobatches;
   options.batch = runBatch;
   return options;
 }
@@ -182,6 +188,7 @@ std::string workKey(const PipelineOptions& options) {
   parts.insert(parts.end(), options.dims.begin(), options.dims.end());
   parts.push_back("functions");
   parts.insert(parts.end(), options.functions.begin(), options.functions.end());
+  if (!options.microbatches.empty()) parts.push_back("microbatches " + options.microbatches);
   return llvm::join(parts, "\n");
 }
 
@@ -331,7 +338,7 @@ int runCommand(const char* argv0) {
   std::vector<std::string> inputFiles;
   std::optional<ir::Module> module = loadModule(options, diag, argv0, inputFiles);
   if (!module || !lowerTraining(*module, diag)) return kExitInputError;
-  std::optional<PlannedModule> planned = planModule(*module, options, diag);
+  std::optional<PlannedModule> planned = planModule(*module, options, diag, argv0);
   if (!planned) return kExitInputError;
   if (!runNoPlan) {
     for (size_t k = 0; k < planned->plans.size(); ++k) {

@@ -4,6 +4,7 @@
 
 #include "ir/IRPrinter.h"
 #include "planner/CostModel.h"
+#include "planner/Microbatching.h"
 
 #include <fmt/format.h>
 #include <llvm/Support/JSON.h>
@@ -279,6 +280,8 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
   os << fmt::format("  optimizer     {}\n", bytesString(memory.optimizerBytes));
   os << fmt::format("  gradients     {}\n", bytesString(memory.gradientBytes));
   os << fmt::format("  activations   {} (peak live)\n", bytesString(memory.peakActivationBytes));
+  if (std::string line = microbatchingSummary(fn); !line.empty())
+    os << fmt::format("  microbatches  {}\n", line);
   os << fmt::format("  total         {} ({} of budget{})\n", bytesString(memory.total()),
                     percent(memory.total(), budget),
                     budget > 0 && memory.total() > budget ? ", OVER BUDGET" : "");

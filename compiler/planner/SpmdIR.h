@@ -110,6 +110,15 @@ struct PlanSummary {
   bool backwardIsReal = false;
 };
 
+/// Microbatching (meshc --microbatches DIM=K, planner/Microbatching.h): the function was planned
+/// for one microbatch, `dim` at 1/count of the step's size; the generated step runs it `count`
+/// times over slices of its inputs and accumulates the gradients before one update.
+struct Microbatching {
+  std::string dim;
+  int64_t count = 1;
+  double accumulatorBytes = 0; // gradient (and loss) accumulators per device, in memory's gradients
+};
+
 struct SpmdFunction {
   std::string name;
   ir::Function::Kind kind = ir::Function::Kind::Program;
@@ -131,6 +140,7 @@ struct SpmdFunction {
   /// trainable param replicated over an axis its consumers split) that the summary counts. Not
   /// part of `ops`. Empty once autodiff ran: the real gradient collectives are in `ops`.
   std::vector<SpmdOp> gradientOps;
+  Microbatching microbatching;
 };
 
 } // namespace meshc::plan

@@ -44,6 +44,9 @@ def main():
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--reuse", action="store_true",
                         help="skip meshc and nvcc when the binary exists (a second, --check pass)")
+    parser.add_argument("--emit-option", action="append", default=[],
+                        help="a meshc option for code generation only (the interpreter's check "
+                             "runs without it), e.g. --emit-option=--microbatches=batch=2")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--tol", default="1e-4")
     parser.add_argument("--tol-narrow", default="1e-2")
@@ -64,6 +67,7 @@ def main():
         return check(args, base, binary, overrides)
     emit = [args.meshc, args.example, "--emit=cuda", "--cpp-runner", f"--cuda-math={args.math}",
             "-o", base]
+    emit += args.emit_option
     result = subprocess.run(emit + overrides, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stdout.write(result.stdout + result.stderr)

@@ -43,11 +43,16 @@ from tolerance import coarsened_paths, compare_values, path_dtypes_of, typical_s
 
 
 def overrides_of(config):
-    """meshc's options for a configuration `mesh|layout[|extra options]` ("own": the file's
-    layout; the extra options, e.g. `--zero=3`, go to meshc as they are)."""
-    mesh, layout, *extra = config.split("|")
-    return (["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
-            + (extra[0].split() if extra else []))
+    """meshc's options for a configuration `mesh|layout` ("own": the file's layout)."""
+    mesh, layout = config.split("|")[:2]
+    return ["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
+
+
+def extra_of(config):
+    """A configuration's third field, `mesh|layout|EXTRA`: space-separated meshc options for code
+    generation only (e.g. --microbatches=batch=4), as run_train_case.py's mesh specs."""
+    fields = config.split("|")
+    return fields[2].split() if len(fields) > 2 else []
 
 
 def build(args, index, config):
@@ -56,7 +61,8 @@ def build(args, index, config):
     os.makedirs(workdir, exist_ok=True)
     base = os.path.join(workdir, stem)
     fault = [f"--inject-fault={args.inject_fault}"] if args.inject_fault and index == 0 else []
-    print(run([args.meshc, args.example, "--emit=cpp", "-o", base] + overrides_of(config) + fault,
+    print(run([args.meshc, args.example, "--emit=cpp", "-o", base] + overrides_of(config) +
+              extra_of(config) + fault,
               with_stderr=True), end="")
     unity = base + ".ckpt.cpp"
     with open(unity, "w") as f:

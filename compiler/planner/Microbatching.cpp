@@ -1,0 +1,219 @@
+// Microbatching's schedule of a planned train step (Microbatching.h).
+#include "planner/Microbatching.h"
+
+#include "ir/OpTraits.h"
+#include "planner/PlanReport.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+#include <algorithm>
+#include <set>
+
+namespace meshc::plan {
+namespace {
+
+llvm::Error refuse(const SpmdFunction& fn, const std::string& why) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(), "%s",
+      fmt::format("cannot microbatch train block '{}': {}", fn.name, why).c_str());
+}
+
+bool isGradientName(const std::string& name) {
+  return name.rfind("grad/", 0) == 0;
+}
+
+bool drawsRandom(const SpmdOp& op) {
+  return op.kind == SpmdOp::Kind::Compute &&
+         (op.computeKind == ir::OpKind::RandomNormal ||
+          op.computeKind == ir::OpKind::RandomUniform || op.computeKind == ir::OpKind::RandomInt ||
+          op.computeKind == ir::OpKind::Dropout);
+}
+
+std::vector<SpmdValueId> resultsOf(const SpmdOp& op) {
+  return op.results.empty() ? std::vector<SpmdValueId>{op.result} : op.results;
+}
+
+} // namespace
+
+llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) {
+  size_t ops = fn.ops.size(), values = fn.values.size();
+  // Every op that writes a value: in-place ops (a lane op's collectives) write their operand.
+  std::vector<std::vector<size_t>> producers(values);
+  for (size_t i = 0; i < ops; ++i)
+    for (SpmdValueId id : resultsOf(fn.ops[i]))
+      producers[id].push_back(i);
+
+  // What depends on the batch: the inputs and the random draws (keyed by the batch's elements).
+  std::vector<bool> fromBatch(values, false);
+  for (SpmdValueId id : fn.inputs)
+    fromBatch[id] = true;
+  for (const SpmdOp& op : fn.ops) {
+    bool depends =
+        drawsRandom(op) || llvm::any_of(op.operands, [&](SpmdValueId id) { return fromBatch[id]; });
+    for (SpmdValueId id : resultsOf(op))
+      fromBatch[id] = fromBatch[id] || depends;
+  }
+
+  // Gradients: the values autodiff named, what collectives make of them, and what is linear in
+  // them with batch-independent factors (the planner may resolve `lr * grad` instead of `grad`,
+  // or the sum of a shared weight's contributions): the mean over microbatches commutes with it.
+  std::vector<bool> gradient(values, false);
+  for (SpmdValueId id = 0; id < values; ++id)
+    gradient[id] = isGradientName(fn.values[id].name);
+  for (const SpmdOp& op : fn.ops) {
+    bool linear = false;
+    if (op.kind == SpmdOp::Kind::Collective) {
+      linear = llvm::any_of(op.operands, [&](SpmdValueId id) { return gradient[id]; });
+    } else {
+      // One batch-dependent operand, a gradient the op is linear in; or a sum of gradients.
+      const ir::OpTraits& traits = ir::opTraits(op.computeKind);
+      bool sum = op.computeKind == ir::OpKind::Add || op.computeKind == ir::OpKind::Sub;
+      size_t dependent = 0, linearGradients = 0;
+      for (size_t k = 0; k < op.operands.size(); ++k) {
+        if (!fromBatch[op.operands[k]]) continue;
+        ++dependent;
+        linearGradients += gradient[op.operands[k]] && traits.isLinearIn(k);
+      }
+      linear = linearGradients > 0 && linearGradients == dependent && (dependent == 1 || sum);
+    }
+    if (linear)
+      for (SpmdValueId id : resultsOf(op))
+        gradient[id] = true;
+  }
+
+  // The loop: every op the outputs and the gradients need (the forward and backward passes).
+  MicrobatchSchedule schedule;
+  schedule.perMicrobatch.assign(ops, false);
+  schedule.afterLoop.assign(ops, false);
+  std::vector<SpmdValueId> work;
+  for (const auto& output : fn.outputs)
+    work.push_back(output.second);
+  for (SpmdValueId id = 0; id < values; ++id)
+    if (isGradientName(fn.values[id].name)) work.push_back(id);
+  while (!work.empty()) {
+    SpmdValueId value = work.back();
+    work.pop_back();
+    for (size_t index : producers[value]) {
+      if (schedule.perMicrobatch[index]) continue;
+      schedule.perMicrobatch[index] = true;
+      for (SpmdValueId operand : fn.ops[index].operands)
+        work.push_back(operand);
+    }
+  }
+  // What the update needs (outside the loop's own ops). What nothing needs (a forward value no
+  // loss reads, a step count no schedule reads) runs in the loop, unless it reads the update's
+  // values; dead-code elimination drops it either way.
+  std::vector<bool> update(ops, false);
+  for (const auto& [param, id] : fn.updates)
+    work.push_back(id);
+  while (!work.empty()) {
+    SpmdValueId value = work.back();
+    work.pop_back();
+    for (size_t index : producers[value]) {
+      if (schedule.perMicrobatch[index] || update[index]) continue;
+      update[index] = true;
+      for (SpmdValueId operand : fn.ops[index].operands)
+        work.push_back(operand);
+    }
+  }
+  std::vector<bool> afterLoop(values, false); // written by an op of the update
+  for (size_t i = 0; i < ops; ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (!update[i] && llvm::none_of(op.operands, [&](SpmdValueId id) { return afterLoop[id]; }))
+      schedule.perMicrobatch[i] = true;
+    if (!schedule.perMicrobatch[i])
+      for (SpmdValueId id : resultsOf(op))
+        afterLoop[id] = true;
+  }
+  auto computedInLoop = [&](SpmdValueId id) {
+    return llvm::any_of(producers[id], [&](size_t i) { return schedule.perMicrobatch[i]; });
+  };
+
+  // Values of the loop read after it: by an op of the update, an update or the caller.
+  std::vector<bool> readInLoop(values, false), readAfter(values, false);
+  for (size_t i = 0; i < ops; ++i)
+    for (SpmdValueId operand : fn.ops[i].operands)
+      (schedule.perMicrobatch[i] ? readInLoop : readAfter)[operand] = true;
+  for (const auto& [param, id] : fn.updates) {
+    if (computedInLoop(id))
+      return refuse(fn, fmt::format("the next value of '{}' is computed from the batch (a step "
+                                    "state cannot be split into microbatches)",
+                                    fn.values[fn.params[param]].name));
+  }
+  std::set<SpmdValueId> outputs;
+  // The loss and the metrics: f32 scalars (sema's rule), averaged over the microbatches.
+  for (const auto& output : fn.outputs) {
+    outputs.insert(output.second);
+    readAfter[output.second] = true;
+  }
+  std::set<SpmdValueId> accumulated;
+  for (SpmdValueId id = 0; id < values; ++id) {
+    if (!readAfter[id] || !fromBatch[id]) continue; // a batch-independent value is the same
+    bool inLoop = computedInLoop(id);
+    if (!producers[id].empty() && !inLoop) continue; // computed by the update itself
+    if (!inLoop || (!gradient[id] && !outputs.count(id)))
+      return refuse(fn, fmt::format("the update reads '{}', which is computed from the batch "
+                                    "and is no gradient",
+                                    fn.values[id].name.empty() ? fmt::format("%{}", id)
+                                                               : fn.values[id].name));
+    accumulated.insert(id);
+  }
+  schedule.accumulated.assign(accumulated.begin(), accumulated.end());
+
+  // Sums over ranks of values only read after the loop: summed once, after it.
+  for (size_t i = 0; i < ops; ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (!schedule.perMicrobatch[i] || op.kind != SpmdOp::Kind::Collective ||
+        (op.collective.kind != CollectiveKind::AllReduceSum &&
+         op.collective.kind != CollectiveKind::BucketedAllReduceSum))
+      continue;
+    std::vector<SpmdValueId> results = resultsOf(op);
+    schedule.afterLoop[i] = llvm::all_of(
+        results, [&](SpmdValueId id) { return !readInLoop[id] && accumulated.count(id); });
+  }
+  return schedule;
+}
+
+llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count) {
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn);
+  if (!schedule) return schedule.takeError();
+  fn.microbatching = Microbatching{dim, count, 0};
+  for (SpmdValueId id : schedule->accumulated) // held as f32
+    fn.microbatching.accumulatorBytes += double(fn.values[id].localType.numElements()) * 4;
+  fn.memory.gradientBytes += fn.microbatching.accumulatorBytes;
+  return llvm::Error::success();
+}
+
+MicrobatchCollectives countCollectives(const SpmdFunction& fn, const MicrobatchSchedule& schedule) {
+  MicrobatchCollectives count;
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    const SpmdOp& op = fn.ops[i];
+    if (op.kind != SpmdOp::Kind::Collective || op.collective.kind == CollectiveKind::LocalSlice ||
+        op.collective.axes.empty())
+      continue;
+    if (schedule.perMicrobatch[i] && !schedule.afterLoop[i])
+      ++count.perMicrobatch;
+    else
+      ++count.once;
+  }
+  return count;
+}
+
+std::string microbatchingSummary(const SpmdFunction& fn) {
+  const Microbatching& m = fn.microbatching;
+  if (m.count <= 1) return "";
+  llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn);
+  if (!schedule) {
+    llvm::consumeError(schedule.takeError());
+    return "";
+  }
+  MicrobatchCollectives collectives = countCollectives(fn, *schedule);
+  return fmt::format("{} microbatches along {} per step: activations above are one "
+                     "microbatch's; gradient accumulators {} (in gradients); collectives per "
+                     "step {} x {} in the loop + {} once",
+                     m.count, m.dim, bytesString(m.accumulatorBytes), collectives.perMicrobatch,
+                     m.count, collectives.once);
+}
+
+} // namespace meshc::plan
