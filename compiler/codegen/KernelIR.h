@@ -220,6 +220,9 @@ struct Stmt {
   bool zeroFirst = false;
   /// The train step's part it belongs to (that of its first source): named in traces.
   plan::Phase phase = plan::Phase::Forward;
+  /// It recomputes a forward value for the backward pass (train/Recompute.h): never merged into
+  /// the forward statement it repeats, nor hoisted, or the activation would be kept after all.
+  bool recomputed = false;
 };
 
 /// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,

@@ -141,6 +141,11 @@ llvm::cl::list<std::string> dimOverrides(
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
+llvm::cl::list<std::string> recomputeDefs(
+    "recompute",
+    llvm::cl::desc("In train blocks, recompute the activations of every call of these defs in "
+                   "backward instead of keeping them, as `recompute def` does"),
+    llvm::cl::value_desc("def,..."), llvm::cl::CommaSeparated, llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> injectFault(
     "inject-fault",
     llvm::cl::desc("Inject a deliberate bug into every train block's plan (testing the tests): "
@@ -173,6 +178,7 @@ PipelineOptions pipelineOptions() {
   options.dumpOutputsFile = dumpOutputs;
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
+  options.recompute.assign(recomputeDefs.begin(), recomputeDefs.end());
   return options;
 }
 

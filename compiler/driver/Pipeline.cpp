@@ -107,6 +107,7 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
     options.mesh = std::move(axes);
   }
   if (!given.layout.empty()) options.layout = given.layout;
+  options.recompute = given.recompute;
   return true;
 }
 

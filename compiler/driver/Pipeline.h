@@ -32,6 +32,7 @@ struct PipelineOptions {
   std::vector<std::string> functions; // only these programs and train blocks (empty: all)
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
+  std::vector<std::string> recompute; // defs whose activations train blocks recompute
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;           // > 0: train blocks take this many steps

@@ -4,6 +4,7 @@
 
 #include "ir/IRPrinter.h"
 #include "planner/CostModel.h"
+#include "planner/RecomputeReport.h"
 
 #include <fmt/format.h>
 #include <llvm/Support/JSON.h>
@@ -282,6 +283,7 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
   os << fmt::format("  total         {} ({} of budget{})\n", bytesString(memory.total()),
                     percent(memory.total(), budget),
                     budget > 0 && memory.total() > budget ? ", OVER BUDGET" : "");
+  printRecompute(fn, os);
 
   const PlanSummary& summary = fn.summary;
   os << fmt::format("\npredicted step{}\n",

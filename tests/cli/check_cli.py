@@ -156,6 +156,28 @@ def every_option():
             expect(proc.returncode == 0 and proc.stdout, f"--emit={emit}", proc)
 
 
+def recompute():
+    """--recompute=DEF recomputes a def's activations in train blocks; the plan says what it costs
+    and saves, and the peak of live activations drops. It must name a def that a train block
+    calls."""
+    base = meshc(MLP, "--emit=plan", "--function", "mlp_train")
+    expect(base.returncode == 0 and "recompute" not in base.stdout, "plain plan", base)
+    plan = meshc(MLP, "--emit=plan", "--function", "mlp_train", "--recompute=ffn")
+    expect(plan.returncode == 0 and re.search(r"\n  ffn: 1 call, activations dropped .* \(\d+ B\), "
+                                              r"compute added [0-9.e+]+ flops, ", plan.stdout),
+           "--recompute=ffn reports the recomputed def", plan)
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    peak = [float(m.group(1)) * units[m.group(2)] for m in
+            (re.search(r"activations +([0-9.]+) (\w+) \(peak live\)", p.stdout) for p in (base, plan))]
+    expect(peak[1] < peak[0], f"the peak of live activations drops: {peak}", plan)
+    unknown = meshc(MLP, "--emit=plan", "--recompute=nosuch")
+    expect(unknown.returncode == 1 and
+           "error: --recompute names 'nosuch', which is not a def" in unknown.stderr,
+           "--recompute of an unknown def", unknown)
+    ir = meshc(MLP, "--emit=train-ir", "--recompute", "ffn")
+    expect(ir.returncode == 0 and 'recompute = "ffn"' in ir.stdout, "the copies in the IR", ir)
+
+
 def verify_each():
     """--verify-each: the IR verifier after sema, training and planning; a clean program's
     output is unchanged, and IR that breaks a rule is an internal error naming the op."""
@@ -438,7 +460,7 @@ CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, ex
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_errors, run_nccl, run_help, verify_each]}
+                                 run_train_data, run_errors, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
