@@ -112,6 +112,7 @@ def ir_input_and_stages():
 
 
 MLP = os.path.join(ROOT, "dsl-examples", "mlp.mesh")
+TRANSFORMER = os.path.join(ROOT, "dsl-examples", "transformer.mesh")
 SWISH = os.path.join(ROOT, "dsl-examples", "swish_mlp.mesh")
 SWISH_HEADER = os.path.join(ROOT, "dsl-examples", "kernels", "swish.h")
 
@@ -160,12 +161,16 @@ def recompute():
     """--recompute=DEF recomputes a def's activations in train blocks; the plan says what it costs
     and saves, and the peak of live activations drops. It must name a def that a train block
     calls."""
-    base = meshc(MLP, "--emit=plan", "--function", "mlp_train")
+    # Sizes at which activations, not the optimizer's new values, set the peak.
+    sizes = ["--function", "lm_train", "--dim", "layers=4", "--dim", "batch=16", "--dim",
+             "seq=128", "--dim", "mem=128"]
+    base = meshc(TRANSFORMER, "--emit=plan", *sizes)
     expect(base.returncode == 0 and "recompute" not in base.stdout, "plain plan", base)
-    plan = meshc(MLP, "--emit=plan", "--function", "mlp_train", "--recompute=ffn")
-    expect(plan.returncode == 0 and re.search(r"\n  ffn: 1 call, activations dropped .* \(\d+ B\), "
-                                              r"compute added [0-9.e+]+ flops, ", plan.stdout),
-           "--recompute=ffn reports the recomputed def", plan)
+    plan = meshc(TRANSFORMER, "--emit=plan", *sizes, "--recompute=decoder_layer")
+    expect(plan.returncode == 0 and re.search(r"\n  decoder_layer: 4 calls, activations dropped "
+                                              r".* \(\d+ B\), compute added [0-9.e+]+ flops, ",
+                                              plan.stdout),
+           "--recompute=decoder_layer reports the recomputed def", plan)
     units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
     peak = [float(m.group(1)) * units[m.group(2)] for m in
             (re.search(r"activations +([0-9.]+) (\w+) \(peak live\)", p.stdout) for p in (base, plan))]
