@@ -82,6 +82,12 @@ llvm::cl::opt<int64_t> trainSteps(
                    "line each; --dump-outputs then also writes every final param)"),
     llvm::cl::value_desc("N"), llvm::cl::init(0), llvm::cl::cat(meshcCategory));
 
+llvm::cl::opt<BatchMode> trainBatch("batch",
+                                    llvm::cl::desc("With --emit=run --steps N: what the train "
+                                                   "blocks train on"),
+                                    batchModeValues(), llvm::cl::init(BatchMode::Fresh),
+                                    llvm::cl::cat(meshcCategory));
+
 llvm::cl::opt<bool> cppRunner(
     "cpp-runner",
     llvm::cl::desc("With --emit=cpp, also write <o>.main.cpp: a main that runs every function on "
@@ -174,6 +180,7 @@ PipelineOptions pipelineOptions() {
   options.functions.assign(onlyFunctions.begin(), onlyFunctions.end());
   options.seed = seed;
   options.steps = trainSteps;
+  options.batch = trainBatch;
   options.inputsFile = givenInputsPath;
   options.dumpOutputsFile = dumpOutputs;
   options.verifyEach = verifyEach;

@@ -33,6 +33,22 @@
 
 namespace meshc {
 
+llvm::cl::ValuesClass batchModeValues() {
+  return llvm::cl::values(
+      clEnumValN(BatchMode::Fresh, "fresh",
+                 "each step trains on a new synthetic batch (seed + step; default)"),
+      clEnumValN(BatchMode::Fixed, "fixed",
+                 "every step trains on step 0's batch (overfitting it shows learning)"));
+}
+
+std::string batchModeLine(const PipelineOptions& options, bool givenInputs) {
+  bool fixed = options.batch == BatchMode::Fixed;
+  std::string from = givenInputs ? "the given data's batch" : "a synthetic batch";
+  if (fixed) return fmt::format("each on the same batch ({} of step 0; --batch=fixed)", from);
+  return fmt::format("each on a new batch ({} of step s{}; --batch=fixed repeats step 0's)", from,
+                     givenInputs ? " mod k" : ", seed + s");
+}
+
 bool optionError(const std::string& message) {
   llvm::WithColor::error(llvm::errs(), "meshc") << message << "\n";
   return false;
@@ -308,14 +324,16 @@ void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::stri
 /// The inputs of `fn` at train step `step` (0 outside training). An input given in --inputs as
 /// `<fn>.<input>` holds k >= 1 batches of the input's shape stacked along its first dim, and step
 /// s reads batch s mod k (as the generated runner does); the others are synthesized from
-/// seed + step. False, with a message, when a given tensor does not fit.
+/// seed + step. With --batch=fixed every step reads step 0's. False, with a message, when a
+/// given tensor does not fit.
 bool inputsOfStep(const PipelineOptions& options, const ir::Function& fn,
                   const std::map<std::string, interp::Tensor>& givenInputs, int64_t step,
                   interp::TensorMap& inputs) {
+  int64_t batchStep = options.batch == BatchMode::Fixed ? 0 : step;
   for (const ir::InputInfo& input : fn.inputs) {
     auto given = givenInputs.find(fn.name + "." + input.name);
     if (given == givenInputs.end()) {
-      inputs[input.name] = interp::synthesizeInput(input, options.seed + uint64_t(step));
+      inputs[input.name] = interp::synthesizeInput(input, options.seed + uint64_t(batchStep));
       continue;
     }
     size_t batch = size_t(input.type.numElements()), count = given->second.data.size();
@@ -327,7 +345,7 @@ bool inputsOfStep(const PipelineOptions& options, const ir::Function& fn,
           << "shape\n";
       return false;
     }
-    size_t first = size_t(step) % (count / batch) * batch;
+    size_t first = size_t(batchStep) % (count / batch) * batch;
     interp::Tensor tensor{input.type,
                           std::vector<double>(given->second.data.begin() + first,
                                               given->second.data.begin() + first + batch)};
@@ -357,7 +375,10 @@ bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm:
                    const std::map<std::string, interp::Tensor>& givenInputs) {
   interp::TensorMap state, lastOutputs;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
-  os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, options.steps);
+  os << fmt::format("train {}: {} steps in the interpreter, {}\n", fn.name, options.steps,
+                    batchModeLine(options, llvm::any_of(fn.inputs, [&](const ir::InputInfo& in) {
+                                    return givenInputs.count(fn.name + "." + in.name) > 0;
+                                  })));
   for (int64_t step = 0; step < options.steps; ++step) {
     interp::Options opts;
     opts.seed = options.seed;

@@ -13,6 +13,7 @@
 #include "planner/Machine.h"
 #include "planner/Planner.h"
 
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include <optional>
@@ -22,6 +23,10 @@
 namespace meshc {
 
 /// What one compilation is given: meshc's command line, or `meshc run`'s.
+/// What a train block's `--steps` train on: a fresh synthetic batch per step (seed + step), or
+/// step 0's batch every step (overfitting one batch shows that training learns).
+enum class BatchMode { Fresh, Fixed };
+
 struct PipelineOptions {
   std::string input;             // a .mesh file, or an .ir file
   std::vector<std::string> dims; // "name=size" overrides of declared dims
@@ -35,10 +40,19 @@ struct PipelineOptions {
   std::vector<std::string> recompute; // defs whose activations train blocks recompute
   // The interpreter (interpretModule):
   uint64_t seed = 0;
-  int64_t steps = 0;           // > 0: train blocks take this many steps
-  std::string inputsFile;      // tensors named <function>.<input>; the rest synthesized
-  std::string dumpOutputsFile; // "": no dump
+  int64_t steps = 0;                  // > 0: train blocks take this many steps
+  BatchMode batch = BatchMode::Fresh; // what --steps train on
+  std::string inputsFile;             // tensors named <function>.<input>; the rest synthesized
+  std::string dumpOutputsFile;        // "": no dump
 };
+
+/// `--batch=fresh|fixed`, the option of `meshc --emit=run` and `meshc run`: what `--steps` trains
+/// on. The values, for both options' declarations.
+llvm::cl::ValuesClass batchModeValues();
+
+/// What a train block's --steps train on, said before the first step; `givenInputs`: some of its
+/// inputs come from a data file.
+std::string batchModeLine(const PipelineOptions& options, bool givenInputs);
 
 /// `meshc: error: <message>` for a bad option value; returns false.
 bool optionError(const std::string& message);

@@ -96,6 +96,9 @@ cl::opt<int64_t> runSteps("steps",
                                    "the losses and final params with N interpreter steps"),
                           cl::value_desc("N"), cl::init(0), cl::sub(runSubcommand),
                           cl::cat(runCategory));
+cl::opt<BatchMode> runBatch("batch", cl::desc("With --steps N: what the train blocks train on"),
+                            batchModeValues(), cl::init(BatchMode::Fresh), cl::sub(runSubcommand),
+                            cl::cat(runCategory));
 cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
                           cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runCxx("cxx",
@@ -158,6 +161,7 @@ PipelineOptions pipelineOptions() {
   options.functions.assign(runFunctions.begin(), runFunctions.end());
   options.seed = runSeed;
   options.steps = runSteps;
+  options.batch = runBatch;
   return options;
 }
 
@@ -404,6 +408,7 @@ int runCommand(const char* argv0) {
   std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
   if (runData.getNumOccurrences()) run.push_back(dataPath);
   if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
+  if (runSteps > 0 && runBatch == BatchMode::Fixed) run.push_back("--fixed-batch");
   // --profile traces into the work directory unless --trace names the file.
   std::string tracePath;
   if (runTrace.getNumOccurrences()) {

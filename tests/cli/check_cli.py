@@ -369,6 +369,40 @@ def run_train_data():
                "a data tensor that is not whole batches is refused", bad)
 
 
+def losses_of(text):
+    return [float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")]
+
+
+def run_fixed_batch():
+    """--steps says what it trains on: a new synthetic batch per step (the default) or, with
+    --batch=fixed, step 0's batch every step, in the interpreter and in the generated code alike;
+    SGD on one fixed batch lowers its loss step by step, where fresh batches jump."""
+    fresh = meshc(MLP, "--emit=run", "--function", "mlp_train", "--steps", "5")
+    fixed = meshc(MLP, "--emit=run", "--function", "mlp_train", "--steps", "5", "--batch=fixed")
+    expect(fresh.returncode == 0 and "each on a new batch" in fresh.stdout,
+           "the interpreter says it trains on new batches", fresh)
+    expect(fixed.returncode == 0 and "each on the same batch" in fixed.stdout,
+           "the interpreter says it trains on one batch", fixed)
+    fresh_losses, fixed_losses = losses_of(fresh.stdout), losses_of(fixed.stdout)
+    expect(len(fixed_losses) == 5 and fixed_losses[0] == fresh_losses[0] and
+           all(b < a for a, b in zip(fixed_losses, fixed_losses[1:])),
+           f"one fixed batch: step 0 as fresh, then the loss falls every step ({fixed_losses})",
+           fixed)
+    expect(fresh_losses[1] > fresh_losses[0],
+           f"fresh batches: step 1's new batch has a higher loss ({fresh_losses})", fresh)
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(MLP, "--function", "mlp_train", "--no-plan", "--steps", "5",
+                           "--batch=fixed", "--check", cache=cache)
+        expect(proc.returncode == 0 and "each on the same batch" in proc.stdout and
+               losses_of(proc.stdout) and
+               abs(losses_of(proc.stdout)[-1] - fixed_losses[-1]) <= 1e-4 * fixed_losses[-1] and
+               "ok   mlp_train.param.ffn/w_in" in proc.stdout,
+               "meshc run --batch=fixed: the generated code trains on step 0's batch and "
+               "matches the interpreter", proc)
+    bad = meshc(MLP, "--emit=run", "--steps", "1", "--batch=bogus")
+    expect(bad.returncode == 1 and "--batch" in bad.stderr, "an unknown --batch is refused", bad)
+
+
 def run_errors():
     with tempfile.TemporaryDirectory() as cache:
         missing = run_command("/nonexistent/x.mesh", cache=cache)
@@ -465,7 +499,7 @@ CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, ex
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_errors, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
