@@ -68,6 +68,11 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
 /// `verify`, the IR verifier after it.
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
 
+/// Before planning, under --memory-budget: a train block of which no layout fits the budget
+/// (planned silently first) gets the activations of its repeated layer def recomputed
+/// (train/Recompute.h), said in a note on stderr; the plan then reports what it saves and costs.
+void recomputeToFitBudget(ir::Module& module, const PipelineOptions& options, DiagEngine& diag);
+
 /// 3. Every selected function planned for the machine.
 struct PlannedModule {
   plan::Machine machine;

@@ -147,8 +147,9 @@ struct DefCall {
   std::string def;     // the def's name
   std::string path;    // its call path, `decoder/decoder_layer[2]`
   uint32_t parent = 0; // index + 1 into Function::calls; 0: made from the function body
-  /// `recompute def`, or --recompute names the def: in a train block, its activations are
-  /// recomputed in backward instead of being kept (train/Recompute.h).
+  /// `recompute def`, --recompute names the def, or the driver chose it to fit a memory budget:
+  /// in a train block, its activations are recomputed in backward instead of kept
+  /// (train/Recompute.h).
   bool recompute = false;
 };
 

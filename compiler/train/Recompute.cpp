@@ -5,6 +5,7 @@
 
 #include "ir/OpTraits.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -150,6 +151,58 @@ size_t recomputeActivations(ir::Function& fn, size_t forwardOps) {
   }
   rebuild(fn, extra, extraValues, order);
   return copiesOf.size();
+}
+
+size_t recomputeActivations(ir::Function& fn) {
+  if (fn.kind != ir::Function::Kind::Train) return 0;
+  std::vector<bool> forward(fn.ops.size(), false);
+  std::vector<ValueId> work;
+  for (const ir::OutputInfo& output : fn.outputs)
+    work.push_back(output.value);
+  for (const ir::ParamUpdate& update : fn.updates)
+    if (fn.params[update.param].role == ir::ParamRole::StepState) work.push_back(update.value);
+  size_t forwardOps = 0;
+  while (!work.empty()) {
+    uint32_t index = fn.values[work.back()].definingOp;
+    work.pop_back();
+    if (forward[index]) continue;
+    forward[index] = true;
+    forwardOps = std::max<size_t>(forwardOps, index + 1);
+    for (ValueId operand : fn.ops[index].operands)
+      work.push_back(operand);
+  }
+  return recomputeActivations(fn, forwardOps);
+}
+
+std::string repeatedLayerDef(const ir::Function& fn) {
+  std::map<std::string, std::pair<size_t, size_t>> byDef; // def -> (least depth, calls)
+  for (const ir::DefCall& call : fn.calls) {
+    const std::string segment = call.path.substr(call.path.rfind('/') + 1);
+    if (segment.find('[') == std::string::npos) continue; // not an iteration of a repeat
+    size_t depth = 0;
+    for (uint32_t parent = call.parent; parent && parent <= fn.calls.size();
+         parent = fn.calls[parent - 1].parent)
+      ++depth;
+    auto [it, added] = byDef.try_emplace(call.def, depth, 0);
+    it->second.first = std::min(it->second.first, depth);
+    ++it->second.second;
+  }
+  std::string best;
+  for (const auto& [def, entry] : byDef)
+    if (best.empty() || entry.first < byDef[best].first ||
+        (entry.first == byDef[best].first && entry.second > byDef[best].second))
+      best = def;
+  return best;
+}
+
+size_t markRecompute(ir::Function& fn, const std::string& def) {
+  size_t marked = 0;
+  for (ir::DefCall& call : fn.calls)
+    if (call.def == def) {
+      call.recompute = true;
+      ++marked;
+    }
+  return marked;
 }
 
 } // namespace meshc::train

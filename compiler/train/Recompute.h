@@ -20,4 +20,15 @@ namespace meshc::train {
 /// activations are now recomputed (a call whose values no backward op reads has none).
 size_t recomputeActivations(ir::Function& fn, size_t forwardOps);
 
+/// The same on a function the training phase has already lowered: its forward ops are those up
+/// to the last one that an output or a step state's update depends on.
+size_t recomputeActivations(ir::Function& fn);
+
+/// The repeated layer of a train block: the outermost def called from a `repeat` (the most
+/// calls among those at the same depth), or "" when no def is.
+std::string repeatedLayerDef(const ir::Function& fn);
+
+/// Marks every call of `def` in `fn.calls` recomputed; returns how many there are.
+size_t markRecompute(ir::Function& fn, const std::string& def);
+
 } // namespace meshc::train

@@ -164,6 +164,20 @@ TEST_CASE("--recompute names a def as the annotation does; other defs are untouc
     CHECK_FALSE(isCopy(op));
 }
 
+TEST_CASE("recomputation chosen after training (to fit a budget) is the annotation's") {
+  Trained annotated(source(true));
+  Trained late(source(false));
+  ir::Function& fn = late.fn();
+  CHECK(train::repeatedLayerDef(fn) == "layer");
+  CHECK(train::markRecompute(fn, "layer") == 4);
+  CHECK(train::recomputeActivations(fn) == 4);
+  REQUIRE(fn.ops.size() == annotated.fn().ops.size());
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    CHECK(fn.ops[i].kind == annotated.fn().ops[i].kind);
+    CHECK(fn.ops[i].operands == annotated.fn().ops[i].operands);
+  }
+}
+
 TEST_CASE("the interpreter trains the recomputed step exactly as the plain one") {
   Trained plain(source(false));
   Trained recomputed(source(true));
