@@ -179,6 +179,11 @@ def recompute():
     expect(unknown.returncode == 1 and
            "error: --recompute names 'nosuch', which is not a def" in unknown.stderr,
            "--recompute of an unknown def", unknown)
+    # Under a budget no layout fits without it, --layout auto recomputes the repeated layer.
+    fit = meshc(TRANSFORMER, "--emit=plan", *sizes, "--layout", "auto", "--memory-budget", "12MiB")
+    expect(fit.returncode == 0 and "recomputing the activations of its repeated layer def "
+           "'decoder_layer' (4 calls)" in fit.stderr and "\n  decoder_layer: 4 calls" in fit.stdout,
+           "a memory budget that only recomputation meets", fit)
     ir = meshc(MLP, "--emit=train-ir", "--recompute", "ffn")
     expect(ir.returncode == 0 and 'recompute = "ffn"' in ir.stdout, "the copies in the IR", ir)
 
