@@ -1,6 +1,7 @@
 #include "driver/Driver.h"
 
 #include "driver/Pipeline.h"
+#include "driver/PlanPipeline.h"
 
 #include "codegen/Lower.h"
 #include "diag/Diagnostics.h"
@@ -158,6 +159,18 @@ llvm::cl::opt<std::string> injectFault(
                    "drop-grad-allreduce"),
     llvm::cl::value_desc("fault"), llvm::cl::Hidden, llvm::cl::cat(meshcCategory));
 
+llvm::cl::opt<std::string> microbatches(
+    "microbatches",
+    llvm::cl::desc("Pipeline stages: split DIM (the batch) into K microbatches per step, or "
+                   "search K with DIM=auto (--emit=plan, plan-json; docs/planner.md)"),
+    llvm::cl::value_desc("DIM=K"), llvm::cl::cat(meshcCategory));
+
+llvm::cl::opt<std::string> pipelineSchedule(
+    "pipeline-schedule",
+    llvm::cl::desc("Pipeline stages: gpipe (every forward, then every backward) or 1f1b "
+                   "(default: one forward, one backward, fewer microbatches in flight)"),
+    llvm::cl::value_desc("schedule"), llvm::cl::init("1f1b"), llvm::cl::cat(meshcCategory));
+
 /// Every file the compilation read, for the depfile: the main file and its imports.
 std::vector<std::string> inputFiles;
 
@@ -186,6 +199,8 @@ PipelineOptions pipelineOptions() {
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
   options.recompute.assign(recomputeDefs.begin(), recomputeDefs.end());
+  options.microbatches = microbatches;
+  options.pipelineSchedule = pipelineSchedule;
   return options;
 }
 
@@ -232,6 +247,18 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
   }
   if (emitStage == Emit::PlanJson) os << "]\n";
   return kExitOk;
+}
+
+/// Plans and prints; a layout that asks for pipeline stages goes to PlanPipeline.h instead (only
+/// the plan reports take it; planModule refuses it for the other stages).
+int planOrPipeline(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
+                   const char* argv0, llvm::raw_ostream& os) {
+  bool ok = true;
+  const ir::DimLayout* stages = stageLayoutOf(module, options, diag, ok);
+  if (!ok) return kExitInputError;
+  if (stages && (emitStage == Emit::Plan || emitStage == Emit::PlanJson))
+    return planPipelines(module, *stages, options, diag, argv0, emitStage == Emit::PlanJson, os);
+  return planAndPrint(module, options, diag, os);
 }
 
 /// --emit=tolerance-dtypes: one JSON object, compared tensor name -> dtype (interp/DtypePaths.h).
@@ -333,7 +360,8 @@ int runMeshc(int argc, char** argv) {
   else if (emitStage == Emit::Dtypes)
     printToleranceDtypes(*module, options, os);
   else if (planning())
-    if (int status = planAndPrint(*module, options, diag, os); status != kExitOk) return status;
+    if (int status = planOrPipeline(*module, options, diag, argv[0], os); status != kExitOk)
+      return status;
 
   // --emit=cpp with -o wrote its own files.
   if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")

@@ -1,5 +1,6 @@
 // The compiler's pipeline, stage by stage (Pipeline.h).
 #include "driver/Pipeline.h"
+#include "driver/PlanPipeline.h"
 
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
@@ -55,9 +56,6 @@ bool optionError(const std::string& message) {
   return false;
 }
 
-namespace {
-
-/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
 bool parseByteSize(llvm::StringRef text, double& bytes) {
   llvm::StringRef rest = text.trim();
   size_t numberEnd = 0;
@@ -88,6 +86,8 @@ bool parseByteSize(llvm::StringRef text, double& bytes) {
                                  "80GB, 1048576)",
                                  text.str()));
 }
+
+namespace {
 
 /// "name=size": one entry of --mesh or --dim.
 bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size) {
@@ -233,6 +233,12 @@ void recomputeToFitBudget(ir::Module& module, const PipelineOptions& given, Diag
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag) {
+  bool stagesOk = true;
+  if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk)) {
+    diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
+    return std::nullopt;
+  }
+  if (!stagesOk) return std::nullopt;
   plan::PlannerOptions options;
   options.machine = given.machine;
   if (!given.memoryBudget.empty() && !parseByteSize(given.memoryBudget, options.memoryBudgetBytes))

@@ -38,6 +38,9 @@ struct PipelineOptions {
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
   std::vector<std::string> recompute; // defs whose activations train blocks recompute
+  // Pipeline stages (PlanPipeline.h):
+  std::string microbatches;              // "DIM=K" or "DIM=auto"; "": one microbatch
+  std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps
@@ -53,6 +56,10 @@ llvm::cl::ValuesClass batchModeValues();
 /// What a train block's --steps train on, said before the first step; `givenInputs`: some of its
 /// inputs come from a data file.
 std::string batchModeLine(const PipelineOptions& options, bool givenInputs);
+
+/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary); an
+/// option error for anything else (false).
+bool parseByteSize(llvm::StringRef text, double& bytes);
 
 /// `meshc: error: <message>` for a bad option value; returns false.
 bool optionError(const std::string& message);

@@ -160,6 +160,14 @@ inline constexpr const char* kRecomputeAttr = "recompute";
 /// The def a call path names: its last segment up to `#` or `[` (`dec/layer#1[2]` -> `layer`).
 std::string defOfCallPath(const std::string& callPath);
 
+/// A `repeat` whose count is a declared dim (`repeat layers { ... }`): pipeline stages split its
+/// iterations (docs/planner.md, "Pipeline stages"). `carried`: the types of the values one
+/// iteration hands to the next (the names of enclosing blocks it rebinds), what a stage sends.
+struct RepeatInfo {
+  std::string dim;
+  std::vector<TensorType> carried;
+};
+
 struct Function {
   enum class Kind { Program, Train };
   Kind kind = Kind::Program;
@@ -171,6 +179,7 @@ struct Function {
   std::vector<ParamInfo> params;
   std::vector<OutputInfo> outputs; // for train: "loss", then the metrics (f32 scalars)
   std::optional<TrainInfo> train;
+  std::vector<RepeatInfo> repeats; // from sema, in source order (not printed in IR text)
   /// One per step state (from sema, the `next` writes), then, filled by the training phase
   /// (autodiff + optimizer), one per trainable weight and optimizer-state slot. Empty for
   /// programs; see hasOptimizerUpdates for whether the training phase has run.

@@ -664,7 +664,7 @@ Operand FunctionLowerer::lowerConcat(const ast::CallExpr& call, Scope& scope) {
       error(call.args[i]->loc, Diag::ErrConcatDims, typeString(fn_.typeOf(ids[0])), typeString(t));
       return Operand::poison();
     }
-    total += dim(along[i]).size; // each <= 2^40, inputs bounded by the op limit
+    total += dim(along[i]).size; // each <= 2^44, inputs bounded by the op limit
   }
   const std::string& target = (*to)[0];
   ir::TensorType first = rest(0);

@@ -162,7 +162,7 @@ public:
   static constexpr size_t kMaxTotalWork = 4000000; // the same, over the whole compilation
   static constexpr int kMaxDepth = 100;
   static constexpr int kMaxExprDepth = 2000;
-  static constexpr int64_t kMaxElements = int64_t(1) << 40;
+  static constexpr int64_t kMaxElements = int64_t(1) << 44; // 2^44 x 8 B fits int64 with room
 
 private:
   // ---- Sema.cpp: statements, names, types

@@ -476,6 +476,7 @@ void FunctionLowerer::lowerParam(const ast::ParamStmt& param, Scope& scope) {
 void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
   int64_t count = 0;
   const ast::Expr* countExpr = repeat.count.get();
+  std::optional<std::string> countDim;
   if (auto* number = countExpr ? dyn_cast<ast::NumberExpr>(countExpr) : nullptr) {
     if (number->isInteger && number->value >= 1 && number->value <= 1e15)
       count = static_cast<int64_t>(number->value);
@@ -486,6 +487,7 @@ void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
       return;
     }
     count = globals_.dims.at(*dim).size;
+    countDim = dim;
   }
   if (count < 1) {
     error(countExpr ? countExpr->loc : repeat.loc, Diag::ErrRepeatCount);
@@ -502,6 +504,12 @@ void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
   std::string outerSuffix = frame.repeatSuffix;
   std::string outerParamSuffix = frame.paramSuffix;
   std::map<std::string, int> callsBefore = frame.paramCalls;
+  // The values of enclosing blocks before the first iteration: those it rebinds are what one
+  // iteration hands to the next (RepeatInfo::carried).
+  std::map<Binding*, ir::ValueId> before;
+  for (Scope* s = &scope; s; s = s->parent)
+    for (auto& [name, binding] : s->names)
+      if (binding.value.kind == Operand::Kind::Tensor) before[&binding] = binding.value.id;
   for (int64_t i = 0; i < count && !tooLarge_; ++i) {
     frames_.back().repeatSuffix = outerSuffix + fmt::format("[{}]", i);
     if (repeat.shared) {
@@ -517,6 +525,13 @@ void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
   frames_.back().repeatSuffix = outerSuffix;
   frames_.back().paramSuffix = outerParamSuffix;
   --depth_;
+  if (countDim) {
+    ir::RepeatInfo info{*countDim, {}};
+    for (const auto& [binding, id] : before)
+      if (binding->value.kind == Operand::Kind::Tensor && binding->value.id != id)
+        info.carried.push_back(fn_.typeOf(binding->value.id));
+    fn_.repeats.push_back(std::move(info));
+  }
 }
 
 void FunctionLowerer::lowerMinimize(const ast::MinimizeStmt& minimize, Scope& scope) {

@@ -1,0 +1,399 @@
+#include "driver/PlanPipeline.h"
+
+#include "driver/Driver.h"
+#include "planner/PipelineModel.h"
+#include "planner/Reshard.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <llvm/ADT/STLExtras.h>
+#include <llvm/ADT/StringExtras.h>
+#include <llvm/Support/WithColor.h>
+
+#include <cmath>
+#include <limits>
+
+namespace meshc {
+namespace {
+
+/// The selected functions that the stages apply to.
+std::vector<const ir::Function*> selected(const ir::Module& module,
+                                          const PipelineOptions& options) {
+  std::vector<const ir::Function*> result;
+  for (const ir::Function& fn : module.functions)
+    if (options.functions.empty() || llvm::is_contained(options.functions, fn.name))
+      result.push_back(&fn);
+  return result;
+}
+
+bool isRepeatDim(const ir::Module& module, const PipelineOptions& options, const std::string& dim) {
+  for (const ir::Function* fn : selected(module, options))
+    for (const ir::RepeatInfo& repeat : fn->repeats)
+      if (repeat.dim == dim) return true;
+  return false;
+}
+
+/// --microbatches DIM=K, K a positive count or `auto` (0 here).
+struct Microbatching {
+  std::string dim;
+  int64_t count = 1; // 0: search
+};
+
+bool parseMicrobatches(const std::string& text, const ir::Module& module, Microbatching& result) {
+  if (text.empty()) return true;
+  auto [dim, count] = llvm::StringRef(text).split('=');
+  if (dim.empty() || count.empty())
+    return optionError("--microbatches " + text + ": expected DIM=K or DIM=auto");
+  if (!module.dims.count(dim.str()))
+    return optionError("--microbatches " + text + ": '" + dim.str() + "' is not a declared dim");
+  result.dim = dim.str();
+  if (count == "auto") {
+    result.count = 0;
+    return true;
+  }
+  if (count.getAsInteger(10, result.count) || result.count < 1)
+    return optionError("--microbatches " + text + ": the count must be a positive number");
+  if (module.dims.at(result.dim) % result.count != 0)
+    return optionError(fmt::format("--microbatches {}: {} does not divide '{}' ({})", text,
+                                   result.count, result.dim, module.dims.at(result.dim)));
+  return true;
+}
+
+std::string axesText(const std::vector<std::string>& axes) {
+  return fmt::format("[{}]", fmt::join(axes, ", "));
+}
+
+/// The inner plan's options: the mesh without the stage axis, the layout without the stage
+/// entry, and the dims of one microbatch with `layers` layers.
+PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stage,
+                             const PipelineOptions& given, const ir::Function& fn,
+                             const Microbatching& micro, int64_t count, int64_t layers) {
+  PipelineOptions options = given;
+  std::vector<std::string> mesh;
+  for (const ir::MeshAxis& axis : module.mesh)
+    if (axis.name != stage.axes.front()) mesh.push_back(fmt::format("{}={}", axis.name, axis.size));
+  // The stage dim itself stays in the layout, replicated: it is in no tensor, and an override
+  // needs at least one entry.
+  std::vector<std::string> layout = {stage.dim + ": []"};
+  for (const ir::DimLayout& entry : module.layout)
+    if (entry.dim != stage.dim)
+      layout.push_back(entry.isAuto ? entry.dim + ": auto"
+                                    : fmt::format("{}: {}", entry.dim, axesText(entry.axes)));
+  if (module.autoLayout) layout.push_back("auto");
+  // One device along every other axis still makes a mesh (the stage axis was all there was).
+  options.mesh = mesh.empty() ? stage.axes.front() + "=1" : llvm::join(mesh, ",");
+  options.layout = llvm::join(layout, ", ");
+  options.dims.push_back(fmt::format("{}={}", stage.dim, layers));
+  if (!micro.dim.empty())
+    options.dims.push_back(fmt::format("{}={}", micro.dim, module.dims.at(micro.dim) / count));
+  options.functions = {fn.name};
+  // The budget holds for a stage (layers, in-flight microbatches), which predictPipeline checks;
+  // a plan of one or two layers has none of its own.
+  options.memoryBudget = "1e30";
+  return options;
+}
+
+/// A plan's work per phase: the reductions of the weights' gradients (backward collectives of
+/// values autodiff names `grad/<path>`) run once per step on the accumulated gradients, the rest
+/// of forward and backward once per microbatch.
+plan::StageWork workOf(const plan::SpmdFunction& spmd, bool accumulates) {
+  auto isGradient = [&](plan::SpmdValueId id) {
+    return llvm::StringRef(spmd.values[id].name).startswith("grad/");
+  };
+  plan::StageWork work;
+  for (const plan::SpmdOp& op : spmd.ops) {
+    bool collective = op.kind == plan::SpmdOp::Kind::Collective;
+    switch (op.phase) {
+    case plan::Phase::Forward:
+      work.forwardSeconds += op.seconds;
+      work.collectives += collective && op.seconds > 0;
+      break;
+    case plan::Phase::Backward: {
+      if (collective && llvm::any_of(op.operands, isGradient)) {
+        work.gradientSyncSeconds += op.seconds;
+      } else {
+        work.backwardSeconds += op.seconds;
+        work.collectives += collective && op.seconds > 0;
+      }
+      break;
+    }
+    case plan::Phase::Update:
+      work.updateSeconds += op.seconds;
+      break;
+    }
+  }
+  work.flops = spmd.summary.totalFlops;
+  work.memory = spmd.memory;
+  // Accumulating over microbatches keeps a gradient per weight for the whole step.
+  if (accumulates)
+    work.memory.gradientBytes = std::max(work.memory.gradientBytes, work.memory.paramBytes);
+  return work;
+}
+
+/// Bytes per device of the values one layer hands to the next, laid out as the inner plan lays
+/// them out.
+double boundaryBytes(const ir::Function& fn, const std::string& dim,
+                     const plan::SpmdFunction& spmd) {
+  double bytes = 0;
+  for (const ir::RepeatInfo& repeat : fn.repeats)
+    if (repeat.dim == dim)
+      for (const ir::TensorType& type : repeat.carried)
+        bytes += double(
+            plan::localBytes(type, plan::tensorLayoutOf(type, spmd.layout, spmd.mesh), spmd.mesh));
+  return bytes;
+}
+
+struct Candidate {
+  int64_t microbatches = 1;
+  plan::StageWork layer, rest;
+  plan::PipelinePrediction prediction;
+  plan::PlannedFunction onePlan; // the plan at one layer (its layout and mesh are the stage's)
+  double boundaryBytes = 0;
+};
+
+/// Plans `fn` at one and two layers for `count` microbatches and composes the stages.
+std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout& stage,
+                                  const PipelineOptions& given, const ir::Function& fn,
+                                  const Microbatching& micro, int64_t count,
+                                  plan::PipelineSchedule schedule, const plan::Machine& machine,
+                                  DiagEngine& diag, const char* argv0) {
+  std::optional<plan::PlannedFunction> plans[2];
+  const ir::Function* innerFn = nullptr;
+  std::optional<ir::Module> inner[2];
+  for (int layers : {1, 2}) {
+    PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
+    std::vector<std::string> files;
+    inner[layers - 1] = loadModule(options, diag, argv0, files);
+    if (!inner[layers - 1] || !lowerTraining(*inner[layers - 1], diag, options.verifyEach))
+      return std::nullopt;
+    std::optional<PlannedModule> planned = planModule(*inner[layers - 1], options, diag);
+    if (!planned || planned->plans.size() != 1) return std::nullopt;
+    plans[layers - 1] = std::move(planned->plans.front());
+  }
+  innerFn = inner[0]->findFunction(fn.name);
+  bool accumulates = count > 1 && fn.kind == ir::Function::Kind::Train;
+  plan::StageWork one = workOf(plans[0]->spmd, accumulates);
+  plan::StageWork two = workOf(plans[1]->spmd, accumulates);
+  Candidate candidate;
+  candidate.microbatches = count;
+  candidate.layer = two.minus(one);
+  candidate.rest = one.minus(candidate.layer);
+  plan::PipelineShape shape;
+  shape.layers = module.dims.at(stage.dim);
+  shape.stages = plan::Mesh{module.mesh}.axisSize(stage.axes.front());
+  shape.microbatches = count;
+  shape.schedule = schedule;
+  candidate.boundaryBytes = innerFn ? boundaryBytes(*innerFn, stage.dim, plans[0]->spmd) : 0;
+  shape.boundaryBytes = candidate.boundaryBytes;
+  shape.link = plan::linkFor(machine, plan::Mesh{module.mesh}, {stage.axes.front()});
+  candidate.prediction = plan::predictPipeline(candidate.layer, candidate.rest, shape);
+  candidate.onePlan = std::move(*plans[0]);
+  return candidate;
+}
+
+std::string layersText(const plan::StagePrediction& stage) {
+  std::string text = stage.layerCount == 1 ? fmt::format("layer {}", stage.firstLayer)
+                                           : fmt::format("layers {}-{}", stage.firstLayer,
+                                                         stage.firstLayer + stage.layerCount - 1);
+  return stage.holdsRest ? text + " + rest" : text;
+}
+
+void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLayout& stage,
+               const Microbatching& micro, const Candidate& c, plan::PipelineSchedule schedule,
+               const plan::Machine& machine, double budget, llvm::raw_ostream& os) {
+  using plan::bytesString;
+  using plan::secondsString;
+  const plan::PipelinePrediction& p = c.prediction;
+  const plan::SpmdFunction& inner = c.onePlan.spmd;
+  int64_t stages = int64_t(p.stages.size()), devices = stages * inner.mesh.numDevices();
+  os << fmt::format("plan of {} {} (pipeline stages)\n",
+                    fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name);
+  os << fmt::format("  machine  {}: {}\n", machine.name, machine.description);
+  std::vector<std::string> axes;
+  for (const ir::MeshAxis& axis : module.mesh)
+    axes.push_back(fmt::format("{}={}", axis.name, axis.size));
+  os << fmt::format("  mesh     [{}], {} devices: {} stages over '{}', each a [{}] mesh\n",
+                    fmt::join(axes, ", "), devices, stages, stage.axes.front(),
+                    fmt::join(llvm::map_range(inner.mesh.axes,
+                                              [](const ir::MeshAxis& a) {
+                                                return fmt::format("{}={}", a.name, a.size);
+                                              }),
+                              ", "));
+  os << fmt::format("  layers   {} = {}, consecutive layers per stage, the rest (the ops outside "
+                    "the repeat: embedding, head, loss) on the last\n",
+                    stage.dim, module.dims.at(stage.dim));
+  std::string microText =
+      micro.dim.empty() ? "1 microbatch (--microbatches DIM=K splits the batch)"
+                        : fmt::format("{} microbatch{} of {} = {}{}", c.microbatches,
+                                      c.microbatches == 1 ? "" : "es", micro.dim,
+                                      module.dims.at(micro.dim) / c.microbatches,
+                                      micro.count == 0 ? " (searched: the fastest that fits)" : "");
+  os << fmt::format("  schedule {}, {}\n", plan::scheduleName(schedule), microText);
+  os << "\nlayout of a stage (planned at one layer, one microbatch)\n";
+  for (const auto& [dim, list] : inner.layout.axes)
+    os << fmt::format("  {:<10} {}\n", dim, axesText(list));
+  os << fmt::format("\nstages (per device; forward and backward per microbatch)\n");
+  os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n", "stage", "forward", "backward",
+                    "once/step", "in flight", "memory");
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const plan::StagePrediction& st = p.stages[s];
+    os << fmt::format("  {:<22} {:>11} {:>11} {:>11} {:>9} {:>11}\n",
+                      fmt::format("{} ({})", s, layersText(st)), secondsString(st.forwardSeconds),
+                      secondsString(st.backwardSeconds), secondsString(st.onceSeconds), st.inFlight,
+                      bytesString(st.memory.total()));
+  }
+  os << fmt::format("  one layer: forward {}, backward {}, {} collective{} per microbatch; "
+                    "params {}, activations {} per microbatch\n",
+                    secondsString(c.layer.forwardSeconds), secondsString(c.layer.backwardSeconds),
+                    c.layer.collectives, c.layer.collectives == 1 ? "" : "s",
+                    bytesString(c.layer.memory.paramBytes),
+                    bytesString(c.layer.memory.peakActivationBytes));
+  if (stages > 1)
+    os << fmt::format("  boundary: {} per device per microbatch each way, {} per transfer\n",
+                      bytesString(c.boundaryBytes), secondsString(p.p2pSeconds));
+  int64_t m = c.microbatches;
+  os << "\npredicted step\n";
+  os << fmt::format("  time     {} = (m + p - 1) x slot + once = ({} + {} - 1) x {} + {}\n",
+                    secondsString(p.stepSeconds), m, stages, secondsString(p.slotSeconds),
+                    secondsString(p.stepSeconds - double(m + stages - 1) * p.slotSeconds));
+  os << fmt::format("  bubble   {:.1f}% of the pipelined slots ((p - 1) / (m + p - 1))\n",
+                    100 * p.bubbleFraction);
+  double perDevice = p.stepSeconds > 0 ? p.flopsPerStep / p.stepSeconds / double(devices) : 0;
+  os << fmt::format("  flops    {:.4g} per step, {:.4g} TFLOP/s per device ({:.1f}% of the f32 "
+                    "peak{})\n",
+                    p.flopsPerStep, perDevice / 1e12,
+                    machine.peakFlops > 0 ? 100 * perDevice / machine.peakFlops : 0.0,
+                    machine.peakFlopsBf16 > 0 ? fmt::format(", {:.1f}% of the bf16 peak",
+                                                            100 * perDevice / machine.peakFlopsBf16)
+                                              : std::string());
+  os << fmt::format("  memory   {} per device at the fullest stage (budget {})\n",
+                    bytesString(p.peakMemoryBytes), bytesString(budget));
+}
+
+void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candidate& c,
+               plan::PipelineSchedule schedule, llvm::raw_ostream& os) {
+  const plan::PipelinePrediction& p = c.prediction;
+  std::vector<std::string> stages;
+  for (const plan::StagePrediction& s : p.stages)
+    stages.push_back(fmt::format(
+        "{{\"first_layer\": {}, \"layers\": {}, \"holds_rest\": {}, \"forward_seconds\": {:.9g}, "
+        "\"backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, \"in_flight\": {}, "
+        "\"memory_bytes\": {:.9g}}}",
+        s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.onceSeconds,
+        s.inFlight, s.memory.total()));
+  os << fmt::format(
+      "{{\"function\": \"{}\", \"pipeline\": {{\"dim\": \"{}\", \"axis\": \"{}\", \"schedule\": "
+      "\"{}\", \"microbatches\": {}, \"slot_seconds\": {:.9g}, \"p2p_seconds\": {:.9g}, "
+      "\"bubble_fraction\": {:.9g}, \"step_seconds\": {:.9g}, \"flops_per_step\": {:.9g}, "
+      "\"peak_memory_bytes\": {:.9g}, \"devices\": {}, \"stages\": [{}]}}}}",
+      fn.name, stage.dim, stage.axes.front(), plan::scheduleName(schedule), c.microbatches,
+      p.slotSeconds, p.p2pSeconds, p.bubbleFraction, p.stepSeconds, p.flopsPerStep,
+      p.peakMemoryBytes, int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(),
+      llvm::join(stages, ", "));
+}
+
+} // namespace
+
+const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptions& options,
+                                   DiagEngine& diag, bool& ok) {
+  ok = true;
+  const ir::DimLayout* found = nullptr;
+  for (const ir::DimLayout& entry : module.layout)
+    if (!entry.isAuto && !entry.axes.empty() && isRepeatDim(module, options, entry.dim))
+      found = &entry;
+  if (!found) return nullptr;
+  if (found->axes.size() != 1) {
+    diag.report(found->loc.loc, Diag::ErrStageAxes, found->dim, axesText(found->axes));
+    ok = false;
+    return nullptr;
+  }
+  const std::string& axis = found->axes.front();
+  for (const ir::DimLayout& entry : module.layout)
+    if (&entry != found && llvm::is_contained(entry.axes, axis)) {
+      diag.report(entry.loc.loc, Diag::ErrStageAxisShared, axis, found->dim, entry.dim);
+      ok = false;
+    }
+  // Sema already refused a layer count the stages do not divide (as for any laid-out dim).
+  for (const ir::Function* fn : selected(module, options)) {
+    int64_t repeats = llvm::count_if(
+        fn->repeats, [&](const ir::RepeatInfo& repeat) { return repeat.dim == found->dim; });
+    if (repeats != 1) {
+      diag.report(fn->loc.loc, Diag::ErrStageRepeatCount,
+                  fn->kind == ir::Function::Kind::Train ? "train block" : "program", fn->name,
+                  found->dim, repeats);
+      ok = false;
+    }
+  }
+  return ok ? found : nullptr;
+}
+
+int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
+                  llvm::raw_ostream& os) {
+  Microbatching micro;
+  if (!parseMicrobatches(options.microbatches, module, micro)) return kExitInputError;
+  plan::PipelineSchedule schedule = plan::PipelineSchedule::OneFOneB;
+  if (options.pipelineSchedule == "gpipe")
+    schedule = plan::PipelineSchedule::GPipe;
+  else if (options.pipelineSchedule != "1f1b") {
+    optionError("--pipeline-schedule must be gpipe or 1f1b, not '" + options.pipelineSchedule +
+                "'");
+    return kExitInputError;
+  }
+  llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
+  if (!machine) {
+    optionError(llvm::toString(machine.takeError()));
+    return kExitInputError;
+  }
+  double budget = machine->memoryBytes;
+  if (!options.memoryBudget.empty() && !parseByteSize(options.memoryBudget, budget))
+    return kExitInputError;
+
+  // The microbatch counts to try: the one asked for, or (auto) every divisor of the dim.
+  std::vector<int64_t> counts = {micro.dim.empty() ? 1 : micro.count};
+  if (micro.count == 0) {
+    counts.clear();
+    for (int64_t k = 1; k <= module.dims.at(micro.dim); ++k)
+      if (module.dims.at(micro.dim) % k == 0) counts.push_back(k);
+  }
+  if (json) os << "[\n";
+  bool first = true;
+  for (const ir::Function* fn : selected(module, options)) {
+    std::optional<Candidate> best;
+    double smallestMemory = std::numeric_limits<double>::infinity();
+    for (int64_t count : counts) {
+      // A searched count whose microbatch the stage's layout cannot split is skipped.
+      if (micro.count == 0) {
+        int64_t size = module.dims.at(micro.dim) / count, split = 1;
+        for (const ir::DimLayout& entry : module.layout)
+          if (entry.dim == micro.dim)
+            split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
+        if (size % split != 0) continue;
+      }
+      std::optional<Candidate> candidate =
+          evaluate(module, stage, options, *fn, micro, count, schedule, *machine, diag, argv0);
+      if (!candidate) return kExitInputError;
+      double memory = candidate->prediction.peakMemoryBytes;
+      smallestMemory = std::min(smallestMemory, memory);
+      if (memory > budget) continue;
+      if (!best || candidate->prediction.stepSeconds < best->prediction.stepSeconds)
+        best = std::move(candidate);
+    }
+    if (!best) {
+      diag.report(fn->loc.loc, Diag::ErrPipelineOverBudget,
+                  fn->kind == ir::Function::Kind::Train ? "train block" : "program", fn->name,
+                  plan::bytesString(budget), plan::bytesString(smallestMemory));
+      return kExitInputError;
+    }
+    if (!first) os << (json ? ",\n" : "\n");
+    first = false;
+    if (json)
+      printJson(*fn, stage, *best, schedule, os);
+    else
+      printText(*fn, module, stage, micro, *best, schedule, *machine, budget, os);
+  }
+  if (json) os << "\n]\n";
+  return kExitOk;
+}
+
+} // namespace meshc

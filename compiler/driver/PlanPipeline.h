@@ -1,0 +1,25 @@
+// Pipeline stages in the driver: a layout that lays a repeat's count dim over a mesh axis
+// (`layout layers: stage` with `repeat layers { ... }`) splits the repeat's layers into that
+// axis's stages. The step is planned at one and at two layers, at the microbatch's batch, on the
+// mesh without the stage axis; their difference is one layer, the rest is the embedding, head
+// and loss, and planner/PipelineModel.h composes the stages' timeline. Only --emit=plan and
+// plan-json take such a layout today: code generation for stages does not exist yet and says so.
+#pragma once
+
+#include "driver/Pipeline.h"
+
+namespace meshc {
+
+/// The layout entry that asks for stages, if any (nullptr: none). Checks it: one axis that no
+/// other dim uses, every selected function repeating over the dim once; `ok` is false after such
+/// an error (reported through `diag`).
+const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptions& options,
+                                   DiagEngine& diag, bool& ok);
+
+/// --emit=plan (or plan-json with `json`) of every selected function of a module whose layout
+/// asks for stages. Returns the exit status.
+int planPipelines(const ir::Module& module, const ir::DimLayout& stageLayout,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
+                  llvm::raw_ostream& os);
+
+} // namespace meshc

@@ -1,0 +1,134 @@
+#include "planner/PipelineModel.h"
+
+#include <algorithm>
+
+namespace meshc::plan {
+
+const char* scheduleName(PipelineSchedule schedule) {
+  switch (schedule) {
+  case PipelineSchedule::GPipe:
+    return "gpipe";
+  case PipelineSchedule::OneFOneB:
+    return "1f1b";
+  }
+  return "?";
+}
+
+namespace {
+
+MemoryEstimate combine(const MemoryEstimate& a, const MemoryEstimate& b, double sign) {
+  auto at = [&](double x, double y) { return std::max(0.0, x + sign * y); };
+  return {at(a.paramBytes, b.paramBytes), at(a.optimizerBytes, b.optimizerBytes),
+          at(a.gradientBytes, b.gradientBytes), at(a.peakActivationBytes, b.peakActivationBytes)};
+}
+
+StageWork combine(const StageWork& a, const StageWork& b, double sign) {
+  auto at = [&](double x, double y) { return std::max(0.0, x + sign * y); };
+  StageWork result;
+  result.forwardSeconds = at(a.forwardSeconds, b.forwardSeconds);
+  result.backwardSeconds = at(a.backwardSeconds, b.backwardSeconds);
+  result.gradientSyncSeconds = at(a.gradientSyncSeconds, b.gradientSyncSeconds);
+  result.updateSeconds = at(a.updateSeconds, b.updateSeconds);
+  result.flops = at(a.flops, b.flops);
+  result.collectives = std::max<int64_t>(0, a.collectives + (sign > 0 ? 1 : -1) * b.collectives);
+  result.memory = combine(a.memory, b.memory, sign);
+  return result;
+}
+
+double slotOf(const StageWork& layer, const StageWork& rest, int64_t count, bool holdsRest) {
+  double seconds = double(count) * (layer.forwardSeconds + layer.backwardSeconds);
+  if (holdsRest) seconds += rest.forwardSeconds + rest.backwardSeconds;
+  return seconds;
+}
+
+} // namespace
+
+StageWork& StageWork::operator+=(const StageWork& other) {
+  return *this = combine(*this, other, 1);
+}
+
+StageWork StageWork::minus(const StageWork& other) const {
+  return combine(*this, other, -1);
+}
+
+StageWork StageWork::times(double factor) const {
+  StageWork result = *this;
+  for (double* x : {&result.forwardSeconds, &result.backwardSeconds, &result.gradientSyncSeconds,
+                    &result.updateSeconds, &result.flops, &result.memory.paramBytes,
+                    &result.memory.optimizerBytes, &result.memory.gradientBytes,
+                    &result.memory.peakActivationBytes})
+    *x *= factor;
+  result.collectives = int64_t(double(collectives) * factor + 0.5);
+  return result;
+}
+
+std::vector<int64_t> balanceLayers(const StageWork& layer, const StageWork& rest, int64_t layers,
+                                   int64_t stages) {
+  std::vector<int64_t> counts(size_t(std::max<int64_t>(stages, 1)), 0);
+  if (stages <= 1) {
+    counts[0] = layers;
+    return counts;
+  }
+  // Every stage holds at least one layer; each further layer goes to the stage whose slot grows
+  // least (the last stage also runs the rest). Greedy on identical layers is optimal: it keeps
+  // the largest slot minimal one layer at a time.
+  std::fill(counts.begin(), counts.end(), 1);
+  for (int64_t placed = stages; placed < layers; ++placed) {
+    size_t best = 0;
+    double bestSlot = 0;
+    for (size_t s = 0; s < counts.size(); ++s) {
+      double slot = slotOf(layer, rest, counts[s] + 1, s + 1 == counts.size());
+      if (s == 0 || slot < bestSlot) {
+        best = s;
+        bestSlot = slot;
+      }
+    }
+    ++counts[best];
+  }
+  return counts;
+}
+
+PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest,
+                                   const PipelineShape& shape) {
+  PipelinePrediction prediction;
+  int64_t p = std::max<int64_t>(shape.stages, 1), m = std::max<int64_t>(shape.microbatches, 1);
+  std::vector<int64_t> counts = balanceLayers(layer, rest, shape.layers, p);
+  if (p > 1)
+    prediction.p2pSeconds =
+        shape.link.alphaSeconds + (shape.link.bandwidthBytesPerS > 0
+                                       ? shape.boundaryBytes / shape.link.bandwidthBytesPerS
+                                       : 0);
+  int64_t first = 0;
+  double slowestSlot = 0, slowestOnce = 0;
+  for (int64_t s = 0; s < p; ++s) {
+    StagePrediction stage;
+    stage.firstLayer = first;
+    stage.layerCount = counts[size_t(s)];
+    stage.holdsRest = s == p - 1;
+    first += stage.layerCount;
+    StageWork work = layer.times(double(stage.layerCount));
+    if (stage.holdsRest) work += rest;
+    stage.forwardSeconds = work.forwardSeconds;
+    stage.backwardSeconds = work.backwardSeconds;
+    stage.onceSeconds = work.gradientSyncSeconds + work.updateSeconds;
+    // GPipe keeps every microbatch's activations until its backward; 1F1B starts backward as
+    // soon as the last stage has one, so stage s holds at most p - s microbatches.
+    stage.inFlight = shape.schedule == PipelineSchedule::GPipe ? m : std::min(m, p - s);
+    stage.memory = work.memory;
+    stage.memory.peakActivationBytes *= double(stage.inFlight);
+    // A stage sends its activation forward and receives the gradient back (the last stage only
+    // receives; the first only sends back nothing): two transfers on a middle stage's path.
+    double sends = p > 1 ? prediction.p2pSeconds * (s == 0 || s == p - 1 ? 1 : 2) : 0;
+    slowestSlot = std::max(slowestSlot, stage.forwardSeconds + stage.backwardSeconds + sends);
+    slowestOnce = std::max(slowestOnce, stage.onceSeconds);
+    prediction.peakMemoryBytes = std::max(prediction.peakMemoryBytes, stage.memory.total());
+    prediction.flopsPerStep += work.flops * double(m);
+    prediction.stages.push_back(stage);
+  }
+  prediction.slotSeconds = slowestSlot;
+  prediction.bubbleFraction = double(p - 1) / double(m + p - 1);
+  prediction.stepSeconds = double(m + p - 1) * slowestSlot + slowestOnce;
+  return prediction;
+}
+
+} // namespace meshc::plan

@@ -1,0 +1,79 @@
+// Pipeline stages: the predicted time and memory of a train step whose repeated layers are split
+// into consecutive stages over one mesh axis and whose batch runs as microbatches, GPipe (every
+// forward, then every backward) or 1F1B (one forward, one backward, at most as many microbatches
+// in flight as stages remain). This file composes per-layer figures; the driver obtains them by
+// planning the step at one and at two layers (driver/PlanPipeline.h). docs/planner.md,
+// "Pipeline stages".
+#pragma once
+
+#include "planner/Machine.h"
+#include "planner/SpmdIR.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshc::plan {
+
+enum class PipelineSchedule { GPipe, OneFOneB };
+const char* scheduleName(PipelineSchedule schedule);
+
+/// The work of one part of a stage (one repeated layer, or the ops outside the layers), per
+/// device of the stage.
+struct StageWork {
+  double forwardSeconds = 0;      // one microbatch
+  double backwardSeconds = 0;     // one microbatch, without the gradients' reductions
+  double gradientSyncSeconds = 0; // once per step: the gradients' reductions (accumulated first)
+  double updateSeconds = 0;       // once per step
+  double flops = 0;               // useful flops of one microbatch, all devices of the stage
+  int64_t collectives = 0;        // per microbatch (forward and backward)
+  MemoryEstimate memory;          // params, optimizer, gradients; activations of one microbatch
+
+  StageWork& operator+=(const StageWork& other);
+  /// `this` minus `other`, never below zero (a difference of two plans).
+  StageWork minus(const StageWork& other) const;
+  StageWork times(double factor) const;
+};
+
+struct PipelineShape {
+  int64_t layers = 1;       // iterations of the repeat the stages split
+  int64_t stages = 1;       // the stage axis's size
+  int64_t microbatches = 1; // per step
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  /// Bytes one device sends to the next stage per microbatch (the carried activation; its
+  /// gradient goes back), and the link between neighbouring stages.
+  double boundaryBytes = 0;
+  Link link;
+};
+
+struct StagePrediction {
+  int64_t firstLayer = 0, layerCount = 0;
+  bool holdsRest = false;     // the ops outside the layers (embedding, head, loss) live here
+  double forwardSeconds = 0;  // one microbatch
+  double backwardSeconds = 0; // one microbatch
+  double onceSeconds = 0;     // gradient reductions and update, once per step
+  int64_t inFlight = 0;       // microbatches whose activations the stage holds at once
+  MemoryEstimate memory;      // activations: inFlight microbatches' worth
+};
+
+struct PipelinePrediction {
+  std::vector<StagePrediction> stages;
+  double p2pSeconds = 0;     // one boundary transfer (activation or its gradient)
+  double slotSeconds = 0;    // the slowest stage's forward + backward of one microbatch + sends
+  double bubbleFraction = 0; // (p - 1) / (m + p - 1): slots in which a stage idles
+  double stepSeconds = 0;    // (m + p - 1) slots + the slowest stage's once-per-step work
+  double flopsPerStep = 0;   // useful flops of the step, all devices
+  double peakMemoryBytes = 0;
+};
+
+/// Splits `layers` over `stages` (consecutive, at least one layer each) so that the slowest stage's
+/// forward + backward of a microbatch is as small as it can be; `rest` (the ops outside the layers)
+/// runs on the last stage. Returns the layer count of each stage.
+std::vector<int64_t> balanceLayers(const StageWork& layer, const StageWork& rest, int64_t layers,
+                                   int64_t stages);
+
+/// The step's prediction: the per-stage split from balanceLayers, then the schedule's timeline.
+PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest,
+                                   const PipelineShape& shape);
+
+} // namespace meshc::plan

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Pipeline stages in the planner (issue 14, items 1 and 5; docs/planner.md, "Pipeline stages"),
+checked on `meshc --emit=plan-json` of the transformer example with its repeated layers laid
+over a `stage` axis (`layers: stage`):
+
+    check_pipeline.py <meshc> <transformer.mesh>
+
+- The stages' timeline: the bubble is (p - 1) / (m + p - 1) and the step (m + p - 1) slots plus
+  the once-per-step work; every stage holds at least one layer, consecutive, all layers placed.
+- The schedules: GPipe holds all m microbatches' activations on every stage, 1F1B at most p - s
+  on stage s (less memory on the first stage, the same predicted time).
+- The parts are the plans': a stage's forward time at one layer per stage equals the per-layer
+  difference of plans of the same step at one and two layers on the mesh without the stage axis.
+- More microbatches shrink the bubble; `--microbatches batch=auto` keeps the fastest count that
+  fits the memory budget: under a budget that only one count fits, that one.
+"""
+import json
+import subprocess
+import sys
+
+LAYOUT = "batch:data, heads:model, d_ff:model, vocab:model, layers:stage"
+
+
+def meshc(binary, example, *args, expect_ok=True):
+    proc = subprocess.run([binary, example, "--emit=plan-json", "--function", "lm_train", *args],
+                          capture_output=True, text=True, timeout=300)
+    if expect_ok and proc.returncode != 0:
+        sys.exit(f"FAIL: meshc {' '.join(args)} exited {proc.returncode}\n{proc.stderr}")
+    return proc
+
+
+def pipeline(binary, example, *args):
+    return json.loads(meshc(binary, example, *args).stdout)[0]["pipeline"]
+
+
+def expect(ok, what, detail=""):
+    if not ok:
+        sys.exit(f"FAIL: {what}\n{detail}")
+    print(f"ok   {what}")
+
+
+def close(a, b, rel=1e-6):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def main():
+    binary, example = sys.argv[1], sys.argv[2]
+    base = ["--mesh", "stage=4,data=2,model=2", "--layout", LAYOUT, "--dim", "layers=8",
+            "--dim", "batch=16"]
+    runs = {}
+    for schedule in ["gpipe", "1f1b"]:
+        for m in [1, 2, 4, 8]:
+            runs[schedule, m] = pipeline(binary, example, *base, "--microbatches", f"batch={m}",
+                                         "--pipeline-schedule", schedule)
+    for (schedule, m), p in runs.items():
+        stages = p["stages"]
+        expect(len(stages) == 4 and p["microbatches"] == m and p["schedule"] == schedule,
+               f"{schedule} m={m}: 4 stages, {m} microbatches")
+        expect(close(p["bubble_fraction"], 3 / (m + 3)),
+               f"{schedule} m={m}: bubble (p - 1) / (m + p - 1) = {3 / (m + 3):.4f}")
+        once = max(s["once_seconds"] for s in stages)
+        expect(close(p["step_seconds"], (m + 3) * p["slot_seconds"] + once),
+               f"{schedule} m={m}: step = (m + p - 1) x slot + once")
+        first = 0
+        for s in stages:
+            expect(s["first_layer"] == first and s["layers"] >= 1, "consecutive layers")
+            first += s["layers"]
+            expect(p["slot_seconds"] + 1e-15 >= s["forward_seconds"] + s["backward_seconds"],
+                   "the slot covers every stage's forward and backward")
+        expect(first == 8 and stages[-1]["holds_rest"], "all 8 layers placed, the rest last")
+        in_flight = [s["in_flight"] for s in stages]
+        want = [m] * 4 if schedule == "gpipe" else [min(m, 4 - s) for s in range(4)]
+        expect(in_flight == want, f"{schedule} m={m}: microbatches in flight {want}",
+               f"got {in_flight}")
+    for m in [1, 2, 4, 8]:
+        gpipe, ofob = runs["gpipe", m], runs["1f1b", m]
+        expect(close(gpipe["step_seconds"], ofob["step_seconds"]),
+               f"m={m}: GPipe and 1F1B take the same predicted time")
+    # m > p: 1F1B's first stage holds p microbatches, GPipe's all m.
+    expect(runs["gpipe", 8]["stages"][0]["memory_bytes"] >
+           runs["1f1b", 8]["stages"][0]["memory_bytes"],
+           "m=8: 1F1B holds less on the first stage than GPipe")
+    expect(runs["1f1b", 8]["bubble_fraction"] < runs["1f1b", 1]["bubble_fraction"],
+           "more microbatches, a smaller bubble")
+
+    # The parts are the plans': one layer's forward = plan(2 layers) - plan(1 layer).
+    def forward_seconds(layers):
+        """The `by phase` forward time of the plan report."""
+        proc = subprocess.run([binary, example, "--emit=plan", "--function", "lm_train",
+                               "--mesh", "data=2,model=2", "--layout",
+                               "batch:data, heads:model, d_ff:model, vocab:model", "--dim",
+                               f"layers={layers}", "--dim", "batch=4"],
+                              capture_output=True, text=True, timeout=300)
+        units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+        for line in proc.stdout.splitlines():
+            if line.strip().startswith("by phase"):
+                words = line.replace(",", "").split()
+                at = words.index("forward")
+                return float(words[at + 1]) * units[words[at + 2]]
+        sys.exit(f"FAIL: no 'by phase' line\n{proc.stdout}")
+    layer = forward_seconds(2) - forward_seconds(1)
+    stage1 = runs["1f1b", 4]["stages"][1]
+    expect(close(stage1["forward_seconds"], stage1["layers"] * layer, 1e-3),
+           "a middle stage's forward = its layers x (plan at 2 layers - plan at 1 layer)",
+           f"{stage1['forward_seconds']} vs {stage1['layers']} x {layer}")
+
+    # auto: the fastest count that fits; a budget between the m=1 and m=8 stage memories leaves
+    # only the larger counts.
+    auto = pipeline(binary, example, *base, "--microbatches", "batch=auto")
+    best = min((p for (s, m), p in runs.items() if s == "1f1b"), key=lambda p: p["step_seconds"])
+    expect(auto["microbatches"] == best["microbatches"],
+           f"batch=auto picks the fastest count ({best['microbatches']})",
+           f"got {auto['microbatches']}")
+    # Under a budget that only the count needing the least memory fits, auto picks that one.
+    peaks = sorted((p["peak_memory_bytes"], m) for (sched, m), p in runs.items() if sched == "1f1b")
+    expect(peaks[0][0] < peaks[1][0], "one microbatch count needs the least memory", str(peaks))
+    budget = int((peaks[0][0] + peaks[1][0]) / 2)
+    fitted = pipeline(binary, example, *base, "--microbatches", "batch=auto", "--memory-budget",
+                      str(budget))
+    expect(fitted["microbatches"] == peaks[0][1] and fitted["peak_memory_bytes"] <= budget,
+           f"under a {budget} B budget batch=auto picks the one count that fits "
+           f"({peaks[0][1]})", f"got {fitted['microbatches']}")
+    over = peaks[1][1]
+    tight = meshc(binary, example, *base, "--microbatches", f"batch={over}", "--memory-budget",
+                  str(budget), expect_ok=False)
+    expect(tight.returncode == 1 and "error: no microbatch count of train block 'lm_train' fits"
+           in tight.stderr, f"{over} microbatches over the budget is a located error",
+           tight.stderr)
+
+    # Code generation refuses stages plainly.
+    cpp = subprocess.run([binary, example, "--emit=cpp", "--function", "lm_train", *base],
+                         capture_output=True, text=True, timeout=300)
+    expect(cpp.returncode == 1 and "code generation for them does not exist yet" in cpp.stderr
+           and not cpp.stdout, "--emit=cpp of a stage layout is an error, no output", cpp.stderr)
+
+
+if __name__ == "__main__":
+    main()

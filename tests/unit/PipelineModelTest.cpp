@@ -1,0 +1,98 @@
+// planner/PipelineModel.h: the stages' split and the schedule's timeline and memory, on figures
+// chosen so that each expected value follows from the formulas in docs/planner.md.
+#include "planner/PipelineModel.h"
+
+#include <catch2/catch.hpp>
+
+using namespace meshc::plan;
+
+namespace {
+
+StageWork work(double forward, double backward, double activations) {
+  StageWork w;
+  w.forwardSeconds = forward;
+  w.backwardSeconds = backward;
+  w.flops = 100;
+  w.memory.paramBytes = 10;
+  w.memory.peakActivationBytes = activations;
+  return w;
+}
+
+PipelineShape shape(int64_t layers, int64_t stages, int64_t microbatches,
+                    PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
+  PipelineShape s;
+  s.layers = layers;
+  s.stages = stages;
+  s.microbatches = microbatches;
+  s.schedule = schedule;
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("identical layers split evenly; the rest goes to the last stage") {
+  StageWork layer = work(1, 2, 0), none;
+  CHECK(balanceLayers(layer, none, 8, 4) == std::vector<int64_t>{2, 2, 2, 2});
+  CHECK(balanceLayers(layer, none, 8, 1) == std::vector<int64_t>{8});
+  // The rest costs two layers: the last stage takes fewer layers.
+  StageWork rest = work(2, 4, 0);
+  std::vector<int64_t> counts = balanceLayers(layer, rest, 10, 4);
+  CHECK(counts == std::vector<int64_t>{3, 3, 3, 1});
+}
+
+TEST_CASE("the bubble is (p - 1) / (m + p - 1) and the step (m + p - 1) slots") {
+  StageWork layer = work(1e-3, 2e-3, 0), none;
+  for (int64_t m : {1, 4, 16})
+    for (int64_t p : {1, 2, 4}) {
+      PipelinePrediction prediction = predictPipeline(layer, none, shape(8, p, m));
+      double slot = double(8 / p) * 3e-3;
+      CHECK(prediction.bubbleFraction == Approx(double(p - 1) / double(m + p - 1)));
+      CHECK(prediction.slotSeconds == Approx(slot));
+      CHECK(prediction.stepSeconds == Approx(double(m + p - 1) * slot));
+      // Every microbatch goes through every layer once.
+      CHECK(prediction.flopsPerStep == Approx(100.0 * 8 * double(m)));
+    }
+}
+
+TEST_CASE("GPipe holds every microbatch's activations, 1F1B at most p - s") {
+  StageWork layer = work(1, 1, 1000), none;
+  PipelinePrediction gpipe = predictPipeline(layer, none, shape(4, 4, 8, PipelineSchedule::GPipe));
+  PipelinePrediction ofob = predictPipeline(layer, none, shape(4, 4, 8));
+  for (size_t s = 0; s < 4; ++s) {
+    CHECK(gpipe.stages[s].inFlight == 8);
+    CHECK(ofob.stages[s].inFlight == int64_t(4 - s));
+    CHECK(gpipe.stages[s].memory.peakActivationBytes == 8000);
+  }
+  CHECK(ofob.peakMemoryBytes == 10 + 4 * 1000);
+  CHECK(gpipe.peakMemoryBytes == 10 + 8 * 1000);
+  // Same timeline for both on identical stages.
+  CHECK(gpipe.stepSeconds == Approx(ofob.stepSeconds));
+  // Fewer microbatches than stages: 1F1B holds at most m.
+  CHECK(predictPipeline(layer, none, shape(4, 4, 2)).stages[0].inFlight == 2);
+}
+
+TEST_CASE("boundary transfers lengthen the slot; once-per-step work is added once") {
+  StageWork layer = work(1e-3, 1e-3, 0), none;
+  layer.gradientSyncSeconds = 5e-3;
+  layer.updateSeconds = 1e-3;
+  PipelineShape s = shape(4, 2, 4);
+  s.boundaryBytes = 1e6;
+  s.link.alphaSeconds = 1e-5;
+  s.link.bandwidthBytesPerS = 1e9;
+  PipelinePrediction prediction = predictPipeline(layer, none, s);
+  CHECK(prediction.p2pSeconds == Approx(1e-5 + 1e-3));
+  // Two stages: each is an end stage, one transfer on its path per slot.
+  double slot = 2 * 2e-3 + prediction.p2pSeconds;
+  CHECK(prediction.slotSeconds == Approx(slot));
+  CHECK(prediction.stepSeconds == Approx(5 * slot + 2 * 6e-3));
+}
+
+TEST_CASE("a difference of plans never goes below zero") {
+  StageWork two = work(3, 6, 30), one = work(2, 4, 20);
+  StageWork layer = two.minus(one);
+  CHECK(layer.forwardSeconds == 1);
+  CHECK(layer.memory.peakActivationBytes == 10);
+  StageWork rest = one.minus(layer.times(3));
+  CHECK(rest.forwardSeconds == 0);
+  CHECK(rest.memory.paramBytes == 10); // one layer adds no params here: the rest keeps them
+}
