@@ -27,6 +27,7 @@ COVERED_ELSEWHERE = {
     "ErrCannotOpen": "cli.missing_input",
     "ErrUnknownDimOption": "cli.unknown_dim_option",
     "ErrDuplicateAxisOption": "cli.duplicate_axis_option",
+    "ErrRecomputeUnknownDef": "cli.recompute",
     # `call` ops come from user kernels, which .mesh sources cannot declare yet on this branch.
     "ErrNoGradient": "unit.test_autodiff",
 }

@@ -23,6 +23,7 @@ void eliminateCommonSubexpressions(KernelFunction& fn) {
     auto& candidates = seen[{stmt.node.index(), reads}];
     bool merged = false;
     for (size_t earlier : candidates) {
+      if (stmt.recomputed && !fn.body[earlier].recomputed) continue; // keep the activation dead
       Stmt renamed = fn.body[earlier];
       BufferId kept = writesOf(renamed)[0];
       replaceBuffer(renamed, kept, writes[0]);

@@ -10,7 +10,8 @@ void hoistInvariants(KernelFunction& fn) {
   std::vector<Stmt> kept;
   for (Stmt& stmt : fn.body) {
     std::vector<BufferId> writes = writesOf(stmt);
-    bool invariant = isPure(stmt) && writes.size() == 1 && writers[size_t(writes[0])] == 1 &&
+    bool invariant = !stmt.recomputed && isPure(stmt) && writes.size() == 1 &&
+                     writers[size_t(writes[0])] == 1 &&
                      fn.buffers[size_t(writes[0])].storage == Storage::Arena;
     // Values computed in the constructor: constants and what is built only from them.
     for (BufferId id : readsOf(stmt))

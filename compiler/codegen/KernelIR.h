@@ -223,6 +223,9 @@ struct Stmt {
   /// Runs once per microbatch, in the microbatch loop (KernelFunction::microbatches): the
   /// statements so marked are one contiguous stretch of run()'s body.
   bool perMicrobatch = false;
+  /// It recomputes a forward value for the backward pass (train/Recompute.h): never merged into
+  /// the forward statement it repeats, nor hoisted, or the activation would be kept after all.
+  bool recomputed = false;
 };
 
 /// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,

@@ -277,6 +277,7 @@ private:
   void emit(Stmt stmt) {
     stmt.sources.push_back(source(fn.ops[current]));
     stmt.phase = fn.ops[current].phase;
+    stmt.recomputed = findAttr(fn.ops[current], ir::kRecomputeAttr) != nullptr;
     out.body.push_back(std::move(stmt));
     opOf.push_back(current);
   }

@@ -154,6 +154,11 @@ llvm::cl::list<std::string> dimOverrides(
 
 
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
+llvm::cl::list<std::string> recomputeDefs(
+    "recompute",
+    llvm::cl::desc("In train blocks, recompute the activations of every call of these defs in "
+                   "backward instead of keeping them, as `recompute def` does"),
+    llvm::cl::value_desc("def,..."), llvm::cl::CommaSeparated, llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> injectFault(
     "inject-fault",
     llvm::cl::desc("Inject a deliberate bug into every train block's plan (testing the tests): "
@@ -202,6 +207,7 @@ PipelineOptions pipelineOptions() {
   options.verifyEach = verifyEach;
   options.injectFault = injectFault;
   options.zero = zeroStage;
+  options.recompute.assign(recomputeDefs.begin(), recomputeDefs.end());
   options.microbatches = microbatches;
   options.pipelineSchedule = pipelineSchedule;
   return options;
@@ -355,6 +361,7 @@ int runMeshc(int argc, char** argv) {
   if (emitStage != Emit::AST && emitStage != Emit::IR &&
       !lowerTraining(*module, diag, options.verifyEach))
     return kExitInputError;
+  if (planning()) recomputeToFitBudget(*module, options, diag);
   if (emitStage == Emit::IR || emitStage == Emit::TrainIR)
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !interpretModule(*module, options, os, argv[0]))

@@ -19,6 +19,7 @@
 #include "planner/VerifySpmd.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
+#include "train/Recompute.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
@@ -124,6 +125,7 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
     options.mesh = std::move(axes);
   }
   if (!given.layout.empty()) options.layout = given.layout;
+  options.recompute = given.recompute;
   return true;
 }
 
@@ -203,6 +205,32 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 }
 
 } // namespace
+
+void recomputeToFitBudget(ir::Module& module, const PipelineOptions& given, DiagEngine& diag) {
+  if (given.memoryBudget.empty()) return;
+  PipelineOptions silent = given;
+  silent.injectFault.clear();
+  silent.verifyEach = false;
+  std::string text;
+  llvm::raw_string_ostream errors(text);
+  DiagEngine quiet(diag.sources(), errors);
+  if (planModule(module, silent, quiet)) return;
+  errors.flush();
+  for (ir::Function& fn : module.functions) {
+    if (fn.kind != ir::Function::Kind::Train ||
+        text.find(fmt::format("no layout of train block '{}' fits the memory budget", fn.name)) ==
+            std::string::npos)
+      continue;
+    std::string def = train::repeatedLayerDef(fn);
+    if (def.empty()) continue;
+    size_t calls = train::markRecompute(fn, def);
+    train::recomputeActivations(fn);
+    llvm::WithColor::note(llvm::errs(), "meshc")
+        << fmt::format("no layout of train block '{}' fits the memory budget: recomputing the "
+                       "activations of its repeated layer def '{}' ({} calls) in backward\n",
+                       fn.name, def, calls);
+  }
+}
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag, const char* argv0) {

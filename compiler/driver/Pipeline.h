@@ -38,6 +38,7 @@ struct PipelineOptions {
   bool verifyEach = false;            // run the IR verifier after sema, training and planning
   std::string injectFault; // a deliberate bug in the plans (planner/InjectFault.h); "": none
   std::string zero;        // --zero: "1", "2" or "3" (ZeRO stage of train blocks); "": none
+  std::vector<std::string> recompute; // defs whose activations train blocks recompute
   /// "DIM=K": without pipeline stages, every selected train block runs K microbatches of DIM per
   /// step and accumulates their gradients before one update (planModule, Microbatches.h;
   /// docs/training.md); with stages, the pipeline's microbatches (PlanPipeline.h; "DIM=auto"
@@ -77,6 +78,11 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
 /// 2. The training phase (autodiff, optimizer, param updates) on every train block; with
 /// `verify`, the IR verifier after it.
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
+
+/// Before planning, under --memory-budget: a train block of which no layout fits the budget
+/// (planned silently first) gets the activations of its repeated layer def recomputed
+/// (train/Recompute.h), said in a note on stderr; the plan then reports what it saves and costs.
+void recomputeToFitBudget(ir::Module& module, const PipelineOptions& options, DiagEngine& diag);
 
 /// 3. Every selected function planned for the machine. With --microbatches, the train blocks
 /// are loaded again (`argv0` as for loadModule) with the dim at its microbatch size, trained and

@@ -298,6 +298,9 @@ struct DefDecl : Decl {
   std::vector<TypedName> results;
   bool hasSeveralResults() const { return !results.empty(); }
   std::vector<StmtPtr> body;
+  /// `recompute def ...`: where the annotation is written (invalid without one).
+  Loc recomputeLoc;
+  bool isRecompute() const { return recomputeLoc.isValid(); }
   static bool classof(const Decl* d) { return d->kind == Kind::Def; }
 };
 

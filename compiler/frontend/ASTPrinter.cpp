@@ -124,6 +124,7 @@ private:
       line(indent, "DefDecl", decl.loc) << " " << def.name.name;
       if (!def.dimParams.empty()) os_ << "[" << names(def.dimParams) << "]";
       if (!def.hasSeveralResults()) os_ << " -> " << typeText(def.result);
+      if (def.isRecompute()) os_ << " recompute";
       os_ << "\n";
       printTypedNames("Arg", def.args, indent + 1);
       printTypedNames("Result", def.results, indent + 1);

@@ -125,6 +125,7 @@ private:
   bool parseLayoutItem(LayoutDecl& layout);
   bool parseAxes(LayoutDecl::Entry& entry);
   DeclPtr parseDefDecl();
+  DeclPtr parseRecomputeDefDecl();
   DeclPtr parseProgramDecl();
   DeclPtr parseTrainDecl();
   DeclPtr parseExternDecl();
@@ -207,7 +208,8 @@ void Parser::skipBraces() {
 /// After a bad declaration: skip to the next top-level keyword.
 void Parser::syncDecl(size_t startConsumed) {
   if (consumed_ == startConsumed && !is(Tok::Eof)) consume();
-  while (!is(Tok::Eof) && !isTopLevelKeyword(tok().kind))
+  while (!is(Tok::Eof) && !isTopLevelKeyword(tok().kind) &&
+         !(is(Tok::Ident) && tok().text == "recompute" && peek(1).kind == Tok::KwDef))
     consume();
 }
 
@@ -271,6 +273,10 @@ std::unique_ptr<File> Parser::parseFile() {
 ///        | externDecl
 DeclPtr Parser::parseDecl() {
   switch (tok().kind) {
+  case Tok::Ident:
+    if (tok().text == "recompute") return parseRecomputeDefDecl();
+    error("a declaration (import, mesh, dim, layout, def, program, train or extern)");
+    return nullptr;
   case Tok::KwImport:
     return parseImportDecl();
   case Tok::KwMesh:
@@ -428,6 +434,20 @@ DeclPtr Parser::parseDefDecl() {
     decl->result = std::move(*result);
   }
   if (!parseBlock(decl->body)) return nullptr;
+  return decl;
+}
+
+/// defDecl ::= 'recompute' 'def' ...
+/// `recompute` (an identifier elsewhere) marks a def whose calls in train blocks keep no
+/// activations for backward: the backward recomputes them from the call's inputs.
+DeclPtr Parser::parseRecomputeDefDecl() {
+  Loc annotation = consume().loc;
+  if (!is(Tok::KwDef)) {
+    error("'def' after 'recompute'");
+    return nullptr;
+  }
+  DeclPtr decl = parseDefDecl();
+  if (decl) static_cast<DefDecl&>(*decl).recomputeLoc = annotation;
   return decl;
 }
 

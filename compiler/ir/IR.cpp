@@ -102,6 +102,11 @@ double Initializer::arg(const std::string& name, double fallback) const {
   return fallback;
 }
 
+std::string defOfCallPath(const std::string& callPath) {
+  std::string segment = callPath.substr(callPath.rfind('/') + 1);
+  return segment.substr(0, segment.find_first_of("#["));
+}
+
 ValueId Function::addOp(Op op, TensorType type, std::string valueName) {
   ValueId id = static_cast<ValueId>(values.size());
   values.push_back(Value{std::move(type), std::move(valueName), static_cast<uint32_t>(ops.size())});

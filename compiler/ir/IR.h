@@ -55,6 +55,10 @@ struct Location {
   llvm::SMLoc loc;
   std::string file;
   unsigned line = 0, col = 0;
+  /// The inlined def call the op comes from, as an index + 1 into Function::calls (0: the
+  /// function body). Like a debugger's inlined-at chain, it travels with the location: ops that
+  /// autodiff derives from a forward op take its call too. Not printed (IR read back has none).
+  uint32_t call = 0;
 };
 
 using ValueId = uint32_t;
@@ -138,6 +142,24 @@ struct ParamUpdate {
   ValueId value = 0;
 };
 
+/// One call of a def, inlined by sema. Calls nest: `parent` is the call it was made from.
+struct DefCall {
+  std::string def;     // the def's name
+  std::string path;    // its call path, `decoder/decoder_layer[2]`
+  uint32_t parent = 0; // index + 1 into Function::calls; 0: made from the function body
+  /// `recompute def`, --recompute names the def, or the driver chose it to fit a memory budget:
+  /// in a train block, its activations are recomputed in backward instead of kept
+  /// (train/Recompute.h).
+  bool recompute = false;
+};
+
+/// The attribute of an op that recomputes a forward value for the backward pass (a copy that
+/// train/Recompute.h inserts); its value is the call path of the recomputed def call. Passes that
+/// merge or move equal computations leave such ops apart from the originals.
+inline constexpr const char* kRecomputeAttr = "recompute";
+/// The def a call path names: its last segment up to `#` or `[` (`dec/layer#1[2]` -> `layer`).
+std::string defOfCallPath(const std::string& callPath);
+
 /// A `repeat` whose count is a declared dim (`repeat layers { ... }`): pipeline stages split its
 /// iterations (docs/planner.md, "Pipeline stages"). `carried`: the types of the values one
 /// iteration hands to the next (the names of enclosing blocks it rebinds), what a stage sends.
@@ -162,6 +184,8 @@ struct Function {
   /// (autodiff + optimizer), one per trainable weight and optimizer-state slot. Empty for
   /// programs; see hasOptimizerUpdates for whether the training phase has run.
   std::vector<ParamUpdate> updates;
+  /// Every def call sema inlined, outermost first (Location::call indexes it).
+  std::vector<DefCall> calls;
 
   const Value& value(ValueId id) const { return values[id]; }
   const TensorType& typeOf(ValueId id) const { return values[id].type; }

@@ -5,6 +5,7 @@
 #include "ir/IRPrinter.h"
 #include "planner/CostModel.h"
 #include "planner/Microbatching.h"
+#include "planner/RecomputeReport.h"
 
 #include <fmt/format.h>
 #include <llvm/Support/JSON.h>
@@ -286,6 +287,7 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
                     percent(memory.total(), budget),
                     budget > 0 && memory.total() > budget ? ", OVER BUDGET" : "");
   if (plan.zero) printZeroReport(*plan.zero, os);
+  printRecompute(fn, os);
 
   const PlanSummary& summary = fn.summary;
   os << fmt::format("\npredicted step{}\n",

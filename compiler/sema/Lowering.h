@@ -69,6 +69,7 @@ struct Globals {
   std::map<std::string, const ast::DefDecl*> defs;
   std::map<std::string, ExternInfo> externs;
   std::map<std::string, LayoutInfo> layout;
+  std::set<std::string> recomputeOption; // defs named by --recompute
 };
 
 std::string typeString(const ir::TensorType& type);
@@ -129,6 +130,7 @@ struct FrameDims {
 struct CallFrame {
   std::string path; // "" for the function body, else `block[2]/attn`
   const ast::DefDecl* def = nullptr;
+  uint32_t call = 0; // this call in fn_.calls (index + 1); 0 for the function body
   FrameDims dims;
   std::string repeatSuffix;            // `[i]` per enclosing repeat of this frame, outermost first
   std::map<std::string, int> defCalls; // by def name + repeatSuffix

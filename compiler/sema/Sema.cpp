@@ -129,6 +129,7 @@ Operand FunctionLowerer::addOp(ir::OpKind kind, std::vector<ir::ValueId> operand
   op.operands = std::move(operands);
   op.attrs = std::move(attrs);
   op.loc = location(loc);
+  op.loc.call = frames_.empty() ? 0 : frames_.back().call;
   return Operand::tensor(fn_.addOp(std::move(op), std::move(type), std::move(name)), loc);
 }
 
@@ -655,6 +656,10 @@ std::vector<Operand> FunctionLowerer::inlineDefResults(const ast::DefDecl& def,
   }
   frame.def = &def;
   frame.dims = std::move(*dims);
+  fn_.calls.push_back(
+      ir::DefCall{def.name.name, frame.path, caller.call,
+                  def.isRecompute() || globals_.recomputeOption.count(def.name.name)});
+  frame.call = static_cast<uint32_t>(fn_.calls.size());
   frames_.push_back(std::move(frame));
   inlineStack_.push_back(&def);
   ++depth_;
@@ -870,6 +875,8 @@ private:
   std::unique_ptr<ast::LayoutDecl> parseLayoutOption(const std::string& text);
   void checkLayout();
   void checkAxisSharing(const ir::Function& fn);
+  /// `recompute def` and --recompute must name defs that some train block calls.
+  void checkRecompute();
 
   const SourceSet& sources_;
   const SemaOptions& options_;
@@ -1012,6 +1019,12 @@ void ModuleLowerer::applyOptions() {
   for (const auto& [name, size] : options_.dimSizes)
     if (!globals_.dims.count(name))
       reporter_.report(llvm::SMLoc(), Diag::ErrUnknownDimOption, name);
+  for (const std::string& name : options_.recompute) {
+    if (globals_.defs.count(name))
+      globals_.recomputeOption.insert(name);
+    else
+      reporter_.report(llvm::SMLoc(), Diag::ErrRecomputeUnknownDef, name);
+  }
   if (options_.mesh) {
     globals_.hasMesh = true;
     if (globals_.meshName.empty()) globals_.meshName = "mesh";
@@ -1211,6 +1224,26 @@ void ModuleLowerer::checkAxisSharing(const ir::Function& fn) {
   }
 }
 
+void ModuleLowerer::checkRecompute() {
+  std::set<std::string> trained; // defs called (at any depth) by a train block
+  for (const ir::Function& fn : module_.functions)
+    if (fn.kind == ir::Function::Kind::Train)
+      for (const ir::DefCall& call : fn.calls)
+        trained.insert(call.def);
+  if (reporter_.engine().hadError()) return; // a train block with errors lists no calls
+  // A def no train block calls has no activations kept for a backward pass: the annotation would
+  // silently do nothing, which is the mistake (a misspelt def, a def only programs call).
+  for (const auto& [name, def] : globals_.defs)
+    if (!trained.count(name)) {
+      if (def->isRecompute())
+        reporter_.report(def->recomputeLoc, Diag::ErrRecomputeNotTrained, name,
+                         "is marked 'recompute'");
+      if (globals_.recomputeOption.count(name))
+        reporter_.report(llvm::SMLoc(), Diag::ErrRecomputeNotTrained, name,
+                         "is named by --recompute");
+    }
+}
+
 std::optional<ir::Module> ModuleLowerer::run() {
   for (const auto& file : sources_.files) {
     currentFile_ = file.get();
@@ -1237,6 +1270,7 @@ std::optional<ir::Module> ModuleLowerer::run() {
   for (const auto& [name, info] : globals_.dims)
     if (info.local) module_.dims[name] = info.size;
   checkParamsAcrossFunctions(module_.functions, reporter_);
+  checkRecompute();
   // Defs that no program or train block inlined are checked on their own (their arguments as
   // inputs), so that their errors are found too.
   for (const auto& file : sources_.files)

@@ -33,6 +33,9 @@ struct SemaOptions {
   /// Replaces every layout declaration: the items of a layout statement separated by ',' or
   /// ';', e.g. "batch: data; heads: [data, model]; auto". Its errors point into this text.
   std::optional<std::string> layout;
+  /// Defs whose calls in train blocks recompute their activations in backward, as if declared
+  /// `recompute def` (meshc --recompute); naming no def, or one no train block calls, is an error.
+  std::vector<std::string> recompute;
   /// Checks each `extern def` against its C++ header, reporting through the DiagEngine; returns
   /// false when it does not match. Unset: extern defs are taken on trust (unit tests).
   std::function<bool(const ExternFunction&, DiagEngine&)> checkExtern = nullptr;

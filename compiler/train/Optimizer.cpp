@@ -1,6 +1,7 @@
 // Optimizer lowering. Every formula here is written out in docs/training.md; `s` is the `step`
 // op (steps taken before this one, from 0) and t = s + 1.
 #include "train/Optimizer.h"
+#include "train/Recompute.h"
 
 #include "train/OpBuilder.h"
 
@@ -250,9 +251,11 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients) {
 
 bool lowerTraining(ir::Function& fn, DiagEngine& diag) {
   if (fn.kind != ir::Function::Kind::Train || !fn.train || ir::hasOptimizerUpdates(fn)) return true;
+  size_t forwardOps = fn.ops.size();
   std::optional<Gradients> gradients = differentiate(fn, diag);
   if (!gradients) return false;
   lowerOptimizer(fn, *gradients);
+  recomputeActivations(fn, forwardOps);
   return true;
 }
 

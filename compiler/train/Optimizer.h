@@ -14,7 +14,8 @@ namespace meshc::train {
 /// the update of every state slot it adds. Weights without a gradient are left unchanged.
 void lowerOptimizer(ir::Function& fn, const Gradients& gradients);
 
-/// The training phase the driver runs on a train block: autodiff, then optimizer lowering.
+/// The training phase the driver runs on a train block: autodiff, optimizer lowering, then the
+/// recomputation of the activations of `recompute` def calls (Recompute.h).
 /// A Function that already has updates (IR read back after this phase) is left as it is.
 /// Returns false after reporting an error.
 bool lowerTraining(ir::Function& fn, DiagEngine& diag);

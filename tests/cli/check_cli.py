@@ -112,6 +112,7 @@ def ir_input_and_stages():
 
 
 MLP = os.path.join(ROOT, "dsl-examples", "mlp.mesh")
+TRANSFORMER = os.path.join(ROOT, "dsl-examples", "transformer.mesh")
 SWISH = os.path.join(ROOT, "dsl-examples", "swish_mlp.mesh")
 SWISH_HEADER = os.path.join(ROOT, "dsl-examples", "kernels", "swish.h")
 
@@ -154,6 +155,37 @@ def every_option():
         for emit in ["ast", "ir", "spmd", "dot", "plan-json"]:
             proc = meshc(MLP, f"--emit={emit}")
             expect(proc.returncode == 0 and proc.stdout, f"--emit={emit}", proc)
+
+
+def recompute():
+    """--recompute=DEF recomputes a def's activations in train blocks; the plan says what it costs
+    and saves, and the peak of live activations drops. It must name a def that a train block
+    calls."""
+    # Sizes at which activations, not the optimizer's new values, set the peak.
+    sizes = ["--function", "lm_train", "--dim", "layers=4", "--dim", "batch=16", "--dim",
+             "seq=128", "--dim", "mem=128"]
+    base = meshc(TRANSFORMER, "--emit=plan", *sizes)
+    expect(base.returncode == 0 and "recompute" not in base.stdout, "plain plan", base)
+    plan = meshc(TRANSFORMER, "--emit=plan", *sizes, "--recompute=decoder_layer")
+    expect(plan.returncode == 0 and re.search(r"\n  decoder_layer: 4 calls, activations dropped "
+                                              r".* \(\d+ B\), compute added [0-9.e+]+ flops, ",
+                                              plan.stdout),
+           "--recompute=decoder_layer reports the recomputed def", plan)
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    peak = [float(m.group(1)) * units[m.group(2)] for m in
+            (re.search(r"activations +([0-9.]+) (\w+) \(peak live\)", p.stdout) for p in (base, plan))]
+    expect(peak[1] < peak[0], f"the peak of live activations drops: {peak}", plan)
+    unknown = meshc(MLP, "--emit=plan", "--recompute=nosuch")
+    expect(unknown.returncode == 1 and
+           "error: --recompute names 'nosuch', which is not a def" in unknown.stderr,
+           "--recompute of an unknown def", unknown)
+    # Under a budget no layout fits without it, --layout auto recomputes the repeated layer.
+    fit = meshc(TRANSFORMER, "--emit=plan", *sizes, "--layout", "auto", "--memory-budget", "12MiB")
+    expect(fit.returncode == 0 and "recomputing the activations of its repeated layer def "
+           "'decoder_layer' (4 calls)" in fit.stderr and "\n  decoder_layer: 4 calls" in fit.stdout,
+           "a memory budget that only recomputation meets", fit)
+    ir = meshc(MLP, "--emit=train-ir", "--recompute", "ffn")
+    expect(ir.returncode == 0 and 'recompute = "ffn"' in ir.stdout, "the copies in the IR", ir)
 
 
 def verify_each():
@@ -501,7 +533,7 @@ CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, ex
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each]}
+                                 run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

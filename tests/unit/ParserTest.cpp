@@ -218,6 +218,43 @@ program empty() -> (y: f32[]) { y = 1 }
   CHECK(parsed.decl<ProgramDecl>(3).inputs.empty());
 }
 
+TEST_CASE("recompute def: an annotation, and an identifier elsewhere", "[parser]") {
+  Parsed parsed(R"(
+recompute def layer(x: f32[batch]) -> f32[batch] {
+  let recompute = x
+  return recompute
+}
+def plain(x: f32[batch]) -> f32[batch] { return x }
+recompute program p() -> (y: f32[]) { y = 1 }
+recompute def after_error(x: f32[batch]) -> f32[batch] { return x }
+)");
+  CHECK(parsed.reported("7:11: error: expected 'def' after 'recompute' but found 'program'"));
+  REQUIRE(parsed.file->decls.size() == 4);
+  const auto& layer = parsed.decl<DefDecl>(0);
+  CHECK(layer.isRecompute());
+  CHECK(parsed.at(layer.recomputeLoc) == "2:1");
+  CHECK(parsed.at(layer.loc) == "2:11");
+  CHECK(cast<LetStmt>(*layer.body[0]).name.name == "recompute");
+  CHECK_FALSE(parsed.decl<DefDecl>(1).isRecompute());
+  // Recovery resumes at the program (its declaration parses) and at the next annotation.
+  CHECK(parsed.decl<ProgramDecl>(2).name.name == "p");
+  CHECK(parsed.decl<DefDecl>(3).isRecompute());
+  std::string printed;
+  llvm::raw_string_ostream os(printed);
+  printAST(*parsed.file, parsed.sources, os);
+  // Both annotated defs print the annotation; the plain one does not.
+  llvm::SmallVector<llvm::StringRef, 32> lines;
+  llvm::StringRef(os.str()).split(lines, '\n');
+  size_t annotated = 0, defs = 0;
+  for (llvm::StringRef line : lines)
+    if (line.contains("DefDecl")) {
+      ++defs;
+      annotated += line.endswith(" recompute");
+    }
+  CHECK(defs == 3);
+  CHECK(annotated == 2);
+}
+
 TEST_CASE("statements", "[parser]") {
   Parsed parsed(R"(
 def f(x: f32[a]) -> f32[a] {

@@ -1,0 +1,276 @@
+// Activation recomputation (train/Recompute.h) on the IR, in the interpreter, in the plan and in
+// the kernel IR: the copies exist and carry the attribute, the originals are no longer read by
+// the backward pass once the call's own backward starts, the train steps are bit for bit those
+// without recomputation, the planner's memory estimate drops by the activations it reports
+// dropped, and the kernel passes keep the copies apart from the originals.
+#include "train/Recompute.h"
+#include "CompiledSource.h"
+#include "train/Optimizer.h"
+
+#include "codegen/EliminateCommonSubexpressions.h"
+#include "codegen/Lower.h"
+#include "interp/Interpreter.h"
+#include "planner/Planner.h"
+#include "planner/RecomputeReport.h"
+#include "planner/Reshard.h"
+
+#include <catch2/catch.hpp>
+#include <llvm/ADT/STLExtras.h>
+
+#include <set>
+
+using namespace meshc;
+
+namespace {
+
+// Four calls of a layer with a layer norm, a GELU MLP and dropout; the backward of each needs
+// most of the layer's forward values. Activations outweigh params (and SGD keeps no state), so
+// they set the peak of live memory.
+constexpr const char* kSource = R"(
+mesh grid[data = 2]
+dim batch = 64
+dim d = 8
+dim f = 32
+layout batch: data
+
+RECOMPUTEdef layer(x: f32[batch, d]) -> f32[batch, d] {
+  param w_in: f32[d, f] = normal(stddev = 0.3)
+  param w_out: f32[f, d] = normal(stddev = 0.3)
+  let h = gelu(einsum(layer_norm(x, d), w_in -> batch, f))
+  return x + einsum(dropout(h, rate = 0.25), w_out -> batch, d)
+}
+
+train t(x: f32[batch, d], y: f32[batch, d]) {
+  let h = x
+  repeat 4 {
+    h = layer(h)
+  }
+  minimize mean(square(h - y)) with sgd(lr = 0.1)
+}
+)";
+
+std::string source(bool annotated) {
+  std::string text = kSource;
+  text.replace(text.find("RECOMPUTE"), 9, annotated ? "recompute " : "");
+  return text;
+}
+
+struct Trained {
+  testing::CompiledSource compiled;
+  ir::Module module;
+  explicit Trained(const std::string& text, SemaOptions options = {})
+      : compiled(llvm::StringRef(text), options) {
+    INFO(compiled.errors);
+    REQUIRE(compiled.module);
+    module = *compiled.module;
+    for (ir::Function& fn : module.functions)
+      REQUIRE(train::lowerTraining(fn, compiled.diag));
+  }
+  ir::Function& fn() { return module.functions.front(); }
+};
+
+bool isCopy(const ir::Op& op) {
+  return op.attr(ir::kRecomputeAttr) != nullptr;
+}
+
+/// Per value: the indices of the ops that read it.
+std::vector<std::vector<size_t>> readers(const ir::Function& fn) {
+  std::vector<std::vector<size_t>> out(fn.values.size());
+  for (size_t i = 0; i < fn.ops.size(); ++i)
+    for (ir::ValueId operand : fn.ops[i].operands)
+      out[operand].push_back(i);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("recompute copies a call's activations before its backward and rewires the reads") {
+  Trained plain(source(false));
+  Trained recomputed(source(true));
+  const ir::Function& fn = recomputed.fn();
+  // The forward ops are unchanged and first: the copies go into the backward part.
+  size_t forwardOps = 0;
+  while (forwardOps < plain.fn().ops.size() && !isCopy(fn.ops[forwardOps]) &&
+         plain.fn().ops[forwardOps].kind == fn.ops[forwardOps].kind)
+    ++forwardOps;
+  REQUIRE(fn.ops.size() > plain.fn().ops.size());
+  size_t copies = 0;
+  std::set<std::string> paths;
+  for (size_t i = 0; i < fn.ops.size(); ++i)
+    if (isCopy(fn.ops[i])) {
+      ++copies;
+      CHECK(i >= forwardOps);
+      paths.insert(fn.ops[i].string(ir::kRecomputeAttr));
+    }
+  CHECK(copies == fn.ops.size() - plain.fn().ops.size());
+  CHECK(paths == std::set<std::string>{"layer[0]", "layer[1]", "layer[2]", "layer[3]"});
+  // The layers' copies are each one run, the last layer's first (the backward runs in reverse).
+  size_t firstCopy = 0;
+  while (!isCopy(fn.ops[firstCopy]))
+    ++firstCopy;
+  CHECK(fn.ops[firstCopy].string(ir::kRecomputeAttr) == "layer[3]");
+
+  // A forward value of a layer that the backward reads is only the layer's result (read by the
+  // next layer or the loss, before the layer's own backward starts); everything else the
+  // backward reads from the copies.
+  std::vector<std::vector<size_t>> readersOf = readers(fn);
+  std::vector<std::vector<size_t>> plainReaders = readers(plain.fn());
+  size_t keptBefore = 0, keptAfter = 0;
+  for (size_t i = 0; i < forwardOps; ++i) {
+    const ir::Op& op = fn.ops[i];
+    if (op.loc.call == 0 || op.kind == ir::OpKind::Param || op.kind == ir::OpKind::Literal)
+      continue;
+    auto inBackward = [&](size_t reader) { return reader >= forwardOps; };
+    bool readInBackward = llvm::any_of(readersOf[op.result], inBackward);
+    keptBefore += llvm::any_of(plainReaders[op.result], inBackward);
+    keptAfter += readInBackward;
+    if (readInBackward) {
+      INFO("value %" << op.result << " " << ir::opSpelling(op.kind));
+      CHECK(llvm::any_of(readersOf[op.result], [&](size_t reader) {
+        return reader < forwardOps && fn.ops[reader].loc.call != op.loc.call;
+      }));
+    }
+  }
+  // Plain: per layer its layer norm's, first einsum's and dropout's results, and the results of
+  // layers 0-2 (read by the next layer's backward); recomputed: only the latter.
+  INFO(keptBefore << " values kept for backward, " << keptAfter << " with recomputation");
+  CHECK(keptAfter <= 3);
+  CHECK(keptBefore >= 12);
+  // The copy of the dropout draws the same mask: same stream and rate.
+  size_t dropouts = 0;
+  for (const ir::Op& op : fn.ops)
+    if (op.kind == ir::OpKind::Dropout && isCopy(op)) {
+      ++dropouts;
+      CHECK(llvm::any_of(fn.ops, [&](const ir::Op& original) {
+        return original.kind == ir::OpKind::Dropout && !isCopy(original) &&
+               original.string("stream") == op.string("stream");
+      }));
+    }
+  CHECK(dropouts == 4);
+}
+
+TEST_CASE("--recompute names a def as the annotation does; other defs are untouched") {
+  SemaOptions options;
+  options.recompute = {"layer"};
+  Trained byOption(source(false), options);
+  Trained annotated(source(true));
+  REQUIRE(byOption.fn().ops.size() == annotated.fn().ops.size());
+  for (size_t i = 0; i < annotated.fn().ops.size(); ++i) {
+    CHECK(byOption.fn().ops[i].kind == annotated.fn().ops[i].kind);
+    CHECK(byOption.fn().ops[i].operands == annotated.fn().ops[i].operands);
+  }
+  Trained plain(source(false));
+  for (const ir::Op& op : plain.fn().ops)
+    CHECK_FALSE(isCopy(op));
+}
+
+TEST_CASE("recomputation chosen after training (to fit a budget) is the annotation's") {
+  Trained annotated(source(true));
+  Trained late(source(false));
+  ir::Function& fn = late.fn();
+  CHECK(train::repeatedLayerDef(fn) == "layer");
+  CHECK(train::markRecompute(fn, "layer") == 4);
+  CHECK(train::recomputeActivations(fn) == 4);
+  REQUIRE(fn.ops.size() == annotated.fn().ops.size());
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    CHECK(fn.ops[i].kind == annotated.fn().ops[i].kind);
+    CHECK(fn.ops[i].operands == annotated.fn().ops[i].operands);
+  }
+}
+
+TEST_CASE("the interpreter trains the recomputed step exactly as the plain one") {
+  Trained plain(source(false));
+  Trained recomputed(source(true));
+  interp::Options opts;
+  opts.seed = 5;
+  opts.training = true;
+  interp::TensorMap inputs;
+  for (const ir::InputInfo& input : plain.fn().inputs)
+    inputs[input.name] = interp::synthesizeInput(input, 3);
+  interp::TensorMap plainState, recomputedState;
+  for (uint64_t step = 0; step < 3; ++step) {
+    opts.step = step;
+    llvm::Expected<double> a = interp::trainStep(plain.fn(), inputs, opts, plainState);
+    if (!a) FAIL(llvm::toString(a.takeError()));
+    llvm::Expected<double> b = interp::trainStep(recomputed.fn(), inputs, opts, recomputedState);
+    if (!b) FAIL(llvm::toString(b.takeError()));
+    CHECK(*a == *b);
+  }
+  REQUIRE(plainState.size() == recomputedState.size());
+  for (const auto& [path, tensor] : plainState) {
+    INFO(path);
+    CHECK(tensor.data == recomputedState.at(path).data);
+  }
+}
+
+TEST_CASE("the plan's activation memory drops; the report's figure is the dropped activations") {
+  auto planOf = [](Trained& trained) {
+    plan::PlannerOptions options;
+    std::optional<std::vector<plan::PlannedFunction>> plans =
+        plan::planModule(trained.module, options, trained.compiled.diag);
+    REQUIRE(plans);
+    return std::move(plans->front());
+  };
+  Trained plain(source(false));
+  Trained recomputed(source(true));
+  plan::PlannedFunction before = planOf(plain), after = planOf(recomputed);
+  CHECK(plan::summarizeRecompute(before.spmd).empty());
+  std::vector<plan::RecomputeSummary> summary = plan::summarizeRecompute(after.spmd);
+  REQUIRE(summary.size() == 1);
+  CHECK(summary[0].def == "layer");
+  CHECK(summary[0].calls == 4);
+  CHECK(summary[0].flops > 0);
+  CHECK(summary[0].seconds > 0);
+  // The dropped activations, from the IR: the copies the rest of the step reads, each its local
+  // size under `batch: data` over 2 devices.
+  const ir::Function& fn = recomputed.fn();
+  std::vector<std::vector<size_t>> readersOf = readers(fn);
+  double dropped = 0;
+  for (const ir::Op& op : fn.ops)
+    if (isCopy(op) && llvm::any_of(readersOf[op.result],
+                                   [&](size_t reader) { return !isCopy(fn.ops[reader]); })) {
+      const ir::TensorType& type = fn.typeOf(op.result);
+      dropped += double(type.numElements() / (type.hasDim("batch") ? 2 : 1) *
+                        plan::dtypeBytes(type.dtype));
+    }
+  CHECK(dropped > 0);
+  CHECK(summary[0].droppedBytes == dropped);
+  CHECK(after.spmd.memory.peakActivationBytes < before.spmd.memory.peakActivationBytes);
+  CHECK(after.spmd.summary.computeSeconds > before.spmd.summary.computeSeconds);
+}
+
+TEST_CASE("the kernel passes keep the copies apart and the arena shrinks") {
+  auto lower = [](Trained& trained, std::vector<std::string> disabled) {
+    std::optional<std::vector<plan::PlannedFunction>> plans =
+        plan::planModule(trained.module, plan::PlannerOptions{}, trained.compiled.diag);
+    REQUIRE(plans);
+    llvm::Expected<kir::KernelModule> kernels =
+        kir::lowerModule(trained.module, *plans, kir::LowerOptions{std::move(disabled)});
+    if (!kernels) FAIL(llvm::toString(kernels.takeError()));
+    return std::move(kernels->functions.front());
+  };
+  auto copiesIn = [](const kir::KernelFunction& fn) {
+    return llvm::count_if(fn.body, [](const kir::Stmt& stmt) { return stmt.recomputed; });
+  };
+  Trained recomputed(source(true));
+  std::vector<std::string> allPasses;
+  for (const kir::KernelPass& pass : kir::kernelPasses())
+    allPasses.push_back(pass.name);
+  kir::KernelFunction unpassed = lower(recomputed, allPasses);
+  ptrdiff_t copies = copiesIn(unpassed);
+  REQUIRE(copies > 0);
+  kir::KernelFunction merged = unpassed;
+  kir::eliminateCommonSubexpressions(merged);
+  CHECK(copiesIn(merged) == copies);
+  // Unmarked, copies are merged into the forward statements they repeat (those whose reads are
+  // single-writer buffers, and the copies reading them): the mark is what keeps them.
+  for (kir::Stmt& stmt : unpassed.body)
+    stmt.recomputed = false;
+  size_t statements = unpassed.body.size();
+  kir::eliminateCommonSubexpressions(unpassed);
+  CHECK(unpassed.body.size() < statements);
+
+  // With every pass, the arena (planned by liveness) is smaller than without recomputation.
+  Trained plain(source(false));
+  CHECK(lower(recomputed, {}).arenaBytes < lower(plain, {}).arenaBytes);
+}
