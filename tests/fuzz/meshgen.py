@@ -77,6 +77,9 @@ class Generator(FeatureMixin, LayoutMixin):
         self.rng = random.Random(seed)
         self.case = Case(seed=seed)
         self.dims = {}  # name -> size, in declaration order
+        # The count dims of `repeat d { ... }`: laid over an axis they ask for pipeline stages,
+        # which only the plan reports take (docs/planner.md), so generated layouts leave them out.
+        self.repeat_dims = set()
         self.defs = []  # text of defs
         self.counter = 0
         self.train = self.rng.random() < 0.4 if train is None else train
@@ -497,6 +500,7 @@ class Generator(FeatureMixin, LayoutMixin):
             return lines
         if style == "dim":
             rd = self.new_dim(count, "r")
+            self.repeat_dims.add(rd)
             lines.append(f"  repeat {rd} {{")
         elif style == "shared":
             lines.append(f"  repeat {count} shared {{")

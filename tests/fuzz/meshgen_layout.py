@@ -125,6 +125,8 @@ class LayoutMixin:
             return mesh, "layout auto"
         # One axis per dim at most, each axis for one dim: no tensor can hold an axis twice.
         for d in rng.sample(list(self.dims), len(self.dims)):
+            if d in self.repeat_dims:
+                continue
             free = [(a, s) for a, s in axes if a not in used]
             if not free or rng.random() < 0.4:
                 continue
@@ -145,7 +147,8 @@ class LayoutMixin:
             a = rng.choice(sorted(used))
             s = dict(axes)[a]
             pinned = {item.split(":")[0] for item in items}
-            spare = [d for d in self.dims if d not in pinned and self.dims[d] % s == 0]
+            spare = [d for d in self.dims
+                     if d not in pinned and d not in self.repeat_dims and self.dims[d] % s == 0]
             if spare:
                 items.append(f"{rng.choice(spare)}: {a}")
                 self.case.may_reject = f"to mesh axis '{a}'"
