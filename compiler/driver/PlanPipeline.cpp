@@ -333,6 +333,13 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
                   llvm::raw_ostream& os) {
+  // Recomputation makes memory and backward time not additive per layer, which the difference
+  // of the one- and two-layer plans assumes (docs/planner.md, "Pipeline stages").
+  if (!options.recompute.empty()) {
+    optionError("--recompute does not compose with pipeline stages yet: their model assumes "
+                "per-layer memory and time that add up (docs/planner.md, \"Pipeline stages\")");
+    return kExitInputError;
+  }
   Microbatching micro;
   if (!parseMicrobatches(options.microbatches, module, micro)) return kExitInputError;
   plan::PipelineSchedule schedule = plan::PipelineSchedule::OneFOneB;

@@ -127,6 +127,11 @@ def main():
            in tight.stderr, f"{over} microbatches over the budget is a located error",
            tight.stderr)
 
+    # Recomputation with stages is refused rather than mispredicted.
+    both = meshc(binary, example, *base, "--recompute=decoder_layer", expect_ok=False)
+    expect(both.returncode == 1 and "--recompute does not compose with pipeline stages" in
+           both.stderr and not both.stdout, "--recompute with stages is an error", both.stderr)
+
     # Code generation refuses stages plainly.
     cpp = subprocess.run([binary, example, "--emit=cpp", "--function", "lm_train", *base],
                          capture_output=True, text=True, timeout=300)
