@@ -1,5 +1,6 @@
 // Point-to-point on the MPI backend: the protocol is described in MpiP2p.h.
 #include "MpiP2p.h"
+#include "PeerOps.h"
 
 #include <climits>
 #include <sstream>
@@ -82,32 +83,16 @@ void MpiPeerOps::wait(uint64_t id) {
       }
     }
   }
-  std::exception_ptr failure = op.failure;
-  ops_.erase(found);
-  if (failure) std::rethrow_exception(failure);
+  finishPeerOp(ops_, found);
 }
 
 bool MpiPeerOps::test(uint64_t id) {
   progress();
-  auto found = ops_.find(id);
-  if (found == ops_.end()) return true;
-  if (!found->second.done) return false;
-  std::exception_ptr failure = found->second.failure;
-  ops_.erase(found);
-  if (failure) std::rethrow_exception(failure);
-  return true;
+  return finishIfDone(ops_, id);
 }
 
 void MpiPeerOps::progress() {
-  for (auto& [id, op] : ops_) {
-    if (op.done) continue;
-    try {
-      op.done = step(id, op);
-    } catch (...) {
-      op.done = true;
-      op.failure = std::current_exception();
-    }
-  }
+  progressPeerOps(ops_, [this](uint64_t id, Op& op) { return step(id, op); });
 }
 
 bool MpiPeerOps::firstRecvFromPeer(uint64_t id) const {

@@ -1,5 +1,6 @@
 // Point-to-point on the threads backend: the protocol is described in ThreadsP2p.h.
 #include "ThreadsP2p.h"
+#include "PeerOps.h"
 
 #include <cstring>
 
@@ -51,7 +52,6 @@ void PeerQueue::wait(uint64_t id) {
   where.peer = worldRankOf(peerOf(op));
   WaitingScope waiting(world_, worldRankOf(groupRank_), where);
   Clock::time_point deadline = Clock::now() + world_.timeout;
-  std::exception_ptr failure;
   for (int round = 0;; ++round) {
     progress();
     if (op.done) break;
@@ -82,32 +82,16 @@ void PeerQueue::wait(uint64_t id) {
     }
     group_.p2pSleepers.fetch_sub(1);
   }
-  failure = op.failure;
-  ops_.erase(found);
-  if (failure) std::rethrow_exception(failure);
+  finishPeerOp(ops_, found);
 }
 
 bool PeerQueue::test(uint64_t id) {
   progress();
-  auto found = ops_.find(id);
-  if (found == ops_.end()) return true;
-  if (!found->second.done) return false;
-  std::exception_ptr failure = found->second.failure;
-  ops_.erase(found);
-  if (failure) std::rethrow_exception(failure);
-  return true;
+  return finishIfDone(ops_, id);
 }
 
 void PeerQueue::progress() {
-  for (auto& [id, op] : ops_) {
-    if (op.done) continue;
-    try {
-      op.done = step(id, op);
-    } catch (...) {
-      op.done = true;
-      op.failure = std::current_exception();
-    }
-  }
+  progressPeerOps(ops_, [this](uint64_t id, Op& op) { return step(id, op); });
 }
 
 bool PeerQueue::firstRecvFromPeer(uint64_t id) const {
