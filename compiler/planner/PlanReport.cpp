@@ -20,6 +20,74 @@ namespace meshc::plan {
 
 namespace {
 
+/// The ZeRO section of --emit=plan.
+void printZeroReport(const ZeroReport& report, llvm::raw_ostream& os) {
+  size_t sharded = 0;
+  for (const ZeroWeight& weight : report.weights)
+    sharded += !weight.dim.empty();
+  static const char* const what[] = {"", "optimizer state", "optimizer state and gradients",
+                                     "optimizer state, gradients and params"};
+  os << fmt::format("\nZeRO stage {}: {} split over each weight's data-parallel axes{}\n",
+                    report.stage, what[std::clamp(report.stage, 1, 3)],
+                    report.chosen ? " (chosen: no layout fits the budget without it)" : "");
+  os << fmt::format("  weights       {} of {} sharded\n", sharded, report.weights.size());
+  for (const ZeroWeight& weight : report.weights)
+    if (weight.dim.empty())
+      os << fmt::format("    {} stays whole: {}\n", weight.path, weight.reason);
+  auto line = [&](const char* name, double before, double after) {
+    os << fmt::format("  {:<13} {} -> {}\n", name, bytesString(before), bytesString(after));
+  };
+  line("parameters", report.before.params, report.after.params);
+  line("gradients", report.before.gradients, report.after.gradients);
+  line("optimizer", report.before.optimizer, report.after.optimizer);
+  line("plan total", report.totalBefore, report.totalAfter);
+  os << fmt::format("  traffic       {} reduce-scatters ({}, {}), {} all-gathers ({}, {})\n",
+                    report.reduceScatters, bytesString(report.reduceScatterBytes),
+                    secondsString(report.reduceScatterSeconds), report.allGathers,
+                    bytesString(report.allGatherBytes), secondsString(report.allGatherSeconds));
+  os << fmt::format("  step          {} -> {}\n", secondsString(report.stepBefore),
+                    secondsString(report.stepAfter));
+}
+
+/// The `zero` object of plan-json.
+void printZeroReportJson(const ZeroReport& report, llvm::json::OStream& json) {
+  json.attributeObject("zero", [&] {
+    json.attribute("stage", report.stage);
+    json.attribute("chosen", report.chosen);
+    json.attributeArray("weights", [&] {
+      for (const ZeroWeight& weight : report.weights)
+        json.object([&] {
+          json.attribute("path", weight.path);
+          json.attribute("dim", weight.dim);
+          json.attributeArray("axes", [&] {
+            for (const std::string& axis : weight.axes)
+              json.value(axis);
+          });
+          json.attribute("reason", weight.reason);
+        });
+    });
+    auto memory = [&](const char* key, const ZeroMemory& m) {
+      json.attributeObject(key, [&] {
+        json.attribute("paramBytes", m.params);
+        json.attribute("gradientBytes", m.gradients);
+        json.attribute("optimizerBytes", m.optimizer);
+      });
+    };
+    memory("before", report.before);
+    memory("after", report.after);
+    json.attribute("totalBytesBefore", report.totalBefore);
+    json.attribute("totalBytesAfter", report.totalAfter);
+    json.attribute("stepSecondsBefore", report.stepBefore);
+    json.attribute("stepSecondsAfter", report.stepAfter);
+    json.attribute("reduceScatters", report.reduceScatters);
+    json.attribute("reduceScatterBytes", report.reduceScatterBytes);
+    json.attribute("reduceScatterSeconds", report.reduceScatterSeconds);
+    json.attribute("allGathers", report.allGathers);
+    json.attribute("allGatherBytes", report.allGatherBytes);
+    json.attribute("allGatherSeconds", report.allGatherSeconds);
+  });
+}
+
 std::string locString(const ir::Location& loc) {
   if (loc.line == 0) return "<no location>";
   return fmt::format("{}:{}:{}", loc.file, loc.line, loc.col);

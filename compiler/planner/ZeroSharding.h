@@ -13,7 +13,6 @@
 #include "planner/Layout.h"
 #include "planner/SpmdIR.h"
 
-#include <llvm/Support/JSON.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include <optional>
@@ -69,9 +68,5 @@ std::optional<ZeroRewrite> rewriteForZero(const ir::Function& fn, const Mesh& me
 /// rewrite.fn): the crossing renames become identities and are removed, and the collectives
 /// in front of them are counted into rewrite.report.
 void restoreZeroDims(SpmdFunction& spmd, ZeroRewrite& rewrite, const Layout& original);
-
-/// The plan report's ZeRO section: text (--emit=plan) and the `zero` object (plan-json).
-void printZeroReport(const ZeroReport& report, llvm::raw_ostream& os);
-void printZeroReportJson(const ZeroReport& report, llvm::json::OStream& json);
 
 } // namespace meshc::plan
