@@ -93,6 +93,7 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
   // The budget holds for a stage (layers, in-flight microbatches), which predictPipeline checks;
   // a plan of one or two layers has none of its own.
   options.memoryBudget = "1e30";
+  options.jointSearch = false;
   return options;
 }
 

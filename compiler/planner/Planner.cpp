@@ -1,5 +1,6 @@
 #include "planner/Planner.h"
 
+#include <llvm/ADT/STLExtras.h>
 #include <llvm/Support/WithColor.h>
 
 #include <cmath>
@@ -220,6 +221,67 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
   }
   if (failed) return std::nullopt;
   return plans;
+}
+
+std::optional<std::vector<PlannedFunction>>
+planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
+                   const std::string& function, const std::vector<int>& zeroStages,
+                   DiagEngine& diag) {
+  const ir::Function* fn = module.findFunction(function);
+  if (!fn) return std::nullopt;
+  Layout pinned;
+  std::vector<std::string> toSearch;
+  splitLayout(module, pinned, toSearch);
+  Mesh mesh = meshOf(module);
+  SearchOptions searchOptions;
+  searchOptions.memoryBudgetBytes =
+      options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
+  searchOptions.exactLimit = options.exactLimit;
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  PlanEvaluator evaluator(module, *fn, mesh, machine);
+  auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
+    PlannedFunction plan;
+    plan.memoryBudgetBytes = searchOptions.memoryBudgetBytes;
+    for (const auto& [dim, axes] : pinned.axes)
+      plan.pinnedDims.insert(dim);
+    std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
+    if (!spmd) return std::nullopt;
+    plan.spmd = std::move(*spmd);
+    if (!toSearch.empty()) plan.search = search;
+    return plan;
+  };
+  std::vector<PlannedFunction> candidates;
+  bool plainWanted = llvm::is_contained(zeroStages, 0);
+  if (plainWanted) {
+    std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
+                                                       pinned, toSearch, searchOptions, quiet);
+    if (fitting) {
+      std::optional<PlannedFunction> plan = lowered(*fitting);
+      if (!plan) return std::nullopt;
+      candidates.push_back(std::move(*plan));
+    }
+  }
+  bool zeroWanted = llvm::any_of(zeroStages, [](int stage) { return stage > 0; }) &&
+                    ir::hasOptimizerUpdates(*fn);
+  if (!candidates.empty() && !zeroWanted) return candidates;
+  SearchOptions unbounded = searchOptions;
+  unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
+  std::optional<SearchResult> fastest = searchLayout(evaluator, module, *fn, mesh, machine, pinned,
+                                                     toSearch, unbounded, diag);
+  if (!fastest) return std::nullopt;
+  std::optional<PlannedFunction> plain = lowered(*fastest);
+  if (!plain) return std::nullopt;
+  for (int stage : zeroStages) {
+    if (stage <= 0 || !ir::hasOptimizerUpdates(*fn)) continue;
+    PlannedFunction candidate = *plain;
+    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
+      return std::nullopt;
+    if (candidate.zero) candidate.zero->chosen = true;
+    candidates.push_back(std::move(candidate));
+  }
+  if (plainWanted && (candidates.empty() || candidates.front().zero))
+    candidates.insert(candidates.begin(), std::move(*plain)); // none fits: the fastest
+  return candidates;
 }
 
 std::optional<std::vector<PlannedFunction>>

@@ -31,6 +31,16 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
                                                        const PlannerOptions& options,
                                                        DiagEngine& diag);
 
+/// For the joint search (driver/JointSearch.h): train block `function` of `module` (on its own
+/// mesh, no --devices) planned once per stage of `zeroStages`, in that order: stage 0 (no ZeRO)
+/// with the fastest layout that fits the budget, or the fastest layout whatever its memory when
+/// none fits; stages 1-3 applied to the fastest layout whatever its memory (their `zero` says
+/// the stage). One evaluator serves them all. Nullopt after reporting an error through `diag`.
+std::optional<std::vector<PlannedFunction>>
+planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
+                   const std::string& function, const std::vector<int>& zeroStages,
+                   DiagEngine& diag);
+
 /// The same, loading options.machine first (an unknown machine is reported as an error).
 std::optional<std::vector<PlannedFunction>>
 planModule(const ir::Module& module, const PlannerOptions& options, DiagEngine& diag);
