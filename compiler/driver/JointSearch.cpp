@@ -66,8 +66,8 @@ struct Planned {
 
 class JointSearch {
 public:
-  JointSearch(const ir::Module& module, const PipelineOptions& options, const plan::Machine& machine,
-              double budget, DiagEngine& diag, const char* argv0)
+  JointSearch(const ir::Module& module, const PipelineOptions& options,
+              const plan::Machine& machine, double budget, DiagEngine& diag, const char* argv0)
       : module_(module), options_(options), machine_(machine), budget_(budget), diag_(diag),
         argv0_(argv0), quiet_(diag.sources(), llvm::nulls()) {}
 
@@ -123,10 +123,10 @@ public:
         if (!fits) continue;
         if (recompute.empty()) plainFitsAt = count;
         if (count != counts.back())
-          report.notTried.push_back(fmt::format(
-              "{}more than {} microbatches: {} already fit{}",
-              recompute.empty() ? "" : fmt::format("recompute {} with ", recompute), count, count,
-              count == 1 ? "s" : ""));
+          report.notTried.push_back(
+              fmt::format("{}more than {} microbatches: {} already fit{}",
+                          recompute.empty() ? "" : fmt::format("recompute {} with ", recompute),
+                          count, count, count == 1 ? "s" : ""));
         break;
       }
     }
@@ -179,8 +179,8 @@ private:
     plan::PlannerOptions plannerOptions;
     plannerOptions.machine = options_.machine;
     plannerOptions.memoryBudgetBytes = budget_;
-    std::optional<std::vector<plan::PlannedFunction>> plans = plan::planZeroCandidates(
-        *trained, machine_, plannerOptions, fn.name, zeroStages, quiet_);
+    std::optional<std::vector<plan::PlannedFunction>> plans =
+        plan::planZeroCandidates(*trained, machine_, plannerOptions, fn.name, zeroStages, quiet_);
     std::vector<Planned> result;
     if (!plans) return result;
     for (plan::PlannedFunction& plan : *plans) {
@@ -259,8 +259,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     // as it has always been reported.
     plainBlocks.push_back(fn.name);
   }
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // The other functions as usual.
   PipelineOptions rest = plain;

@@ -21,10 +21,9 @@ void printJointSearch(const JointSearchReport& report, llvm::raw_ostream& os) {
   os << fmt::format("\njoint search (no layout fits the budget of {} alone{}): recompute, "
                     "microbatches and ZeRO together\n",
                     bytesString(report.budgetBytes),
-                    report.plainMemoryBytes > 0
-                        ? fmt::format("; the fastest layout needs {}",
-                                      bytesString(report.plainMemoryBytes))
-                        : "");
+                    report.plainMemoryBytes > 0 ? fmt::format("; the fastest layout needs {}",
+                                                              bytesString(report.plainMemoryBytes))
+                                                : "");
   os << fmt::format("  {:<18} {:>12} {:>4} {:>13} {:>11}\n", "recompute", "microbatches", "zero",
                     "step", "memory");
   for (size_t i = 0; i < report.considered.size(); ++i) {
@@ -44,8 +43,7 @@ void printJointSearch(const JointSearchReport& report, llvm::raw_ostream& os) {
     for (const JointCandidate& each : report.considered)
       fitting += each.fits;
     os << fmt::format("  chosen: {}: the fastest predicted step of the {} combination{} that fit\n",
-                      jointChoiceText(c, report.microbatchDim), fitting,
-                      fitting == 1 ? "" : "s");
+                      jointChoiceText(c, report.microbatchDim), fitting, fitting == 1 ? "" : "s");
   }
 }
 

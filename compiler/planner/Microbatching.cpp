@@ -306,8 +306,8 @@ llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t
   compute += double(count) * accumulateSeconds;
   m.phaseSeconds[static_cast<int>(Phase::Backward)] += double(count) * accumulateSeconds;
   PlanSummary& summary = fn.summary;
-  double flopsFactor = allFlops > 0 ? (loopFlops * double(count) + allFlops - loopFlops) / allFlops
-                                    : double(count);
+  double flopsFactor =
+      allFlops > 0 ? (loopFlops * double(count) + allFlops - loopFlops) / allFlops : double(count);
   double ideal = summary.utilization * summary.stepSeconds; // devices x peak cancel out
   summary.computeSeconds = compute;
   summary.communicationSeconds = communication;

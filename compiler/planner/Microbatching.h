@@ -33,12 +33,13 @@ struct MicrobatchSchedule {
 /// computed in the loop.
 llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn);
 
-/// The planner merges independent all-reduces over the same axes across phases (MergeCollectives.h):
-/// a backward norm's partial sums with the global-norm clipping's sums of squared gradients. In a
-/// microbatched step the first run once per microbatch and the second once after the loop, on the
-/// accumulated gradients, so such a bucket is split in two: the members the loop needs stay where
-/// the bucket was, the others become a collective of the update right after it (priced on
-/// `machine`; the summary pays the latency the merge had saved). Returns how many were split.
+/// The planner merges independent all-reduces over the same axes across phases
+/// (MergeCollectives.h): a backward norm's partial sums with the global-norm clipping's sums of
+/// squared gradients. In a microbatched step the first run once per microbatch and the second once
+/// after the loop, on the accumulated gradients, so such a bucket is split in two: the members the
+/// loop needs stay where the bucket was, the others become a collective of the update right after
+/// it (priced on `machine`; the summary pays the latency the merge had saved). Returns how many
+/// were split.
 size_t splitBucketsAtLoop(SpmdFunction& fn, const Machine& machine);
 
 /// Records that `fn` (planned for one microbatch of `dim`) runs `count` times per step: splits the

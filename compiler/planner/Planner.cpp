@@ -122,8 +122,8 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
       overBudget = true;
       SearchOptions unbounded = searchOptions;
       unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
-      search = searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, unbounded,
-                            quiet);
+      search =
+          searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, unbounded, quiet);
     }
     if (!search) // report why
       return searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
@@ -253,21 +253,21 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
   std::vector<PlannedFunction> candidates;
   bool plainWanted = llvm::is_contained(zeroStages, 0);
   if (plainWanted) {
-    std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
-                                                       pinned, toSearch, searchOptions, quiet);
+    std::optional<SearchResult> fitting =
+        searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, searchOptions, quiet);
     if (fitting) {
       std::optional<PlannedFunction> plan = lowered(*fitting);
       if (!plan) return std::nullopt;
       candidates.push_back(std::move(*plan));
     }
   }
-  bool zeroWanted = llvm::any_of(zeroStages, [](int stage) { return stage > 0; }) &&
-                    ir::hasOptimizerUpdates(*fn);
+  bool zeroWanted =
+      llvm::any_of(zeroStages, [](int stage) { return stage > 0; }) && ir::hasOptimizerUpdates(*fn);
   if (!candidates.empty() && !zeroWanted) return candidates;
   SearchOptions unbounded = searchOptions;
   unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
-  std::optional<SearchResult> fastest = searchLayout(evaluator, module, *fn, mesh, machine, pinned,
-                                                     toSearch, unbounded, diag);
+  std::optional<SearchResult> fastest =
+      searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, unbounded, diag);
   if (!fastest) return std::nullopt;
   std::optional<PlannedFunction> plain = lowered(*fastest);
   if (!plain) return std::nullopt;
