@@ -11,9 +11,11 @@
 #include <llvm/Support/WithColor.h>
 
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
+#include <tuple>
 
 namespace meshc {
 namespace {
@@ -55,6 +57,15 @@ std::vector<int64_t> microbatchCounts(const ir::Module& module, const std::strin
   for (int64_t k = 1; k <= extent; ++k)
     if (extent % k == 0) counts.push_back(k);
   return counts;
+}
+
+/// Whether `a` is preferred to `b`: the faster predicted step; on a tie (relative 1e-9), the
+/// simpler combination: the lower ZeRO stage, then fewer microbatches, then no recomputation.
+bool faster(const plan::JointCandidate& a, const plan::JointCandidate& b) {
+  double tolerance = 1e-9 * std::max(a.stepSeconds, b.stepSeconds);
+  if (std::abs(a.stepSeconds - b.stepSeconds) > tolerance) return a.stepSeconds < b.stepSeconds;
+  return std::make_tuple(a.zeroStage, a.microbatches, !a.recompute.empty()) <
+         std::make_tuple(b.zeroStage, b.microbatches, !b.recompute.empty());
 }
 
 /// One planned combination with what code generation needs for it.
@@ -107,15 +118,22 @@ public:
         bool first = recompute.empty() && count == 1; // its stage 0 is `alone`
         std::vector<Planned> combination =
             planCombination(fn, recompute, count, report.microbatchDim,
-                            first ? std::vector<int>{1, 2, 3} : std::vector<int>{0, 1, 2, 3});
+                            first ? std::vector<int>{3, 2, 1} : std::vector<int>{3, 2, 1, 0});
         if (first) combination.insert(combination.begin(), plannedOf(std::move(alone), "", 1));
+        if (!combination.empty() && combination.back().candidate.zeroStage > 0 &&
+            !combination.back().candidate.fits)
+          report.notTried.push_back(
+              fmt::format("{}{} microbatch{}: ZeRO stages below {}, as stage {} is over the budget",
+                          recompute.empty() ? "" : fmt::format("recompute {}, ", recompute), count,
+                          count == 1 ? "" : "es", combination.back().candidate.zeroStage,
+                          combination.back().candidate.zeroStage));
         for (Planned& planned : combination) {
           size_t index = report.considered.size();
           report.considered.push_back(planned.candidate);
           smallest = std::min(smallest, planned.candidate.memoryBytes);
           if (!planned.candidate.fits) continue;
           fits = true;
-          if (!best || planned.candidate.stepSeconds < best->candidate.stepSeconds) {
+          if (!best || faster(planned.candidate, best->candidate)) {
             best = std::move(planned);
             report.chosen = int(index);
           }
@@ -180,7 +198,8 @@ private:
     plannerOptions.machine = options_.machine;
     plannerOptions.memoryBudgetBytes = budget_;
     std::optional<std::vector<plan::PlannedFunction>> plans =
-        plan::planZeroCandidates(*trained, machine_, plannerOptions, fn.name, zeroStages, quiet_);
+        plan::planZeroCandidates(*trained, machine_, plannerOptions, fn.name, zeroStages,
+                                 /*stopWhenOver=*/true, quiet_);
     std::vector<Planned> result;
     if (!plans) return result;
     for (plan::PlannedFunction& plan : *plans) {
@@ -240,7 +259,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     // The fastest layout that fits alone, else the fastest (what the search starts from).
     DiagEngine quiet(diag.sources(), llvm::nulls());
     std::optional<std::vector<plan::PlannedFunction>> alone =
-        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, quiet);
+        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, false, quiet);
     if (!alone || alone->empty() || alone->front().spmd.memory.total() <= budget) {
       plainBlocks.push_back(fn.name); // errors not about memory are reported as usual
       continue;

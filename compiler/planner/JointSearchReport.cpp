@@ -42,7 +42,8 @@ void printJointSearch(const JointSearchReport& report, llvm::raw_ostream& os) {
     size_t fitting = 0;
     for (const JointCandidate& each : report.considered)
       fitting += each.fits;
-    os << fmt::format("  chosen: {}: the fastest predicted step of the {} combination{} that fit\n",
+    os << fmt::format("  chosen: {}: the fastest predicted step of the {} combination{} that "
+                      "fit (ties: the simpler)\n",
                       jointChoiceText(c, report.microbatchDim), fitting, fitting == 1 ? "" : "s");
   }
 }

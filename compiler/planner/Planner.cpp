@@ -226,7 +226,7 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
 std::optional<std::vector<PlannedFunction>>
 planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
                    const std::string& function, const std::vector<int>& zeroStages,
-                   DiagEngine& diag) {
+                   bool stopWhenOver, DiagEngine& diag) {
   const ir::Function* fn = module.findFunction(function);
   if (!fn) return std::nullopt;
   Layout pinned;
@@ -250,37 +250,42 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
     if (!toSearch.empty()) plan.search = search;
     return plan;
   };
+  // Stage 0: the fastest layout that fits without ZeRO, else the fastest (searched lazily).
+  std::optional<SearchResult> fastest;
+  std::optional<PlannedFunction> fastestPlan;
+  auto fastestLayout = [&]() -> bool {
+    if (fastestPlan) return true;
+    SearchOptions unbounded = searchOptions;
+    unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
+    fastest =
+        searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, unbounded, diag);
+    if (fastest) fastestPlan = lowered(*fastest);
+    return fastestPlan.has_value();
+  };
   std::vector<PlannedFunction> candidates;
-  bool plainWanted = llvm::is_contained(zeroStages, 0);
-  if (plainWanted) {
-    std::optional<SearchResult> fitting =
-        searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, searchOptions, quiet);
-    if (fitting) {
-      std::optional<PlannedFunction> plan = lowered(*fitting);
+  for (int stage : zeroStages) {
+    if (stage <= 0) {
+      std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
+                                                         pinned, toSearch, searchOptions, quiet);
+      std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)
+                                            : fastestLayout() ? fastestPlan
+                                                              : std::nullopt;
       if (!plan) return std::nullopt;
       candidates.push_back(std::move(*plan));
+      continue;
     }
-  }
-  bool zeroWanted =
-      llvm::any_of(zeroStages, [](int stage) { return stage > 0; }) && ir::hasOptimizerUpdates(*fn);
-  if (!candidates.empty() && !zeroWanted) return candidates;
-  SearchOptions unbounded = searchOptions;
-  unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
-  std::optional<SearchResult> fastest =
-      searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, unbounded, diag);
-  if (!fastest) return std::nullopt;
-  std::optional<PlannedFunction> plain = lowered(*fastest);
-  if (!plain) return std::nullopt;
-  for (int stage : zeroStages) {
-    if (stage <= 0 || !ir::hasOptimizerUpdates(*fn)) continue;
-    PlannedFunction candidate = *plain;
+    if (!ir::hasOptimizerUpdates(*fn)) continue;
+    if (!fastestLayout()) return std::nullopt;
+    PlannedFunction candidate = *fastestPlan;
     if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
       return std::nullopt;
     if (candidate.zero) candidate.zero->chosen = true;
+    bool over = candidate.spmd.memory.total() > searchOptions.memoryBudgetBytes;
     candidates.push_back(std::move(candidate));
+    // Lower stages shard less: with `stopWhenOver`, none of the stages after one over the
+    // budget (in decreasing order) can fit.
+    if (over && stopWhenOver) break;
   }
-  if (plainWanted && (candidates.empty() || candidates.front().zero))
-    candidates.insert(candidates.begin(), std::move(*plain)); // none fits: the fastest
   return candidates;
 }
 

@@ -35,11 +35,13 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
 /// mesh, no --devices) planned once per stage of `zeroStages`, in that order: stage 0 (no ZeRO)
 /// with the fastest layout that fits the budget, or the fastest layout whatever its memory when
 /// none fits; stages 1-3 applied to the fastest layout whatever its memory (their `zero` says
-/// the stage). One evaluator serves them all. Nullopt after reporting an error through `diag`.
+/// the stage). With `stopWhenOver`, the list stops after the first ZeRO stage over the budget
+/// (give the stages in decreasing order: a lower stage shards less). One evaluator serves them
+/// all. Nullopt after reporting an error through `diag`.
 std::optional<std::vector<PlannedFunction>>
 planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
                    const std::string& function, const std::vector<int>& zeroStages,
-                   DiagEngine& diag);
+                   bool stopWhenOver, DiagEngine& diag);
 
 /// The same, loading options.machine first (an unknown machine is reported as an error).
 std::optional<std::vector<PlannedFunction>>
