@@ -197,20 +197,24 @@ private:
     plan::PlannerOptions plannerOptions;
     plannerOptions.machine = options_.machine;
     plannerOptions.memoryBudgetBytes = budget_;
-    std::optional<std::vector<plan::PlannedFunction>> plans =
-        plan::planZeroCandidates(*trained, machine_, plannerOptions, fn.name, zeroStages,
-                                 /*stopWhenOver=*/true, quiet_);
-    std::vector<Planned> result;
-    if (!plans) return result;
-    for (plan::PlannedFunction& plan : *plans) {
-      if (count > 1) {
+    // Each plan microbatched as it comes, so that the ZeRO stages (in decreasing order) stop
+    // at the first whose step, accumulators included, is over the budget.
+    // A plan that cannot be microbatched keeps microbatching.count 1 and is left out.
+    auto microbatch = [&](plan::PlannedFunction& plan) {
+      if (count > 1)
         if (llvm::Error error = plan::applyMicrobatching(plan.spmd, dim, count, machine_)) {
           llvm::consumeError(std::move(error));
-          continue;
+          return false;
         }
-      }
-      result.push_back(plannedOf(std::move(plan), recompute, count, trained));
-    }
+      return plan.spmd.memory.total() <= budget_;
+    };
+    std::optional<std::vector<plan::PlannedFunction>> plans = plan::planZeroCandidates(
+        *trained, machine_, plannerOptions, fn.name, zeroStages, microbatch, quiet_);
+    std::vector<Planned> result;
+    if (!plans) return result;
+    for (plan::PlannedFunction& plan : *plans)
+      if (count == 1 || plan.spmd.microbatching.count == count)
+        result.push_back(plannedOf(std::move(plan), recompute, count, trained));
     return result;
   }
 
@@ -259,7 +263,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     // The fastest layout that fits alone, else the fastest (what the search starts from).
     DiagEngine quiet(diag.sources(), llvm::nulls());
     std::optional<std::vector<plan::PlannedFunction>> alone =
-        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, false, quiet);
+        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, nullptr, quiet);
     if (!alone || alone->empty() || alone->front().spmd.memory.total() <= budget) {
       plainBlocks.push_back(fn.name); // errors not about memory are reported as usual
       continue;

@@ -226,7 +226,7 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
 std::optional<std::vector<PlannedFunction>>
 planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
                    const std::string& function, const std::vector<int>& zeroStages,
-                   bool stopWhenOver, DiagEngine& diag) {
+                   const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag) {
   const ir::Function* fn = module.findFunction(function);
   if (!fn) return std::nullopt;
   Layout pinned;
@@ -271,6 +271,7 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
                                             : fastestLayout() ? fastestPlan
                                                               : std::nullopt;
       if (!plan) return std::nullopt;
+      if (keepGoing) keepGoing(*plan);
       candidates.push_back(std::move(*plan));
       continue;
     }
@@ -280,11 +281,9 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
     if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
       return std::nullopt;
     if (candidate.zero) candidate.zero->chosen = true;
-    bool over = candidate.spmd.memory.total() > searchOptions.memoryBudgetBytes;
+    bool goOn = !keepGoing || keepGoing(candidate);
     candidates.push_back(std::move(candidate));
-    // Lower stages shard less: with `stopWhenOver`, none of the stages after one over the
-    // budget (in decreasing order) can fit.
-    if (over && stopWhenOver) break;
+    if (!goOn) break;
   }
   return candidates;
 }
