@@ -11,6 +11,8 @@ budget: under a budget no layout meets alone, the plan fits, the report lists ev
     recompute section); the text report and the note on stderr name it; the jointSearch object
     equals the golden file (MESHC_UPDATE_GOLDEN=1 rewrites it). Under a budget nothing meets, the
     plain plan's error and a note with the smallest combination's need.
+run: `meshc run --memory-budget --check`: the generated code of a plan the search chose (recompute,
+    microbatches and ZeRO together) trains 3 steps and matches the interpreter.
 gpt3: the GPT-3 175B train block's shape at 1/8 of its width and 1/12 of its depth on
     h100-cluster [data=8, model=8] under a budget scaled as the weights are: the same search fits
     it and reports what it used.
@@ -110,11 +112,34 @@ def gpt3_case(binary, example):
     check_choice(plan, proc, 1 << 30)
 
 
+def run_case(binary, example):
+    """`meshc run --memory-budget` builds the joint search's plan (here the repeated layer
+    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]) and --check compares 3 train
+    steps' losses and final params with the interpreter's plain training."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as cache:
+        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=2",
+                     "--dim", "batch=8", "--dim", "seq=64", "--dim", "mem=64", "--layout", "auto",
+                     "--memory-budget", "1500KiB", "--steps", "3", "--check", "--cache-dir", cache,
+                     "--opt=-O1")
+    choice = re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 1.5 "
+                       r"MiB alone: planned with (.*) \(joint search", proc.stderr + proc.stdout)
+    expect(proc.returncode == 0 and choice, "meshc run plans with the joint search and passes "
+           "--check", proc)
+    used = choice.group(1)
+    expect("recompute decoder_layer" in used and "microbatches of batch" in used and
+           "ZeRO stage" in used, f"the plan run uses recompute, microbatches and ZeRO ({used})", proc)
+    expect("ok   lm_train.loss" in proc.stdout and "ok   lm_train.param.decoder/unembed " in
+           proc.stdout and "FAIL" not in proc.stdout, "losses and params match the interpreter",
+           proc)
+
+
 def main():
     case, binary, example = sys.argv[1:4]
     golden_dir = sys.argv[4] if len(sys.argv) > 4 else os.path.dirname(os.path.abspath(__file__))
     {"budget": lambda: budget_case(binary, example, golden_dir),
-     "gpt3": lambda: gpt3_case(binary, example)}[case]()
+     "gpt3": lambda: gpt3_case(binary, example),
+     "run": lambda: run_case(binary, example)}[case]()
 
 
 if __name__ == "__main__":
