@@ -19,6 +19,8 @@ import re
 import subprocess
 import sys
 
+from check_partial_sums import expect, summary
+
 # bench/lm_sharded.py's sizes.
 BENCH_SIZES = {"batch": 8, "seq": 128, "mem": 128, "d_model": 256, "heads": 4, "d_head": 64,
                "d_ff": 1024, "vocab": 512, "layers": 2}
@@ -30,17 +32,6 @@ def plan(meshc, example, *args):
     if proc.returncode != 0:
         sys.exit(f"FAIL: meshc exited {proc.returncode}\n{proc.stderr}")
     return {f["function"]: f for f in json.loads(proc.stdout)}
-
-
-def summary(function, phase):
-    """(kind, axes, bytes) of each collective of one phase, in plan order."""
-    return [(c["kind"], c["axes"], c["bytes"]) for c in function["collectives"]
-            if c["phase"] == phase]
-
-
-def expect(actual, expected, what):
-    if actual != expected:
-        sys.exit(f"FAIL: {what}\n  expected {expected}\n  actual   {actual}")
 
 
 def local_bytes(shape):
