@@ -882,13 +882,8 @@ inline float maxRun(const float* x, int64_t count) {
   return max;
 }
 
-/// A scratch array of doubles kept per thread (each rank is a thread), so that a sum over the
-/// outer dims allocates only on its first call.
-inline double* scratchDoubles(size_t count) {
-  thread_local std::vector<double> scratch;
-  if (scratch.size() < count) scratch.resize(count);
-  return scratch.data();
-}
+/// Points from which a reduction or a row op is split over OpenMP's threads.
+constexpr int64_t kParallelPoints = 1 << 15;
 
 } // namespace detail
 
@@ -897,23 +892,36 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
   // The common sums without index tables: a mean over the last dims (each output a dense run of
   // the operand), and a bias gradient (the lane is the outer dims, the outputs one dense row).
   int64_t laneCount = product(lane), outCount = product(outSizes);
+  // Outputs are independent: large sums are split over OpenMP's threads (one unless the
+  // caller asks for more), each output summed in the same order either way.
+  [[maybe_unused]] bool parallel = outCount > 1 && laneCount * outCount >= detail::kParallelPoints;
   if (kind == Reduce::Sum && detail::denseRun(lane, laneStrides, 1) &&
       detail::denseRun(outSizes, inOuter, laneCount)) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
     for (int64_t o = 0; o < outCount; ++o)
       out[o] = float(detail::sumRun(in + o * laneCount, laneCount) * scale);
     return;
   }
   if (kind == Reduce::Sum && detail::denseRun(outSizes, inOuter, 1) &&
       detail::denseRun(lane, laneStrides, outCount)) {
-    double* sums = detail::scratchDoubles(size_t(outCount));
-    std::fill(sums, sums + outCount, 0.0);
-    for (int64_t row = 0; row < laneCount; ++row) {
-      const float* x = in + row * outCount;
-      for (int64_t o = 0; o < outCount; ++o)
-        sums[o] += double(x[o]);
+    // A block of columns at a time, its sums on the stack.
+    constexpr int64_t kBlock = 256;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+    for (int64_t first = 0; first < outCount; first += kBlock) {
+      int64_t count = std::min(kBlock, outCount - first);
+      double sums[kBlock] = {};
+      for (int64_t row = 0; row < laneCount; ++row) {
+        const float* x = in + row * outCount + first;
+        for (int64_t o = 0; o < count; ++o)
+          sums[o] += double(x[o]);
+      }
+      for (int64_t o = 0; o < count; ++o)
+        out[first + o] = float(sums[o] * scale);
     }
-    for (int64_t o = 0; o < outCount; ++o)
-      out[o] = float(sums[o] * scale);
     return;
   }
   std::vector<int64_t> offsets = offsetsOf(lane, laneStrides);
@@ -1004,6 +1012,11 @@ struct RowBase {
 inline void alongContiguous(float* out, const float* in, int64_t rows, const RowBase& inBase,
                             const RowBase& outBase, int64_t size, Along kind, double eps,
                             int64_t globalLaneCount) {
+  // Rows are independent: many are split over OpenMP's threads (one unless asked for more).
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + inBase(r);
     float* y = out + outBase(r);
