@@ -1338,7 +1338,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1788956 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1772316 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -2116,7 +2116,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v308 = arena_.view(475136, 4096);
   support::View v309 = arena_.view(507904, 64);
   support::View v312 = arena_.view(508160, 64);
-  support::View v325 = arena_.view(344064, 2048);
+  support::View v325 = arena_.view(327680, 2048);
   repeated1(v244, v243, v53, v245, v58, v246, v56, v264, v265, v51, v266, v267, v50, v268, v269,
             v48, v271, v272, v273, v45, v275, v276, v278, v46, v270, v279, v280, v282, v285, v29,
             v286, v43, v287, v33, v288, v42, v289, v290, v291, v39, v295, v31, v296, v30, v297, v28,
@@ -2124,49 +2124,41 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             v12, v315, v316, v318, v13, v310, v319, v320, v322, v325,
             "bert/encoder_layer[0]/ffn/dropout#0");
 
-  // bert.mesh:35:39 one_hot
-  MESHRT_TRACE("one_hot", "bert.mesh:35:39", "backward");
-  const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v326 = arena_.view(294912, 64);
-  static const support::Shape shape18_1 = {1, 32, 2};
-  static const support::Shape shape18_3 = {32, 1, 0};
-  static const support::Shape shape18_4 = {0, 0, 1};
-  support::oneHot(v326.data(), shape18_1, v1.data(), shape18_3, shape18_4, 0);
-
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
-  MESHRT_TRACE("gemm", "bert.mesh:35:39", "backward");
+  MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
+  const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v327 = arena_.view(499712, 128);
-  // dims: batch, seq, segments, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 32, 2, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan19.run(v326.data(), v325.data(), v327.data(), 1.0f, 0.0f);
+  static const support::Shape shape18_1 = {2, 64};
+  static const support::Shape shape18_3 = {0, 1};
+  static const support::Shape shape18_5 = {0, 0};
+  static const support::Shape shape18_6 = {1, 32};
+  static const support::Shape shape18_7 = {2048, 64};
+  static const support::Shape shape18_8 = {32, 1};
+  support::scatterAdd(v327.data(), shape18_1, v325.data(), shape18_3, v1.data(), shape18_5,
+                      shape18_6, shape18_7, shape18_8, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
   support::View v328 = arena_.view(491520, 2048);
-  static const support::Shape shape20_1 = {32, 64};
-  static const support::Shape shape20_3 = {64, 1};
-  static const support::Shape shape20_4 = {1};
-  static const support::Shape shape20_5 = {2048};
-  support::reduce(v328.data(), shape20_1, v325.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape19_1 = {32, 64};
+  static const support::Shape shape19_3 = {64, 1};
+  static const support::Shape shape19_4 = {1};
+  static const support::Shape shape19_5 = {2048};
+  support::reduce(v328.data(), shape19_1, v325.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
-  // bert.mesh:34:37 one_hot
-  MESHRT_TRACE("one_hot", "bert.mesh:34:37", "backward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v329 = arena_.view(327680, 4096);
-  static const support::Shape shape21_1 = {1, 32, 128};
-  static const support::Shape shape21_3 = {32, 1, 0};
-  static const support::Shape shape21_4 = {0, 0, 1};
-  support::oneHot(v329.data(), shape21_1, v0.data(), shape21_3, shape21_4, 0);
-
   // bert.mesh:34:37 einsum
-  MESHRT_TRACE("gemm", "bert.mesh:34:37", "backward");
+  MESHRT_TRACE("einsum", "bert.mesh:34:37", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v330 = arena_.view(294912, 8192);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan22.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
+  static const support::Shape shape20_1 = {128, 64};
+  static const support::Shape shape20_3 = {0, 1};
+  static const support::Shape shape20_5 = {0, 0};
+  static const support::Shape shape20_6 = {1, 32};
+  static const support::Shape shape20_7 = {2048, 64};
+  static const support::Shape shape20_8 = {32, 1};
+  support::scatterAdd(v330.data(), shape20_1, v325.data(), shape20_3, v0.data(), shape20_5,
+                      shape20_6, shape20_7, shape20_8, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
@@ -2182,47 +2174,12 @@ void MlmTrain::runPart1(const Inputs &inputs) {
       v331p[i0] = s2;
     }
   }
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v123 = arena_.view(541184, 1);
-  support::View v135 = arena_.view(538624, 128);
-  support::View v138 = arena_.view(539136, 64);
-  support::View v141 = arena_.view(539392, 64);
-  support::View v156 = arena_.view(539648, 64);
-  support::View v158 = arena_.view(0, 16384);
-  support::View v182 = arena_.view(536576, 256);
-  support::View v185 = arena_.view(65536, 16384);
-  support::View v186 = arena_.view(539904, 64);
-  support::View v189 = arena_.view(540160, 64);
-  support::View v204 = arena_.view(376832, 4096);
-  support::View v219 = arena_.view(393216, 4096);
-  support::View v223 = arena_.view(409600, 4096);
-  support::View v226 = arena_.view(425984, 4096);
-  support::View v227 = arena_.view(540416, 64);
-  support::View v230 = arena_.view(540672, 64);
-  support::View v244 = arena_.view(540928, 64);
-  support::View v246 = arena_.view(131072, 16384);
-  support::View v265 = arena_.view(537600, 256);
-  support::View v268 = arena_.view(196608, 16384);
-  support::View v269 = arena_.view(516096, 64);
-  support::View v272 = arena_.view(516352, 64);
-  support::View v287 = arena_.view(442368, 4096);
-  support::View v301 = arena_.view(360448, 4096);
-  support::View v305 = arena_.view(458752, 4096);
-  support::View v308 = arena_.view(475136, 4096);
-  support::View v309 = arena_.view(507904, 64);
-  support::View v312 = arena_.view(508160, 64);
-  support::View v327 = arena_.view(499712, 128);
-  support::View v328 = arena_.view(491520, 2048);
-  support::View v331 = arena_.view(327680, 8192);
   auto request0 = support::startAllReduce(
       group_data_model, {v123, v135, v138, v141, v156, v158, v182, v185, v186, v189, v204,
                          v219, v223, v226, v227, v230, v244, v246, v265, v268, v269, v272,
@@ -2289,6 +2246,11 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   group_data_model.wait(request0);
+}
+
+void MlmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2307,9 +2269,13 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v5(param0_bert_token_embedding);      // updated in place
+  support::View v5(param0_bert_token_embedding); // updated in place
+  support::View v331 = arena_.view(327680, 8192);
   support::View v351(param31_bert_token_embedding_v); // updated in place
+  support::View v367 = arena_.view(262272, 1);
   support::View v350(param30_bert_token_embedding_m); // updated in place
+  support::View v365 = arena_.view(262208, 1);
+  support::View v349 = arena_.view(262144, 1);
   {
     float *__restrict v351p = v351.data();
     float *__restrict v350p = v350.data();
@@ -2373,7 +2339,8 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/position_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v6(param1_bert_position_embedding);      // updated in place
+  support::View v6(param1_bert_position_embedding); // updated in place
+  support::View v328 = arena_.view(491520, 2048);
   support::View v380(param33_bert_position_embedding_v); // updated in place
   support::View v379(param32_bert_position_embedding_m); // updated in place
   {
@@ -2439,7 +2406,8 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/segment_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v7(param2_bert_segment_embedding);      // updated in place
+  support::View v7(param2_bert_segment_embedding); // updated in place
+  support::View v327 = arena_.view(499712, 128);
   support::View v401(param35_bert_segment_embedding_v); // updated in place
   support::View v400(param34_bert_segment_embedding_m); // updated in place
   {
@@ -2505,7 +2473,8 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/output_bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v8(param3_bert_output_bias);      // updated in place
+  support::View v8(param3_bert_output_bias); // updated in place
+  support::View v135 = arena_.view(538624, 128);
   support::View v422(param37_bert_output_bias_v); // updated in place
   support::View v421(param36_bert_output_bias_m); // updated in place
   {
@@ -2556,56 +2525,70 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v13(param4_bert_norm_gain);     // updated in place
+  support::View v13(param4_bert_norm_gain); // updated in place
+  support::View v312 = arena_.view(508160, 64);
   support::View v443(param39_bert_norm_gain_v); // updated in place
   support::View v442(param38_bert_norm_gain_m); // updated in place
   repeated3(v13, v312, v443, v367, v442, v365, v349);
 
   // 1 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v14(param5_bert_norm_bias);     // updated in place
+  support::View v14(param5_bert_norm_bias); // updated in place
+  support::View v309 = arena_.view(507904, 64);
   support::View v464(param41_bert_norm_bias_v); // updated in place
   support::View v463(param40_bert_norm_bias_m); // updated in place
   repeated3(v14, v309, v464, v367, v463, v365, v349);
 
   // 12 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v26(param6_bert_encoder_layer_0_attention_w_q);     // updated in place
+  support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
+  support::View v308 = arena_.view(475136, 4096);
   support::View v485(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
   support::View v484(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
   support::View v27(param7_bert_encoder_layer_0_attention_w_k);     // updated in place
+  support::View v305 = arena_.view(458752, 4096);
   support::View v506(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
   support::View v505(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
   support::View v28(param8_bert_encoder_layer_0_attention_w_v);     // updated in place
+  support::View v301 = arena_.view(360448, 4096);
   support::View v527(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
   support::View v526(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
   support::View v29(param9_bert_encoder_layer_0_attention_w_o);     // updated in place
+  support::View v287 = arena_.view(442368, 4096);
   support::View v548(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
   support::View v547(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
   support::View v46(param10_bert_encoder_layer_0_norm_gain);        // updated in place
-  support::View v569(param51_bert_encoder_layer_0_norm_gain_v);     // updated in place
-  support::View v568(param50_bert_encoder_layer_0_norm_gain_m);     // updated in place
-  support::View v47(param11_bert_encoder_layer_0_norm_bias);        // updated in place
-  support::View v590(param53_bert_encoder_layer_0_norm_bias_v);     // updated in place
-  support::View v589(param52_bert_encoder_layer_0_norm_bias_m);     // updated in place
-  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);         // updated in place
-  support::View v611(param55_bert_encoder_layer_0_ffn_w_in_v);      // updated in place
-  support::View v610(param54_bert_encoder_layer_0_ffn_w_in_m);      // updated in place
-  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);         // updated in place
-  support::View v632(param57_bert_encoder_layer_0_ffn_b_in_v);      // updated in place
-  support::View v631(param56_bert_encoder_layer_0_ffn_b_in_m);      // updated in place
-  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);        // updated in place
-  support::View v653(param59_bert_encoder_layer_0_ffn_w_out_v);     // updated in place
-  support::View v652(param58_bert_encoder_layer_0_ffn_w_out_m);     // updated in place
-  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);        // updated in place
-  support::View v674(param61_bert_encoder_layer_0_ffn_b_out_v);     // updated in place
-  support::View v673(param60_bert_encoder_layer_0_ffn_b_out_m);     // updated in place
-  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);      // updated in place
-  support::View v695(param63_bert_encoder_layer_0_norm_1_gain_v);   // updated in place
-  support::View v694(param62_bert_encoder_layer_0_norm_1_gain_m);   // updated in place
-  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);      // updated in place
-  support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v);   // updated in place
-  support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m);   // updated in place
+  support::View v272 = arena_.view(516352, 64);
+  support::View v569(param51_bert_encoder_layer_0_norm_gain_v); // updated in place
+  support::View v568(param50_bert_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v47(param11_bert_encoder_layer_0_norm_bias);    // updated in place
+  support::View v269 = arena_.view(516096, 64);
+  support::View v590(param53_bert_encoder_layer_0_norm_bias_v); // updated in place
+  support::View v589(param52_bert_encoder_layer_0_norm_bias_m); // updated in place
+  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);     // updated in place
+  support::View v268 = arena_.view(196608, 16384);
+  support::View v611(param55_bert_encoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v610(param54_bert_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);    // updated in place
+  support::View v265 = arena_.view(537600, 256);
+  support::View v632(param57_bert_encoder_layer_0_ffn_b_in_v); // updated in place
+  support::View v631(param56_bert_encoder_layer_0_ffn_b_in_m); // updated in place
+  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);   // updated in place
+  support::View v246 = arena_.view(131072, 16384);
+  support::View v653(param59_bert_encoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v652(param58_bert_encoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);    // updated in place
+  support::View v244 = arena_.view(540928, 64);
+  support::View v674(param61_bert_encoder_layer_0_ffn_b_out_v); // updated in place
+  support::View v673(param60_bert_encoder_layer_0_ffn_b_out_m); // updated in place
+  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);  // updated in place
+  support::View v230 = arena_.view(540672, 64);
+  support::View v695(param63_bert_encoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v694(param62_bert_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
+  support::View v227 = arena_.view(540416, 64);
+  support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
   repeated0(v26, v308, v485, v367, v484, v365, v349, v27, v305, v506, v505, v28, v301, v527, v526,
             v29, v287, v548, v547, v46, v272, v569, v568, v47, v269, v590, v589, v51, v268, v611,
             v610, v52, v265, v632, v631, v53, v246, v653, v652, v54, v244, v674, v673, v62, v230,
@@ -2613,42 +2596,54 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // 12 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
+  support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
+  support::View v226 = arena_.view(425984, 4096);
   support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
   support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
   support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
+  support::View v223 = arena_.view(409600, 4096);
   support::View v758(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
   support::View v757(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
   support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
+  support::View v219 = arena_.view(393216, 4096);
   support::View v779(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
   support::View v778(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
   support::View v70(param21_bert_encoder_layer_1_attention_w_o);    // updated in place
+  support::View v204 = arena_.view(376832, 4096);
   support::View v800(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
   support::View v799(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
   support::View v87(param22_bert_encoder_layer_1_norm_gain);        // updated in place
-  support::View v821(param75_bert_encoder_layer_1_norm_gain_v);     // updated in place
-  support::View v820(param74_bert_encoder_layer_1_norm_gain_m);     // updated in place
-  support::View v88(param23_bert_encoder_layer_1_norm_bias);        // updated in place
-  support::View v842(param77_bert_encoder_layer_1_norm_bias_v);     // updated in place
-  support::View v841(param76_bert_encoder_layer_1_norm_bias_m);     // updated in place
-  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);         // updated in place
-  support::View v863(param79_bert_encoder_layer_1_ffn_w_in_v);      // updated in place
-  support::View v862(param78_bert_encoder_layer_1_ffn_w_in_m);      // updated in place
-  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);         // updated in place
-  support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v);      // updated in place
-  support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m);      // updated in place
-  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);        // updated in place
-  support::View v905(param83_bert_encoder_layer_1_ffn_w_out_v);     // updated in place
-  support::View v904(param82_bert_encoder_layer_1_ffn_w_out_m);     // updated in place
-  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);        // updated in place
-  support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v);     // updated in place
-  support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m);     // updated in place
-  support::View v103(param28_bert_encoder_layer_1_norm_1_gain);     // updated in place
-  support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v);   // updated in place
-  support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m);   // updated in place
-  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);     // updated in place
-  support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v);   // updated in place
-  support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m);   // updated in place
+  support::View v189 = arena_.view(540160, 64);
+  support::View v821(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
+  support::View v820(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v88(param23_bert_encoder_layer_1_norm_bias);    // updated in place
+  support::View v186 = arena_.view(539904, 64);
+  support::View v842(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
+  support::View v841(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
+  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);     // updated in place
+  support::View v185 = arena_.view(65536, 16384);
+  support::View v863(param79_bert_encoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v862(param78_bert_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);    // updated in place
+  support::View v182 = arena_.view(536576, 256);
+  support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
+  support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
+  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);   // updated in place
+  support::View v158 = arena_.view(0, 16384);
+  support::View v905(param83_bert_encoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v904(param82_bert_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);    // updated in place
+  support::View v156 = arena_.view(539648, 64);
+  support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
+  support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
+  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v141 = arena_.view(539392, 64);
+  support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);   // updated in place
+  support::View v138 = arena_.view(539136, 64);
+  support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
   repeated0(v67, v226, v737, v367, v736, v365, v349, v68, v223, v758, v757, v69, v219, v779, v778,
             v70, v204, v800, v799, v87, v189, v821, v820, v88, v186, v842, v841, v92, v185, v863,
             v862, v93, v182, v884, v883, v94, v158, v905, v904, v95, v156, v926, v925, v103, v141,
@@ -3497,41 +3492,48 @@ void MlmTrain::repeated1(
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
     const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a6p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a6p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a6p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a3p[i0];
-      const float s29 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s28) * 1.1111111111111112));
-      const float s30 = (s29 * s27);
-      a7p[i0] = s30;
+    for (int64_t c0 = 0; c0 < 8192; c0 += 1024) {
+      constexpr int64_t n0 = 1024;
+      uint32_t keep29[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep29);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a6p[i0];
+        const float s1 = s0 * s0;
+        const float s2 = a6p[i0];
+        const float s3 = (s2 * s1);
+        const float s4 = 0.044715f;
+        const float s5 = (s3 * s4);
+        const float s6 = a6p[i0];
+        const float s7 = (s6 + s5);
+        const float s8 = 0.7978846f;
+        const float s9 = (s7 * s8);
+        const float s10 = support::ftanh(s9);
+        const float s11 = 1.0f;
+        const float s12 = (s10 + s11);
+        const float s13 = 0.5f;
+        const float s14 = (s12 * s13);
+        const float s15 = 0.134145f;
+        const float s16 = (s1 * s15);
+        const float s17 = 1.0f;
+        const float s18 = (s16 + s17);
+        const float s19 = s10 * s10;
+        const float s20 = 1.0f;
+        const float s21 = (s20 - s19);
+        const float s22 = a6p[i0];
+        const float s23 = (s22 * s21);
+        const float s24 = (s23 * s18);
+        const float s25 = 0.3989423f;
+        const float s26 = (s24 * s25);
+        const float s27 = (s14 + s26);
+        const float s28 = a3p[i0];
+        const float s29 =
+            support::keepOrZero(keep29[i0 - c0], float(double(s28) * 1.1111111111111112));
+        const float s30 = (s29 * s27);
+        a7p[i0] = s30;
+      }
     }
   }
 
@@ -4152,16 +4154,23 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a15p = a15.data();
     const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a15p[i0 * 256 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        a17p[i0 * 256 + i1] = s2;
-        a18p[i0 * 256 + i1] = s4;
+      for (int64_t c1 = 0; c1 < 256; c1 += 256) {
+        constexpr int64_t n1 = 256;
+        uint32_t keep4[256];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = a15p[i0 * 256 + i1];
+          const float s1 = a16p[i1];
+          const float s2 = (s0 + s1);
+          const float s3 = support::fgelu(s2);
+          const float s4 =
+              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          a17p[i0 * 256 + i1] = s2;
+          a18p[i0 * 256 + i1] = s4;
+        }
       }
     }
   }

@@ -2475,7 +2475,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2370880 bytes for 8487200 bytes of temporaries (placed by liveness).
+  // Arena: 2370880 bytes for 8454432 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
@@ -3239,12 +3239,12 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v20 = arena_.view(2097152, 4096);
   support::View v407 = arena_.view(0, 4096);
   support::View v408 = arena_.view(32768, 128);
-  support::View v410 = arena_.view(49152, 128);
+  support::View v410 = arena_.view(51200, 128);
   support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
   support::View v402 = arena_.view(0, 4096);
   support::View v411 = arena_.view(32768, 4096);
-  support::View v412 = arena_.view(16384, 128);
-  support::View v414 = arena_.view(16896, 128);
+  support::View v412 = arena_.view(51712, 128);
+  support::View v414 = arena_.view(32768, 128);
   support::View v309 = arena_.view(1146880, 4096);
   support::View v328 = arena_.view(1163264, 4096);
   support::View v329 = arena_.view(1212928, 32);
@@ -3252,10 +3252,10 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v348 = arena_.view(1210368, 512);
   support::View v371 = arena_.view(98304, 512);
   support::View v385 = arena_.view(100352, 512);
-  support::View v399 = arena_.view(57344, 512);
-  support::View v401 = arena_.view(59392, 32);
-  support::View v404 = arena_.view(59520, 32);
-  support::View v418 = arena_.view(32768, 4096);
+  support::View v399 = arena_.view(49152, 512);
+  support::View v401 = arena_.view(52224, 32);
+  support::View v404 = arena_.view(52352, 32);
+  support::View v418 = arena_.view(16384, 4096);
   repeated0(v307, v77, v308, v79, v309, v78, v326, v76, v327, v75, v328, v329, v73, v331, v332,
             v333, v70, v335, v336, v338, v71, v330, v339, v340, v342, v346, v67, v347, v66, v348,
             v65, v349, v352, v353, v64, v354, v42, v355, v356, v358, v62, v360, v362, v363, v365,
@@ -3263,22 +3263,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
             v382, v43, v383, v385, v40, v387, v388, v389, v394, v28, v396, v27, v397, v398, v399,
             v401, v24, v403, v404, v405, v20, v407, v408, v410, v22, v402, v411, v412, v414, v418);
 
-  // performer.mesh:133:37 one_hot
-  MESHRT_TRACE("one_hot", "performer.mesh:133:37", "backward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v419 = arena_.view(0, 8192);
-  static const support::Shape shape15_1 = {1, 128, 64};
-  static const support::Shape shape15_3 = {128, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v419.data(), shape15_1, v0.data(), shape15_3, shape15_4, 0);
-
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
-  MESHRT_TRACE("gemm", "performer.mesh:133:37", "backward");
-  support::View v420 = arena_.view(49152, 2048);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan16.run(v419.data(), v418.data(), v420.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v420 = arena_.view(0, 2048);
+  static const support::Shape shape15_1 = {64, 32};
+  static const support::Shape shape15_3 = {0, 1};
+  static const support::Shape shape15_5 = {0, 0};
+  static const support::Shape shape15_6 = {1, 128};
+  static const support::Shape shape15_7 = {4096, 32};
+  static const support::Shape shape15_8 = {128, 1};
+  support::scatterAdd(v420.data(), shape15_1, v418.data(), shape15_3, v0.data(), shape15_5,
+                      shape15_6, shape15_7, shape15_8, 0, 0);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
@@ -3305,9 +3301,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v436 = arena_.view(0, 1);
-  support::View v452 = arena_.view(64, 1);
-  support::View v454 = arena_.view(128, 1);
+  support::View v436 = arena_.view(8192, 1);
+  support::View v452 = arena_.view(8256, 1);
+  support::View v454 = arena_.view(8320, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v436p = v436.data();
@@ -3487,67 +3483,49 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v508(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
   support::View v507(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
   repeated3(v23, v401, v508, v454, v507, v452, v436);
+
+  // 10 statements from performer.mesh:151:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
+  support::View v529(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
+  support::View v528(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
+  support::View v550(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v549(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v571(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v570(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v592(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
+  support::View v591(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
+  support::View v613(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
+  support::View v612(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
+  support::View v634(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
+  support::View v633(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
+  support::View v655(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
+  support::View v654(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
+  support::View v676(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v675(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v697(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
+  support::View v696(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
+  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
+  support::View v718(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
+  support::View v717(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
+  repeated1(v27, v399, v529, v454, v528, v452, v436, v43, v385, v550, v549, v59, v371, v571, v570,
+            v67, v348, v592, v591, v71, v332, v613, v612, v72, v329, v634, v633, v76, v328, v655,
+            v654, v77, v309, v676, v675, v83, v293, v697, v696, v84, v290, v718, v717);
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 10 statements from performer.mesh:151:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v399 = arena_.view(57344, 512);
-  support::View v529(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
-  support::View v454 = arena_.view(128, 1);
-  support::View v528(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
-  support::View v452 = arena_.view(64, 1);
-  support::View v436 = arena_.view(0, 1);
-  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v385 = arena_.view(100352, 512);
-  support::View v550(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v549(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
-  support::View v371 = arena_.view(98304, 512);
-  support::View v571(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v570(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
-  support::View v348 = arena_.view(1210368, 512);
-  support::View v592(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
-  support::View v591(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
-  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);     // updated in place
-  support::View v332 = arena_.view(1213056, 32);
-  support::View v613(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v612(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);    // updated in place
-  support::View v329 = arena_.view(1212928, 32);
-  support::View v634(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v633(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in);       // updated in place
-  support::View v328 = arena_.view(1163264, 4096);
-  support::View v655(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v654(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out);   // updated in place
-  support::View v309 = arena_.view(1146880, 4096);
-  support::View v676(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v675(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain);    // updated in place
-  support::View v293 = arena_.view(1212800, 32);
-  support::View v697(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
-  support::View v696(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
-  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);    // updated in place
-  support::View v290 = arena_.view(1212672, 32);
-  support::View v718(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
-  support::View v717(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
-  repeated1(v27, v399, v529, v454, v528, v452, v436, v43, v385, v550, v549, v59, v371, v571, v570,
-            v67, v348, v592, v591, v71, v332, v613, v612, v72, v329, v634, v633, v76, v328, v655,
-            v654, v77, v309, v676, v675, v83, v293, v697, v696, v84, v290, v718, v717);
-
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
   support::View v288 = arena_.view(1208320, 512);
   support::View v739(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
+  support::View v454 = arena_.view(8320, 1);
   support::View v738(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
+  support::View v452 = arena_.view(8256, 1);
+  support::View v436 = arena_.view(8192, 1);
   support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
   support::View v274 = arena_.view(1206272, 512);
   support::View v760(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
@@ -3988,16 +3966,20 @@ void LmTrain::repeated0(
   // performer.mesh:87:12 sub
   MESHRT_TRACE("loop", "performer.mesh:87:12", "backward");
   {
-    float *__restrict a45p = a45.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = a43p[i1];
-        const float s1 = s0;
-        const float s2 = a44p[i0 * 1024 + i1];
-        const float s3 = (s1 - s2);
-        a45p[i0 * 1024 + i1] = s3;
+#pragma omp parallel
+    {
+      float *__restrict a45p = a45.data();
+      const float *__restrict a43p = a43.data();
+      const float *__restrict a44p = a44.data();
+#pragma omp for schedule(static)
+      for (int64_t i0 = 0; i0 < 128; ++i0) {
+        for (int64_t i1 = 0; i1 < 1024; ++i1) {
+          const float s0 = a43p[i1];
+          const float s1 = s0;
+          const float s2 = a44p[i0 * 1024 + i1];
+          const float s3 = (s1 - s2);
+          a45p[i0 * 1024 + i1] = s3;
+        }
       }
     }
   }

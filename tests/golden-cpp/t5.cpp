@@ -976,13 +976,13 @@ void Translate::computeInvariants() {
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "translate");
-  // Arena: 23040 bytes for 251200 bytes of temporaries (placed by liveness).
+  // Arena: 23040 bytes for 245056 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v306 = arena_.view(2048, 512);
-  support::View v314 = arena_.view(4096, 16);
+  support::View v306 = arena_.view(6144, 512);
+  support::View v314 = arena_.view(2048, 16);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 8, 32}, support::Buffer(v306.begin(), v306.end())};
@@ -1019,48 +1019,32 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  const support::Buffer &v0 = inputs.input_ids.data;
-  support::View v36 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {16, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 1};
-  support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
-  support::View v37 = arena_.view(4096, 1024);
-  // dims: batch, inputs, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v37 = arena_.view(0, 1024);
+  static const support::Shape shape2_1 = {2, 16, 32};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v170 = arena_.view(2048, 16);
-  static const support::Shape shape4_2 = {2, 8};
-  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
-
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v171 = arena_.view(0, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {8, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v170 = arena_.view(4096, 16);
+  static const support::Shape shape3_2 = {2, 8};
+  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(18432, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
+  static const support::Shape shape4_1 = {2, 8, 32};
+  static const support::Shape shape4_3 = {0, 0, 1};
+  static const support::Shape shape4_5 = {8, 1, 0};
+  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
@@ -1069,7 +1053,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v40 = arena_.view(0, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   {
     float *__restrict v40p = v40.data();
     const float *__restrict v37p = v37.data();
@@ -1083,11 +1067,11 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(8192, 32);
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v41.data(), shape9_1, v40.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape7_1 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v41.data(), shape7_1, v40.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
@@ -1110,7 +1094,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
-  support::View v46 = arena_.view(0, 1024);
+  support::View v46 = arena_.view(4096, 1024);
   {
     float *__restrict v46p = v46.data();
     const float *__restrict v37p = v37.data();
@@ -1136,9 +1120,9 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v52 = arena_.view(10240, 512);
   const support::Buffer &v49 = param5_encoder_attention_0_v;
   support::View v54 = arena_.view(12288, 512);
-  support::View v56 = arena_.view(0, 1024);
+  support::View v56 = arena_.view(4096, 1024);
   support::View v57 = arena_.view(8192, 1024);
-  support::View v58 = arena_.view(0, 1024);
+  support::View v58 = arena_.view(4096, 1024);
   const support::Buffer &v50 = param6_encoder_attention_0_o;
   support::View v59 = arena_.view(8192, 1024);
   repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
@@ -1147,11 +1131,11 @@ void Translate::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v154 = param19_decoder_relative_bias_table;
   support::View v153 = persistent_.view(23296, 64);
-  support::View v155 = arena_.view(0, 128);
-  static const support::Shape shape13_1 = {8, 8, 2};
-  static const support::Shape shape13_3 = {0, 0, 1};
-  static const support::Shape shape13_5 = {8, 1, 0};
-  support::gather(v155.data(), shape13_1, v154.data(), shape13_3, v153.data(), shape13_5, 8, 2, 0);
+  support::View v155 = arena_.view(4096, 128);
+  static const support::Shape shape11_1 = {8, 8, 2};
+  static const support::Shape shape11_3 = {0, 0, 1};
+  static const support::Shape shape11_5 = {8, 1, 0};
+  support::gather(v155.data(), shape11_1, v154.data(), shape11_3, v153.data(), shape11_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
@@ -1175,7 +1159,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v175 = arena_.view(0, 512);
+  support::View v175 = arena_.view(4096, 512);
   {
     float *__restrict v175p = v175.data();
     const float *__restrict v172p = v172.data();
@@ -1188,18 +1172,18 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v176 = arena_.view(2048, 16);
-  static const support::Shape shape16_1 = {2, 8};
-  static const support::Shape shape16_3 = {256, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v176.data(), shape16_1, v175.data(), shape16_3, shape16_4, shape16_5,
+  support::View v176 = arena_.view(6144, 16);
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v176.data(), shape14_1, v175.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(2112, 16);
+  support::View v179 = arena_.view(6208, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -1215,16 +1199,16 @@ void Translate::runPart0(const Inputs &inputs) {
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   const support::Buffer &v173 = param20_decoder_rms_norm_0_scale;
-  support::View v181 = arena_.view(0, 512);
+  support::View v181 = arena_.view(4096, 512);
   const support::Buffer &v182 = param21_decoder_attention_0_q;
-  support::View v186 = arena_.view(2048, 256);
+  support::View v186 = arena_.view(6144, 256);
   const support::Buffer &v183 = param22_decoder_attention_0_k;
-  support::View v187 = arena_.view(3072, 256);
+  support::View v187 = arena_.view(7168, 256);
   const support::Buffer &v184 = param23_decoder_attention_0_v;
   support::View v189 = arena_.view(12288, 256);
-  support::View v191 = arena_.view(0, 256);
-  support::View v192 = arena_.view(1024, 256);
-  support::View v193 = arena_.view(0, 256);
+  support::View v191 = arena_.view(4096, 256);
+  support::View v192 = arena_.view(5120, 256);
+  support::View v193 = arena_.view(4096, 256);
   const support::Buffer &v185 = param24_decoder_attention_0_o;
   support::View v194 = arena_.view(20480, 512);
   repeated2(v172, v179, v173, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192, v193,
@@ -1237,23 +1221,23 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v61 = arena_.view(0, 1024);
+  support::View v61 = arena_.view(4096, 1024);
   support::View v63 = arena_.view(12288, 1024);
-  support::View v64 = arena_.view(4096, 32);
+  support::View v64 = arena_.view(0, 32);
   support::View v67 = arena_.view(8192, 32);
   const support::Buffer &v62 = param7_encoder_rms_norm_1_0_scale;
-  support::View v69 = arena_.view(4096, 1024);
+  support::View v69 = arena_.view(0, 1024);
   const support::Buffer &v70 = param8_encoder_dense_relu_dense_0_wi;
   support::View v72 = arena_.view(8192, 1024);
-  support::View v73 = arena_.view(4096, 1024);
+  support::View v73 = arena_.view(0, 1024);
   const support::Buffer &v71 = param9_encoder_dense_relu_dense_0_wo;
   support::View v74 = arena_.view(8192, 1024);
-  support::View v76 = arena_.view(4096, 1024);
+  support::View v76 = arena_.view(0, 1024);
   support::View v78 = arena_.view(12288, 1024);
-  support::View v79 = arena_.view(0, 32);
+  support::View v79 = arena_.view(4096, 32);
   support::View v82 = arena_.view(8192, 32);
   const support::Buffer &v77 = param10_encoder_rms_norm_1_scale;
-  support::View v84 = arena_.view(0, 1024);
+  support::View v84 = arena_.view(4096, 1024);
   repeated1(v37, v59, v61, v63, v64, v67, v62, v69, v70, v72, v73, v71, v74, v76, v78, v79, v82,
             v77, v84);
 
@@ -1265,9 +1249,9 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v90 = arena_.view(10240, 512);
   const support::Buffer &v87 = param13_encoder_attention_1_v;
   support::View v92 = arena_.view(12288, 512);
-  support::View v94 = arena_.view(0, 1024);
+  support::View v94 = arena_.view(4096, 1024);
   support::View v95 = arena_.view(8192, 1024);
-  support::View v96 = arena_.view(0, 1024);
+  support::View v96 = arena_.view(4096, 1024);
   const support::Buffer &v88 = param14_encoder_attention_1_o;
   support::View v97 = arena_.view(8192, 1024);
   repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
@@ -1278,35 +1262,29 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v99 = arena_.view(0, 1024);
+  support::View v99 = arena_.view(4096, 1024);
   support::View v101 = arena_.view(12288, 1024);
-  support::View v102 = arena_.view(4096, 32);
+  support::View v102 = arena_.view(0, 32);
   support::View v105 = arena_.view(8192, 32);
   const support::Buffer &v100 = param15_encoder_rms_norm_1_1_scale;
-  support::View v107 = arena_.view(4096, 1024);
+  support::View v107 = arena_.view(0, 1024);
   const support::Buffer &v108 = param16_encoder_dense_relu_dense_1_wi;
   support::View v110 = arena_.view(8192, 1024);
-  support::View v111 = arena_.view(4096, 1024);
+  support::View v111 = arena_.view(0, 1024);
   const support::Buffer &v109 = param17_encoder_dense_relu_dense_1_wo;
   support::View v112 = arena_.view(8192, 1024);
-  support::View v114 = arena_.view(4096, 1024);
+  support::View v114 = arena_.view(0, 1024);
   support::View v116 = arena_.view(12288, 1024);
-  support::View v117 = arena_.view(0, 32);
+  support::View v117 = arena_.view(4096, 32);
   support::View v120 = arena_.view(8192, 32);
   const support::Buffer &v115 = param18_encoder_rms_norm_scale;
-  support::View v122 = arena_.view(0, 1024);
+  support::View v122 = arena_.view(4096, 1024);
   repeated1(v76, v97, v99, v101, v102, v105, v100, v107, v108, v110, v111, v109, v112, v114, v116,
             v117, v120, v115, v122);
-}
-
-void Translate::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:113:9 transpose
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
-  const support::Buffer &v35 = param1_shared_embedding;
-  support::View v123 = arena_.view(4096, 1024);
+  support::View v123 = arena_.view(0, 1024);
   {
     float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
@@ -1321,8 +1299,6 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v172 = arena_.view(18432, 512);
-  support::View v194 = arena_.view(20480, 512);
   support::View v196 = arena_.view(8192, 512);
   support::View v198 = arena_.view(10240, 512);
   support::View v199 = arena_.view(12288, 16);
@@ -1331,7 +1307,6 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v204 = arena_.view(10240, 512);
   const support::Buffer &v205 = param26_decoder_attention_1_0_q;
   support::View v209 = arena_.view(16384, 256);
-  support::View v122 = arena_.view(0, 1024);
   const support::Buffer &v206 = param27_decoder_attention_1_0_k;
   support::View v210 = arena_.view(10240, 512);
   const support::Buffer &v207 = param28_decoder_attention_1_0_v;
@@ -1360,9 +1335,16 @@ void Translate::runPart1(const Inputs &inputs) {
   repeated0(v172, v194, v196, v198, v199, v202, v197, v204, v205, v209, v122, v206, v210, v207,
             v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v227, v228,
             v230, v231, v229, v232, v234, v236, v237, v240);
+}
+
+void Translate::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
+  support::View v234 = arena_.view(8192, 512);
+  support::View v240 = arena_.view(12288, 16);
   const support::Buffer &v235 = param33_decoder_rms_norm_1_scale;
   support::View v242 = arena_.view(10240, 512);
   const support::Buffer &v243 = param34_decoder_attention_1_q;
@@ -1394,29 +1376,31 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v265 = arena_.view(8192, 512);
   const support::Buffer &v266 = param39_decoder_attention_1_1_q;
   support::View v270 = arena_.view(14336, 256);
+  support::View v122 = arena_.view(4096, 1024);
   const support::Buffer &v267 = param40_decoder_attention_1_1_k;
   support::View v271 = arena_.view(8192, 512);
   const support::Buffer &v268 = param41_decoder_attention_1_1_v;
   support::View v273 = arena_.view(10240, 512);
-  support::View v275 = arena_.view(0, 512);
-  support::View v276 = arena_.view(2048, 512);
-  support::View v277 = arena_.view(0, 512);
+  support::View v275 = arena_.view(4096, 512);
+  support::View v169 = persistent_.view(26432, 256);
+  support::View v276 = arena_.view(6144, 512);
+  support::View v277 = arena_.view(4096, 512);
   const support::Buffer &v269 = param42_decoder_attention_1_1_o;
-  support::View v278 = arena_.view(2048, 512);
-  support::View v280 = arena_.view(0, 512);
+  support::View v278 = arena_.view(6144, 512);
+  support::View v280 = arena_.view(4096, 512);
   support::View v282 = arena_.view(8192, 512);
-  support::View v283 = arena_.view(2048, 16);
+  support::View v283 = arena_.view(6144, 16);
   support::View v286 = arena_.view(8192, 16);
   const support::Buffer &v281 = param43_decoder_rms_norm_2_1_scale;
-  support::View v288 = arena_.view(2048, 512);
+  support::View v288 = arena_.view(6144, 512);
   const support::Buffer &v289 = param44_decoder_dense_relu_dense_1_wi;
   support::View v291 = arena_.view(8192, 512);
-  support::View v292 = arena_.view(2048, 512);
+  support::View v292 = arena_.view(6144, 512);
   const support::Buffer &v290 = param45_decoder_dense_relu_dense_1_wo;
   support::View v293 = arena_.view(8192, 512);
   support::View v297 = arena_.view(10240, 512);
-  support::View v298 = arena_.view(0, 16);
-  support::View v295 = arena_.view(2048, 512);
+  support::View v298 = arena_.view(4096, 16);
+  support::View v295 = arena_.view(6144, 512);
   support::View v301 = arena_.view(8192, 16);
   repeated0(v234, v255, v257, v259, v260, v263, v258, v265, v266, v270, v122, v267, v271, v268,
             v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v288, v289,
@@ -1427,7 +1411,7 @@ void Translate::runPart1(const Inputs &inputs) {
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v296 = param46_decoder_rms_norm_scale;
-  support::View v305 = arena_.view(0, 512);
+  support::View v305 = arena_.view(4096, 512);
   {
     float *__restrict v305p = v305.data();
     const float *__restrict v295p = v295.data();
@@ -1449,20 +1433,21 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v306 = arena_.view(2048, 512);
+  support::View v123 = arena_.view(0, 1024);
+  support::View v306 = arena_.view(6144, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
   MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
-  support::View v307 = arena_.view(4096, 16);
-  static const support::Shape shape7_1 = {2, 8};
-  static const support::Shape shape7_3 = {256, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v307.data(), shape7_1, v306.data(), shape7_3, shape7_4, shape7_5,
+  support::View v307 = arena_.view(2048, 16);
+  static const support::Shape shape5_1 = {2, 8};
+  static const support::Shape shape5_3 = {256, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v307.data(), shape5_1, v306.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -1500,12 +1485,12 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:133:17 min -> predictions
   MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
-  support::View v314 = arena_.view(4096, 16);
-  static const support::Shape shape10_1 = {2, 8};
-  static const support::Shape shape10_3 = {256, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v314.data(), shape10_1, v313.data(), shape10_3, shape10_4, shape10_5,
+  support::View v314 = arena_.view(2048, 16);
+  static const support::Shape shape8_1 = {2, 8};
+  static const support::Shape shape8_3 = {256, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v314.data(), shape8_1, v313.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Min, 1.0);
 
   // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
@@ -4011,25 +3996,11 @@ void T5Train::computeInvariants() {
       v169p[i0] = s2;
     }
   }
-
-  // t5.mesh:56:10 one_hot
-  support::View v544 = persistent_.view(29888, 512);
-  static const support::Shape shape44_1 = {8, 8, 8};
-  static const support::Shape shape44_3 = {8, 1, 0};
-  static const support::Shape shape44_4 = {0, 0, 1};
-  support::oneHot(v544.data(), shape44_1, v153.data(), shape44_3, shape44_4, 0);
-
-  // t5.mesh:56:10 one_hot
-  support::View v688 = persistent_.view(31936, 2048);
-  static const support::Shape shape45_1 = {16, 16, 8};
-  static const support::Shape shape45_3 = {16, 1, 0};
-  static const support::Shape shape45_4 = {0, 0, 1};
-  support::oneHot(v688.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 194624 bytes for 1134660 bytes of temporaries (placed by liveness).
+  // Arena: 188544 bytes for 1128516 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -4038,9 +4009,8 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  runPart6(inputs);
-  support::View v315 = arena_.view(194560, 1);
-  support::View v313 = arena_.view(194496, 1);
+  support::View v315 = arena_.view(188480, 1);
+  support::View v313 = arena_.view(188416, 1);
 
   // The step's updates.
   ++step_;
@@ -4067,7 +4037,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose -> bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v34 = arena_.view(61440, 512);
+  support::View v34 = arena_.view(57344, 512);
   {
     float *__restrict v34p = v34.data();
     const float *__restrict v33p = v33.data();
@@ -4080,61 +4050,45 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  const support::Buffer &v0 = inputs.input_ids.data;
-  support::View v36 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {16, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 1};
-  support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
-  support::View v37 = arena_.view(4096, 1024);
-  // dims: batch, inputs, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v37 = arena_.view(0, 1024);
+  static const support::Shape shape2_1 = {2, 16, 32};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v170 = arena_.view(8192, 16);
-  static const support::Shape shape4_2 = {2, 8};
-  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
-
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v171 = arena_.view(131072, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {8, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v170 = arena_.view(185856, 16);
+  static const support::Shape shape3_2 = {2, 8};
+  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
-  support::View v172 = arena_.view(133120, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
+  support::View v172 = arena_.view(126976, 512);
+  static const support::Shape shape4_1 = {2, 8, 32};
+  static const support::Shape shape4_3 = {0, 0, 1};
+  static const support::Shape shape4_5 = {8, 1, 0};
+  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:53 one_hot
   MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
-  support::View v308 = arena_.view(94208, 512);
-  static const support::Shape shape7_1 = {2, 8, 32};
-  static const support::Shape shape7_3 = {8, 1, 0};
-  static const support::Shape shape7_4 = {0, 0, 1};
-  support::oneHot(v308.data(), shape7_1, v1.data(), shape7_3, shape7_4,
+  support::View v308 = arena_.view(90112, 512);
+  static const support::Shape shape5_1 = {2, 8, 32};
+  static const support::Shape shape5_3 = {8, 1, 0};
+  static const support::Shape shape5_4 = {0, 0, 1};
+  support::oneHot(v308.data(), shape5_1, v1.data(), shape5_3, shape5_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
   MESHRT_TRACE("loop", "t5.mesh:149:51", "backward");
-  support::View v322 = arena_.view(96256, 512);
+  support::View v322 = arena_.view(92160, 512);
   {
     float *__restrict v322p = v322.data();
     const float *__restrict v308p = v308.data();
@@ -4148,17 +4102,17 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:149:24 sum
   MESHRT_TRACE("sum", "t5.mesh:149:24", "backward");
-  support::View v323 = arena_.view(190464, 16);
-  static const support::Shape shape9_1 = {2, 8};
-  static const support::Shape shape9_3 = {256, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v323.data(), shape9_1, v322.data(), shape9_3, shape9_4, shape9_5,
+  support::View v323 = arena_.view(184320, 16);
+  static const support::Shape shape7_1 = {2, 8};
+  static const support::Shape shape7_3 = {256, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v323.data(), shape7_1, v322.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v740 = arena_.view(8192, 16);
+  support::View v740 = arena_.view(4096, 16);
   {
     float *__restrict v740p = v740.data();
     const float *__restrict v32p = v32.data();
@@ -4171,17 +4125,17 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v741 = arena_.view(192256, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {8, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(v741.data(), shape11_1, v740.data(), shape11_3, shape11_4, shape11_5,
+  support::View v741 = arena_.view(186176, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {8, 2};
+  static const support::Shape shape9_5 = {2, 1};
+  support::reduce(v741.data(), shape9_1, v740.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v778 = arena_.view(8192, 1024);
+  support::View v778 = arena_.view(4096, 1024);
   {
     float *__restrict v778p = v778.data();
     const float *__restrict v35p = v35.data();
@@ -4194,64 +4148,64 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v779 = arena_.view(192320, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32, 32};
-  static const support::Shape shape13_5 = {32, 1};
-  support::reduce(v779.data(), shape13_1, v778.data(), shape13_3, shape13_4, shape13_5,
+  support::View v779 = arena_.view(186240, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {32, 32};
+  static const support::Shape shape11_5 = {32, 1};
+  support::reduce(v779.data(), shape11_1, v778.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v839 = arena_.view(8192, 512);
+  support::View v839 = arena_.view(4096, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v877 = arena_.view(8192, 512);
+  support::View v877 = arena_.view(4096, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v915 = arena_.view(8192, 512);
+  support::View v915 = arena_.view(4096, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v951 = arena_.view(8192, 512);
+  support::View v951 = arena_.view(4096, 512);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1011 = arena_.view(8192, 1024);
+  support::View v1011 = arena_.view(4096, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1049 = arena_.view(8192, 1024);
-  support::View v840 = arena_.view(192384, 1);
-  support::View v878 = arena_.view(192448, 1);
-  support::View v916 = arena_.view(192512, 1);
-  support::View v952 = arena_.view(192576, 1);
-  support::View v1012 = arena_.view(192640, 1);
-  support::View v1050 = arena_.view(192704, 1);
+  support::View v1049 = arena_.view(4096, 1024);
+  support::View v840 = arena_.view(186304, 1);
+  support::View v878 = arena_.view(186368, 1);
+  support::View v916 = arena_.view(186432, 1);
+  support::View v952 = arena_.view(186496, 1);
+  support::View v1012 = arena_.view(186560, 1);
+  support::View v1050 = arena_.view(186624, 1);
   repeated15(v47, v839, v840, v48, v877, v878, v49, v915, v916, v50, v951, v952, v70, v1011, v1012,
              v71, v1049, v1050);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1110 = arena_.view(8192, 512);
+  support::View v1110 = arena_.view(4096, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1148 = arena_.view(8192, 512);
+  support::View v1148 = arena_.view(4096, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1186 = arena_.view(8192, 512);
+  support::View v1186 = arena_.view(4096, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v1222 = arena_.view(8192, 512);
+  support::View v1222 = arena_.view(4096, 512);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1282 = arena_.view(8192, 1024);
+  support::View v1282 = arena_.view(4096, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v1320 = arena_.view(8192, 1024);
-  support::View v1111 = arena_.view(192768, 1);
-  support::View v1149 = arena_.view(192832, 1);
-  support::View v1187 = arena_.view(192896, 1);
-  support::View v1223 = arena_.view(192960, 1);
-  support::View v1283 = arena_.view(193024, 1);
-  support::View v1321 = arena_.view(193088, 1);
+  support::View v1320 = arena_.view(4096, 1024);
+  support::View v1111 = arena_.view(186688, 1);
+  support::View v1149 = arena_.view(186752, 1);
+  support::View v1187 = arena_.view(186816, 1);
+  support::View v1223 = arena_.view(186880, 1);
+  support::View v1283 = arena_.view(186944, 1);
+  support::View v1321 = arena_.view(187008, 1);
   repeated15(v85, v1110, v1111, v86, v1148, v1149, v87, v1186, v1187, v88, v1222, v1223, v108,
              v1282, v1283, v109, v1320, v1321);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  support::View v1380 = arena_.view(8192, 16);
+  support::View v1380 = arena_.view(4096, 16);
   {
     float *__restrict v1380p = v1380.data();
     const float *__restrict v154p = v154.data();
@@ -4264,46 +4218,46 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1381 = arena_.view(193152, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {8, 2};
-  static const support::Shape shape17_5 = {2, 1};
-  support::reduce(v1381.data(), shape17_1, v1380.data(), shape17_3, shape17_4, shape17_5,
+  support::View v1381 = arena_.view(187072, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {8, 2};
+  static const support::Shape shape15_5 = {2, 1};
+  support::reduce(v1381.data(), shape15_1, v1380.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1441 = arena_.view(8192, 512);
+  support::View v1441 = arena_.view(4096, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1479 = arena_.view(8192, 512);
+  support::View v1479 = arena_.view(4096, 512);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1517 = arena_.view(8192, 512);
+  support::View v1517 = arena_.view(4096, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v1553 = arena_.view(8192, 512);
+  support::View v1553 = arena_.view(4096, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1614 = arena_.view(8192, 512);
+  support::View v1614 = arena_.view(4096, 512);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1652 = arena_.view(8192, 512);
+  support::View v1652 = arena_.view(4096, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1690 = arena_.view(8192, 512);
+  support::View v1690 = arena_.view(4096, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v1726 = arena_.view(8192, 512);
+  support::View v1726 = arena_.view(4096, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1786 = arena_.view(8192, 1024);
+  support::View v1786 = arena_.view(4096, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1824 = arena_.view(8192, 1024);
-  support::View v1442 = arena_.view(193216, 1);
-  support::View v1480 = arena_.view(193280, 1);
-  support::View v1518 = arena_.view(193344, 1);
-  support::View v1554 = arena_.view(193408, 1);
-  support::View v1615 = arena_.view(193472, 1);
-  support::View v1653 = arena_.view(193536, 1);
-  support::View v1691 = arena_.view(193600, 1);
-  support::View v1727 = arena_.view(193664, 1);
-  support::View v1787 = arena_.view(193728, 1);
-  support::View v1825 = arena_.view(193792, 1);
+  support::View v1824 = arena_.view(4096, 1024);
+  support::View v1442 = arena_.view(187136, 1);
+  support::View v1480 = arena_.view(187200, 1);
+  support::View v1518 = arena_.view(187264, 1);
+  support::View v1554 = arena_.view(187328, 1);
+  support::View v1615 = arena_.view(187392, 1);
+  support::View v1653 = arena_.view(187456, 1);
+  support::View v1691 = arena_.view(187520, 1);
+  support::View v1727 = arena_.view(187584, 1);
+  support::View v1787 = arena_.view(187648, 1);
+  support::View v1825 = arena_.view(187712, 1);
   repeated11(v182, v1441, v1442, v183, v1479, v1480, v184, v1517, v1518, v185, v1553, v1554, v205,
              v1614, v1615, v206, v1652, v1653, v207, v1690, v1691, v208, v1726, v1727, v228, v1786,
              v1787, v229, v1824, v1825);
@@ -4311,35 +4265,35 @@ void T5Train::runPart0(const Inputs &inputs) {
   // 20 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1885 = arena_.view(8192, 512);
+  support::View v1885 = arena_.view(4096, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1923 = arena_.view(8192, 512);
+  support::View v1923 = arena_.view(4096, 512);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1961 = arena_.view(8192, 512);
+  support::View v1961 = arena_.view(4096, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v1997 = arena_.view(8192, 512);
+  support::View v1997 = arena_.view(4096, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2058 = arena_.view(8192, 512);
+  support::View v2058 = arena_.view(4096, 512);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2096 = arena_.view(8192, 512);
+  support::View v2096 = arena_.view(4096, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2134 = arena_.view(8192, 512);
+  support::View v2134 = arena_.view(4096, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v2170 = arena_.view(8192, 512);
+  support::View v2170 = arena_.view(4096, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2230 = arena_.view(8192, 1024);
+  support::View v2230 = arena_.view(4096, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v2268 = arena_.view(8192, 1024);
-  support::View v1886 = arena_.view(193856, 1);
-  support::View v1924 = arena_.view(193920, 1);
-  support::View v1962 = arena_.view(193984, 1);
-  support::View v1998 = arena_.view(194048, 1);
-  support::View v2059 = arena_.view(194112, 1);
-  support::View v2097 = arena_.view(194176, 1);
-  support::View v2135 = arena_.view(194240, 1);
-  support::View v2171 = arena_.view(194304, 1);
-  support::View v2231 = arena_.view(194368, 1);
-  support::View v2269 = arena_.view(194432, 1);
+  support::View v2268 = arena_.view(4096, 1024);
+  support::View v1886 = arena_.view(187776, 1);
+  support::View v1924 = arena_.view(187840, 1);
+  support::View v1962 = arena_.view(187904, 1);
+  support::View v1998 = arena_.view(187968, 1);
+  support::View v2059 = arena_.view(188032, 1);
+  support::View v2097 = arena_.view(188096, 1);
+  support::View v2135 = arena_.view(188160, 1);
+  support::View v2171 = arena_.view(188224, 1);
+  support::View v2231 = arena_.view(188288, 1);
+  support::View v2269 = arena_.view(188352, 1);
   repeated11(v243, v1885, v1886, v244, v1923, v1924, v245, v1961, v1962, v246, v1997, v1998, v266,
              v2058, v2059, v267, v2096, v2097, v268, v2134, v2135, v269, v2170, v2171, v289, v2230,
              v2231, v290, v2268, v2269);
@@ -4356,7 +4310,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v40 = arena_.view(8192, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   {
     float *__restrict v40p = v40.data();
     const float *__restrict v37p = v37.data();
@@ -4369,18 +4323,18 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v41 = arena_.view(12288, 32);
-  static const support::Shape shape22_1 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v41.data(), shape22_1, v40.data(), shape22_3, shape22_4, shape22_5,
+  support::View v41 = arena_.view(8192, 32);
+  static const support::Shape shape20_1 = {2, 16};
+  static const support::Shape shape20_3 = {512, 32};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v41.data(), shape20_1, v40.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v44 = arena_.view(190976, 32);
+  support::View v44 = arena_.view(184832, 32);
   {
     float *__restrict v44p = v44.data();
     const float *__restrict v41p = v41.data();
@@ -4392,20 +4346,13 @@ void T5Train::runPart0(const Inputs &inputs) {
       v44p[i0] = s3;
     }
   }
-}
-
-void T5Train::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v44 = arena_.view(190976, 32);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v45 = arena_.view(8192, 1024);
-  support::View v46 = arena_.view(12288, 1024);
+  support::View v45 = arena_.view(4096, 1024);
+  support::View v46 = arena_.view(8192, 1024);
   {
     float *__restrict v45p = v45.data();
     float *__restrict v46p = v46.data();
@@ -4427,35 +4374,35 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v51 = arena_.view(135168, 512);
-  support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v52 = arena_.view(137216, 512);
-  support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v54 = arena_.view(139264, 512);
-  support::View v56 = arena_.view(16384, 1024);
-  support::View v34 = arena_.view(61440, 512);
-  support::View v57 = arena_.view(20480, 1024);
-  support::View v58 = arena_.view(16384, 1024);
-  support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v59 = arena_.view(20480, 1024);
+  support::View v51 = arena_.view(129024, 512);
+  support::View v52 = arena_.view(131072, 512);
+  support::View v54 = arena_.view(133120, 512);
+  support::View v56 = arena_.view(12288, 1024);
+  support::View v57 = arena_.view(16384, 1024);
+  support::View v58 = arena_.view(12288, 1024);
+  support::View v59 = arena_.view(16384, 1024);
   repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
+}
+
+void T5Train::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   support::View v153 = persistent_.view(25664, 64);
-  support::View v155 = arena_.view(24576, 128);
-  static const support::Shape shape2_1 = {8, 8, 2};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {8, 1, 0};
-  support::gather(v155.data(), shape2_1, v154.data(), shape2_3, v153.data(), shape2_5, 8, 2, 0);
+  support::View v155 = arena_.view(20480, 128);
+  static const support::Shape shape0_1 = {8, 8, 2};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {8, 1, 0};
+  support::gather(v155.data(), shape0_1, v154.data(), shape0_3, v153.data(), shape0_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
   support::View v160 = persistent_.view(26240, 64);
-  support::View v161 = arena_.view(102400, 128);
+  support::View v161 = arena_.view(98304, 128);
   {
     float *__restrict v161p = v161.data();
     const float *__restrict v155p = v155.data();
@@ -4473,8 +4420,8 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v172 = arena_.view(133120, 512);
-  support::View v175 = arena_.view(24576, 512);
+  support::View v172 = arena_.view(126976, 512);
+  support::View v175 = arena_.view(20480, 512);
   {
     float *__restrict v175p = v175.data();
     const float *__restrict v172p = v172.data();
@@ -4487,18 +4434,18 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v176 = arena_.view(26624, 16);
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {256, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v176.data(), shape5_1, v175.data(), shape5_3, shape5_4, shape5_5,
+  support::View v176 = arena_.view(22528, 16);
+  static const support::Shape shape3_1 = {2, 8};
+  static const support::Shape shape3_3 = {256, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v176.data(), shape3_1, v175.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(192000, 16);
+  support::View v179 = arena_.view(185920, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -4514,64 +4461,67 @@ void T5Train::runPart1(const Inputs &inputs) {
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v181 = arena_.view(143360, 512);
+  support::View v181 = arena_.view(137216, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v186 = arena_.view(184320, 256);
+  support::View v186 = arena_.view(178176, 256);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v187 = arena_.view(185344, 256);
+  support::View v187 = arena_.view(179200, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v189 = arena_.view(186368, 256);
-  support::View v191 = arena_.view(24576, 256);
-  support::View v192 = arena_.view(25600, 256);
-  support::View v193 = arena_.view(187392, 256);
+  support::View v189 = arena_.view(180224, 256);
+  support::View v191 = arena_.view(20480, 256);
+  support::View v192 = arena_.view(21504, 256);
+  support::View v193 = arena_.view(181248, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v180 = arena_.view(141312, 512);
-  support::View v194 = arena_.view(98304, 512);
+  support::View v180 = arena_.view(135168, 512);
+  support::View v194 = arena_.view(94208, 512);
   repeated14(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
              v193, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
+  support::View v59 = arena_.view(16384, 1024);
   support::allReduceBucket(group_model, {v59, v194});
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v61 = arena_.view(24576, 1024);
-  support::View v63 = arena_.view(28672, 1024);
-  support::View v64 = arena_.view(20480, 32);
-  support::View v67 = arena_.view(191104, 32);
+  support::View v37 = arena_.view(0, 1024);
+  support::View v61 = arena_.view(20480, 1024);
+  support::View v63 = arena_.view(24576, 1024);
+  support::View v64 = arena_.view(16384, 32);
+  support::View v67 = arena_.view(184960, 32);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v69 = arena_.view(28672, 1024);
+  support::View v69 = arena_.view(24576, 1024);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v72 = arena_.view(32768, 1024);
-  support::View v73 = arena_.view(36864, 1024);
+  support::View v72 = arena_.view(28672, 1024);
+  support::View v73 = arena_.view(32768, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v74 = arena_.view(40960, 1024);
-  support::View v76 = arena_.view(45056, 1024);
-  support::View v78 = arena_.view(49152, 1024);
-  support::View v79 = arena_.view(40960, 32);
-  support::View v82 = arena_.view(191232, 32);
+  support::View v74 = arena_.view(36864, 1024);
+  support::View v76 = arena_.view(40960, 1024);
+  support::View v78 = arena_.view(45056, 1024);
+  support::View v79 = arena_.view(36864, 32);
+  support::View v82 = arena_.view(185088, 32);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v68 = arena_.view(20480, 1024);
-  support::View v83 = arena_.view(40960, 1024);
-  support::View v84 = arena_.view(49152, 1024);
+  support::View v68 = arena_.view(16384, 1024);
+  support::View v83 = arena_.view(36864, 1024);
+  support::View v84 = arena_.view(45056, 1024);
   repeated13(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
              v82, v77, v83, v84);
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v89 = arena_.view(145408, 512);
+  support::View v89 = arena_.view(139264, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v90 = arena_.view(147456, 512);
+  support::View v90 = arena_.view(141312, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v92 = arena_.view(149504, 512);
-  support::View v94 = arena_.view(53248, 1024);
-  support::View v95 = arena_.view(57344, 1024);
-  support::View v96 = arena_.view(53248, 1024);
+  support::View v92 = arena_.view(143360, 512);
+  support::View v94 = arena_.view(49152, 1024);
+  support::View v34 = arena_.view(57344, 512);
+  support::View v95 = arena_.view(53248, 1024);
+  support::View v96 = arena_.view(49152, 1024);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v97 = arena_.view(57344, 1024);
+  support::View v97 = arena_.view(53248, 1024);
   repeated17(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
@@ -4580,32 +4530,32 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v99 = arena_.view(61440, 1024);
-  support::View v101 = arena_.view(65536, 1024);
-  support::View v102 = arena_.view(57344, 32);
-  support::View v105 = arena_.view(191360, 32);
+  support::View v99 = arena_.view(57344, 1024);
+  support::View v101 = arena_.view(61440, 1024);
+  support::View v102 = arena_.view(53248, 32);
+  support::View v105 = arena_.view(185216, 32);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v107 = arena_.view(65536, 1024);
+  support::View v107 = arena_.view(61440, 1024);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v110 = arena_.view(69632, 1024);
-  support::View v111 = arena_.view(73728, 1024);
+  support::View v110 = arena_.view(65536, 1024);
+  support::View v111 = arena_.view(69632, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v112 = arena_.view(77824, 1024);
-  support::View v114 = arena_.view(81920, 1024);
-  support::View v116 = arena_.view(86016, 1024);
-  support::View v117 = arena_.view(77824, 32);
-  support::View v120 = arena_.view(191488, 32);
+  support::View v112 = arena_.view(73728, 1024);
+  support::View v114 = arena_.view(77824, 1024);
+  support::View v116 = arena_.view(81920, 1024);
+  support::View v117 = arena_.view(73728, 32);
+  support::View v120 = arena_.view(185344, 32);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v106 = arena_.view(57344, 1024);
-  support::View v121 = arena_.view(77824, 1024);
-  support::View v122 = arena_.view(86016, 1024);
+  support::View v106 = arena_.view(53248, 1024);
+  support::View v121 = arena_.view(73728, 1024);
+  support::View v122 = arena_.view(81920, 1024);
   repeated13(v76, v97, v99, v101, v102, v105, v100, v106, v107, v108, v110, v111, v109, v112, v114,
              v116, v117, v120, v115, v121, v122);
 
   // t5.mesh:113:9 transpose
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
-  support::View v123 = arena_.view(90112, 1024);
+  support::View v123 = arena_.view(86016, 1024);
   {
     float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
@@ -4620,41 +4570,41 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v196 = arena_.view(151552, 512);
-  support::View v198 = arena_.view(100352, 512);
-  support::View v199 = arena_.view(98304, 16);
-  support::View v202 = arena_.view(192064, 16);
+  support::View v196 = arena_.view(145408, 512);
+  support::View v198 = arena_.view(96256, 512);
+  support::View v199 = arena_.view(94208, 16);
+  support::View v202 = arena_.view(185984, 16);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v204 = arena_.view(155648, 512);
+  support::View v204 = arena_.view(149504, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v209 = arena_.view(188416, 256);
+  support::View v209 = arena_.view(182272, 256);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v210 = arena_.view(118784, 512);
+  support::View v210 = arena_.view(114688, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v212 = arena_.view(120832, 512);
-  support::View v214 = arena_.view(98304, 512);
+  support::View v212 = arena_.view(116736, 512);
+  support::View v214 = arena_.view(94208, 512);
   support::View v169 = persistent_.view(28736, 256);
-  support::View v215 = arena_.view(100352, 512);
-  support::View v216 = arena_.view(122880, 512);
+  support::View v215 = arena_.view(96256, 512);
+  support::View v216 = arena_.view(118784, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v217 = arena_.view(98304, 512);
-  support::View v219 = arena_.view(124928, 512);
-  support::View v221 = arena_.view(100352, 512);
-  support::View v222 = arena_.view(98304, 16);
-  support::View v225 = arena_.view(192128, 16);
+  support::View v217 = arena_.view(94208, 512);
+  support::View v219 = arena_.view(120832, 512);
+  support::View v221 = arena_.view(96256, 512);
+  support::View v222 = arena_.view(94208, 16);
+  support::View v225 = arena_.view(186048, 16);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v227 = arena_.view(129024, 512);
+  support::View v227 = arena_.view(124928, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v230 = arena_.view(114688, 512);
-  support::View v231 = arena_.view(116736, 512);
+  support::View v230 = arena_.view(110592, 512);
+  support::View v231 = arena_.view(112640, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v232 = arena_.view(98304, 512);
-  support::View v236 = arena_.view(100352, 512);
-  support::View v237 = arena_.view(98304, 16);
-  support::View v203 = arena_.view(153600, 512);
-  support::View v226 = arena_.view(126976, 512);
-  support::View v234 = arena_.view(110592, 512);
-  support::View v240 = arena_.view(192192, 16);
+  support::View v232 = arena_.view(94208, 512);
+  support::View v236 = arena_.view(96256, 512);
+  support::View v237 = arena_.view(94208, 16);
+  support::View v203 = arena_.view(147456, 512);
+  support::View v226 = arena_.view(122880, 512);
+  support::View v234 = arena_.view(106496, 512);
+  support::View v240 = arena_.view(186112, 16);
   repeated8(v172, v194, v196, v198, v199, v202, v197, v203, v204, v205, v209, v122, v206, v210,
             v207, v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v226,
             v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
@@ -4662,19 +4612,19 @@ void T5Train::runPart1(const Inputs &inputs) {
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v242 = arena_.view(157696, 512);
+  support::View v242 = arena_.view(151552, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v247 = arena_.view(180224, 256);
+  support::View v247 = arena_.view(174080, 256);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v248 = arena_.view(181248, 256);
+  support::View v248 = arena_.view(175104, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v250 = arena_.view(182272, 256);
-  support::View v252 = arena_.view(98304, 256);
-  support::View v253 = arena_.view(99328, 256);
-  support::View v254 = arena_.view(183296, 256);
+  support::View v250 = arena_.view(176128, 256);
+  support::View v252 = arena_.view(94208, 256);
+  support::View v253 = arena_.view(95232, 256);
+  support::View v254 = arena_.view(177152, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v241 = arena_.view(112640, 512);
-  support::View v255 = arena_.view(98304, 512);
+  support::View v241 = arena_.view(108544, 512);
+  support::View v255 = arena_.view(94208, 512);
   repeated14(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
              v254, v246, v255);
 
@@ -4684,40 +4634,40 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v257 = arena_.view(159744, 512);
-  support::View v259 = arena_.view(100352, 512);
-  support::View v260 = arena_.view(98304, 16);
-  support::View v263 = arena_.view(190528, 16);
+  support::View v257 = arena_.view(153600, 512);
+  support::View v259 = arena_.view(96256, 512);
+  support::View v260 = arena_.view(94208, 16);
+  support::View v263 = arena_.view(184384, 16);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v265 = arena_.view(163840, 512);
+  support::View v265 = arena_.view(157696, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v270 = arena_.view(189440, 256);
+  support::View v270 = arena_.view(183296, 256);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v271 = arena_.view(102400, 512);
+  support::View v271 = arena_.view(98304, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v273 = arena_.view(104448, 512);
-  support::View v275 = arena_.view(98304, 512);
-  support::View v276 = arena_.view(100352, 512);
-  support::View v277 = arena_.view(106496, 512);
+  support::View v273 = arena_.view(100352, 512);
+  support::View v275 = arena_.view(94208, 512);
+  support::View v276 = arena_.view(96256, 512);
+  support::View v277 = arena_.view(102400, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v278 = arena_.view(98304, 512);
-  support::View v280 = arena_.view(108544, 512);
-  support::View v282 = arena_.view(100352, 512);
-  support::View v283 = arena_.view(98304, 16);
-  support::View v286 = arena_.view(190592, 16);
+  support::View v278 = arena_.view(94208, 512);
+  support::View v280 = arena_.view(104448, 512);
+  support::View v282 = arena_.view(96256, 512);
+  support::View v283 = arena_.view(94208, 16);
+  support::View v286 = arena_.view(184448, 16);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v288 = arena_.view(167936, 512);
+  support::View v288 = arena_.view(161792, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v291 = arena_.view(98304, 512);
-  support::View v292 = arena_.view(100352, 512);
+  support::View v291 = arena_.view(94208, 512);
+  support::View v292 = arena_.view(96256, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v293 = arena_.view(169984, 512);
-  support::View v297 = arena_.view(174080, 512);
-  support::View v298 = arena_.view(169984, 16);
-  support::View v264 = arena_.view(161792, 512);
-  support::View v287 = arena_.view(165888, 512);
-  support::View v295 = arena_.view(172032, 512);
-  support::View v301 = arena_.view(190656, 16);
+  support::View v293 = arena_.view(163840, 512);
+  support::View v297 = arena_.view(167936, 512);
+  support::View v298 = arena_.view(163840, 16);
+  support::View v264 = arena_.view(155648, 512);
+  support::View v287 = arena_.view(159744, 512);
+  support::View v295 = arena_.view(165888, 512);
+  support::View v301 = arena_.view(184512, 16);
   repeated8(v234, v255, v257, v259, v260, v263, v258, v264, v265, v266, v270, v122, v267, v271,
             v268, v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v287,
             v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
@@ -4727,8 +4677,8 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v302 = arena_.view(169984, 512);
-  support::View v305 = arena_.view(174080, 512);
+  support::View v302 = arena_.view(163840, 512);
+  support::View v305 = arena_.view(167936, 512);
   {
     float *__restrict v302p = v302.data();
     float *__restrict v305p = v305.data();
@@ -4752,28 +4702,28 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v306 = arena_.view(176128, 512);
+  support::View v306 = arena_.view(169984, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
   MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
-  support::View v307 = arena_.view(178176, 512);
-  static const support::Shape shape20_2 = {2, 8};
-  static const support::Shape shape20_3 = {256, 32};
-  static const support::Shape shape20_4 = {256, 32};
-  static const support::Shape shape20_5 = {32};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v307.data(), v306.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v307 = arena_.view(172032, 512);
+  static const support::Shape shape18_2 = {2, 8};
+  static const support::Shape shape18_3 = {256, 32};
+  static const support::Shape shape18_4 = {256, 32};
+  static const support::Shape shape18_5 = {32};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v307.data(), v306.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:51 mul
   MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
-  support::View v308 = arena_.view(94208, 512);
-  support::View v309 = arena_.view(176128, 512);
+  support::View v308 = arena_.view(90112, 512);
+  support::View v309 = arena_.view(169984, 512);
   {
     float *__restrict v309p = v309.data();
     const float *__restrict v307p = v307.data();
@@ -4788,21 +4738,21 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:149:20 sum -> token_logp
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
-  support::View v310 = arena_.view(190720, 16);
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v310.data(), shape22_1, v309.data(), shape22_3, shape22_4, shape22_5,
+  support::View v310 = arena_.view(184576, 16);
+  static const support::Shape shape20_1 = {2, 8};
+  static const support::Shape shape20_3 = {256, 32};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v310.data(), shape20_1, v309.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:149:24 exp
   // t5.mesh:149:24 mul
   // t5.mesh:149:24 sub
   MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
-  support::View v323 = arena_.view(190464, 16);
-  support::View v322 = arena_.view(96256, 512);
-  support::View v327 = arena_.view(94208, 512);
+  support::View v323 = arena_.view(184320, 16);
+  support::View v322 = arena_.view(92160, 512);
+  support::View v327 = arena_.view(90112, 512);
   {
     float *__restrict v327p = v327.data();
     const float *__restrict v307p = v307.data();
@@ -4820,32 +4770,30 @@ void T5Train::runPart1(const Inputs &inputs) {
       }
     }
   }
+
+  // t5.mesh:125:10 einsum
+  // t5.mesh:125:29 mul
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
+  support::View v328 = arena_.view(92160, 512);
+  // dims: batch, targets, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan22.run(v327.data(), v123.data(), v328.data(), 0.17677669f, 0.0f);
+
+  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
+  // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::allReduceBucket(group_model, {v328, v310});
 }
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:125:10 einsum
-  // t5.mesh:125:29 mul
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v327 = arena_.view(94208, 512);
-  support::View v123 = arena_.view(90112, 1024);
-  support::View v328 = arena_.view(96256, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v327.data(), v123.data(), v328.data(), 0.17677669f, 0.0f);
-
-  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
-  // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v310 = arena_.view(190720, 16);
-  support::allReduceBucket(group_model, {v328, v310});
-
   // t5.mesh:150:29 exp
   MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
-  support::View v312 = arena_.view(90112, 16);
+  support::View v310 = arena_.view(184576, 16);
+  support::View v312 = arena_.view(86016, 16);
   {
     float *__restrict v312p = v312.data();
     const float *__restrict v310p = v310.data();
@@ -4858,27 +4806,27 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
-  support::View v313 = arena_.view(194496, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {2, 8};
-  static const support::Shape shape3_5 = {8, 1};
-  support::reduce(v313.data(), shape3_1, v312.data(), shape3_3, shape3_4, shape3_5,
+  support::View v313 = arena_.view(188416, 1);
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {2, 8};
+  static const support::Shape shape1_5 = {8, 1};
+  support::reduce(v313.data(), shape1_1, v312.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:15 mean
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
-  support::View v314 = arena_.view(90112, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {2, 8};
-  static const support::Shape shape4_5 = {8, 1};
-  support::reduce(v314.data(), shape4_1, v310.data(), shape4_3, shape4_4, shape4_5,
+  support::View v314 = arena_.view(86016, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {2, 8};
+  static const support::Shape shape2_5 = {8, 1};
+  support::reduce(v314.data(), shape2_1, v310.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
   MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
-  support::View v315 = arena_.view(194560, 1);
+  support::View v315 = arena_.view(188480, 1);
   {
     float *__restrict v315p = v315.data();
     const float *__restrict v314p = v314.data();
@@ -4889,17 +4837,19 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v305 = arena_.view(174080, 512);
-  support::View v329 = arena_.view(90112, 1024);
+  support::View v327 = arena_.view(90112, 512);
+  support::View v305 = arena_.view(167936, 512);
+  support::View v329 = arena_.view(86016, 1024);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v327.data(), v305.data(), v329.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v327.data(), v305.data(), v329.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v302 = arena_.view(169984, 512);
-  support::View v333 = arena_.view(94208, 512);
+  support::View v328 = arena_.view(92160, 512);
+  support::View v302 = arena_.view(163840, 512);
+  support::View v333 = arena_.view(90112, 512);
   {
     float *__restrict v333p = v333.data();
     const float *__restrict v328p = v328.data();
@@ -4914,12 +4864,12 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v334 = arena_.view(191616, 32);
-  static const support::Shape shape8_1 = {32};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2, 8};
-  static const support::Shape shape8_5 = {256, 32};
-  support::reduce(v334.data(), shape8_1, v333.data(), shape8_3, shape8_4, shape8_5,
+  support::View v334 = arena_.view(185472, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 8};
+  static const support::Shape shape6_5 = {256, 32};
+  support::reduce(v334.data(), shape6_1, v333.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -4927,10 +4877,10 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v301 = arena_.view(190656, 16);
-  support::View v295 = arena_.view(172032, 512);
-  support::View v335 = arena_.view(94208, 512);
-  support::View v336 = arena_.view(169984, 512);
+  support::View v301 = arena_.view(184512, 16);
+  support::View v295 = arena_.view(165888, 512);
+  support::View v335 = arena_.view(90112, 512);
+  support::View v336 = arena_.view(163840, 512);
   {
     float *__restrict v335p = v335.data();
     float *__restrict v336p = v336.data();
@@ -4955,47 +4905,47 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v337 = arena_.view(96256, 16);
-  support::View v348 = arena_.view(169984, 512);
+  support::View v337 = arena_.view(92160, 16);
+  support::View v348 = arena_.view(163840, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v349 = arena_.view(172032, 512);
-  support::View v292 = arena_.view(100352, 512);
-  support::View v291 = arena_.view(98304, 512);
-  support::View v353 = arena_.view(174080, 512);
+  support::View v349 = arena_.view(165888, 512);
+  support::View v292 = arena_.view(96256, 512);
+  support::View v291 = arena_.view(94208, 512);
+  support::View v353 = arena_.view(167936, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v354 = arena_.view(172032, 512);
-  support::View v288 = arena_.view(167936, 512);
-  support::View v287 = arena_.view(165888, 512);
-  support::View v358 = arena_.view(167936, 512);
+  support::View v354 = arena_.view(165888, 512);
+  support::View v288 = arena_.view(161792, 512);
+  support::View v287 = arena_.view(159744, 512);
+  support::View v358 = arena_.view(161792, 512);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v286 = arena_.view(190592, 16);
-  support::View v280 = arena_.view(108544, 512);
-  support::View v361 = arena_.view(165888, 512);
-  support::View v362 = arena_.view(167936, 512);
-  support::View v363 = arena_.view(169984, 16);
-  support::View v372 = arena_.view(167936, 512);
-  support::View v273 = arena_.view(104448, 512);
+  support::View v286 = arena_.view(184448, 16);
+  support::View v280 = arena_.view(104448, 512);
+  support::View v361 = arena_.view(159744, 512);
+  support::View v362 = arena_.view(161792, 512);
+  support::View v363 = arena_.view(163840, 16);
+  support::View v372 = arena_.view(161792, 512);
+  support::View v273 = arena_.view(100352, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v373 = arena_.view(108544, 512);
-  support::View v277 = arena_.view(106496, 512);
-  support::View v374 = arena_.view(165888, 512);
-  support::View v376 = arena_.view(104448, 512);
-  support::View v377 = arena_.view(172032, 32);
-  support::View v379 = arena_.view(104448, 512);
-  support::View v271 = arena_.view(102400, 512);
-  support::View v270 = arena_.view(189440, 256);
-  support::View v381 = arena_.view(172032, 512);
+  support::View v373 = arena_.view(104448, 512);
+  support::View v277 = arena_.view(102400, 512);
+  support::View v374 = arena_.view(159744, 512);
+  support::View v376 = arena_.view(100352, 512);
+  support::View v377 = arena_.view(165888, 32);
+  support::View v379 = arena_.view(100352, 512);
+  support::View v271 = arena_.view(98304, 512);
+  support::View v270 = arena_.view(183296, 256);
+  support::View v381 = arena_.view(165888, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v122 = arena_.view(86016, 1024);
+  support::View v122 = arena_.view(81920, 1024);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v350 = arena_.view(94208, 1024);
-  support::View v355 = arena_.view(98304, 1024);
-  support::View v359 = arena_.view(191744, 32);
-  support::View v375 = arena_.view(169984, 512);
-  support::View v380 = arena_.view(178176, 256);
-  support::View v383 = arena_.view(102400, 1024);
-  support::View v384 = arena_.view(174080, 512);
-  support::View v386 = arena_.view(106496, 1024);
+  support::View v350 = arena_.view(90112, 1024);
+  support::View v355 = arena_.view(94208, 1024);
+  support::View v359 = arena_.view(185600, 32);
+  support::View v375 = arena_.view(163840, 512);
+  support::View v380 = arena_.view(172032, 256);
+  support::View v383 = arena_.view(98304, 1024);
+  support::View v384 = arena_.view(167936, 512);
+  support::View v386 = arena_.view(102400, 1024);
   repeated4(v337, v336, v295, v301, v335, v348, v290, v349, v292, v350, v291, v353, v289, v354,
             v288, v355, v287, v358, v359, v281, v286, v280, v361, v362, v363, v372, v273, v269,
             v373, v277, v374, v375, v376, v377, v379, v271, v380, v270, v381, v268, v383, v122,
@@ -5003,20 +4953,20 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v388 = arena_.view(165888, 512);
+  support::View v388 = arena_.view(159744, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan11.run(v381.data(), v122.data(), v388.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v381.data(), v122.data(), v388.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v389 = arena_.view(172032, 512);
+  support::View v389 = arena_.view(165888, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan12.run(v380.data(), v266.data(), v389.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v380.data(), v266.data(), v389.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -5024,52 +4974,52 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v265 = arena_.view(163840, 512);
-  support::View v390 = arena_.view(176128, 512);
+  support::View v265 = arena_.view(157696, 512);
+  support::View v390 = arena_.view(169984, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v380.data(), v265.data(), v390.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v380.data(), v265.data(), v390.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v264 = arena_.view(161792, 512);
-  support::View v393 = arena_.view(163840, 512);
+  support::View v264 = arena_.view(155648, 512);
+  support::View v393 = arena_.view(157696, 512);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v263 = arena_.view(190528, 16);
-  support::View v257 = arena_.view(159744, 512);
-  support::View v396 = arena_.view(161792, 512);
-  support::View v397 = arena_.view(163840, 512);
-  support::View v398 = arena_.view(167936, 16);
-  support::View v407 = arena_.view(163840, 512);
-  support::View v250 = arena_.view(182272, 256);
+  support::View v263 = arena_.view(184384, 16);
+  support::View v257 = arena_.view(153600, 512);
+  support::View v396 = arena_.view(155648, 512);
+  support::View v397 = arena_.view(157696, 512);
+  support::View v398 = arena_.view(161792, 16);
+  support::View v407 = arena_.view(157696, 512);
+  support::View v250 = arena_.view(176128, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v408 = arena_.view(161792, 256);
-  support::View v254 = arena_.view(183296, 256);
-  support::View v409 = arena_.view(172032, 256);
-  support::View v411 = arena_.view(162816, 256);
-  support::View v412 = arena_.view(167936, 32);
-  support::View v414 = arena_.view(162816, 256);
-  support::View v248 = arena_.view(181248, 256);
-  support::View v416 = arena_.view(189440, 256);
-  support::View v247 = arena_.view(180224, 256);
-  support::View v417 = arena_.view(181248, 256);
+  support::View v408 = arena_.view(155648, 256);
+  support::View v254 = arena_.view(177152, 256);
+  support::View v409 = arena_.view(165888, 256);
+  support::View v411 = arena_.view(156672, 256);
+  support::View v412 = arena_.view(161792, 32);
+  support::View v414 = arena_.view(156672, 256);
+  support::View v248 = arena_.view(175104, 256);
+  support::View v416 = arena_.view(183296, 256);
+  support::View v247 = arena_.view(174080, 256);
+  support::View v417 = arena_.view(175104, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v419 = arena_.view(161792, 512);
-  support::View v242 = arena_.view(157696, 512);
+  support::View v419 = arena_.view(155648, 512);
+  support::View v242 = arena_.view(151552, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v422 = arena_.view(172032, 512);
+  support::View v422 = arena_.view(165888, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v425 = arena_.view(180224, 512);
-  support::View v394 = arena_.view(191872, 32);
-  support::View v410 = arena_.view(159744, 512);
-  support::View v415 = arena_.view(190464, 128);
-  support::View v420 = arena_.view(167936, 512);
-  support::View v424 = arena_.view(178176, 512);
-  support::View v426 = arena_.view(182272, 512);
+  support::View v425 = arena_.view(174080, 512);
+  support::View v394 = arena_.view(185728, 32);
+  support::View v410 = arena_.view(153600, 512);
+  support::View v415 = arena_.view(184320, 128);
+  support::View v420 = arena_.view(161792, 512);
+  support::View v424 = arena_.view(172032, 512);
+  support::View v426 = arena_.view(176128, 512);
   repeated7(v389, v264, v393, v394, v258, v263, v372, v257, v396, v397, v398, v407, v250, v246,
             v408, v254, v409, v410, v411, v412, v414, v415, v248, v416, v247, v417, v245, v419,
             v242, v420, v244, v422, v424, v243, v425, v426);
@@ -5080,69 +5030,69 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v427 = arena_.view(161792, 512);
+  support::View v427 = arena_.view(155648, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v416.data(), v242.data(), v427.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v416.data(), v242.data(), v427.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v241 = arena_.view(112640, 512);
-  support::View v430 = arena_.view(157696, 512);
+  support::View v241 = arena_.view(108544, 512);
+  support::View v430 = arena_.view(151552, 512);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v240 = arena_.view(192192, 16);
-  support::View v234 = arena_.view(110592, 512);
-  support::View v431 = arena_.view(189440, 32);
-  support::View v433 = arena_.view(112640, 512);
-  support::View v434 = arena_.view(157696, 512);
+  support::View v240 = arena_.view(186112, 16);
+  support::View v234 = arena_.view(106496, 512);
+  support::View v431 = arena_.view(183296, 32);
+  support::View v433 = arena_.view(108544, 512);
+  support::View v434 = arena_.view(151552, 512);
   repeated19(v426, v241, v430, v431, v235, v240, v407, v234, v433, v434);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v435 = arena_.view(163840, 16);
-  support::View v444 = arena_.view(157696, 512);
+  support::View v435 = arena_.view(157696, 16);
+  support::View v444 = arena_.view(151552, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v445 = arena_.view(163840, 512);
-  support::View v231 = arena_.view(116736, 512);
-  support::View v230 = arena_.view(114688, 512);
-  support::View v448 = arena_.view(172032, 512);
+  support::View v445 = arena_.view(157696, 512);
+  support::View v231 = arena_.view(112640, 512);
+  support::View v230 = arena_.view(110592, 512);
+  support::View v448 = arena_.view(165888, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v449 = arena_.view(163840, 512);
-  support::View v227 = arena_.view(129024, 512);
-  support::View v226 = arena_.view(126976, 512);
-  support::View v453 = arena_.view(129024, 512);
+  support::View v449 = arena_.view(157696, 512);
+  support::View v227 = arena_.view(124928, 512);
+  support::View v226 = arena_.view(122880, 512);
+  support::View v453 = arena_.view(124928, 512);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v225 = arena_.view(192128, 16);
-  support::View v219 = arena_.view(124928, 512);
-  support::View v456 = arena_.view(126976, 512);
-  support::View v457 = arena_.view(129024, 512);
-  support::View v458 = arena_.view(163840, 16);
-  support::View v467 = arena_.view(157696, 512);
-  support::View v212 = arena_.view(120832, 512);
+  support::View v225 = arena_.view(186048, 16);
+  support::View v219 = arena_.view(120832, 512);
+  support::View v456 = arena_.view(122880, 512);
+  support::View v457 = arena_.view(124928, 512);
+  support::View v458 = arena_.view(157696, 16);
+  support::View v467 = arena_.view(151552, 512);
+  support::View v212 = arena_.view(116736, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v468 = arena_.view(124928, 512);
-  support::View v216 = arena_.view(122880, 512);
-  support::View v469 = arena_.view(126976, 512);
-  support::View v471 = arena_.view(120832, 512);
-  support::View v472 = arena_.view(129024, 32);
-  support::View v474 = arena_.view(120832, 512);
-  support::View v210 = arena_.view(118784, 512);
-  support::View v209 = arena_.view(188416, 256);
-  support::View v476 = arena_.view(172032, 512);
+  support::View v468 = arena_.view(120832, 512);
+  support::View v216 = arena_.view(118784, 512);
+  support::View v469 = arena_.view(122880, 512);
+  support::View v471 = arena_.view(116736, 512);
+  support::View v472 = arena_.view(124928, 32);
+  support::View v474 = arena_.view(116736, 512);
+  support::View v210 = arena_.view(114688, 512);
+  support::View v209 = arena_.view(182272, 256);
+  support::View v476 = arena_.view(165888, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v446 = arena_.view(110592, 1024);
-  support::View v450 = arena_.view(114688, 1024);
-  support::View v454 = arena_.view(183296, 32);
-  support::View v470 = arena_.view(163840, 512);
-  support::View v475 = arena_.view(182272, 256);
-  support::View v478 = arena_.view(118784, 1024);
-  support::View v480 = arena_.view(180224, 512);
-  support::View v482 = arena_.view(122880, 1024);
+  support::View v446 = arena_.view(106496, 1024);
+  support::View v450 = arena_.view(110592, 1024);
+  support::View v454 = arena_.view(177152, 32);
+  support::View v470 = arena_.view(157696, 512);
+  support::View v475 = arena_.view(176128, 256);
+  support::View v478 = arena_.view(114688, 1024);
+  support::View v480 = arena_.view(174080, 512);
+  support::View v482 = arena_.view(118784, 1024);
   repeated4(v435, v434, v234, v240, v433, v444, v229, v445, v231, v446, v230, v448, v228, v449,
             v227, v450, v226, v453, v454, v220, v225, v219, v456, v457, v458, v467, v212, v208,
             v468, v216, v469, v470, v471, v472, v474, v210, v475, v209, v476, v207, v478, v122,
@@ -5152,7 +5102,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  support::View v483 = arena_.view(126976, 1024);
+  support::View v483 = arena_.view(122880, 1024);
   {
     float *__restrict v483p = v483.data();
     const float *__restrict v383p = v383.data();
@@ -5173,103 +5123,103 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v484 = arena_.view(118784, 512);
+  support::View v484 = arena_.view(114688, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v476.data(), v122.data(), v484.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v476.data(), v122.data(), v484.data(), 1.0f, 0.0f);
+
+  // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v485 = arena_.view(81920, 512);
+  // dims: batch, targets, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan22.run(v475.data(), v205.data(), v485.data(), 1.0f, 0.0f);
+
+  // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
+  // together, 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  auto request4 = support::startAllReduce(group_model, {v483, v485}, meshrt::ReduceOp::Sum);
+
+  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
+  support::View v204 = arena_.view(149504, 512);
+  support::View v486 = arena_.view(116736, 512);
+  // dims: batch, targets, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan24.run(v475.data(), v204.data(), v486.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  group_model.wait(request4);
 }
 
 void T5Train::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v475 = arena_.view(182272, 256);
-  support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v485 = arena_.view(86016, 512);
-  // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v475.data(), v205.data(), v485.data(), 1.0f, 0.0f);
-
-  // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
-  // together, 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v483 = arena_.view(126976, 1024);
-  auto request4 = support::startAllReduce(group_model, {v483, v485}, meshrt::ReduceOp::Sum);
-
-  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v204 = arena_.view(155648, 512);
-  support::View v486 = arena_.view(120832, 512);
-  // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan2.run(v475.data(), v204.data(), v486.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request4);
-
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v203 = arena_.view(153600, 512);
-  support::View v489 = arena_.view(88064, 512);
+  support::View v485 = arena_.view(81920, 512);
+  support::View v203 = arena_.view(147456, 512);
+  support::View v489 = arena_.view(83968, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v202 = arena_.view(192064, 16);
-  support::View v467 = arena_.view(157696, 512);
-  support::View v196 = arena_.view(151552, 512);
-  support::View v492 = arena_.view(88064, 512);
-  support::View v493 = arena_.view(102400, 512);
-  support::View v494 = arena_.view(86016, 16);
-  support::View v503 = arena_.view(106496, 512);
-  support::View v189 = arena_.view(186368, 256);
+  support::View v202 = arena_.view(185984, 16);
+  support::View v467 = arena_.view(151552, 512);
+  support::View v196 = arena_.view(145408, 512);
+  support::View v492 = arena_.view(83968, 512);
+  support::View v493 = arena_.view(98304, 512);
+  support::View v494 = arena_.view(81920, 16);
+  support::View v503 = arena_.view(102400, 512);
+  support::View v189 = arena_.view(180224, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v504 = arena_.view(86016, 256);
-  support::View v193 = arena_.view(187392, 256);
-  support::View v505 = arena_.view(88064, 256);
-  support::View v507 = arena_.view(87040, 256);
-  support::View v508 = arena_.view(89088, 32);
-  support::View v510 = arena_.view(87040, 256);
-  support::View v187 = arena_.view(185344, 256);
-  support::View v513 = arena_.view(104448, 256);
-  support::View v186 = arena_.view(184320, 256);
-  support::View v514 = arena_.view(102400, 256);
+  support::View v504 = arena_.view(81920, 256);
+  support::View v193 = arena_.view(181248, 256);
+  support::View v505 = arena_.view(83968, 256);
+  support::View v507 = arena_.view(82944, 256);
+  support::View v508 = arena_.view(84992, 32);
+  support::View v510 = arena_.view(82944, 256);
+  support::View v187 = arena_.view(179200, 256);
+  support::View v513 = arena_.view(100352, 256);
+  support::View v186 = arena_.view(178176, 256);
+  support::View v514 = arena_.view(98304, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v516 = arena_.view(86016, 512);
-  support::View v181 = arena_.view(143360, 512);
+  support::View v516 = arena_.view(81920, 512);
+  support::View v181 = arena_.view(137216, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v519 = arena_.view(88064, 512);
+  support::View v519 = arena_.view(83968, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v522 = arena_.view(102400, 512);
-  support::View v490 = arena_.view(156160, 32);
-  support::View v506 = arena_.view(122880, 512);
-  support::View v511 = arena_.view(155648, 128);
-  support::View v517 = arena_.view(124928, 512);
-  support::View v521 = arena_.view(151552, 512);
-  support::View v523 = arena_.view(108544, 512);
+  support::View v522 = arena_.view(98304, 512);
+  support::View v490 = arena_.view(150016, 32);
+  support::View v506 = arena_.view(118784, 512);
+  support::View v511 = arena_.view(149504, 128);
+  support::View v517 = arena_.view(120832, 512);
+  support::View v521 = arena_.view(145408, 512);
+  support::View v523 = arena_.view(104448, 512);
   repeated7(v485, v203, v489, v490, v197, v202, v467, v196, v492, v493, v494, v503, v189, v185,
             v504, v193, v505, v506, v507, v508, v510, v511, v187, v513, v186, v514, v184, v516,
             v181, v517, v183, v519, v521, v182, v522, v523);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v524 = arena_.view(153600, 512);
+  support::View v524 = arena_.view(147456, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v513.data(), v181.data(), v524.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v513.data(), v181.data(), v524.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  support::View v483 = arena_.view(122880, 1024);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v120 = arena_.view(191488, 32);
-  support::View v114 = arena_.view(81920, 1024);
-  support::View v552 = arena_.view(86016, 1024);
-  support::View v553 = arena_.view(102400, 1024);
+  support::View v120 = arena_.view(185344, 32);
+  support::View v114 = arena_.view(77824, 1024);
+  support::View v552 = arena_.view(81920, 1024);
+  support::View v553 = arena_.view(98304, 1024);
   {
     float *__restrict v552p = v552.data();
     float *__restrict v553p = v553.data();
@@ -5294,12 +5244,12 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v554 = arena_.view(143360, 32);
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v554.data(), shape7_1, v553.data(), shape7_3, shape7_4, shape7_5,
+  support::View v554 = arena_.view(137216, 32);
+  static const support::Shape shape3_1 = {2, 16};
+  static const support::Shape shape3_3 = {512, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v554.data(), shape3_1, v553.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5312,7 +5262,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v563 = arena_.view(102400, 1024);
+  support::View v563 = arena_.view(98304, 1024);
   {
     float *__restrict v563p = v563.data();
     const float *__restrict v114p = v114.data();
@@ -5346,17 +5296,17 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v564 = arena_.view(81920, 1024);
+  support::View v564 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v563.data(), v109.data(), v564.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v563.data(), v109.data(), v564.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v110 = arena_.view(69632, 1024);
-  support::View v567 = arena_.view(86016, 1024);
+  support::View v110 = arena_.view(65536, 1024);
+  support::View v567 = arena_.view(81920, 1024);
   {
     float *__restrict v567p = v567.data();
     const float *__restrict v110p = v110.data();
@@ -5375,11 +5325,11 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v568 = arena_.view(69632, 1024);
+  support::View v568 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v567.data(), v108.data(), v568.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v567.data(), v108.data(), v568.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %546 over model for mul at
   // 40:53; merged with 1 more partial sum over model (%525): 6.0 KiB in one buffer)
@@ -5388,24 +5338,24 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v180 = arena_.view(141312, 512);
-  support::View v527 = arena_.view(81920, 512);
+  support::View v180 = arena_.view(135168, 512);
+  support::View v527 = arena_.view(77824, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v179 = arena_.view(192000, 16);
-  support::View v172 = arena_.view(133120, 512);
-  support::View v528 = arena_.view(141312, 32);
-  support::View v530 = arena_.view(81920, 512);
-  support::View v531 = arena_.view(83968, 512);
+  support::View v179 = arena_.view(185920, 16);
+  support::View v172 = arena_.view(126976, 512);
+  support::View v528 = arena_.view(135168, 32);
+  support::View v530 = arena_.view(77824, 512);
+  support::View v531 = arena_.view(79872, 512);
   repeated19(v523, v180, v527, v528, v173, v179, v503, v172, v530, v531);
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v532 = arena_.view(108544, 16);
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v532.data(), shape14_1, v531.data(), shape14_3, shape14_4, shape14_5,
+  support::View v532 = arena_.view(104448, 16);
+  static const support::Shape shape10_1 = {2, 8};
+  static const support::Shape shape10_3 = {256, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v532.data(), shape10_1, v531.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5418,7 +5368,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v541 = arena_.view(106496, 512);
+  support::View v541 = arena_.view(102400, 512);
   {
     float *__restrict v541p = v541.data();
     const float *__restrict v172p = v172.data();
@@ -5450,19 +5400,24 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
-  support::View v171 = arena_.view(131072, 512);
-  support::View v542 = arena_.view(81920, 1024);
-  // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v541.data(), v171.data(), v542.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
+  support::View v170 = arena_.view(185856, 16);
+  support::View v542 = arena_.view(77824, 1024);
+  static const support::Shape shape12_1 = {32, 32};
+  static const support::Shape shape12_3 = {0, 1};
+  static const support::Shape shape12_5 = {0, 0};
+  static const support::Shape shape12_6 = {2, 8};
+  static const support::Shape shape12_7 = {256, 32};
+  static const support::Shape shape12_8 = {8, 1};
+  support::scatterAdd(v542.data(), shape12_1, v541.data(), shape12_3, v170.data(), shape12_5,
+                      shape12_6, shape12_7, shape12_8, 0,
+                      support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v415 = arena_.view(190464, 128);
-  support::View v543 = arena_.view(106496, 128);
+  support::View v415 = arena_.view(184320, 128);
+  support::View v543 = arena_.view(102400, 128);
   {
     float *__restrict v543p = v543.data();
     const float *__restrict v415p = v415.data();
@@ -5479,18 +5434,22 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v544 = persistent_.view(29888, 512);
-  support::View v545 = arena_.view(131072, 16);
-  // dims: targets, targets_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{8, 8, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan18.run(v544.data(), v543.data(), v545.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
+  support::View v153 = persistent_.view(25664, 64);
+  support::View v545 = arena_.view(126976, 16);
+  static const support::Shape shape14_1 = {8, 2};
+  static const support::Shape shape14_3 = {0, 1};
+  static const support::Shape shape14_5 = {0, 0};
+  static const support::Shape shape14_6 = {8, 8};
+  static const support::Shape shape14_7 = {16, 2};
+  static const support::Shape shape14_8 = {8, 1};
+  support::scatterAdd(v545.data(), shape14_1, v543.data(), shape14_3, v153.data(), shape14_5,
+                      shape14_6, shape14_7, shape14_8, 0, 0);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v121 = arena_.view(77824, 1024);
-  support::View v550 = arena_.view(106496, 1024);
+  support::View v121 = arena_.view(73728, 1024);
+  support::View v550 = arena_.view(102400, 1024);
   {
     float *__restrict v550p = v550.data();
     const float *__restrict v483p = v483.data();
@@ -5505,113 +5464,107 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v551 = arena_.view(126976, 32);
-  static const support::Shape shape20_1 = {32};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 16};
-  static const support::Shape shape20_5 = {512, 32};
-  support::reduce(v551.data(), shape20_1, v550.data(), shape20_3, shape20_4, shape20_5,
+  support::View v551 = arena_.view(122880, 32);
+  static const support::Shape shape16_1 = {32};
+  static const support::Shape shape16_3 = {1};
+  static const support::Shape shape16_4 = {2, 16};
+  static const support::Shape shape16_5 = {512, 32};
+  support::reduce(v551.data(), shape16_1, v550.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v111 = arena_.view(73728, 1024);
-  support::View v565 = arena_.view(77824, 1024);
+  support::View v111 = arena_.view(69632, 1024);
+  support::View v565 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan21.run(v563.data(), v111.data(), v565.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v563.data(), v111.data(), v565.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v107 = arena_.view(65536, 1024);
-  support::View v569 = arena_.view(73728, 1024);
+  support::View v107 = arena_.view(61440, 1024);
+  support::View v569 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan22.run(v567.data(), v107.data(), v569.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v567.data(), v107.data(), v569.data(), 1.0f, 0.0f);
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v106 = arena_.view(57344, 1024);
-  support::View v572 = arena_.view(65536, 1024);
+  support::View v106 = arena_.view(53248, 1024);
+  support::View v572 = arena_.view(61440, 1024);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v105 = arena_.view(191360, 32);
-  support::View v99 = arena_.view(61440, 1024);
-  support::View v575 = arena_.view(57344, 1024);
-  support::View v576 = arena_.view(65536, 1024);
-  support::View v577 = arena_.view(69632, 32);
-  support::View v586 = arena_.view(65536, 1024);
-  support::View v92 = arena_.view(149504, 512);
+  support::View v105 = arena_.view(185216, 32);
+  support::View v99 = arena_.view(57344, 1024);
+  support::View v575 = arena_.view(53248, 1024);
+  support::View v576 = arena_.view(61440, 1024);
+  support::View v577 = arena_.view(65536, 32);
+  support::View v586 = arena_.view(61440, 1024);
+  support::View v92 = arena_.view(143360, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v587 = arena_.view(57344, 1024);
-  support::View v96 = arena_.view(53248, 1024);
-  support::View v588 = arena_.view(69632, 512);
-  support::View v590 = arena_.view(61440, 1024);
-  support::View v591 = arena_.view(71680, 64);
-  support::View v593 = arena_.view(61440, 1024);
-  support::View v90 = arena_.view(147456, 512);
-  support::View v595 = arena_.view(102400, 512);
-  support::View v89 = arena_.view(145408, 512);
-  support::View v596 = arena_.view(71680, 512);
+  support::View v587 = arena_.view(53248, 1024);
+  support::View v96 = arena_.view(49152, 1024);
+  support::View v588 = arena_.view(65536, 512);
+  support::View v590 = arena_.view(57344, 1024);
+  support::View v591 = arena_.view(67584, 64);
+  support::View v593 = arena_.view(57344, 1024);
+  support::View v90 = arena_.view(141312, 512);
+  support::View v595 = arena_.view(98304, 512);
+  support::View v89 = arena_.view(139264, 512);
+  support::View v596 = arena_.view(67584, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v598 = arena_.view(53248, 1024);
-  support::View v84 = arena_.view(49152, 1024);
+  support::View v598 = arena_.view(49152, 1024);
+  support::View v84 = arena_.view(45056, 1024);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v601 = arena_.view(57344, 1024);
+  support::View v601 = arena_.view(53248, 1024);
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v604 = arena_.view(61440, 1024);
-  support::View v605 = arena_.view(69632, 1024);
-  support::View v83 = arena_.view(40960, 1024);
-  support::View v609 = arena_.view(49152, 1024);
+  support::View v604 = arena_.view(57344, 1024);
+  support::View v605 = arena_.view(65536, 1024);
+  support::View v83 = arena_.view(36864, 1024);
+  support::View v609 = arena_.view(45056, 1024);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v82 = arena_.view(191232, 32);
-  support::View v76 = arena_.view(45056, 1024);
-  support::View v612 = arena_.view(40960, 1024);
-  support::View v613 = arena_.view(49152, 1024);
-  support::View v614 = arena_.view(55296, 32);
-  support::View v573 = arena_.view(108544, 32);
-  support::View v589 = arena_.view(86016, 512);
-  support::View v594 = arena_.view(88064, 512);
-  support::View v599 = arena_.view(104448, 512);
-  support::View v603 = arena_.view(106496, 512);
-  support::View v606 = arena_.view(53248, 512);
-  support::View v610 = arena_.view(102400, 32);
-  support::View v623 = arena_.view(49152, 1024);
+  support::View v82 = arena_.view(185088, 32);
+  support::View v76 = arena_.view(40960, 1024);
+  support::View v612 = arena_.view(36864, 1024);
+  support::View v613 = arena_.view(45056, 1024);
+  support::View v614 = arena_.view(51200, 32);
+  support::View v573 = arena_.view(104448, 32);
+  support::View v589 = arena_.view(81920, 512);
+  support::View v594 = arena_.view(83968, 512);
+  support::View v599 = arena_.view(100352, 512);
+  support::View v603 = arena_.view(102400, 512);
+  support::View v606 = arena_.view(49152, 512);
+  support::View v610 = arena_.view(98304, 32);
+  support::View v623 = arena_.view(45056, 1024);
   repeated3(v568, v106, v572, v573, v100, v105, v563, v99, v575, v576, v577, v586, v92, v88, v587,
             v96, v588, v589, v590, v591, v593, v594, v90, v595, v89, v596, v87, v598, v84, v599,
             v86, v601, v603, v85, v604, v605, v606, v83, v609, v610, v77, v82, v76, v612, v613,
             v614, v623);
-}
-
-void T5Train::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v623 = arena_.view(49152, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v624 = arena_.view(40960, 1024);
+  support::View v624 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v623.data(), v71.data(), v624.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v623.data(), v71.data(), v624.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v73 = arena_.view(36864, 1024);
-  support::View v625 = arena_.view(45056, 1024);
+  support::View v73 = arena_.view(32768, 1024);
+  support::View v625 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v623.data(), v73.data(), v625.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v623.data(), v73.data(), v625.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v72 = arena_.view(32768, 1024);
-  support::View v627 = arena_.view(36864, 1024);
+  support::View v72 = arena_.view(28672, 1024);
+  support::View v627 = arena_.view(32768, 1024);
   {
     float *__restrict v627p = v627.data();
     const float *__restrict v72p = v72.data();
@@ -5630,96 +5583,108 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v628 = arena_.view(32768, 1024);
+  support::View v628 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v627.data(), v70.data(), v628.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v627.data(), v70.data(), v628.data(), 1.0f, 0.0f);
+}
+
+void T5Train::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::View v628 = arena_.view(28672, 1024);
   auto request6 = support::startAllReduce(group_model, {v628}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v69 = arena_.view(28672, 1024);
-  support::View v629 = arena_.view(40960, 1024);
+  support::View v627 = arena_.view(32768, 1024);
+  support::View v69 = arena_.view(24576, 1024);
+  support::View v629 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v627.data(), v69.data(), v629.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v627.data(), v69.data(), v629.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v68 = arena_.view(20480, 1024);
-  support::View v632 = arena_.view(28672, 1024);
+  support::View v68 = arena_.view(16384, 1024);
+  support::View v632 = arena_.view(24576, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v67 = arena_.view(191104, 32);
-  support::View v61 = arena_.view(24576, 1024);
-  support::View v635 = arena_.view(20480, 1024);
-  support::View v636 = arena_.view(28672, 1024);
-  support::View v637 = arena_.view(32768, 32);
-  support::View v646 = arena_.view(28672, 1024);
-  support::View v54 = arena_.view(139264, 512);
+  support::View v67 = arena_.view(184960, 32);
+  support::View v623 = arena_.view(45056, 1024);
+  support::View v61 = arena_.view(20480, 1024);
+  support::View v635 = arena_.view(16384, 1024);
+  support::View v636 = arena_.view(24576, 1024);
+  support::View v637 = arena_.view(28672, 32);
+  support::View v646 = arena_.view(24576, 1024);
+  support::View v54 = arena_.view(133120, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v647 = arena_.view(20480, 1024);
-  support::View v58 = arena_.view(16384, 1024);
-  support::View v648 = arena_.view(32768, 512);
-  support::View v650 = arena_.view(24576, 1024);
-  support::View v651 = arena_.view(34816, 64);
-  support::View v653 = arena_.view(24576, 1024);
-  support::View v52 = arena_.view(137216, 512);
-  support::View v656 = arena_.view(49152, 512);
-  support::View v51 = arena_.view(135168, 512);
-  support::View v657 = arena_.view(34816, 512);
+  support::View v647 = arena_.view(16384, 1024);
+  support::View v58 = arena_.view(12288, 1024);
+  support::View v648 = arena_.view(28672, 512);
+  support::View v650 = arena_.view(20480, 1024);
+  support::View v651 = arena_.view(30720, 64);
+  support::View v653 = arena_.view(20480, 1024);
+  support::View v52 = arena_.view(131072, 512);
+  support::View v656 = arena_.view(45056, 512);
+  support::View v51 = arena_.view(129024, 512);
+  support::View v657 = arena_.view(30720, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v659 = arena_.view(16384, 1024);
-  support::View v46 = arena_.view(12288, 1024);
+  support::View v659 = arena_.view(12288, 1024);
+  support::View v46 = arena_.view(8192, 1024);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v662 = arena_.view(20480, 1024);
+  support::View v662 = arena_.view(16384, 1024);
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v665 = arena_.view(24576, 1024);
-  support::View v666 = arena_.view(32768, 1024);
-  support::View v45 = arena_.view(8192, 1024);
-  support::View v670 = arena_.view(12288, 1024);
+  support::View v665 = arena_.view(20480, 1024);
+  support::View v666 = arena_.view(28672, 1024);
+  support::View v45 = arena_.view(4096, 1024);
+  support::View v670 = arena_.view(8192, 1024);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v44 = arena_.view(190976, 32);
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v673 = arena_.view(8192, 1024);
-  support::View v674 = arena_.view(12288, 1024);
-  support::View v675 = arena_.view(16384, 32);
-  support::View v633 = arena_.view(102528, 32);
-  support::View v649 = arena_.view(36864, 512);
-  support::View v654 = arena_.view(38912, 512);
-  support::View v660 = arena_.view(51200, 512);
-  support::View v664 = arena_.view(55296, 512);
-  support::View v667 = arena_.view(57344, 512);
-  support::View v671 = arena_.view(102656, 32);
-  support::View v684 = arena_.view(12288, 1024);
+  support::View v44 = arena_.view(184832, 32);
+  support::View v37 = arena_.view(0, 1024);
+  support::View v673 = arena_.view(4096, 1024);
+  support::View v674 = arena_.view(8192, 1024);
+  support::View v675 = arena_.view(12288, 32);
+  support::View v633 = arena_.view(98432, 32);
+  support::View v649 = arena_.view(32768, 512);
+  support::View v654 = arena_.view(34816, 512);
+  support::View v660 = arena_.view(47104, 512);
+  support::View v664 = arena_.view(51200, 512);
+  support::View v667 = arena_.view(53248, 512);
+  support::View v671 = arena_.view(98560, 32);
+  support::View v684 = arena_.view(8192, 1024);
   repeated3(v628, v68, v632, v633, v62, v67, v623, v61, v635, v636, v637, v646, v54, v50, v647, v58,
             v648, v649, v650, v651, v653, v654, v52, v656, v51, v657, v49, v659, v46, v660, v48,
             v662, v664, v47, v665, v666, v667, v45, v670, v671, v38, v44, v37, v673, v674, v675,
             v684);
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
-  support::View v36 = arena_.view(0, 1024);
-  support::View v685 = arena_.view(4096, 1024);
-  // dims: batch, inputs, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v684.data(), v36.data(), v685.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v685 = arena_.view(0, 1024);
+  static const support::Shape shape4_1 = {32, 32};
+  static const support::Shape shape4_3 = {0, 1};
+  static const support::Shape shape4_5 = {0, 0};
+  static const support::Shape shape4_6 = {2, 16};
+  static const support::Shape shape4_7 = {512, 32};
+  static const support::Shape shape4_8 = {16, 1};
+  support::scatterAdd(v685.data(), shape4_1, v684.data(), shape4_3, v0.data(), shape4_5, shape4_6,
+                      shape4_7, shape4_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
   MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
-  support::View v329 = arena_.view(90112, 1024);
-  support::View v542 = arena_.view(81920, 1024);
-  support::View v686 = arena_.view(0, 1024);
+  support::View v329 = arena_.view(86016, 1024);
+  support::View v542 = arena_.view(77824, 1024);
+  support::View v686 = arena_.view(4096, 1024);
   {
     float *__restrict v686p = v686.data();
     const float *__restrict v329p = v329.data();
@@ -5741,8 +5706,8 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v594 = arena_.view(88064, 512);
-  support::View v687 = arena_.view(4096, 512);
+  support::View v594 = arena_.view(83968, 512);
+  support::View v687 = arena_.view(0, 512);
   {
     float *__restrict v687p = v687.data();
     const float *__restrict v594p = v594.data();
@@ -5759,57 +5724,62 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v688 = persistent_.view(31936, 2048);
+  MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
+  support::View v31 = persistent_.view(17856, 256);
   support::View v689 = arena_.view(24832, 16);
-  // dims: inputs, inputs_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{16, 16, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan11.run(v688.data(), v687.data(), v689.data(), 1.0f, 0.0f);
+  static const support::Shape shape7_1 = {8, 2};
+  static const support::Shape shape7_3 = {0, 1};
+  static const support::Shape shape7_5 = {0, 0};
+  static const support::Shape shape7_6 = {16, 16};
+  static const support::Shape shape7_7 = {32, 2};
+  static const support::Shape shape7_8 = {16, 1};
+  support::scatterAdd(v689.data(), shape7_1, v687.data(), shape7_3, v31.data(), shape7_5, shape7_6,
+                      shape7_7, shape7_8, 0, 0);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
   // KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v313 = arena_.view(194496, 1);
-  support::View v315 = arena_.view(194560, 1);
-  support::View v334 = arena_.view(191616, 32);
-  support::View v350 = arena_.view(94208, 1024);
-  support::View v355 = arena_.view(98304, 1024);
-  support::View v359 = arena_.view(191744, 32);
-  support::View v375 = arena_.view(169984, 512);
-  support::View v384 = arena_.view(174080, 512);
-  support::View v388 = arena_.view(165888, 512);
-  support::View v390 = arena_.view(176128, 512);
-  support::View v394 = arena_.view(191872, 32);
-  support::View v410 = arena_.view(159744, 512);
-  support::View v420 = arena_.view(167936, 512);
-  support::View v424 = arena_.view(178176, 512);
-  support::View v427 = arena_.view(161792, 512);
-  support::View v431 = arena_.view(189440, 32);
-  support::View v446 = arena_.view(110592, 1024);
-  support::View v450 = arena_.view(114688, 1024);
-  support::View v454 = arena_.view(183296, 32);
-  support::View v470 = arena_.view(163840, 512);
-  support::View v480 = arena_.view(180224, 512);
-  support::View v484 = arena_.view(118784, 512);
-  support::View v486 = arena_.view(120832, 512);
-  support::View v490 = arena_.view(156160, 32);
-  support::View v506 = arena_.view(122880, 512);
-  support::View v517 = arena_.view(124928, 512);
-  support::View v521 = arena_.view(151552, 512);
-  support::View v524 = arena_.view(153600, 512);
-  support::View v528 = arena_.view(141312, 32);
-  support::View v545 = arena_.view(131072, 16);
-  support::View v551 = arena_.view(126976, 32);
-  support::View v565 = arena_.view(77824, 1024);
-  support::View v569 = arena_.view(73728, 1024);
-  support::View v573 = arena_.view(108544, 32);
-  support::View v589 = arena_.view(86016, 512);
-  support::View v599 = arena_.view(104448, 512);
-  support::View v603 = arena_.view(106496, 512);
-  support::View v606 = arena_.view(53248, 512);
-  support::View v610 = arena_.view(102400, 32);
+  support::View v313 = arena_.view(188416, 1);
+  support::View v315 = arena_.view(188480, 1);
+  support::View v334 = arena_.view(185472, 32);
+  support::View v350 = arena_.view(90112, 1024);
+  support::View v355 = arena_.view(94208, 1024);
+  support::View v359 = arena_.view(185600, 32);
+  support::View v375 = arena_.view(163840, 512);
+  support::View v384 = arena_.view(167936, 512);
+  support::View v388 = arena_.view(159744, 512);
+  support::View v390 = arena_.view(169984, 512);
+  support::View v394 = arena_.view(185728, 32);
+  support::View v410 = arena_.view(153600, 512);
+  support::View v420 = arena_.view(161792, 512);
+  support::View v424 = arena_.view(172032, 512);
+  support::View v427 = arena_.view(155648, 512);
+  support::View v431 = arena_.view(183296, 32);
+  support::View v446 = arena_.view(106496, 1024);
+  support::View v450 = arena_.view(110592, 1024);
+  support::View v454 = arena_.view(177152, 32);
+  support::View v470 = arena_.view(157696, 512);
+  support::View v480 = arena_.view(174080, 512);
+  support::View v484 = arena_.view(114688, 512);
+  support::View v486 = arena_.view(116736, 512);
+  support::View v490 = arena_.view(150016, 32);
+  support::View v506 = arena_.view(118784, 512);
+  support::View v517 = arena_.view(120832, 512);
+  support::View v521 = arena_.view(145408, 512);
+  support::View v524 = arena_.view(147456, 512);
+  support::View v528 = arena_.view(135168, 32);
+  support::View v545 = arena_.view(126976, 16);
+  support::View v551 = arena_.view(122880, 32);
+  support::View v565 = arena_.view(73728, 1024);
+  support::View v569 = arena_.view(69632, 1024);
+  support::View v573 = arena_.view(104448, 32);
+  support::View v589 = arena_.view(81920, 512);
+  support::View v599 = arena_.view(100352, 512);
+  support::View v603 = arena_.view(102400, 512);
+  support::View v606 = arena_.view(49152, 512);
+  support::View v610 = arena_.view(98304, 32);
+  support::View v625 = arena_.view(40960, 1024);
   support::allReduceBucket(group_data, {v313, v315, v334, v350, v355, v359, v375, v384, v388, v390,
                                         v394, v410, v420, v424, v427, v431, v446, v450, v454, v470,
                                         v480, v484, v486, v490, v506, v517, v521, v524, v528, v545,
@@ -5835,11 +5805,11 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v715 = arena_.view(24960, 8);
-  static const support::Shape shape14_1 = {8};
-  static const support::Shape shape14_3 = {2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v715.data(), shape14_1, v712.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape10_1 = {8};
+  static const support::Shape shape10_3 = {2};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v715.data(), shape10_1, v712.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 step
@@ -5938,9 +5908,9 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v705 = arena_.view(90624, 1);
-  support::View v708 = arena_.view(90688, 1);
-  support::View v716 = arena_.view(90752, 1);
+  support::View v705 = arena_.view(99072, 1);
+  support::View v708 = arena_.view(99136, 1);
+  support::View v716 = arena_.view(99200, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v705p = v705.data();
@@ -5975,7 +5945,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v750 = arena_.view(4096, 1024);
+  support::View v750 = arena_.view(0, 1024);
   {
     float *__restrict v750p = v750.data();
     const float *__restrict v686p = v686.data();
@@ -5991,21 +5961,21 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v758 = arena_.view(24576, 32);
-  static const support::Shape shape17_1 = {32};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {32};
-  support::reduce(v758.data(), shape17_1, v750.data(), shape17_3, shape17_4, shape17_5,
+  static const support::Shape shape13_1 = {32};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {32};
+  support::reduce(v758.data(), shape13_1, v750.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
   support::View v753 = arena_.view(8192, 32);
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v753.data(), shape18_1, v750.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v753.data(), shape14_1, v750.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
@@ -6033,48 +6003,48 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   support::View v764 = arena_.view(25024, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v764.data(), shape20_1, v751.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v764.data(), shape16_1, v751.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v811 = arena_.view(4096, 512);
-  support::View v814 = arena_.view(6144, 64);
+  support::View v811 = arena_.view(0, 512);
+  support::View v814 = arena_.view(2048, 64);
   support::View v812(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v849 = arena_.view(4096, 512);
-  support::View v852 = arena_.view(6144, 64);
+  support::View v849 = arena_.view(0, 512);
+  support::View v852 = arena_.view(2048, 64);
   support::View v850(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v887 = arena_.view(4096, 512);
-  support::View v890 = arena_.view(6144, 64);
+  support::View v887 = arena_.view(0, 512);
+  support::View v890 = arena_.view(2048, 64);
   support::View v888(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v925 = arena_.view(4096, 512);
-  support::View v928 = arena_.view(6144, 16);
+  support::View v925 = arena_.view(0, 512);
+  support::View v928 = arena_.view(2048, 16);
   support::View v926(param58_encoder_attention_0_o_vr); // updated in place
-  support::View v933 = arena_.view(6144, 64);
-  support::View v938 = arena_.view(4096, 2);
-  support::View v940 = arena_.view(6656, 16);
+  support::View v933 = arena_.view(2048, 64);
+  support::View v938 = arena_.view(0, 2);
+  support::View v940 = arena_.view(2560, 16);
   support::View v927(param59_encoder_attention_0_o_vc); // updated in place
-  support::View v941 = arena_.view(6400, 64);
-  support::View v944 = arena_.view(4096, 512);
-  support::View v984 = arena_.view(4096, 1024);
+  support::View v941 = arena_.view(2304, 64);
+  support::View v944 = arena_.view(0, 512);
+  support::View v984 = arena_.view(0, 1024);
   support::View v1021 = arena_.view(8192, 1024);
   support::View v1024 = arena_.view(12288, 32);
   support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
   support::View v819 = arena_.view(28672, 256);
-  support::View v825 = arena_.view(69632, 32);
+  support::View v825 = arena_.view(65536, 32);
   support::View v857 = arena_.view(29696, 256);
-  support::View v863 = arena_.view(71680, 32);
+  support::View v863 = arena_.view(67584, 32);
   support::View v895 = arena_.view(30720, 256);
-  support::View v901 = arena_.view(71808, 32);
-  support::View v943 = arena_.view(49152, 512);
-  support::View v945 = arena_.view(90816, 1);
-  support::View v987 = arena_.view(71936, 32);
-  support::View v1029 = arena_.view(72064, 32);
-  support::View v1035 = arena_.view(73472, 1);
+  support::View v901 = arena_.view(67712, 32);
+  support::View v943 = arena_.view(45056, 512);
+  support::View v945 = arena_.view(99264, 1);
+  support::View v987 = arena_.view(67840, 32);
+  support::View v1029 = arena_.view(67968, 32);
+  support::View v1035 = arena_.view(69120, 1);
   repeated5(v667, v811, v819, v814, v716, v812, v708, v825, v664, v849, v857, v852, v850, v863,
             v660, v887, v895, v890, v888, v901, v649, v925, v928, v926, v933, v938, v940, v927,
             v941, v943, v944, v945, v629, v984, v987, v625, v1021, v1029, v1024, v1022, v1035);
@@ -6104,16 +6074,16 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v1295 = arena_.view(16384, 32);
   support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
   support::View v1090 = arena_.view(31744, 256);
-  support::View v1096 = arena_.view(72192, 32);
+  support::View v1096 = arena_.view(68096, 32);
   support::View v1128 = arena_.view(32768, 256);
-  support::View v1134 = arena_.view(72320, 32);
+  support::View v1134 = arena_.view(68224, 32);
   support::View v1166 = arena_.view(33792, 256);
-  support::View v1172 = arena_.view(72448, 32);
-  support::View v1214 = arena_.view(59392, 512);
-  support::View v1216 = arena_.view(90880, 1);
-  support::View v1258 = arena_.view(72576, 32);
-  support::View v1300 = arena_.view(72704, 32);
-  support::View v1306 = arena_.view(73536, 1);
+  support::View v1172 = arena_.view(68352, 32);
+  support::View v1214 = arena_.view(55296, 512);
+  support::View v1216 = arena_.view(99328, 1);
+  support::View v1258 = arena_.view(68480, 32);
+  support::View v1300 = arena_.view(68608, 32);
+  support::View v1306 = arena_.view(69184, 1);
   repeated5(v606, v1082, v1090, v1085, v716, v1083, v708, v1096, v603, v1120, v1128, v1123, v1121,
             v1134, v599, v1158, v1166, v1161, v1159, v1172, v589, v1196, v1199, v1197, v1204, v1209,
             v1211, v1198, v1212, v1214, v1215, v1216, v569, v1255, v1258, v565, v1292, v1300, v1295,
@@ -6122,7 +6092,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v1353 = arena_.view(73344, 16);
+  support::View v1353 = arena_.view(68992, 16);
   {
     float *__restrict v1353p = v1353.data();
     const float *__restrict v545p = v545.data();
@@ -6134,40 +6104,28 @@ void T5Train::runPart4(const Inputs &inputs) {
       v1353p[i0] = s3;
     }
   }
-}
-
-void T5Train::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v1353 = arena_.view(73344, 16);
-  support::View v1356 = arena_.view(73408, 8);
-  static const support::Shape shape0_1 = {8};
-  static const support::Shape shape0_3 = {2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v1356.data(), shape0_1, v1353.data(), shape0_3, shape0_4, shape0_5,
+  support::View v1356 = arena_.view(69056, 8);
+  static const support::Shape shape20_1 = {8};
+  static const support::Shape shape20_3 = {2};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v1356.data(), shape20_1, v1353.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.25);
 
   // 55 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v524 = arena_.view(153600, 512);
   support::View v1413 = arena_.view(12288, 512);
   support::View v1416 = arena_.view(14336, 64);
-  support::View v716 = arena_.view(90752, 1);
   support::View v1414(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v708 = arena_.view(90688, 1);
-  support::View v521 = arena_.view(151552, 512);
   support::View v1451 = arena_.view(12288, 512);
   support::View v1454 = arena_.view(14336, 64);
   support::View v1452(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v517 = arena_.view(124928, 512);
   support::View v1489 = arena_.view(12288, 512);
   support::View v1492 = arena_.view(14336, 64);
   support::View v1490(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v506 = arena_.view(122880, 512);
   support::View v1527 = arena_.view(12288, 512);
   support::View v1530 = arena_.view(14336, 16);
   support::View v1528(param89_decoder_attention_0_o_vr); // updated in place
@@ -6177,19 +6135,15 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1529(param90_decoder_attention_0_o_vc); // updated in place
   support::View v1543 = arena_.view(14592, 64);
   support::View v1546 = arena_.view(12288, 512);
-  support::View v486 = arena_.view(120832, 512);
   support::View v1586 = arena_.view(12288, 512);
   support::View v1589 = arena_.view(14336, 64);
   support::View v1587(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v484 = arena_.view(118784, 512);
   support::View v1624 = arena_.view(12288, 512);
   support::View v1627 = arena_.view(14336, 64);
   support::View v1625(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v480 = arena_.view(180224, 512);
   support::View v1662 = arena_.view(12288, 512);
   support::View v1665 = arena_.view(14336, 64);
   support::View v1663(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v470 = arena_.view(163840, 512);
   support::View v1700 = arena_.view(12288, 512);
   support::View v1703 = arena_.view(14336, 16);
   support::View v1701(param98_decoder_attention_1_0_o_vr); // updated in place
@@ -6199,31 +6153,29 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1702(param99_decoder_attention_1_0_o_vc); // updated in place
   support::View v1716 = arena_.view(14592, 64);
   support::View v1719 = arena_.view(12288, 512);
-  support::View v450 = arena_.view(114688, 1024);
   support::View v1759 = arena_.view(12288, 1024);
-  support::View v446 = arena_.view(110592, 1024);
   support::View v1796 = arena_.view(16384, 1024);
   support::View v1799 = arena_.view(20480, 32);
   support::View v1797(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
   support::View v1421 = arena_.view(34816, 256);
-  support::View v1427 = arena_.view(72832, 32);
+  support::View v1427 = arena_.view(68736, 32);
   support::View v1459 = arena_.view(35840, 256);
-  support::View v1465 = arena_.view(72960, 32);
-  support::View v1497 = arena_.view(36864, 256);
-  support::View v1503 = arena_.view(73088, 32);
-  support::View v1545 = arena_.view(61440, 512);
-  support::View v1547 = arena_.view(90944, 1);
-  support::View v1594 = arena_.view(37888, 256);
-  support::View v1600 = arena_.view(73216, 32);
-  support::View v1632 = arena_.view(38912, 256);
-  support::View v1638 = arena_.view(87040, 32);
-  support::View v1670 = arena_.view(39936, 256);
-  support::View v1676 = arena_.view(87168, 32);
-  support::View v1718 = arena_.view(63488, 512);
-  support::View v1720 = arena_.view(91008, 1);
-  support::View v1762 = arena_.view(87296, 32);
-  support::View v1804 = arena_.view(87424, 32);
-  support::View v1810 = arena_.view(89344, 1);
+  support::View v1465 = arena_.view(68864, 32);
+  support::View v1497 = arena_.view(77824, 256);
+  support::View v1503 = arena_.view(87040, 32);
+  support::View v1545 = arena_.view(57344, 512);
+  support::View v1547 = arena_.view(99392, 1);
+  support::View v1594 = arena_.view(78848, 256);
+  support::View v1600 = arena_.view(87168, 32);
+  support::View v1632 = arena_.view(79872, 256);
+  support::View v1638 = arena_.view(87296, 32);
+  support::View v1670 = arena_.view(80896, 256);
+  support::View v1676 = arena_.view(87424, 32);
+  support::View v1718 = arena_.view(59392, 512);
+  support::View v1720 = arena_.view(99456, 1);
+  support::View v1762 = arena_.view(87552, 32);
+  support::View v1804 = arena_.view(87680, 32);
+  support::View v1810 = arena_.view(89600, 1);
   repeated1(v524, v1413, v1421, v1416, v716, v1414, v708, v1427, v521, v1451, v1459, v1454, v1452,
             v1465, v517, v1489, v1497, v1492, v1490, v1503, v506, v1527, v1530, v1528, v1535, v1540,
             v1542, v1529, v1543, v1545, v1546, v1547, v486, v1586, v1594, v1589, v1587, v1600, v484,
@@ -6233,19 +6185,15 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 55 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v427 = arena_.view(161792, 512);
   support::View v1857 = arena_.view(16384, 512);
   support::View v1860 = arena_.view(18432, 64);
   support::View v1858(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v424 = arena_.view(178176, 512);
   support::View v1895 = arena_.view(16384, 512);
   support::View v1898 = arena_.view(18432, 64);
   support::View v1896(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v420 = arena_.view(167936, 512);
   support::View v1933 = arena_.view(16384, 512);
   support::View v1936 = arena_.view(18432, 64);
   support::View v1934(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v410 = arena_.view(159744, 512);
   support::View v1971 = arena_.view(16384, 512);
   support::View v1974 = arena_.view(18432, 16);
   support::View v1972(param112_decoder_attention_1_o_vr); // updated in place
@@ -6255,19 +6203,15 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1973(param113_decoder_attention_1_o_vc); // updated in place
   support::View v1987 = arena_.view(18688, 64);
   support::View v1990 = arena_.view(16384, 512);
-  support::View v390 = arena_.view(176128, 512);
   support::View v2030 = arena_.view(16384, 512);
   support::View v2033 = arena_.view(18432, 64);
   support::View v2031(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v388 = arena_.view(165888, 512);
   support::View v2068 = arena_.view(16384, 512);
   support::View v2071 = arena_.view(18432, 64);
   support::View v2069(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v384 = arena_.view(174080, 512);
   support::View v2106 = arena_.view(16384, 512);
   support::View v2109 = arena_.view(18432, 64);
   support::View v2107(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v375 = arena_.view(169984, 512);
   support::View v2144 = arena_.view(16384, 512);
   support::View v2147 = arena_.view(18432, 16);
   support::View v2145(param121_decoder_attention_1_1_o_vr); // updated in place
@@ -6277,31 +6221,29 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2146(param122_decoder_attention_1_1_o_vc); // updated in place
   support::View v2160 = arena_.view(18688, 64);
   support::View v2163 = arena_.view(16384, 512);
-  support::View v355 = arena_.view(98304, 1024);
   support::View v2203 = arena_.view(16384, 1024);
-  support::View v350 = arena_.view(94208, 1024);
   support::View v2240 = arena_.view(20480, 1024);
   support::View v2243 = arena_.view(24704, 32);
   support::View v2241(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
   support::View v1865 = arena_.view(81920, 256);
-  support::View v1871 = arena_.view(87552, 32);
+  support::View v1871 = arena_.view(87808, 32);
   support::View v1903 = arena_.view(82944, 256);
-  support::View v1909 = arena_.view(87680, 32);
+  support::View v1909 = arena_.view(87936, 32);
   support::View v1941 = arena_.view(83968, 256);
-  support::View v1947 = arena_.view(87808, 32);
-  support::View v1989 = arena_.view(65536, 512);
-  support::View v1991 = arena_.view(91072, 1);
+  support::View v1947 = arena_.view(89088, 32);
+  support::View v1989 = arena_.view(61440, 512);
+  support::View v1991 = arena_.view(99520, 1);
   support::View v2038 = arena_.view(84992, 256);
-  support::View v2044 = arena_.view(87936, 32);
+  support::View v2044 = arena_.view(89216, 32);
   support::View v2076 = arena_.view(86016, 256);
-  support::View v2082 = arena_.view(89088, 32);
+  support::View v2082 = arena_.view(89344, 32);
   support::View v2114 = arena_.view(88064, 256);
-  support::View v2120 = arena_.view(89216, 32);
-  support::View v2162 = arena_.view(67584, 512);
-  support::View v2164 = arena_.view(91136, 1);
-  support::View v2206 = arena_.view(90112, 32);
-  support::View v2248 = arena_.view(90240, 32);
-  support::View v2254 = arena_.view(90368, 1);
+  support::View v2120 = arena_.view(89472, 32);
+  support::View v2162 = arena_.view(63488, 512);
+  support::View v2164 = arena_.view(99584, 1);
+  support::View v2206 = arena_.view(98688, 32);
+  support::View v2248 = arena_.view(98816, 32);
+  support::View v2254 = arena_.view(99648, 1);
   repeated1(v427, v1857, v1865, v1860, v716, v1858, v708, v1871, v424, v1895, v1903, v1898, v1896,
             v1909, v420, v1933, v1941, v1936, v1934, v1947, v410, v1971, v1974, v1972, v1979, v1984,
             v1986, v1973, v1987, v1989, v1990, v1991, v390, v2030, v2038, v2033, v2031, v2044, v388,
@@ -6313,29 +6255,6 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 152:3; merged with 57 more partial sums over model (%717, %760, %765, ...): 21.5 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v819 = arena_.view(28672, 256);
-  support::View v715 = arena_.view(24960, 8);
-  support::View v758 = arena_.view(24576, 32);
-  support::View v764 = arena_.view(25024, 1);
-  support::View v825 = arena_.view(69632, 32);
-  support::View v857 = arena_.view(29696, 256);
-  support::View v863 = arena_.view(71680, 32);
-  support::View v895 = arena_.view(30720, 256);
-  support::View v901 = arena_.view(71808, 32);
-  support::View v945 = arena_.view(90816, 1);
-  support::View v987 = arena_.view(71936, 32);
-  support::View v1029 = arena_.view(72064, 32);
-  support::View v1035 = arena_.view(73472, 1);
-  support::View v1090 = arena_.view(31744, 256);
-  support::View v1096 = arena_.view(72192, 32);
-  support::View v1128 = arena_.view(32768, 256);
-  support::View v1134 = arena_.view(72320, 32);
-  support::View v1166 = arena_.view(33792, 256);
-  support::View v1172 = arena_.view(72448, 32);
-  support::View v1216 = arena_.view(90880, 1);
-  support::View v1258 = arena_.view(72576, 32);
-  support::View v1300 = arena_.view(72704, 32);
-  support::View v1306 = arena_.view(73536, 1);
   support::allReduceBucket(group_model,
                            {v819,  v715,  v758,  v764,  v825,  v857,  v863,  v895,  v901,  v945,
                             v987,  v1029, v1035, v1090, v1096, v1128, v1134, v1166, v1172, v1216,
@@ -6343,10 +6262,18 @@ void T5Train::runPart5(const Inputs &inputs) {
                             v1547, v1594, v1600, v1632, v1638, v1670, v1676, v1720, v1762, v1804,
                             v1810, v1865, v1871, v1903, v1909, v1941, v1947, v1991, v2038, v2044,
                             v2076, v2082, v2114, v2120, v2164, v2206, v2248, v2254});
+}
+
+void T5Train::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v715 = arena_.view(24960, 8);
+  support::View v716 = arena_.view(99200, 1);
   support::View v713(param47_encoder_relative_bias_table_vr); // updated in place
+  support::View v708 = arena_.view(99136, 1);
   support::View v721 = arena_.view(20480, 2);
   support::View v712 = arena_.view(24896, 16);
   support::View v726 = arena_.view(20608, 1);
@@ -6355,15 +6282,16 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v729 = arena_.view(20608, 2);
   support::View v689 = arena_.view(24832, 16);
   support::View v732 = arena_.view(20480, 16);
-  support::View v731 = arena_.view(90496, 16);
-  support::View v733 = arena_.view(91200, 1);
+  support::View v731 = arena_.view(98944, 16);
+  support::View v733 = arena_.view(99712, 1);
   repeated16(v715, v716, v713, v708, v721, v712, v726, v728, v714, v729, v689, v731, v732, v733);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v751(param49_shared_embedding_vr); // updated in place
-  support::View v767 = arena_.view(69760, 32);
+  support::View v764 = arena_.view(25024, 1);
+  support::View v767 = arena_.view(65664, 32);
   {
     float *__restrict v767p = v767.data();
     const float *__restrict v751p = v751.data();
@@ -6382,8 +6310,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  support::View v758 = arena_.view(24576, 32);
   support::View v752(param50_shared_embedding_vc); // updated in place
-  support::View v768 = arena_.view(69888, 32);
+  support::View v768 = arena_.view(65792, 32);
   {
     float *__restrict v752p = v752.data();
     float *__restrict v768p = v768.data();
@@ -6408,7 +6337,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v686 = arena_.view(0, 1024);
+  support::View v686 = arena_.view(4096, 1024);
   support::View v770 = arena_.view(20480, 1024);
   support::View v771 = arena_.view(24576, 1024);
   {
@@ -6433,59 +6362,68 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v772 = arena_.view(91264, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32, 32};
-  static const support::Shape shape8_5 = {32, 1};
-  support::reduce(v772.data(), shape8_1, v771.data(), shape8_3, shape8_4, shape8_5,
+  support::View v772 = arena_.view(99776, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32, 32};
+  static const support::Shape shape4_5 = {32, 1};
+  support::reduce(v772.data(), shape4_1, v771.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 23 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v812(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v828 = arena_.view(3072, 64);
+  support::View v825 = arena_.view(65536, 32);
+  support::View v828 = arena_.view(7168, 64);
+  support::View v819 = arena_.view(28672, 256);
   support::View v813(param53_encoder_attention_0_q_vc); // updated in place
-  support::View v829 = arena_.view(2048, 256);
-  support::View v667 = arena_.view(57344, 512);
-  support::View v832 = arena_.view(0, 512);
+  support::View v829 = arena_.view(6144, 256);
+  support::View v667 = arena_.view(53248, 512);
+  support::View v832 = arena_.view(4096, 512);
   support::View v850(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v866 = arena_.view(3072, 64);
+  support::View v863 = arena_.view(67584, 32);
+  support::View v866 = arena_.view(7168, 64);
+  support::View v857 = arena_.view(29696, 256);
   support::View v851(param55_encoder_attention_0_k_vc); // updated in place
-  support::View v867 = arena_.view(2048, 256);
-  support::View v664 = arena_.view(55296, 512);
-  support::View v870 = arena_.view(0, 512);
+  support::View v867 = arena_.view(6144, 256);
+  support::View v664 = arena_.view(51200, 512);
+  support::View v870 = arena_.view(4096, 512);
   support::View v888(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v904 = arena_.view(3072, 64);
+  support::View v901 = arena_.view(67712, 32);
+  support::View v904 = arena_.view(7168, 64);
+  support::View v895 = arena_.view(30720, 256);
   support::View v889(param57_encoder_attention_0_v_vc); // updated in place
-  support::View v905 = arena_.view(2048, 256);
-  support::View v660 = arena_.view(51200, 512);
-  support::View v908 = arena_.view(0, 512);
+  support::View v905 = arena_.view(6144, 256);
+  support::View v660 = arena_.view(47104, 512);
+  support::View v908 = arena_.view(4096, 512);
+  support::View v987 = arena_.view(67840, 32);
   support::View v985(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v993 = arena_.view(0, 32);
-  support::View v984 = arena_.view(4096, 1024);
-  support::View v998 = arena_.view(128, 1);
+  support::View v993 = arena_.view(4096, 32);
+  support::View v984 = arena_.view(0, 1024);
+  support::View v998 = arena_.view(0, 1);
   support::View v1000 = arena_.view(24576, 32);
   support::View v986(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1001 = arena_.view(24704, 32);
-  support::View v629 = arena_.view(40960, 1024);
+  support::View v629 = arena_.view(36864, 1024);
   support::View v1004 = arena_.view(4096, 1024);
   support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1035 = arena_.view(69120, 1);
   support::View v1038 = arena_.view(28672, 32);
+  support::View v1029 = arena_.view(67968, 32);
   support::View v1023(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
   support::View v1039 = arena_.view(28800, 32);
-  support::View v625 = arena_.view(45056, 1024);
+  support::View v625 = arena_.view(40960, 1024);
   support::View v1042 = arena_.view(24576, 1024);
-  support::View v831 = arena_.view(69632, 512);
-  support::View v833 = arena_.view(91328, 1);
-  support::View v869 = arena_.view(57344, 512);
-  support::View v871 = arena_.view(91392, 1);
-  support::View v907 = arena_.view(55296, 512);
-  support::View v909 = arena_.view(91456, 1);
+  support::View v831 = arena_.view(65536, 512);
+  support::View v833 = arena_.view(99840, 1);
+  support::View v869 = arena_.view(53248, 512);
+  support::View v871 = arena_.view(99904, 1);
+  support::View v907 = arena_.view(51200, 512);
+  support::View v909 = arena_.view(99968, 1);
   support::View v1003 = arena_.view(0, 1024);
-  support::View v1005 = arena_.view(91520, 1);
+  support::View v1005 = arena_.view(100032, 1);
   support::View v1041 = arena_.view(4096, 1024);
-  support::View v1043 = arena_.view(91584, 1);
+  support::View v1043 = arena_.view(100096, 1);
   repeated6(v812, v825, v828, v819, v716, v813, v708, v829, v667, v831, v832, v833, v850, v863,
             v866, v857, v851, v867, v664, v869, v870, v871, v888, v901, v904, v895, v889, v905,
             v660, v907, v908, v909, v987, v985, v993, v984, v998, v1000, v986, v1001, v629, v1003,
@@ -6494,23 +6432,30 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 23 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1096 = arena_.view(68096, 32);
   support::View v1099 = arena_.view(27648, 64);
+  support::View v1090 = arena_.view(31744, 256);
   support::View v1084(param67_encoder_attention_1_q_vc); // updated in place
   support::View v1100 = arena_.view(26624, 256);
-  support::View v606 = arena_.view(53248, 512);
+  support::View v606 = arena_.view(49152, 512);
   support::View v1103 = arena_.view(24576, 512);
   support::View v1121(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1134 = arena_.view(68224, 32);
   support::View v1137 = arena_.view(27648, 64);
+  support::View v1128 = arena_.view(32768, 256);
   support::View v1122(param69_encoder_attention_1_k_vc); // updated in place
   support::View v1138 = arena_.view(26624, 256);
-  support::View v603 = arena_.view(106496, 512);
+  support::View v603 = arena_.view(102400, 512);
   support::View v1141 = arena_.view(24576, 512);
   support::View v1159(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1172 = arena_.view(68352, 32);
   support::View v1175 = arena_.view(27648, 64);
+  support::View v1166 = arena_.view(33792, 256);
   support::View v1160(param71_encoder_attention_1_v_vc); // updated in place
   support::View v1176 = arena_.view(26624, 256);
-  support::View v599 = arena_.view(104448, 512);
+  support::View v599 = arena_.view(100352, 512);
   support::View v1179 = arena_.view(24576, 512);
+  support::View v1258 = arena_.view(68480, 32);
   support::View v1256(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
   support::View v1264 = arena_.view(24576, 32);
   support::View v1255 = arena_.view(8192, 1024);
@@ -6518,24 +6463,26 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1271 = arena_.view(28672, 32);
   support::View v1257(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v1272 = arena_.view(28800, 32);
-  support::View v569 = arena_.view(73728, 1024);
+  support::View v569 = arena_.view(69632, 1024);
   support::View v1275 = arena_.view(24576, 1024);
   support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1306 = arena_.view(69184, 1);
   support::View v1309 = arena_.view(32768, 32);
+  support::View v1300 = arena_.view(68608, 32);
   support::View v1294(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
   support::View v1310 = arena_.view(32896, 32);
-  support::View v565 = arena_.view(77824, 1024);
+  support::View v565 = arena_.view(73728, 1024);
   support::View v1313 = arena_.view(28672, 1024);
   support::View v1102 = arena_.view(40960, 512);
-  support::View v1104 = arena_.view(91648, 1);
+  support::View v1104 = arena_.view(100160, 1);
   support::View v1140 = arena_.view(43008, 512);
-  support::View v1142 = arena_.view(91712, 1);
-  support::View v1178 = arena_.view(45056, 512);
-  support::View v1180 = arena_.view(91776, 1);
+  support::View v1142 = arena_.view(100224, 1);
+  support::View v1178 = arena_.view(47104, 512);
+  support::View v1180 = arena_.view(100288, 1);
   support::View v1274 = arena_.view(8192, 1024);
-  support::View v1276 = arena_.view(91840, 1);
+  support::View v1276 = arena_.view(100352, 1);
   support::View v1312 = arena_.view(24576, 1024);
-  support::View v1314 = arena_.view(91904, 1);
+  support::View v1314 = arena_.view(100416, 1);
   repeated6(v1083, v1096, v1099, v1090, v716, v1084, v708, v1100, v606, v1102, v1103, v1104, v1121,
             v1134, v1137, v1128, v1122, v1138, v603, v1140, v1141, v1142, v1159, v1172, v1175,
             v1166, v1160, v1176, v599, v1178, v1179, v1180, v1258, v1256, v1264, v1255, v1269,
@@ -6544,72 +6491,105 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1356 = arena_.view(69056, 8);
   support::View v1354(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1362 = arena_.view(28672, 2);
+  support::View v1353 = arena_.view(68992, 16);
   support::View v1367 = arena_.view(28800, 1);
   support::View v1369 = arena_.view(28736, 8);
   support::View v1355(param81_decoder_relative_bias_table_vc); // updated in place
   support::View v1370 = arena_.view(28800, 2);
-  support::View v545 = arena_.view(131072, 16);
+  support::View v545 = arena_.view(126976, 16);
   support::View v1373 = arena_.view(28672, 16);
-  support::View v1372 = arena_.view(90560, 16);
-  support::View v1374 = arena_.view(91968, 1);
+  support::View v1372 = arena_.view(99008, 16);
+  support::View v1374 = arena_.view(100480, 1);
   repeated16(v1356, v716, v1354, v708, v1362, v1353, v1367, v1369, v1355, v1370, v545, v1372, v1373,
              v1374);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1414(param83_decoder_attention_0_q_vr); // updated in place
+  support::View v1427 = arena_.view(68736, 32);
   support::View v1430 = arena_.view(31744, 64);
+  support::View v1421 = arena_.view(34816, 256);
   support::View v1415(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1431 = arena_.view(30720, 256);
+  support::View v524 = arena_.view(147456, 512);
   support::View v1434 = arena_.view(28672, 512);
+  support::View v1452(param85_decoder_attention_0_k_vr); // updated in place
+  support::View v1465 = arena_.view(68864, 32);
   support::View v1468 = arena_.view(31744, 64);
+  support::View v1459 = arena_.view(35840, 256);
   support::View v1453(param86_decoder_attention_0_k_vc); // updated in place
   support::View v1469 = arena_.view(30720, 256);
+  support::View v521 = arena_.view(145408, 512);
   support::View v1472 = arena_.view(28672, 512);
+  support::View v1490(param87_decoder_attention_0_v_vr); // updated in place
+  support::View v1503 = arena_.view(87040, 32);
   support::View v1506 = arena_.view(31744, 64);
+  support::View v1497 = arena_.view(77824, 256);
   support::View v1491(param88_decoder_attention_0_v_vc); // updated in place
   support::View v1507 = arena_.view(30720, 256);
+  support::View v517 = arena_.view(120832, 512);
   support::View v1510 = arena_.view(28672, 512);
+  support::View v1587(param92_decoder_attention_1_0_q_vr); // updated in place
+  support::View v1600 = arena_.view(87168, 32);
   support::View v1603 = arena_.view(31744, 64);
+  support::View v1594 = arena_.view(78848, 256);
   support::View v1588(param93_decoder_attention_1_0_q_vc); // updated in place
   support::View v1604 = arena_.view(30720, 256);
+  support::View v486 = arena_.view(116736, 512);
   support::View v1607 = arena_.view(28672, 512);
+  support::View v1625(param94_decoder_attention_1_0_k_vr); // updated in place
+  support::View v1638 = arena_.view(87296, 32);
   support::View v1641 = arena_.view(31744, 64);
+  support::View v1632 = arena_.view(79872, 256);
   support::View v1626(param95_decoder_attention_1_0_k_vc); // updated in place
   support::View v1642 = arena_.view(30720, 256);
+  support::View v484 = arena_.view(114688, 512);
   support::View v1645 = arena_.view(28672, 512);
+  support::View v1663(param96_decoder_attention_1_0_v_vr); // updated in place
+  support::View v1676 = arena_.view(87424, 32);
   support::View v1679 = arena_.view(31744, 64);
+  support::View v1670 = arena_.view(80896, 256);
   support::View v1664(param97_decoder_attention_1_0_v_vc); // updated in place
   support::View v1680 = arena_.view(30720, 256);
+  support::View v480 = arena_.view(174080, 512);
   support::View v1683 = arena_.view(28672, 512);
+  support::View v1762 = arena_.view(87552, 32);
   support::View v1760(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
   support::View v1768 = arena_.view(28672, 32);
+  support::View v1759 = arena_.view(12288, 1024);
   support::View v1773 = arena_.view(12288, 1);
   support::View v1775 = arena_.view(32768, 32);
   support::View v1761(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1776 = arena_.view(32896, 32);
+  support::View v450 = arena_.view(110592, 1024);
   support::View v1779 = arena_.view(28672, 1024);
+  support::View v1797(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1810 = arena_.view(89600, 1);
   support::View v1813 = arena_.view(36864, 32);
+  support::View v1804 = arena_.view(87680, 32);
   support::View v1798(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
   support::View v1814 = arena_.view(36992, 32);
+  support::View v446 = arena_.view(106496, 1024);
   support::View v1817 = arena_.view(32768, 1024);
-  support::View v1433 = arena_.view(47104, 512);
-  support::View v1435 = arena_.view(92032, 1);
-  support::View v1471 = arena_.view(51200, 512);
-  support::View v1473 = arena_.view(92096, 1);
-  support::View v1509 = arena_.view(53248, 512);
-  support::View v1511 = arena_.view(92160, 1);
+  support::View v1433 = arena_.view(49152, 512);
+  support::View v1435 = arena_.view(100544, 1);
+  support::View v1471 = arena_.view(67584, 512);
+  support::View v1473 = arena_.view(100608, 1);
+  support::View v1509 = arena_.view(69632, 512);
+  support::View v1511 = arena_.view(100672, 1);
   support::View v1606 = arena_.view(71680, 512);
-  support::View v1608 = arena_.view(92224, 1);
+  support::View v1608 = arena_.view(100736, 1);
   support::View v1644 = arena_.view(73728, 512);
-  support::View v1646 = arena_.view(92288, 1);
+  support::View v1646 = arena_.view(100800, 1);
   support::View v1682 = arena_.view(75776, 512);
-  support::View v1684 = arena_.view(92352, 1);
+  support::View v1684 = arena_.view(100864, 1);
   support::View v1778 = arena_.view(12288, 1024);
-  support::View v1780 = arena_.view(92416, 1);
+  support::View v1780 = arena_.view(100928, 1);
   support::View v1816 = arena_.view(28672, 1024);
-  support::View v1818 = arena_.view(92480, 1);
+  support::View v1818 = arena_.view(100992, 1);
   repeated2(v1414, v1427, v1430, v1421, v716, v1415, v708, v1431, v524, v1433, v1434, v1435, v1452,
             v1465, v1468, v1459, v1453, v1469, v521, v1471, v1472, v1473, v1490, v1503, v1506,
             v1497, v1491, v1507, v517, v1509, v1510, v1511, v1587, v1600, v1603, v1594, v1588,
@@ -6620,55 +6600,86 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 35 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1858(param106_decoder_attention_1_q_vr); // updated in place
+  support::View v1871 = arena_.view(87808, 32);
   support::View v1874 = arena_.view(35840, 64);
+  support::View v1865 = arena_.view(81920, 256);
   support::View v1859(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1875 = arena_.view(34816, 256);
+  support::View v427 = arena_.view(155648, 512);
   support::View v1878 = arena_.view(32768, 512);
+  support::View v1896(param108_decoder_attention_1_k_vr); // updated in place
+  support::View v1909 = arena_.view(87936, 32);
   support::View v1912 = arena_.view(35840, 64);
+  support::View v1903 = arena_.view(82944, 256);
   support::View v1897(param109_decoder_attention_1_k_vc); // updated in place
   support::View v1913 = arena_.view(34816, 256);
+  support::View v424 = arena_.view(172032, 512);
   support::View v1916 = arena_.view(32768, 512);
+  support::View v1934(param110_decoder_attention_1_v_vr); // updated in place
+  support::View v1947 = arena_.view(89088, 32);
   support::View v1950 = arena_.view(35840, 64);
+  support::View v1941 = arena_.view(83968, 256);
   support::View v1935(param111_decoder_attention_1_v_vc); // updated in place
   support::View v1951 = arena_.view(34816, 256);
+  support::View v420 = arena_.view(161792, 512);
   support::View v1954 = arena_.view(32768, 512);
+  support::View v2031(param115_decoder_attention_1_1_q_vr); // updated in place
+  support::View v2044 = arena_.view(89216, 32);
   support::View v2047 = arena_.view(35840, 64);
+  support::View v2038 = arena_.view(84992, 256);
   support::View v2032(param116_decoder_attention_1_1_q_vc); // updated in place
   support::View v2048 = arena_.view(34816, 256);
+  support::View v390 = arena_.view(169984, 512);
   support::View v2051 = arena_.view(32768, 512);
+  support::View v2069(param117_decoder_attention_1_1_k_vr); // updated in place
+  support::View v2082 = arena_.view(89344, 32);
   support::View v2085 = arena_.view(35840, 64);
+  support::View v2076 = arena_.view(86016, 256);
   support::View v2070(param118_decoder_attention_1_1_k_vc); // updated in place
   support::View v2086 = arena_.view(34816, 256);
+  support::View v388 = arena_.view(159744, 512);
   support::View v2089 = arena_.view(32768, 512);
+  support::View v2107(param119_decoder_attention_1_1_v_vr); // updated in place
+  support::View v2120 = arena_.view(89472, 32);
   support::View v2123 = arena_.view(35840, 64);
+  support::View v2114 = arena_.view(88064, 256);
   support::View v2108(param120_decoder_attention_1_1_v_vc); // updated in place
   support::View v2124 = arena_.view(34816, 256);
+  support::View v384 = arena_.view(167936, 512);
   support::View v2127 = arena_.view(32768, 512);
+  support::View v2206 = arena_.view(98688, 32);
   support::View v2204(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
   support::View v2212 = arena_.view(32768, 32);
+  support::View v2203 = arena_.view(16384, 1024);
   support::View v2217 = arena_.view(16384, 1);
   support::View v2219 = arena_.view(36864, 32);
   support::View v2205(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v2220 = arena_.view(36992, 32);
+  support::View v355 = arena_.view(94208, 1024);
   support::View v2223 = arena_.view(32768, 1024);
-  support::View v2257 = arena_.view(90112, 32);
+  support::View v2241(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v2254 = arena_.view(99648, 1);
+  support::View v2257 = arena_.view(94208, 32);
+  support::View v2248 = arena_.view(98816, 32);
   support::View v2242(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v2258 = arena_.view(90368, 32);
+  support::View v2258 = arena_.view(94336, 32);
+  support::View v350 = arena_.view(90112, 1024);
   support::View v2261 = arena_.view(36864, 1024);
   support::View v1877 = arena_.view(77824, 512);
-  support::View v1879 = arena_.view(92544, 1);
+  support::View v1879 = arena_.view(101056, 1);
   support::View v1915 = arena_.view(79872, 512);
-  support::View v1917 = arena_.view(92608, 1);
+  support::View v1917 = arena_.view(101120, 1);
   support::View v1953 = arena_.view(81920, 512);
-  support::View v1955 = arena_.view(92672, 1);
+  support::View v1955 = arena_.view(101184, 1);
   support::View v2050 = arena_.view(83968, 512);
-  support::View v2052 = arena_.view(92736, 1);
+  support::View v2052 = arena_.view(101248, 1);
   support::View v2088 = arena_.view(86016, 512);
-  support::View v2090 = arena_.view(92800, 1);
+  support::View v2090 = arena_.view(101312, 1);
   support::View v2126 = arena_.view(88064, 512);
-  support::View v2128 = arena_.view(92864, 1);
+  support::View v2128 = arena_.view(101376, 1);
   support::View v2222 = arena_.view(16384, 1024);
-  support::View v2224 = arena_.view(92928, 1);
+  support::View v2224 = arena_.view(94464, 1);
   support::View v2260 = arena_.view(32768, 1024);
   support::View v2262 = arena_.view(90112, 1);
   repeated2(v1858, v1871, v1874, v1865, v716, v1859, v708, v1875, v427, v1877, v1878, v1879, v1896,
@@ -6691,8 +6702,8 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v737 = arena_.view(36864, 1);
-  support::View v741 = arena_.view(192256, 1);
-  support::View v705 = arena_.view(90624, 1);
+  support::View v741 = arena_.view(186176, 1);
+  support::View v705 = arena_.view(99072, 1);
   support::View v745 = arena_.view(36928, 1);
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   repeated18(v733, v737, v741, v705, v745, v731, v32);
@@ -6718,7 +6729,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v779 = arena_.view(192320, 1);
+  support::View v779 = arena_.view(186240, 1);
   support::View v783 = arena_.view(36928, 1);
   {
     float *__restrict v783p = v783.data();
@@ -6757,7 +6768,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v671 = arena_.view(102656, 32);
+  support::View v671 = arena_.view(98560, 32);
   support::View v789(param51_encoder_rms_norm_0_scale_v); // updated in place
   support::View v795 = arena_.view(20480, 32);
   support::View v796 = arena_.view(20608, 32);
@@ -6768,23 +6779,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v803 = arena_.view(20736, 1);
   support::View v806 = arena_.view(20608, 1);
   support::View v837 = arena_.view(20480, 1);
-  support::View v840 = arena_.view(192384, 1);
+  support::View v840 = arena_.view(186304, 1);
   support::View v844 = arena_.view(20544, 1);
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v875 = arena_.view(20480, 1);
-  support::View v878 = arena_.view(192448, 1);
+  support::View v878 = arena_.view(186368, 1);
   support::View v882 = arena_.view(20544, 1);
   support::View v48(param4_encoder_attention_0_k); // updated in place
   support::View v913 = arena_.view(20480, 1);
-  support::View v916 = arena_.view(192512, 1);
+  support::View v916 = arena_.view(186432, 1);
   support::View v920 = arena_.view(20544, 1);
   support::View v49(param5_encoder_attention_0_v); // updated in place
+  support::View v945 = arena_.view(99264, 1);
   support::View v949 = arena_.view(20480, 1);
-  support::View v952 = arena_.view(192576, 1);
+  support::View v952 = arena_.view(186496, 1);
   support::View v956 = arena_.view(20544, 1);
-  support::View v943 = arena_.view(49152, 512);
+  support::View v943 = arena_.view(45056, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v633 = arena_.view(102528, 32);
+  support::View v633 = arena_.view(98432, 32);
   support::View v962(param60_encoder_rms_norm_1_0_scale_v); // updated in place
   support::View v968 = arena_.view(20480, 32);
   support::View v969 = arena_.view(20608, 32);
@@ -6795,14 +6807,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v976 = arena_.view(20736, 1);
   support::View v979 = arena_.view(20608, 1);
   support::View v1009 = arena_.view(20480, 1);
-  support::View v1012 = arena_.view(192640, 1);
+  support::View v1012 = arena_.view(186560, 1);
   support::View v1016 = arena_.view(20544, 1);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v1047 = arena_.view(0, 1);
-  support::View v1050 = arena_.view(192704, 1);
+  support::View v1050 = arena_.view(186624, 1);
   support::View v1054 = arena_.view(64, 1);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v610 = arena_.view(102400, 32);
+  support::View v610 = arena_.view(98304, 32);
   support::View v1060(param65_encoder_rms_norm_1_scale_v); // updated in place
   support::View v1066 = arena_.view(0, 32);
   support::View v1067 = arena_.view(128, 32);
@@ -6813,23 +6825,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1074 = arena_.view(256, 1);
   support::View v1077 = arena_.view(128, 1);
   support::View v1108 = arena_.view(0, 1);
-  support::View v1111 = arena_.view(192768, 1);
+  support::View v1111 = arena_.view(186688, 1);
   support::View v1115 = arena_.view(64, 1);
   support::View v85(param11_encoder_attention_1_q); // updated in place
   support::View v1146 = arena_.view(0, 1);
-  support::View v1149 = arena_.view(192832, 1);
+  support::View v1149 = arena_.view(186752, 1);
   support::View v1153 = arena_.view(64, 1);
   support::View v86(param12_encoder_attention_1_k); // updated in place
   support::View v1184 = arena_.view(0, 1);
-  support::View v1187 = arena_.view(192896, 1);
+  support::View v1187 = arena_.view(186816, 1);
   support::View v1191 = arena_.view(64, 1);
   support::View v87(param13_encoder_attention_1_v); // updated in place
+  support::View v1216 = arena_.view(99328, 1);
   support::View v1220 = arena_.view(0, 1);
-  support::View v1223 = arena_.view(192960, 1);
+  support::View v1223 = arena_.view(186880, 1);
   support::View v1227 = arena_.view(64, 1);
-  support::View v1214 = arena_.view(59392, 512);
+  support::View v1214 = arena_.view(55296, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v573 = arena_.view(108544, 32);
+  support::View v573 = arena_.view(104448, 32);
   support::View v1233(param74_encoder_rms_norm_1_1_scale_v); // updated in place
   support::View v1239 = arena_.view(0, 32);
   support::View v1240 = arena_.view(128, 32);
@@ -6839,7 +6852,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1246 = arena_.view(128, 32);
   support::View v1247 = arena_.view(256, 1);
   support::View v1250 = arena_.view(128, 1);
-  support::View v1283 = arena_.view(193024, 1);
+  support::View v1283 = arena_.view(186944, 1);
   support::View v1280 = arena_.view(0, 1);
   support::View v1287 = arena_.view(64, 1);
   repeated0(v671, v716, v789, v708, v795, v796, v797, v800, v38, v802, v803, v705, v806, v833, v837,
@@ -6855,10 +6868,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v1318 = arena_.view(0, 1);
-  support::View v1321 = arena_.view(193088, 1);
+  support::View v1321 = arena_.view(187008, 1);
   support::View v1325 = arena_.view(64, 1);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v551 = arena_.view(126976, 32);
+  support::View v551 = arena_.view(122880, 32);
   support::View v1331(param79_encoder_rms_norm_scale_v); // updated in place
   support::View v1337 = arena_.view(0, 32);
   support::View v1338 = arena_.view(128, 32);
@@ -6874,14 +6887,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1378 = arena_.view(0, 1);
-  support::View v1381 = arena_.view(193152, 1);
+  support::View v1381 = arena_.view(187072, 1);
   support::View v1385 = arena_.view(64, 1);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   repeated18(v1374, v1378, v1381, v705, v1385, v1372, v154);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v528 = arena_.view(141312, 32);
+  support::View v528 = arena_.view(135168, 32);
   support::View v1391(param82_decoder_rms_norm_0_scale_v); // updated in place
   support::View v1397 = arena_.view(0, 32);
   support::View v1398 = arena_.view(128, 32);
@@ -6891,7 +6904,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1404 = arena_.view(128, 32);
   support::View v1405 = arena_.view(256, 1);
   support::View v1408 = arena_.view(128, 1);
-  support::View v1442 = arena_.view(193216, 1);
+  support::View v1442 = arena_.view(187136, 1);
   support::View v1439 = arena_.view(0, 1);
   support::View v1446 = arena_.view(64, 1);
   repeated12(v528, v716, v1391, v708, v1397, v1398, v1399, v1402, v173, v1404, v1405, v705, v1408,
@@ -6901,31 +6914,26 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
   support::View v1477 = arena_.view(0, 1);
-  support::View v1480 = arena_.view(193280, 1);
+  support::View v1480 = arena_.view(187200, 1);
   support::View v1484 = arena_.view(64, 1);
   support::View v183(param22_decoder_attention_0_k); // updated in place
   support::View v1515 = arena_.view(0, 1);
-  support::View v1518 = arena_.view(193344, 1);
+  support::View v1518 = arena_.view(187264, 1);
   support::View v1522 = arena_.view(64, 1);
   support::View v184(param23_decoder_attention_0_v); // updated in place
+  support::View v1547 = arena_.view(99392, 1);
   support::View v1551 = arena_.view(0, 1);
-  support::View v1554 = arena_.view(193408, 1);
+  support::View v1554 = arena_.view(187328, 1);
   support::View v1558 = arena_.view(64, 1);
+  support::View v1545 = arena_.view(57344, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   repeated10(v1433, v1439, v1446, v182, v1473, v1477, v1480, v705, v1484, v1471, v183, v1511, v1515,
              v1518, v1522, v1509, v184, v1547, v1551, v1554, v1558, v1545, v185);
-}
-
-void T5Train::runPart6(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v490 = arena_.view(156160, 32);
-  support::View v716 = arena_.view(90752, 1);
+  support::View v490 = arena_.view(150016, 32);
   support::View v1564(param91_decoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v708 = arena_.view(90688, 1);
   support::View v1570 = arena_.view(0, 32);
   support::View v1571 = arena_.view(128, 32);
   support::View v1572 = arena_.view(256, 1);
@@ -6933,33 +6941,26 @@ void T5Train::runPart6(const Inputs &inputs) {
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
   support::View v1577 = arena_.view(128, 32);
   support::View v1578 = arena_.view(256, 1);
-  support::View v705 = arena_.view(90624, 1);
   support::View v1581 = arena_.view(128, 1);
-  support::View v1608 = arena_.view(92224, 1);
   support::View v1612 = arena_.view(0, 1);
-  support::View v1615 = arena_.view(193472, 1);
+  support::View v1615 = arena_.view(187392, 1);
   support::View v1619 = arena_.view(64, 1);
-  support::View v1606 = arena_.view(71680, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1646 = arena_.view(92288, 1);
   support::View v1650 = arena_.view(0, 1);
-  support::View v1653 = arena_.view(193536, 1);
+  support::View v1653 = arena_.view(187456, 1);
   support::View v1657 = arena_.view(64, 1);
-  support::View v1644 = arena_.view(73728, 512);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1684 = arena_.view(92352, 1);
   support::View v1688 = arena_.view(0, 1);
-  support::View v1691 = arena_.view(193600, 1);
+  support::View v1691 = arena_.view(187520, 1);
   support::View v1695 = arena_.view(64, 1);
-  support::View v1682 = arena_.view(75776, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1720 = arena_.view(91008, 1);
+  support::View v1720 = arena_.view(99456, 1);
   support::View v1724 = arena_.view(0, 1);
-  support::View v1727 = arena_.view(193664, 1);
+  support::View v1727 = arena_.view(187584, 1);
   support::View v1731 = arena_.view(64, 1);
-  support::View v1718 = arena_.view(63488, 512);
+  support::View v1718 = arena_.view(59392, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v454 = arena_.view(183296, 32);
+  support::View v454 = arena_.view(177152, 32);
   support::View v1737(param100_decoder_rms_norm_2_0_scale_v); // updated in place
   support::View v1743 = arena_.view(0, 32);
   support::View v1744 = arena_.view(128, 32);
@@ -6969,19 +6970,15 @@ void T5Train::runPart6(const Inputs &inputs) {
   support::View v1750 = arena_.view(128, 32);
   support::View v1751 = arena_.view(256, 1);
   support::View v1754 = arena_.view(128, 1);
-  support::View v1780 = arena_.view(92416, 1);
   support::View v1784 = arena_.view(0, 1);
-  support::View v1787 = arena_.view(193728, 1);
+  support::View v1787 = arena_.view(187648, 1);
   support::View v1791 = arena_.view(64, 1);
-  support::View v1778 = arena_.view(12288, 1024);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1818 = arena_.view(92480, 1);
   support::View v1822 = arena_.view(0, 1);
-  support::View v1825 = arena_.view(193792, 1);
+  support::View v1825 = arena_.view(187712, 1);
   support::View v1829 = arena_.view(64, 1);
-  support::View v1816 = arena_.view(28672, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v431 = arena_.view(189440, 32);
+  support::View v431 = arena_.view(183296, 32);
   support::View v1835(param105_decoder_rms_norm_1_scale_v); // updated in place
   support::View v1841 = arena_.view(0, 32);
   support::View v1842 = arena_.view(128, 32);
@@ -6991,31 +6988,25 @@ void T5Train::runPart6(const Inputs &inputs) {
   support::View v1848 = arena_.view(128, 32);
   support::View v1849 = arena_.view(256, 1);
   support::View v1852 = arena_.view(128, 1);
-  support::View v1879 = arena_.view(92544, 1);
   support::View v1883 = arena_.view(0, 1);
-  support::View v1886 = arena_.view(193856, 1);
+  support::View v1886 = arena_.view(187776, 1);
   support::View v1890 = arena_.view(64, 1);
-  support::View v1877 = arena_.view(77824, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1917 = arena_.view(92608, 1);
   support::View v1921 = arena_.view(0, 1);
-  support::View v1924 = arena_.view(193920, 1);
+  support::View v1924 = arena_.view(187840, 1);
   support::View v1928 = arena_.view(64, 1);
-  support::View v1915 = arena_.view(79872, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1955 = arena_.view(92672, 1);
   support::View v1959 = arena_.view(0, 1);
-  support::View v1962 = arena_.view(193984, 1);
+  support::View v1962 = arena_.view(187904, 1);
   support::View v1966 = arena_.view(64, 1);
-  support::View v1953 = arena_.view(81920, 512);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1991 = arena_.view(91072, 1);
+  support::View v1991 = arena_.view(99520, 1);
   support::View v1995 = arena_.view(0, 1);
-  support::View v1998 = arena_.view(194048, 1);
+  support::View v1998 = arena_.view(187968, 1);
   support::View v2002 = arena_.view(64, 1);
-  support::View v1989 = arena_.view(65536, 512);
+  support::View v1989 = arena_.view(61440, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v394 = arena_.view(191872, 32);
+  support::View v394 = arena_.view(185728, 32);
   support::View v2008(param114_decoder_rms_norm_1_1_scale_v); // updated in place
   support::View v2014 = arena_.view(0, 32);
   support::View v2015 = arena_.view(128, 32);
@@ -7025,8 +7016,7 @@ void T5Train::runPart6(const Inputs &inputs) {
   support::View v2021 = arena_.view(128, 32);
   support::View v2022 = arena_.view(256, 1);
   support::View v2025 = arena_.view(128, 1);
-  support::View v2052 = arena_.view(92736, 1);
-  support::View v2059 = arena_.view(194112, 1);
+  support::View v2059 = arena_.view(188032, 1);
   support::View v2056 = arena_.view(0, 1);
   support::View v2063 = arena_.view(64, 1);
   repeated0(v490, v716, v1564, v708, v1570, v1571, v1572, v1575, v197, v1577, v1578, v705, v1581,
@@ -7041,32 +7031,27 @@ void T5Train::runPart6(const Inputs &inputs) {
 
   // 10 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2050 = arena_.view(83968, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2090 = arena_.view(92800, 1);
   support::View v2094 = arena_.view(0, 1);
-  support::View v2097 = arena_.view(194176, 1);
+  support::View v2097 = arena_.view(188096, 1);
   support::View v2101 = arena_.view(64, 1);
-  support::View v2088 = arena_.view(86016, 512);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2128 = arena_.view(92864, 1);
   support::View v2132 = arena_.view(0, 1);
-  support::View v2135 = arena_.view(194240, 1);
+  support::View v2135 = arena_.view(188160, 1);
   support::View v2139 = arena_.view(64, 1);
-  support::View v2126 = arena_.view(88064, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2164 = arena_.view(91136, 1);
+  support::View v2164 = arena_.view(99584, 1);
   support::View v2168 = arena_.view(0, 1);
-  support::View v2171 = arena_.view(194304, 1);
+  support::View v2171 = arena_.view(188224, 1);
   support::View v2175 = arena_.view(64, 1);
-  support::View v2162 = arena_.view(67584, 512);
+  support::View v2162 = arena_.view(63488, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
   repeated10(v2050, v2056, v2063, v266, v2090, v2094, v2097, v705, v2101, v2088, v267, v2128, v2132,
              v2135, v2139, v2126, v268, v2164, v2168, v2171, v2175, v2162, v269);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v359 = arena_.view(191744, 32);
+  support::View v359 = arena_.view(185600, 32);
   support::View v2181(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2187 = arena_.view(0, 32);
   support::View v2188 = arena_.view(128, 32);
@@ -7076,8 +7061,7 @@ void T5Train::runPart6(const Inputs &inputs) {
   support::View v2194 = arena_.view(128, 32);
   support::View v2195 = arena_.view(256, 1);
   support::View v2198 = arena_.view(128, 1);
-  support::View v2224 = arena_.view(92928, 1);
-  support::View v2231 = arena_.view(194368, 1);
+  support::View v2231 = arena_.view(188288, 1);
   support::View v2228 = arena_.view(0, 1);
   support::View v2235 = arena_.view(64, 1);
   repeated12(v359, v716, v2181, v708, v2187, v2188, v2189, v2192, v281, v2194, v2195, v705, v2198,
@@ -7085,15 +7069,12 @@ void T5Train::runPart6(const Inputs &inputs) {
 
   // 11 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2222 = arena_.view(16384, 1024);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2262 = arena_.view(90112, 1);
   support::View v2266 = arena_.view(0, 1);
-  support::View v2269 = arena_.view(194432, 1);
+  support::View v2269 = arena_.view(188352, 1);
   support::View v2273 = arena_.view(64, 1);
-  support::View v2260 = arena_.view(32768, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v334 = arena_.view(191616, 32);
+  support::View v334 = arena_.view(185472, 32);
   support::View v2279(param128_decoder_rms_norm_scale_v); // updated in place
   support::View v2285 = arena_.view(0, 32);
   support::View v2286 = arena_.view(128, 32);

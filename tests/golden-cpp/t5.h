@@ -46,7 +46,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 23040;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 251200;
+  static constexpr size_t kTemporaryBytes = 245056;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27712;
 
@@ -329,9 +329,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 194624;
+  static constexpr size_t kArenaBytes = 188544;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1134660;
+  static constexpr size_t kTemporaryBytes = 1128516;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 40576;
 
@@ -392,7 +392,6 @@ public:
   void runPart3(const Inputs &inputs);
   void runPart4(const Inputs &inputs);
   void runPart5(const Inputs &inputs);
-  void runPart6(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void
   repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,

@@ -342,7 +342,7 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 348224 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 344128 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -419,24 +419,16 @@ void Predict::runPart0(const Inputs &inputs) {
   support::copyWindow(v22.data(), v21.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
                       int64_t(16));
 
-  // xlnet.mesh:108:18 one_hot
-  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v23 = arena_.view(32768, 1024);
-  static const support::Shape shape5_1 = {2, 16, 32};
-  static const support::Shape shape5_3 = {16, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v23.data(), shape5_1, v0.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   const support::Buffer &v2 = param0_xlnet_embedding;
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v24 = arena_.view(49152, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v23.data(), v2.data(), v24.data(), 1.0f, 0.0f);
+  static const support::Shape shape5_1 = {2, 16, 32};
+  static const support::Shape shape5_3 = {0, 0, 1};
+  static const support::Shape shape5_5 = {16, 1, 0};
+  support::gather(v24.data(), shape5_1, v2.data(), shape5_3, v0.data(), shape5_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
@@ -538,14 +530,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v64 = arena_.view(36864, 1024);
-  static const support::Shape shape12_2 = {2, 2, 16};
-  static const support::Shape shape12_3 = {512, 256, 16};
-  static const support::Shape shape12_4 = {512, 256, 16};
-  static const support::Shape shape12_5 = {16};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v64.data(), v63.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape11_2 = {2, 2, 16};
+  static const support::Shape shape11_3 = {512, 256, 16};
+  static const support::Shape shape11_4 = {512, 256, 16};
+  static const support::Shape shape11_5 = {16};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v64.data(), v63.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
@@ -624,14 +616,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v107 = arena_.view(32768, 1024);
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v107.data(), v101.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape15_2 = {2, 16};
+  static const support::Shape shape15_3 = {512, 32};
+  static const support::Shape shape15_4 = {512, 32};
+  static const support::Shape shape15_5 = {32};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v107.data(), v101.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
@@ -706,14 +698,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v144 = arena_.view(0, 1024);
-  static const support::Shape shape20_2 = {2, 2, 16};
-  static const support::Shape shape20_3 = {512, 256, 16};
-  static const support::Shape shape20_4 = {512, 256, 16};
-  static const support::Shape shape20_5 = {16};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v144.data(), v143.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape19_2 = {2, 2, 16};
+  static const support::Shape shape19_3 = {512, 256, 16};
+  static const support::Shape shape19_4 = {512, 256, 16};
+  static const support::Shape shape19_5 = {16};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v144.data(), v143.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // 21 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
@@ -750,14 +742,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v187 = arena_.view(4096, 1024);
-  static const support::Shape shape22_2 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {512, 32};
-  static const support::Shape shape22_5 = {32};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(v187.data(), v181.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape21_2 = {2, 16};
+  static const support::Shape shape21_3 = {512, 32};
+  static const support::Shape shape21_4 = {512, 32};
+  static const support::Shape shape21_5 = {32};
+  static const support::Shape shape21_6 = {1};
+  static const support::Shape shape21_7 = {1};
+  support::along(v187.data(), v181.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
@@ -781,24 +773,23 @@ void Predict::runPart0(const Inputs &inputs) {
       }
     }
   }
+
+  // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v190 = arena_.view(4096, 1024);
+  // dims: batch, length, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan23.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v189 = arena_.view(0, 1024);
-  const support::Buffer &v2 = param0_xlnet_embedding;
-  support::View v190 = arena_.view(4096, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
+  support::View v190 = arena_.view(4096, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(0, 1024);
   {
@@ -1954,7 +1945,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 223744 bytes for 818332 bytes of temporaries (placed by liveness).
+  // Arena: 223680 bytes for 818332 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1962,8 +1953,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v210 = arena_.view(223488, 1);
-  support::View v205 = arena_.view(223680, 1);
+  support::View v210 = arena_.view(197184, 1);
+  support::View v205 = arena_.view(197120, 1);
 
   // The step's updates.
   ++step_;
@@ -2018,7 +2009,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
-  support::View v11 = arena_.view(69632, 256);
+  support::View v11 = arena_.view(73728, 256);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v9p = v9.data();
@@ -2037,7 +2028,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
-  support::View v13 = arena_.view(77824, 256);
+  support::View v13 = arena_.view(90112, 256);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v9p = v9.data();
@@ -2076,7 +2067,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:129:31 one_hot
   MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v27 = arena_.view(81920, 1024);
+  support::View v27 = arena_.view(65536, 1024);
   static const support::Shape shape8_1 = {2, 16, 32};
   static const support::Shape shape8_3 = {16, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 1};
@@ -2084,13 +2075,14 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
-  support::View v28 = arena_.view(86016, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v27.data(), v6.data(), v28.data(), 1.0f, 0.0f);
+  support::View v28 = arena_.view(81920, 1024);
+  static const support::Shape shape9_1 = {2, 16, 32};
+  static const support::Shape shape9_3 = {0, 0, 1};
+  static const support::Shape shape9_5 = {16, 1, 0};
+  support::gather(v28.data(), shape9_1, v6.data(), shape9_3, v0.data(), shape9_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
@@ -2111,7 +2103,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:109:63 mul -> g
   MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
-  support::View v32 = arena_.view(90112, 1024);
+  support::View v32 = arena_.view(86016, 1024);
   {
     float *__restrict v32p = v32.data();
     const float *__restrict v31p = v31.data();
@@ -2130,7 +2122,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:129:20 broadcast
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
-  support::View v217 = arena_.view(65536, 1024);
+  support::View v217 = arena_.view(69632, 1024);
   {
     float *__restrict v217p = v217.data();
     const float *__restrict v5p = v5.data();
@@ -2215,7 +2207,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
-  support::View v67 = arena_.view(69632, 1024);
+  support::View v67 = arena_.view(73728, 1024);
   {
     float *__restrict v67p = v67.data();
     const float *__restrict v51p = v51.data();
@@ -2238,7 +2230,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
-  support::View v68 = arena_.view(73728, 1024);
+  support::View v68 = arena_.view(77824, 1024);
   static const support::Shape shape18_2 = {2, 2, 16};
   static const support::Shape shape18_3 = {512, 256, 16};
   static const support::Shape shape18_4 = {512, 256, 16};
@@ -2271,11 +2263,11 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // 12 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
-  support::View v73 = arena_.view(69632, 1024);
+  support::View v73 = arena_.view(73728, 1024);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v74 = arena_.view(49152, 1024);
   support::View v75 = arena_.view(53248, 1024);
-  support::View v77 = arena_.view(77824, 1024);
+  support::View v77 = arena_.view(90112, 1024);
   support::View v79 = arena_.view(94208, 1024);
   support::View v82 = arena_.view(98304, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
@@ -2587,7 +2579,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
-  support::View v27 = arena_.view(81920, 1024);
+  support::View v27 = arena_.view(65536, 1024);
   support::View v198 = arena_.view(196608, 1024);
   {
     float *__restrict v198p = v198.data();
@@ -2616,8 +2608,8 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:128:14 sub
   MESHRT_TRACE("loop", "xlnet.mesh:128:14", "backward");
   support::View v218 = arena_.view(223360, 32);
-  support::View v217 = arena_.view(65536, 1024);
-  support::View v222 = arena_.view(196608, 1024);
+  support::View v217 = arena_.view(69632, 1024);
+  support::View v222 = arena_.view(65536, 1024);
   {
     float *__restrict v222p = v222.data();
     const float *__restrict v196p = v196.data();
@@ -2638,7 +2630,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v224 = arena_.view(65536, 1024);
+  support::View v224 = arena_.view(69632, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -2681,7 +2673,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v205 = arena_.view(223680, 1);
+  support::View v205 = arena_.view(197120, 1);
   {
     float *__restrict v205p = v205.data();
     const float *__restrict v203p = v203.data();
@@ -2721,7 +2713,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
   MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
-  support::View v210 = arena_.view(223488, 1);
+  support::View v210 = arena_.view(197184, 1);
   {
     float *__restrict v210p = v210.data();
     const float *__restrict v207p = v207.data();
@@ -2739,8 +2731,8 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v222 = arena_.view(196608, 1024);
-  support::View v223 = arena_.view(223360, 32);
+  support::View v222 = arena_.view(65536, 1024);
+  support::View v223 = arena_.view(196608, 32);
   static const support::Shape shape0_1 = {32};
   static const support::Shape shape0_3 = {1};
   static const support::Shape shape0_4 = {2, 16};
@@ -2759,22 +2751,22 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v224 = arena_.view(65536, 1024);
+  support::View v224 = arena_.view(69632, 1024);
   support::View v191 = arena_.view(176128, 1024);
-  support::View v229 = arena_.view(180224, 1024);
-  support::View v231 = arena_.view(196864, 32);
+  support::View v229 = arena_.view(65536, 1024);
+  support::View v231 = arena_.view(180224, 32);
   support::View v185 = arena_.view(167936, 1024);
-  support::View v233 = arena_.view(180224, 1024);
+  support::View v233 = arena_.view(65536, 1024);
   support::View v234 = arena_.view(167936, 32);
-  support::View v237 = arena_.view(196864, 32);
+  support::View v237 = arena_.view(180224, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v228 = arena_.view(167936, 1024);
-  support::View v238 = arena_.view(180224, 1024);
-  support::View v239 = arena_.view(196992, 32);
-  support::View v241 = arena_.view(180224, 32);
-  support::View v227 = arena_.view(196608, 32);
-  support::View v230 = arena_.view(196736, 32);
-  support::View v244 = arena_.view(65536, 1024);
+  support::View v228 = arena_.view(65536, 1024);
+  support::View v238 = arena_.view(167936, 1024);
+  support::View v239 = arena_.view(180352, 32);
+  support::View v241 = arena_.view(167936, 32);
+  support::View v227 = arena_.view(196736, 32);
+  support::View v230 = arena_.view(196864, 32);
+  support::View v244 = arena_.view(69632, 1024);
   repeated4(v227, v224, v191, v229, v230, v231, v185, v233, v234, v237, v186, v228, v238, v239,
             v241, v244);
 
@@ -2782,15 +2774,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v246 = arena_.view(167936, 1024);
+  support::View v246 = arena_.view(65536, 1024);
   support::View v180 = arena_.view(188416, 1024);
   support::View v179 = arena_.view(184320, 1024);
-  support::View v269 = arena_.view(180224, 1024);
+  support::View v269 = arena_.view(176128, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v245 = arena_.view(196864, 32);
-  support::View v247 = arena_.view(176128, 1024);
+  support::View v245 = arena_.view(196992, 32);
+  support::View v247 = arena_.view(167936, 1024);
   support::View v270 = arena_.view(188416, 32);
-  support::View v271 = arena_.view(167936, 1024);
+  support::View v271 = arena_.view(65536, 1024);
   repeated5(v245, v244, v170, v246, v180, v247, v179, v269, v270, v168, v271);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %259 over model for add at 84:22)
@@ -2799,7 +2791,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v273 = arena_.view(184320, 1024);
+  support::View v273 = arena_.view(180224, 1024);
   {
     float *__restrict v273p = v273.data();
     const float *__restrict v244p = v244.data();
@@ -2815,7 +2807,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(172032, 1024);
-  support::View v274 = arena_.view(167936, 1024);
+  support::View v274 = arena_.view(184320, 1024);
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -2825,19 +2817,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v165 = arena_.view(155648, 1024);
   support::View v277 = arena_.view(65536, 1024);
-  support::View v279 = arena_.view(172032, 32);
+  support::View v279 = arena_.view(69632, 32);
   support::View v159 = arena_.view(159744, 1024);
   support::View v281 = arena_.view(65536, 1024);
-  support::View v282 = arena_.view(159744, 32);
-  support::View v284 = arena_.view(172032, 32);
+  support::View v282 = arena_.view(69632, 32);
+  support::View v284 = arena_.view(159744, 32);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v276 = arena_.view(65536, 1024);
-  support::View v285 = arena_.view(159744, 1024);
-  support::View v286 = arena_.view(172160, 32);
-  support::View v288 = arena_.view(172288, 32);
+  support::View v285 = arena_.view(69632, 1024);
+  support::View v286 = arena_.view(159872, 32);
+  support::View v288 = arena_.view(160000, 32);
   support::View v275 = arena_.view(188544, 32);
   support::View v278 = arena_.view(188672, 32);
-  support::View v291 = arena_.view(159744, 1024);
+  support::View v291 = arena_.view(69632, 1024);
   repeated4(v275, v273, v165, v277, v278, v279, v159, v281, v282, v284, v160, v276, v285, v286,
             v288, v291);
 
@@ -2847,8 +2839,8 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
   support::View v153 = arena_.view(163840, 1024);
   support::View v292 = arena_.view(65536, 1024);
-  support::View v293 = arena_.view(180224, 512);
-  support::View v294 = arena_.view(182272, 512);
+  support::View v293 = arena_.view(172032, 512);
+  support::View v294 = arena_.view(174080, 512);
   repeated9(v291, v125, v120, v292, v153, v293, v294);
 
   // xlnet.mesh:72:19 mul
@@ -2868,7 +2860,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v296 = arena_.view(172032, 64);
+  support::View v296 = arena_.view(159744, 64);
   static const support::Shape shape10_1 = {2, 2, 16};
   static const support::Shape shape10_3 = {512, 256, 16};
   static const support::Shape shape10_4 = {16};
@@ -2887,10 +2879,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v305 = arena_.view(67584, 512);
   support::View v137 = arena_.view(217088, 512);
   support::View v303 = arena_.view(49152, 4096);
-  support::View v304 = arena_.view(188800, 16);
-  support::View v306 = arena_.view(184320, 512);
-  support::View v307 = arena_.view(186368, 512);
-  support::View v308 = arena_.view(188864, 16);
+  support::View v304 = arena_.view(180224, 16);
+  support::View v306 = arena_.view(176128, 512);
+  support::View v307 = arena_.view(178176, 512);
+  support::View v308 = arena_.view(180288, 16);
   repeated6(v292, v296, v153, v70, v301, v127, v302, v139, v303, v304, v123, v305, v137, v306, v307,
             v308);
 
@@ -2901,12 +2893,12 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v309 = arena_.view(65536, 1024);
   support::View v315 = arena_.view(155648, 1024);
-  support::View v318 = arena_.view(163840, 1024);
+  support::View v318 = arena_.view(159744, 1024);
   repeated8(v307, v116, v309, v293, v118, v315, v306, v117, v318);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
-  support::View v319 = arena_.view(172032, 1024);
+  support::View v319 = arena_.view(163840, 1024);
   {
     float *__restrict v319p = v319.data();
     const float *__restrict v315p = v315.data();
@@ -3022,13 +3014,13 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v358 = arena_.view(131072, 32);
   support::View v360 = arena_.view(61440, 1024);
-  support::View v378 = arena_.view(131200, 32);
+  support::View v378 = arena_.view(126976, 32);
   support::View v379 = arena_.view(49152, 1024);
   repeated5(v358, v337, v90, v359, v100, v360, v99, v377, v378, v88, v379);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
-  support::View v385 = arena_.view(122880, 1024);
+  support::View v385 = arena_.view(69632, 1024);
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -3053,7 +3045,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:83:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(114688, 1024);
-  support::View v404 = arena_.view(126976, 1024);
+  support::View v404 = arena_.view(122880, 1024);
   {
     float *__restrict v404p = v404.data();
     const float *__restrict v93p = v93.data();
@@ -3100,9 +3092,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
-  support::View v404 = arena_.view(126976, 1024);
+  support::View v404 = arena_.view(122880, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v407 = arena_.view(114688, 1024);
+  support::View v407 = arena_.view(69632, 1024);
   // dims: batch, length, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -3117,7 +3109,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
   support::View v337 = arena_.view(53248, 1024);
-  support::View v381 = arena_.view(122880, 1024);
+  support::View v381 = arena_.view(114688, 1024);
   {
     float *__restrict v381p = v381.data();
     const float *__restrict v337p = v337.data();
@@ -3154,7 +3146,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
   support::View v358 = arena_.view(131072, 32);
-  support::View v384 = arena_.view(131328, 32);
+  support::View v384 = arena_.view(127104, 32);
   {
     float *__restrict v384p = v384.data();
     const float *__restrict v358p = v358.data();
@@ -3204,8 +3196,8 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v378 = arena_.view(131200, 32);
-  support::View v406 = arena_.view(131072, 32);
+  support::View v378 = arena_.view(126976, 32);
+  support::View v406 = arena_.view(120832, 32);
   {
     float *__restrict v406p = v406.data();
     const float *__restrict v378p = v378.data();
@@ -3278,7 +3270,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v432 = arena_.view(49152, 1024);
   support::View v433 = arena_.view(57344, 32);
   support::View v435 = arena_.view(57344, 32);
-  support::View v77 = arena_.view(77824, 1024);
+  support::View v77 = arena_.view(90112, 1024);
   support::View v437 = arena_.view(49152, 1024);
   support::View v438 = arena_.view(57344, 32);
   support::View v440 = arena_.view(61440, 32);
@@ -3287,9 +3279,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v442 = arena_.view(53248, 32);
   support::View v444 = arena_.view(53376, 32);
   support::View v428 = arena_.view(94208, 1024);
-  support::View v430 = arena_.view(124928, 32);
-  support::View v434 = arena_.view(125056, 32);
-  support::View v447 = arena_.view(106496, 1024);
+  support::View v430 = arena_.view(120960, 32);
+  support::View v434 = arena_.view(121088, 32);
+  support::View v447 = arena_.view(90112, 1024);
   repeated1(v412, v381, v85, v414, v415, v416, v79, v418, v419, v421, v80, v413, v422, v423, v425,
             v428, v429, v409, v430, v82, v432, v433, v434, v435, v77, v437, v438, v440, v431, v441,
             v442, v444, v447);
@@ -3298,7 +3290,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v45 = arena_.view(202752, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
-  support::View v73 = arena_.view(69632, 1024);
+  support::View v73 = arena_.view(73728, 1024);
   support::View v448 = arena_.view(49152, 1024);
   support::View v449 = arena_.view(53248, 512);
   support::View v450 = arena_.view(55296, 512);
@@ -3317,7 +3309,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v68 = arena_.view(73728, 1024);
+  support::View v68 = arena_.view(77824, 1024);
   support::View v452 = arena_.view(57344, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan16(
@@ -3329,7 +3321,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v453 = arena_.view(114688, 512);
+  support::View v453 = arena_.view(106496, 512);
   {
     float *__restrict v453p = v453.data();
     const float *__restrict v449p = v449.data();
@@ -3355,7 +3347,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v455 = arena_.view(116736, 512);
+  support::View v455 = arena_.view(108544, 512);
   {
     float *__restrict v455p = v455.data();
     const float *__restrict v450p = v450.data();
@@ -3410,7 +3402,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
-  support::View v462 = arena_.view(122880, 64);
+  support::View v462 = arena_.view(118784, 64);
   static const support::Shape shape23_1 = {2, 2, 16};
   static const support::Shape shape23_3 = {512, 256, 16};
   static const support::Shape shape23_4 = {16};
@@ -3427,20 +3419,20 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v448 = arena_.view(49152, 1024);
   support::View v457 = arena_.view(57344, 64);
-  support::View v73 = arena_.view(69632, 1024);
+  support::View v73 = arena_.view(73728, 1024);
   support::View v70 = arena_.view(222208, 256);
-  support::View v466 = arena_.view(77824, 1024);
+  support::View v466 = arena_.view(69632, 1024);
   support::View v47 = arena_.view(32768, 4096);
-  support::View v467 = arena_.view(69632, 512);
+  support::View v467 = arena_.view(73728, 512);
   support::View v59 = arena_.view(210944, 512);
   support::View v43 = arena_.view(200704, 512);
-  support::View v470 = arena_.view(71680, 512);
+  support::View v470 = arena_.view(75776, 512);
   support::View v57 = arena_.view(208896, 512);
   support::View v468 = arena_.view(49152, 4096);
-  support::View v469 = arena_.view(125184, 16);
-  support::View v471 = arena_.view(118784, 512);
-  support::View v472 = arena_.view(120832, 512);
-  support::View v473 = arena_.view(125248, 16);
+  support::View v469 = arena_.view(121216, 16);
+  support::View v471 = arena_.view(114688, 512);
+  support::View v472 = arena_.view(116736, 512);
+  support::View v473 = arena_.view(121280, 16);
   repeated6(v448, v457, v73, v70, v466, v47, v467, v59, v468, v469, v43, v470, v57, v471, v472,
             v473);
 
@@ -3450,8 +3442,8 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v451 = arena_.view(65536, 1024);
-  support::View v462 = arena_.view(122880, 64);
-  support::View v68 = arena_.view(73728, 1024);
+  support::View v462 = arena_.view(118784, 64);
+  support::View v68 = arena_.view(77824, 1024);
   support::View v65 = arena_.view(221184, 256);
   support::View v474 = arena_.view(98304, 1024);
   {
@@ -3481,7 +3473,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
-  support::View v475 = arena_.view(122880, 512);
+  support::View v475 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -3619,7 +3611,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v453 = arena_.view(114688, 512);
+  support::View v453 = arena_.view(106496, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v490 = arena_.view(36864, 1024);
@@ -3635,7 +3627,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v32 = arena_.view(90112, 1024);
+  support::View v32 = arena_.view(86016, 1024);
   support::View v489 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
@@ -3644,7 +3636,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
-  support::View v28 = arena_.view(86016, 1024);
+  support::View v28 = arena_.view(81920, 1024);
   support::View v493 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
@@ -3690,7 +3682,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
-  support::View v447 = arena_.view(106496, 1024);
+  support::View v447 = arena_.view(90112, 1024);
   support::View v504 = arena_.view(0, 1024);
   {
     float *__restrict v504p = v504.data();
@@ -3758,14 +3750,18 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "backward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
   support::View v504 = arena_.view(0, 1024);
-  support::View v27 = arena_.view(81920, 1024);
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v508 = arena_.view(4096, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v504.data(), v27.data(), v508.data(), 1.0f, 0.0f);
+  static const support::Shape shape2_1 = {32, 32};
+  static const support::Shape shape2_3 = {0, 1};
+  static const support::Shape shape2_5 = {0, 0};
+  static const support::Shape shape2_6 = {2, 16};
+  static const support::Shape shape2_7 = {512, 32};
+  static const support::Shape shape2_8 = {16, 1};
+  support::scatterAdd(v508.data(), shape2_1, v504.data(), shape2_3, v0.data(), shape2_5, shape2_6,
+                      shape2_7, shape2_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
@@ -3787,33 +3783,33 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v205 = arena_.view(223680, 1);
-  support::View v210 = arena_.view(223488, 1);
-  support::View v223 = arena_.view(223360, 32);
-  support::View v227 = arena_.view(196608, 32);
-  support::View v230 = arena_.view(196736, 32);
-  support::View v245 = arena_.view(196864, 32);
-  support::View v247 = arena_.view(176128, 1024);
+  support::View v205 = arena_.view(197120, 1);
+  support::View v210 = arena_.view(197184, 1);
+  support::View v223 = arena_.view(196608, 32);
+  support::View v227 = arena_.view(196736, 32);
+  support::View v230 = arena_.view(196864, 32);
+  support::View v245 = arena_.view(196992, 32);
+  support::View v247 = arena_.view(167936, 1024);
   support::View v270 = arena_.view(188416, 32);
-  support::View v274 = arena_.view(167936, 1024);
+  support::View v274 = arena_.view(184320, 1024);
   support::View v275 = arena_.view(188544, 32);
   support::View v278 = arena_.view(188672, 32);
-  support::View v294 = arena_.view(182272, 512);
-  support::View v304 = arena_.view(188800, 16);
-  support::View v308 = arena_.view(188864, 16);
+  support::View v294 = arena_.view(174080, 512);
+  support::View v304 = arena_.view(180224, 16);
+  support::View v308 = arena_.view(180288, 16);
   support::View v312 = arena_.view(159744, 512);
   support::View v313 = arena_.view(151552, 512);
   support::View v316 = arena_.view(153600, 512);
   support::View v320 = arena_.view(161792, 512);
   support::View v340 = arena_.view(135168, 32);
   support::View v344 = arena_.view(135296, 32);
-  support::View v384 = arena_.view(131328, 32);
+  support::View v384 = arena_.view(127104, 32);
   support::View v387 = arena_.view(110592, 1024);
-  support::View v406 = arena_.view(131072, 32);
+  support::View v406 = arena_.view(120832, 32);
   support::View v411 = arena_.view(102400, 1024);
-  support::View v430 = arena_.view(124928, 32);
-  support::View v434 = arena_.view(125056, 32);
-  support::View v455 = arena_.view(116736, 512);
+  support::View v430 = arena_.view(120960, 32);
+  support::View v434 = arena_.view(121088, 32);
+  support::View v455 = arena_.view(108544, 512);
   support::View v479 = arena_.view(57344, 16);
   support::View v485 = arena_.view(57408, 16);
   support::View v494 = arena_.view(51200, 512);

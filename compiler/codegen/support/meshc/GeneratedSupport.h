@@ -1267,6 +1267,48 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
              });
 }
 
+/// scatterAdd: out (row-major over outSizes, written whole) = for every point p of `points`, in
+/// order, the operand at p (`inStrides` over out's dims, `inPointStrides` over the points) added
+/// into out's row along dim `at` that the id selects (id - start; ids outside the local block
+/// add nothing): the einsum of a one-hot tensor that keeps its one-hot dim (an embedding's
+/// gradient).
+inline void scatterAdd(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                       const float* ids, const Shape& idStrides, const Shape& points,
+                       const Shape& inPointStrides, const Shape& idPointStrides, int64_t at,
+                       int64_t start) {
+  std::fill(out, out + product(outSizes), 0.0f);
+  Shape outStrides = rowMajorStrides(outSizes), rowSizes = outSizes, rowStrides = outStrides;
+  int64_t rows = outSizes[size_t(at)], rowStride = outStrides[size_t(at)];
+  rowSizes[size_t(at)] = 1;
+  rowStrides[size_t(at)] = 0;
+  auto select = [&](int64_t idOffset) {
+    double id = double(ids[idOffset]) - double(start);
+    return id >= 0 && id < double(rows) ? int64_t(id) : int64_t(-1);
+  };
+  // The usual layout (ids per point, rows dense in both): one id and one vector add per point.
+  bool dense = std::all_of(idStrides.begin(), idStrides.end(), [](int64_t v) { return v == 0; }) &&
+               detail::denseRun(rowSizes, rowStrides, 1) &&
+               detail::denseRun(rowSizes, inStrides, 1);
+  int64_t run = product(rowSizes);
+  forEach<2>(points, {inPointStrides, idPointStrides}, {0, 0},
+             [&](const std::array<int64_t, 2>& point) {
+               if (dense) {
+                 int64_t id = select(point[1]);
+                 if (id < 0) return;
+                 float* __restrict row = out + id * rowStride;
+                 const float* __restrict x = in + point[0];
+                 for (int64_t i = 0; i < run; ++i)
+                   row[i] += x[i];
+                 return;
+               }
+               forEach<3>(rowSizes, {rowStrides, inStrides, idStrides}, {0, point[0], point[1]},
+                          [&](const std::array<int64_t, 3>& o) {
+                            int64_t id = select(o[2]);
+                            if (id >= 0) out[o[0] + id * rowStride] += in[o[1]];
+                          });
+             });
+}
+
 /// top_k: along out's dim kAt, the positions of each row's first size(kAt) elements in
 /// topKBefore's order (the row of n elements whole on this rank; inStrides 0 along kAt). A
 /// partial sort per row.
