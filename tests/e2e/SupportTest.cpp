@@ -455,3 +455,18 @@ TEST_CASE("gather and scatterAdd compute the einsums of a one-hot tensor", "[cod
   requireClose(columns, wantColumns, 1e-6f);
   CHECK(wantRows[size_t(0 * width)] != 0); // id 1 is in the block: row 0 has a point
 }
+
+TEST_CASE("a bias-gradient sum wider than one block of columns sums every column",
+          "[codegen][support]") {
+  // [3, 5000]: the sum over the 3 rows walks the columns in blocks (at most 2048 a block).
+  const int64_t rows = 3, columns = 5000;
+  Buffer x = randomBuffer(size_t(rows * columns), 21);
+  Buffer out(size_t(columns), NAN);
+  Buffer want(out.size());
+  meshc::gen::reduce(out.data(), {columns}, x.data(), {1}, {rows}, {columns},
+                     meshc::gen::Reduce::Sum, 1.0);
+  for (int64_t c = 0; c < columns; ++c)
+    want[size_t(c)] = float(double(x[size_t(c)]) + double(x[size_t(columns + c)]) +
+                            double(x[size_t(2 * columns + c)]));
+  requireClose(out, want, 0);
+}

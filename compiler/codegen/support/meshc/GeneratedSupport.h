@@ -25,6 +25,9 @@
 #include "meshrt/kernels/MathF32.h"
 
 #include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -906,14 +909,20 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
   }
   if (kind == Reduce::Sum && detail::denseRun(outSizes, inOuter, 1) &&
       detail::denseRun(lane, laneStrides, outCount)) {
-    // A block of columns at a time, its sums on the stack.
-    constexpr int64_t kBlock = 256;
+    // A block of columns per thread (one pass over the rows each), its sums on the stack.
+    constexpr int64_t kMaxBlock = 2048;
+    int64_t threads = 1;
+#ifdef _OPENMP
+    if (parallel) threads = omp_get_max_threads();
+#endif
+    int64_t block = std::min(kMaxBlock, (outCount + threads - 1) / threads);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
-    for (int64_t first = 0; first < outCount; first += kBlock) {
-      int64_t count = std::min(kBlock, outCount - first);
-      double sums[kBlock] = {};
+    for (int64_t first = 0; first < outCount; first += block) {
+      int64_t count = std::min(block, outCount - first);
+      double sums[kMaxBlock];
+      std::fill(sums, sums + count, 0.0);
       for (int64_t row = 0; row < laneCount; ++row) {
         const float* x = in + row * outCount + first;
         for (int64_t o = 0; o < count; ++o)
