@@ -192,9 +192,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 172800;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 652668;
+  static constexpr size_t kTemporaryBytes = 648420;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 1536;
+  static constexpr size_t kPersistentBytes = 1728;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -255,7 +255,6 @@ public:
   void runPart3(const Inputs &inputs);
   void runPart4(const Inputs &inputs);
   void runPart5(const Inputs &inputs);
-  void runPart6(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::ConstView a5, support::View a6, support::View a7,
