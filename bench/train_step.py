@@ -141,6 +141,11 @@ def contenders(build_dir, threads, log_dir):
     xla = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                XLA_FLAGS=xla, PYTHONPATH=benchlib.BENCH)
+    if threads > 1:
+        # OpenMP's threads (meshc's and PyTorch's) wait by sleeping, not spinning: on this shared
+        # machine a spinning thread burns the time slice its partner needs, and a fork-join step
+        # ran 7-18x slower (bench/README.md). XLA's own pool is unaffected.
+        env["OMP_WAIT_POLICY"] = "passive"
     shape = [str(SIZES[k]) for k in ("batch", "seq", "d_model", "heads", "d_head", "d_ff",
                                      "vocab")] + [str(threads)]
     pin = benchlib.pin(threads)

@@ -3,9 +3,12 @@
 // meshrt::kernels::EinsumPlan with the folded scale as alpha.
 #include "codegen/KernelPrinter.h"
 #include "codegen/Target.h"
+#include "meshrt/Random.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
+
+#include <algorithm>
 
 namespace meshc::codegen {
 namespace {
@@ -15,6 +18,13 @@ std::string list(const kir::Shape& values) {
 }
 
 class CpuTarget : public Target {
+  /// Points from which a loop nest is split over OpenMP's threads (a few microseconds of work
+  /// on one thread, against a parallel region's start of about one).
+  static constexpr int64_t kParallelPoints = 1 << 15;
+  /// Dropout masks are drawn in runs of at most this many points (a stack array each), from
+  /// innermost extents of at least kMinMaskRun.
+  static constexpr int64_t kMaskRun = 1024, kMinMaskRun = 16;
+
 public:
   const char* supportNamespace() const override { return "meshc::gen"; }
   const char* supportHeader() const override { return "meshc/GeneratedSupport.h"; }
@@ -23,6 +33,7 @@ public:
   std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
                    const std::string& invariants) const override {
     CollapsedLoop collapsed = collapseLoop(loop);
+    size_t depth = collapsed.extents.size();
     // One pointer per buffer (a buffer read and stored in place has one, writable): distinct
     // buffers never share bytes, so each pointer is __restrict.
     std::vector<kir::BufferId> buffers, stored;
@@ -33,14 +44,52 @@ public:
     for (const kir::Access& read : loop.reads)
       if (!llvm::is_contained(buffers, read.buffer)) buffers.push_back(read.buffer);
     auto pointer = [&](kir::BufferId id) { return fn.buffers[size_t(id)].name + "p"; };
+    // Dropout whose global index walks the innermost dim one by one draws the masks of a run
+    // of points first, one Philox call per four of them, instead of one call per point.
+    std::vector<size_t> drawn;
+    if (depth > 0 && collapsed.extents.back() >= kMinMaskRun)
+      for (size_t k = 0; k < loop.body.size(); ++k)
+        if (loop.body[k].kind == kir::Scalar::Kind::Dropout && collapsed.scalars[k].back() == 1)
+          drawn.push_back(k);
+    // Points are independent (a buffer stored in place is read at the stored point only): a
+    // large nest's outer dim is split over OpenMP's threads (those that run the GEMMs; one
+    // unless the caller asks for more) when every outer index stores its own elements. The
+    // pointers are declared inside the parallel region, so that they stay __restrict there.
+    int64_t points = 1;
+    for (int64_t extent : collapsed.extents)
+      points *= extent;
+    bool parallel = depth > 0 && points >= kParallelPoints && collapsed.extents[0] > 1 &&
+                    llvm::all_of(collapsed.stores, [](const kir::Shape& s) { return s[0] != 0; });
     std::string out = "{\n" + invariants + stepDeclaration(loop);
+    if (parallel) out += "#pragma omp parallel\n{\n";
     for (kir::BufferId id : buffers)
       out += fmt::format("{}float* __restrict {} = {}.data();\n",
                          llvm::is_contained(stored, id) ? "" : "const ", pointer(id),
                          fn.buffers[size_t(id)].name);
-    for (size_t d = 0; d < collapsed.extents.size(); ++d)
-      out +=
-          fmt::format("for (int64_t i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, collapsed.extents[d]);
+    int64_t run = 0;
+    for (size_t d = 0; d < depth; ++d) {
+      if (d == 0 && parallel) out += "#pragma omp for schedule(static)\n";
+      int64_t extent = collapsed.extents[d];
+      if (d + 1 < depth || drawn.empty()) {
+        out += fmt::format("for (int64_t i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, extent);
+        continue;
+      }
+      run = std::min(extent, kMaskRun);
+      out += fmt::format("for (int64_t c{0} = 0; c{0} < {1}; c{0} += {2}) {{\n", d, extent, run);
+      out += extent % run == 0
+                 ? fmt::format("constexpr int64_t n{} = {};\n", d, run)
+                 : fmt::format("const int64_t n{0} = std::min<int64_t>({1} - c{0}, {2});\n", d,
+                               extent, run);
+      for (size_t k : drawn) {
+        const kir::Scalar& s = loop.body[k];
+        out += fmt::format("uint32_t keep{}[{}];\n", k, run);
+        out += fmt::format("{{\nconst int64_t i{0} = c{0};\nmeshrt::dropoutKeepMasks(inv{1}, "
+                           "uint64_t(inv{2} + {3}), n{0}, {4}u, keep{5});\n}}\n",
+                           d, s.read, s.read + 1, offsetExpression(collapsed.scalars[k]),
+                           meshrt::dropoutThreshold(s.value), k);
+      }
+      out += fmt::format("for (int64_t i{0} = c{0}; i{0} < c{0} + n{0}; ++i{0}) {{\n", d);
+    }
     out += loopBody(
         loop, collapsed,
         [&](size_t read, const std::string& offset) {
@@ -48,9 +97,16 @@ public:
         },
         [&](size_t store, const std::string& offset) {
           return fmt::format("{}[{}]", pointer(loop.stores[store].at.buffer), offset);
+        },
+        [&](size_t k, const std::string&) {
+          return llvm::is_contained(drawn, k)
+                     ? fmt::format("keep{}[i{} - c{}]", k, depth - 1, depth - 1)
+                     : std::string();
         });
-    for (size_t d = 0; d < collapsed.extents.size(); ++d)
+    for (size_t d = 0; d < depth; ++d)
       out += "}\n";
+    if (run > 0) out += "}\n";
+    if (parallel) out += "}\n";
     return out + "}\n";
   }
 

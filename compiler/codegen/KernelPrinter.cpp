@@ -277,7 +277,8 @@ std::string offsetExpression(const kir::Shape& strides) {
 }
 
 std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
-                     const ElementText& element, const ElementText& store) {
+                     const ElementText& element, const ElementText& store,
+                     const ElementText& keepMask) {
   std::string body;
   for (size_t k = 0; k < loop.body.size(); ++k) {
     const Scalar& s = loop.body[k];
@@ -289,10 +290,13 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
       double scale = s.value < 1 ? 1 / (1 - s.value) : 0.0;
       // The keep test in integers (meshrt::dropoutThreshold) and the scaled value computed
       // either way (no floating-point op under a branch): the loop vectorizes.
-      expr = fmt::format("support::keepOrZero(meshrt::dropoutKeepMask(inv{}, uint64_t(inv{} + {}), "
-                         "{}u), float(double(s{}) * {}))",
-                         s.read, s.read + 1, offsetExpression(collapsed.scalars[k]),
-                         meshrt::dropoutThreshold(s.value), s.args[0], doubleLiteral(scale));
+      std::string mask = keepMask ? keepMask(k, offsetExpression(collapsed.scalars[k])) : "";
+      if (mask.empty())
+        mask = fmt::format("meshrt::dropoutKeepMask(inv{}, uint64_t(inv{} + {}), {}u)", s.read,
+                           s.read + 1, offsetExpression(collapsed.scalars[k]),
+                           meshrt::dropoutThreshold(s.value));
+      expr = fmt::format("support::keepOrZero({}, float(double(s{}) * {}))", mask, s.args[0],
+                         doubleLiteral(scale));
     } else {
       std::vector<std::string> args;
       std::vector<DType> types;

@@ -30,9 +30,13 @@ std::string offsetExpression(const kir::Shape& strides);
 
 /// A loop body: one `const float sK = ...;` per scalar (a load reads `element(read, offset)`),
 /// then the stores (`element` of `store(store, offset)` = the scalar).
+/// `keepMask(k, offset)`, when given and not empty, spells dropout scalar k's keep mask (a
+/// target that draws the masks of a run of points before the loop body); else each point draws
+/// its own.
 using ElementText = std::function<std::string(size_t, const std::string&)>;
 std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
-                     const ElementText& element, const ElementText& store);
+                     const ElementText& element, const ElementText& store,
+                     const ElementText& keepMask = nullptr);
 
 /// `const float stepValue = float(step_);` when the loop reads the step counter (device lambdas
 /// capture it by value), else "".

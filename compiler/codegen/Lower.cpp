@@ -5,6 +5,7 @@
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
 #include "codegen/FuseLoops.h"
+#include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/LowerToKernels.h"
 #include "codegen/OutlineRepeatedCode.h"
@@ -28,6 +29,9 @@ const std::vector<KernelPass>& kernelPasses() {
        eliminateCommonSubexpressions},
       {"hoist-invariants", "statements built only from constants run once, in the constructor",
        hoistInvariants},
+      {"gather-one-hot-products",
+       "an einsum of a one-hot tensor becomes a gather or a scatter-add of the other's rows",
+       gatherOneHotProducts},
       {"fuse-loops",
        "loop nests fused into their readers: same points, or a cheap producer across a broadcast",
        fuseLoops},

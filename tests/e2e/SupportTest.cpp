@@ -464,3 +464,61 @@ TEST_CASE("dropout keeps exactly meshrt::dropoutKeep's elements on any shard",
             (keep ? float(double(in[size_t(c * rows + r)]) * scale) : 0.0f));
     }
 }
+
+TEST_CASE("gather and scatterAdd compute the einsums of a one-hot tensor", "[codegen][support]") {
+  // ids [2, 3] over a vocab block [1, 5) of a global vocab of 8 (ids outside it select nothing);
+  // the one-hot tensor [2, 3, v=4] times a table [v, d=5] (gather), and a gradient [2, 3, d]
+  // times the one-hot tensor into [v, d] and, transposed, [d, v] (scatterAdd).
+  const int64_t points = 6, vocab = 4, width = 5, start = 1;
+  Buffer ids = {2, 0, 4, 7, 1, 2};
+  Buffer table = randomBuffer(size_t(vocab * width), 3),
+         grad = randomBuffer(size_t(points * width), 4);
+  auto oneHot = [&](int64_t p, int64_t v) {
+    return ids[size_t(p)] == float(v + start) ? 1.0 : 0.0;
+  };
+  Buffer gathered(size_t(points * width), NAN);
+  meshc::gen::gather(gathered.data(), {2, 3, width}, table.data(), {0, 0, 1}, ids.data(), {3, 1, 0},
+                     vocab, width, start);
+  Buffer wantGathered(gathered.size());
+  for (int64_t p = 0; p < points; ++p)
+    for (int64_t d = 0; d < width; ++d) {
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v)
+        sum += oneHot(p, v) * table[size_t(v * width + d)];
+      wantGathered[size_t(p * width + d)] = float(sum);
+    }
+  requireClose(gathered, wantGathered, 0);
+  Buffer rows(size_t(vocab * width), NAN), columns(size_t(width * vocab), NAN);
+  // [v, d]: each point's gradient row added to the id's row (the dense path) ...
+  meshc::gen::scatterAdd(rows.data(), {vocab, width}, grad.data(), {0, 1}, ids.data(), {0, 0},
+                         {2, 3}, {3 * width, width}, {3, 1}, 0, start);
+  // ... and [d, v]: the transposed output walks the general path.
+  meshc::gen::scatterAdd(columns.data(), {width, vocab}, grad.data(), {1, 0}, ids.data(), {0, 0},
+                         {2, 3}, {3 * width, width}, {3, 1}, 1, start);
+  Buffer wantRows(rows.size()), wantColumns(columns.size());
+  for (int64_t v = 0; v < vocab; ++v)
+    for (int64_t d = 0; d < width; ++d) {
+      double sum = 0;
+      for (int64_t p = 0; p < points; ++p)
+        sum += oneHot(p, v) * grad[size_t(p * width + d)];
+      wantRows[size_t(v * width + d)] = wantColumns[size_t(d * vocab + v)] = float(sum);
+    }
+  requireClose(rows, wantRows, 1e-6f);
+  requireClose(columns, wantColumns, 1e-6f);
+  CHECK(wantRows[size_t(0 * width)] != 0); // id 1 is in the block: row 0 has a point
+}
+
+TEST_CASE("a bias-gradient sum wider than one block of columns sums every column",
+          "[codegen][support]") {
+  // [3, 5000]: the sum over the 3 rows walks the columns in blocks (at most 2048 a block).
+  const int64_t rows = 3, columns = 5000;
+  Buffer x = randomBuffer(size_t(rows * columns), 21);
+  Buffer out(size_t(columns), NAN);
+  Buffer want(out.size());
+  meshc::gen::reduce(out.data(), {columns}, x.data(), {1}, {rows}, {columns},
+                     meshc::gen::Reduce::Sum, 1.0);
+  for (int64_t c = 0; c < columns; ++c)
+    want[size_t(c)] = float(double(x[size_t(c)]) + double(x[size_t(columns + c)]) +
+                            double(x[size_t(2 * columns + c)]));
+  requireClose(out, want, 0);
+}

@@ -179,11 +179,10 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert");
-  // Arena: 16384 bytes for 209952 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 205856 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   runPart0(inputs);
-  runPart1(inputs);
   support::View v124 = arena_.view(8192, 1024);
   support::View v131 = arena_.view(64, 4);
 
@@ -197,24 +196,16 @@ void Albert::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:48:47 one_hot
-  MESHRT_TRACE("one_hot", "albert.mesh:48:47", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v8 = arena_.view(0, 1024);
-  static const support::Shape shape0_1 = {2, 16, 32};
-  static const support::Shape shape0_3 = {16, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v8.data(), shape0_1, v0.data(), shape0_3, shape0_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // albert.mesh:48:40 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:48:40", "forward");
+  MESHRT_TRACE("einsum", "albert.mesh:48:40", "forward");
   const support::Buffer &v2 = param0_embedding;
-  support::View v9 = arena_.view(4096, 512);
-  // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v8.data(), v2.data(), v9.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v9 = arena_.view(0, 512);
+  static const support::Shape shape0_1 = {2, 16, 16};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {16, 1, 0};
+  support::gather(v9.data(), shape0_1, v2.data(), shape0_3, v0.data(), shape0_5, 32, 16,
+                  support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %9 over model for add at 49:40)
   MESHRT_TRACE_SITE("albert.mesh:49:40");
@@ -224,11 +215,11 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gather", "albert.mesh:49:54", "forward");
   const support::Buffer &v4 = param2_encoder_embed_segment_table;
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v12 = arena_.view(0, 512);
-  static const support::Shape shape3_1 = {2, 16, 16};
-  static const support::Shape shape3_3 = {0, 0, 1};
-  static const support::Shape shape3_5 = {16, 1, 0};
-  support::gather(v12.data(), shape3_1, v4.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
+  support::View v12 = arena_.view(2048, 512);
+  static const support::Shape shape2_1 = {2, 16, 16};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v12.data(), shape2_1, v4.data(), shape2_3, v1.data(), shape2_5, 2, 16, 0);
 
   MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
@@ -237,7 +228,7 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:49:52 add -> e
   MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   const support::Buffer &v3 = param1_encoder_embed_positions;
-  support::View v13 = arena_.view(2048, 512);
+  support::View v13 = arena_.view(4096, 512);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v9p = v9.data();
@@ -258,13 +249,13 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:50:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   support::View v14 = arena_.view(0, 512);
-  static const support::Shape shape6_2 = {2, 16};
-  static const support::Shape shape6_3 = {256, 16};
-  static const support::Shape shape6_4 = {256, 16};
-  static const support::Shape shape6_5 = {16};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v14.data(), v13.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  static const support::Shape shape5_2 = {2, 16};
+  static const support::Shape shape5_3 = {256, 16};
+  static const support::Shape shape5_4 = {256, 16};
+  static const support::Shape shape5_5 = {16};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(v14.data(), v13.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:50:43 mul
@@ -295,9 +286,9 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v7 = param5_encoder_embed_projection;
   support::View v17 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
@@ -394,9 +385,9 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v108 = param18_heads_transform;
   support::View v117 = arena_.view(0, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
@@ -421,14 +412,14 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:77:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   support::View v120 = arena_.view(0, 512);
-  static const support::Shape shape15_2 = {2, 16};
-  static const support::Shape shape15_3 = {256, 16};
-  static const support::Shape shape15_4 = {256, 16};
-  static const support::Shape shape15_5 = {16};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v120.data(), v119.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
+  static const support::Shape shape14_2 = {2, 16};
+  static const support::Shape shape14_3 = {256, 16};
+  static const support::Shape shape14_4 = {256, 16};
+  static const support::Shape shape14_5 = {16};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v120.data(), v119.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
@@ -457,9 +448,9 @@ void Albert::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
   support::View v123 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
@@ -482,20 +473,20 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
   support::View v125 = arena_.slot(0, 64);
-  static const support::Shape shape19_2 = {2, 32};
-  static const support::Shape shape19_3 = {32, 1};
-  static const support::Shape shape19_4 = {512, 1};
-  support::copyWindow(v125.data(), v107.data(), shape19_2, shape19_3, shape19_4, 32, 32, 1, 16,
+  static const support::Shape shape18_2 = {2, 32};
+  static const support::Shape shape18_3 = {32, 1};
+  static const support::Shape shape18_4 = {512, 1};
+  support::copyWindow(v125.data(), v107.data(), shape18_2, shape18_3, shape18_4, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
   support::View v126 = arena_.view(256, 64);
-  static const support::Shape shape20_1 = {2, 32};
-  static const support::Shape shape20_3 = {32, 1};
-  static const support::Shape shape20_4 = {1};
-  static const support::Shape shape20_5 = {32};
-  support::reduce(v126.data(), shape20_1, v125.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape19_1 = {2, 32};
+  static const support::Shape shape19_3 = {32, 1};
+  static const support::Shape shape19_4 = {1};
+  static const support::Shape shape19_5 = {32};
+  support::reduce(v126.data(), shape19_1, v125.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
@@ -503,9 +494,9 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v114 = param23_heads_pooler;
   support::View v127 = arena_.view(0, 64);
   // dims: batch, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan21.run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
@@ -532,27 +523,21 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v116 = param25_heads_classifier;
   support::View v130 = arena_.view(0, 4);
   // dims: batch, d_out, orders
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan23.run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
-}
-
-void Albert::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  einsumPlan22.run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:89:15 softmax -> sop_probs
   MESHRT_TRACE("softmax", "albert.mesh:89:15", "forward");
-  support::View v130 = arena_.view(0, 4);
   support::View v131 = arena_.view(64, 4);
-  static const support::Shape shape0_2 = {2};
-  static const support::Shape shape0_3 = {2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {2};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v131.data(), v130.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
-                 shape0_7, support::Along::Softmax, 1e-05, 2, nullptr);
+  static const support::Shape shape23_2 = {2};
+  static const support::Shape shape23_3 = {2};
+  static const support::Shape shape23_4 = {2};
+  static const support::Shape shape23_5 = {2};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(v131.data(), v130.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::Softmax, 1e-05, 2, nullptr);
 }
 
 void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1264,7 +1249,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert_train");
-  // Arena: 176896 bytes for 652772 bytes of temporaries (placed by liveness).
+  // Arena: 172800 bytes for 648420 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   support::checkShape("input", "masked", inputs.masked, {2, 16});
@@ -1276,11 +1261,10 @@ AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  runPart6(inputs);
-  support::View v161 = arena_.view(176832, 1);
-  support::View v146 = arena_.view(176768, 1);
-  support::View v152 = arena_.view(176640, 1);
-  support::View v158 = arena_.view(176704, 1);
+  support::View v161 = arena_.view(172736, 1);
+  support::View v146 = arena_.view(172672, 1);
+  support::View v152 = arena_.view(172544, 1);
+  support::View v158 = arena_.view(172608, 1);
 
   // The step's updates.
   ++step_;
@@ -1297,24 +1281,16 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:48:47 one_hot
-  MESHRT_TRACE("one_hot", "albert.mesh:48:47", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v11 = arena_.view(0, 1024);
-  static const support::Shape shape0_1 = {2, 16, 32};
-  static const support::Shape shape0_3 = {16, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v11.data(), shape0_1, v0.data(), shape0_3, shape0_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // albert.mesh:48:40 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:48:40", "forward");
+  MESHRT_TRACE("einsum", "albert.mesh:48:40", "forward");
   support::View v5(param0_embedding); // updated in place
-  support::View v12 = arena_.view(4096, 512);
-  // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v12 = arena_.view(0, 512);
+  static const support::Shape shape0_1 = {2, 16, 16};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {16, 1, 0};
+  support::gather(v12.data(), shape0_1, v5.data(), shape0_3, v0.data(), shape0_5, 32, 16,
+                  support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:49:40 all_reduce_sum (resolve the partial sum of %12 over model for add at 49:40)
   MESHRT_TRACE_SITE("albert.mesh:49:40");
@@ -1324,11 +1300,11 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gather", "albert.mesh:49:54", "forward");
   support::View v7(param2_encoder_embed_segment_table); // updated in place
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v15 = arena_.view(6144, 512);
-  static const support::Shape shape3_1 = {2, 16, 16};
-  static const support::Shape shape3_3 = {0, 0, 1};
-  static const support::Shape shape3_5 = {16, 1, 0};
-  support::gather(v15.data(), shape3_1, v7.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
+  support::View v15 = arena_.view(2048, 512);
+  static const support::Shape shape2_1 = {2, 16, 16};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v15.data(), shape2_1, v7.data(), shape2_3, v1.data(), shape2_5, 2, 16, 0);
 
   MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
@@ -1337,7 +1313,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:49:52 add -> e
   MESHRT_TRACE("loop", "albert.mesh:49:40", "forward");
   support::View v6(param1_encoder_embed_positions); // updated in place
-  support::View v16 = arena_.view(135168, 512);
+  support::View v16 = arena_.view(131072, 512);
   {
     float *__restrict v16p = v16.data();
     const float *__restrict v12p = v12.data();
@@ -1357,14 +1333,14 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:50:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
-  support::View v17 = arena_.view(137216, 512);
-  static const support::Shape shape6_2 = {2, 16};
-  static const support::Shape shape6_3 = {256, 16};
-  static const support::Shape shape6_4 = {256, 16};
-  static const support::Shape shape6_5 = {16};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v17.data(), v16.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  support::View v17 = arena_.view(133120, 512);
+  static const support::Shape shape5_2 = {2, 16};
+  static const support::Shape shape5_3 = {256, 16};
+  static const support::Shape shape5_4 = {256, 16};
+  static const support::Shape shape5_5 = {16};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(v17.data(), v16.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:50:43 mul
@@ -1372,7 +1348,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "albert.mesh:50:43", "forward");
   support::View v8(param3_encoder_embed_gain); // updated in place
   support::View v9(param4_encoder_embed_bias); // updated in place
-  support::View v19 = arena_.view(139264, 512);
+  support::View v19 = arena_.view(135168, 512);
   {
     float *__restrict v19p = v19.data();
     const float *__restrict v17p = v17.data();
@@ -1393,93 +1369,93 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v20 = arena_.view(4096, 1024);
+  support::View v20 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v19.data(), v10.data(), v20.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v19.data(), v10.data(), v20.data(), 1.0f, 0.0f);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v25 = arena_.view(141312, 512);
+  support::View v25 = arena_.view(137216, 512);
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v26 = arena_.view(143360, 512);
+  support::View v26 = arena_.view(139264, 512);
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v28 = arena_.view(145408, 512);
-  support::View v30 = arena_.view(8192, 1024);
-  support::View v33 = arena_.view(12288, 1024);
-  support::View v34 = arena_.view(147456, 512);
+  support::View v28 = arena_.view(141312, 512);
+  support::View v30 = arena_.view(4096, 1024);
+  support::View v33 = arena_.view(8192, 1024);
+  support::View v34 = arena_.view(143360, 512);
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v35 = arena_.view(8192, 1024);
-  support::View v37 = arena_.view(16384, 1024);
-  support::View v40 = arena_.view(8192, 1024);
+  support::View v35 = arena_.view(4096, 1024);
+  support::View v37 = arena_.view(12288, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
   support::View v39(param11_encoder_albert_layer_norm_bias); // updated in place
-  support::View v42 = arena_.view(20480, 1024);
+  support::View v42 = arena_.view(16384, 1024);
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v47 = arena_.view(24576, 1024);
+  support::View v47 = arena_.view(20480, 1024);
   support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi); // updated in place
-  support::View v49 = arena_.view(32768, 1024);
+  support::View v49 = arena_.view(28672, 1024);
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v50 = arena_.view(24576, 1024);
+  support::View v50 = arena_.view(20480, 1024);
   support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo); // updated in place
-  support::View v53 = arena_.view(36864, 1024);
-  support::View v56 = arena_.view(24576, 1024);
+  support::View v53 = arena_.view(32768, 1024);
+  support::View v56 = arena_.view(20480, 1024);
   support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
   support::View v55(param17_encoder_albert_layer_norm_1_bias); // updated in place
-  support::View v48 = arena_.view(28672, 1024);
-  support::View v58 = arena_.view(40960, 1024);
+  support::View v48 = arena_.view(24576, 1024);
+  support::View v58 = arena_.view(36864, 1024);
   repeated1(v20, v21, v25, v22, v26, v23, v28, v30, v33, v34, v24, v35, v37, v40, v38, v39, v42,
             v43, v47, v44, v48, v49, v45, v50, v46, v53, v56, v54, v55, v58);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
-  support::View v59 = arena_.view(149504, 512);
-  support::View v60 = arena_.view(151552, 512);
-  support::View v62 = arena_.view(153600, 512);
-  support::View v64 = arena_.view(45056, 1024);
-  support::View v67 = arena_.view(49152, 1024);
-  support::View v68 = arena_.view(155648, 512);
-  support::View v69 = arena_.view(45056, 1024);
-  support::View v71 = arena_.view(53248, 1024);
-  support::View v72 = arena_.view(45056, 1024);
-  support::View v74 = arena_.view(57344, 1024);
-  support::View v75 = arena_.view(61440, 1024);
-  support::View v77 = arena_.view(69632, 1024);
-  support::View v78 = arena_.view(61440, 1024);
-  support::View v81 = arena_.view(73728, 1024);
-  support::View v82 = arena_.view(61440, 1024);
-  support::View v76 = arena_.view(65536, 1024);
-  support::View v84 = arena_.view(77824, 1024);
+  support::View v59 = arena_.view(145408, 512);
+  support::View v60 = arena_.view(147456, 512);
+  support::View v62 = arena_.view(149504, 512);
+  support::View v64 = arena_.view(40960, 1024);
+  support::View v67 = arena_.view(45056, 1024);
+  support::View v68 = arena_.view(151552, 512);
+  support::View v69 = arena_.view(40960, 1024);
+  support::View v71 = arena_.view(49152, 1024);
+  support::View v72 = arena_.view(40960, 1024);
+  support::View v74 = arena_.view(53248, 1024);
+  support::View v75 = arena_.view(57344, 1024);
+  support::View v77 = arena_.view(65536, 1024);
+  support::View v78 = arena_.view(57344, 1024);
+  support::View v81 = arena_.view(69632, 1024);
+  support::View v82 = arena_.view(57344, 1024);
+  support::View v76 = arena_.view(61440, 1024);
+  support::View v84 = arena_.view(73728, 1024);
   repeated1(v58, v21, v59, v22, v60, v23, v62, v64, v67, v68, v24, v69, v71, v72, v38, v39, v74,
             v43, v75, v44, v76, v77, v45, v78, v46, v81, v82, v54, v55, v84);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
-  support::View v85 = arena_.view(157696, 512);
-  support::View v86 = arena_.view(159744, 512);
-  support::View v88 = arena_.view(161792, 512);
-  support::View v90 = arena_.view(81920, 1024);
-  support::View v93 = arena_.view(86016, 1024);
-  support::View v94 = arena_.view(163840, 512);
-  support::View v95 = arena_.view(81920, 1024);
-  support::View v97 = arena_.view(90112, 1024);
-  support::View v98 = arena_.view(81920, 1024);
-  support::View v100 = arena_.view(94208, 1024);
-  support::View v101 = arena_.view(98304, 1024);
-  support::View v103 = arena_.view(106496, 1024);
-  support::View v104 = arena_.view(98304, 1024);
-  support::View v107 = arena_.view(110592, 1024);
-  support::View v108 = arena_.view(98304, 1024);
-  support::View v102 = arena_.view(102400, 1024);
-  support::View v110 = arena_.view(114688, 1024);
+  support::View v85 = arena_.view(153600, 512);
+  support::View v86 = arena_.view(155648, 512);
+  support::View v88 = arena_.view(157696, 512);
+  support::View v90 = arena_.view(77824, 1024);
+  support::View v93 = arena_.view(81920, 1024);
+  support::View v94 = arena_.view(159744, 512);
+  support::View v95 = arena_.view(77824, 1024);
+  support::View v97 = arena_.view(86016, 1024);
+  support::View v98 = arena_.view(77824, 1024);
+  support::View v100 = arena_.view(90112, 1024);
+  support::View v101 = arena_.view(94208, 1024);
+  support::View v103 = arena_.view(102400, 1024);
+  support::View v104 = arena_.view(94208, 1024);
+  support::View v107 = arena_.view(106496, 1024);
+  support::View v108 = arena_.view(94208, 1024);
+  support::View v102 = arena_.view(98304, 1024);
+  support::View v110 = arena_.view(110592, 1024);
   repeated1(v84, v21, v85, v22, v86, v23, v88, v90, v93, v94, v24, v95, v97, v98, v38, v39, v100,
             v43, v101, v44, v102, v103, v45, v104, v46, v107, v108, v54, v55, v110);
 
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
-  support::View v115 = arena_.view(131072, 512);
+  support::View v115 = arena_.view(126976, 512);
   {
     float *__restrict v115p = v115.data();
     const float *__restrict v5p = v5.data();
@@ -1495,18 +1471,18 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v120 = arena_.view(118784, 512);
+  support::View v120 = arena_.view(114688, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v110.data(), v111.data(), v120.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v110.data(), v111.data(), v120.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
   MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
   support::View v112(param19_heads_transform_bias); // updated in place
-  support::View v121 = arena_.view(133120, 512);
-  support::View v122 = arena_.view(165888, 512);
+  support::View v121 = arena_.view(129024, 512);
+  support::View v122 = arena_.view(161792, 512);
   {
     float *__restrict v121p = v121.data();
     float *__restrict v122p = v122.data();
@@ -1526,22 +1502,22 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:77:7 layer_norm
   MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
-  support::View v123 = arena_.view(167936, 512);
-  static const support::Shape shape15_2 = {2, 16};
-  static const support::Shape shape15_3 = {256, 16};
-  static const support::Shape shape15_4 = {256, 16};
-  static const support::Shape shape15_5 = {16};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v123.data(), v122.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
+  support::View v123 = arena_.view(163840, 512);
+  static const support::Shape shape14_2 = {2, 16};
+  static const support::Shape shape14_3 = {256, 16};
+  static const support::Shape shape14_4 = {256, 16};
+  static const support::Shape shape14_5 = {16};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v123.data(), v122.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
 
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
   MESHRT_TRACE("loop", "albert.mesh:77:43", "forward");
   support::View v113(param20_heads_gain); // updated in place
   support::View v114(param21_heads_bias); // updated in place
-  support::View v125 = arena_.view(169984, 512);
+  support::View v125 = arena_.view(165888, 512);
   {
     float *__restrict v125p = v125.data();
     const float *__restrict v123p = v123.data();
@@ -1561,16 +1537,16 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
-  support::View v126 = arena_.view(118784, 1024);
+  support::View v126 = arena_.view(114688, 1024);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v125.data(), v115.data(), v126.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
   support::View v116(param22_heads_output_bias); // updated in place
-  support::View v127 = arena_.view(122880, 1024);
+  support::View v127 = arena_.view(118784, 1024);
   {
     float *__restrict v127p = v127.data();
     const float *__restrict v126p = v126.data();
@@ -1587,37 +1563,37 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v128 = arena_.slot(118784, 64);
-  static const support::Shape shape19_2 = {2, 32};
-  static const support::Shape shape19_3 = {32, 1};
-  static const support::Shape shape19_4 = {512, 1};
-  support::copyWindow(v128.data(), v110.data(), shape19_2, shape19_3, shape19_4, 32, 32, 1, 16,
+  support::View v128 = arena_.slot(114688, 64);
+  static const support::Shape shape18_2 = {2, 32};
+  static const support::Shape shape18_3 = {32, 1};
+  static const support::Shape shape18_4 = {512, 1};
+  support::copyWindow(v128.data(), v110.data(), shape18_2, shape18_3, shape18_4, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
-  support::View v129 = arena_.view(172032, 64);
-  static const support::Shape shape20_1 = {2, 32};
-  static const support::Shape shape20_3 = {32, 1};
-  static const support::Shape shape20_4 = {1};
-  static const support::Shape shape20_5 = {32};
-  support::reduce(v129.data(), shape20_1, v128.data(), shape20_3, shape20_4, shape20_5,
+  support::View v129 = arena_.view(167936, 64);
+  static const support::Shape shape19_1 = {2, 32};
+  static const support::Shape shape19_3 = {32, 1};
+  static const support::Shape shape19_4 = {1};
+  static const support::Shape shape19_5 = {32};
+  support::reduce(v129.data(), shape19_1, v128.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v130 = arena_.view(118784, 64);
+  support::View v130 = arena_.view(114688, 64);
   // dims: batch, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan21.run(v129.data(), v117.data(), v130.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v129.data(), v117.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   support::View v118(param24_heads_pooler_bias); // updated in place
-  support::View v132 = arena_.view(172288, 64);
+  support::View v132 = arena_.view(168192, 64);
   {
     float *__restrict v132p = v132.data();
     const float *__restrict v130p = v130.data();
@@ -1636,43 +1612,43 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v133 = arena_.view(172800, 4);
+  support::View v133 = arena_.view(168704, 4);
   // dims: batch, d_out, orders
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan23.run(v132.data(), v119.data(), v133.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v132.data(), v119.data(), v133.data(), 1.0f, 0.0f);
+
+  // albert.mesh:103:25 log_softmax
+  MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
+  support::View v135 = arena_.view(114688, 1024);
+  static const support::Shape shape23_2 = {2, 16};
+  static const support::Shape shape23_3 = {512, 32};
+  static const support::Shape shape23_4 = {512, 32};
+  static const support::Shape shape23_5 = {32};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(v135.data(), v127.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 }
 
 void AlbertTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:103:25 log_softmax
-  MESHRT_TRACE("log_softmax", "albert.mesh:103:25", "forward");
-  support::View v127 = arena_.view(122880, 1024);
-  support::View v135 = arena_.view(118784, 1024);
-  static const support::Shape shape0_2 = {2, 16};
-  static const support::Shape shape0_3 = {512, 32};
-  static const support::Shape shape0_4 = {512, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v135.data(), v127.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
-                 shape0_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
-
   // albert.mesh:103:58 one_hot
   MESHRT_TRACE("one_hot", "albert.mesh:103:58", "forward");
   const support::Buffer &v3 = inputs.targets.data;
-  support::View v136 = arena_.view(122880, 1024);
-  static const support::Shape shape1_1 = {2, 16, 32};
-  static const support::Shape shape1_3 = {16, 1, 0};
-  static const support::Shape shape1_4 = {0, 0, 1};
-  support::oneHot(v136.data(), shape1_1, v3.data(), shape1_3, shape1_4,
+  support::View v136 = arena_.view(118784, 1024);
+  static const support::Shape shape0_1 = {2, 16, 32};
+  static const support::Shape shape0_3 = {16, 1, 0};
+  static const support::Shape shape0_4 = {0, 0, 1};
+  support::oneHot(v136.data(), shape0_1, v3.data(), shape0_3, shape0_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:103:56 mul
   MESHRT_TRACE("loop", "albert.mesh:103:56", "forward");
-  support::View v137 = arena_.view(126976, 1024);
+  support::View v135 = arena_.view(114688, 1024);
+  support::View v137 = arena_.view(122880, 1024);
   {
     float *__restrict v137p = v137.data();
     const float *__restrict v135p = v135.data();
@@ -1687,12 +1663,12 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:103:21 sum
   MESHRT_TRACE("sum", "albert.mesh:103:21", "forward");
-  support::View v138 = arena_.view(172672, 32);
-  static const support::Shape shape3_1 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v138.data(), shape3_1, v137.data(), shape3_3, shape3_4, shape3_5,
+  support::View v138 = arena_.view(168576, 32);
+  static const support::Shape shape2_1 = {2, 16};
+  static const support::Shape shape2_3 = {512, 32};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v138.data(), shape2_1, v137.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:102:16 cast -> weight
@@ -1700,8 +1676,8 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:105:29 mul
   MESHRT_TRACE("loop", "albert.mesh:102:16", "forward");
   const support::Buffer &v2 = inputs.masked.data;
-  support::View v134 = arena_.view(172544, 32);
-  support::View v140 = arena_.view(126976, 32);
+  support::View v134 = arena_.view(168448, 32);
+  support::View v140 = arena_.view(122880, 32);
   {
     float *__restrict v134p = v134.data();
     float *__restrict v140p = v140.data();
@@ -1720,49 +1696,49 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:105:14 sum
   MESHRT_TRACE("sum", "albert.mesh:105:14", "forward");
-  support::View v141 = arena_.view(127232, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {2, 16};
-  static const support::Shape shape5_5 = {16, 1};
-  support::reduce(v141.data(), shape5_1, v140.data(), shape5_3, shape5_4, shape5_5,
+  support::View v141 = arena_.view(123136, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {2, 16};
+  static const support::Shape shape4_5 = {16, 1};
+  support::reduce(v141.data(), shape4_1, v140.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:105:42 sum
   MESHRT_TRACE("sum", "albert.mesh:105:42", "forward");
-  support::View v142 = arena_.view(127296, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {2, 16};
-  static const support::Shape shape6_5 = {16, 1};
-  support::reduce(v142.data(), shape6_1, v134.data(), shape6_3, shape6_4, shape6_5,
+  support::View v142 = arena_.view(123200, 1);
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {2, 16};
+  static const support::Shape shape5_5 = {16, 1};
+  support::reduce(v142.data(), shape5_1, v134.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:106:15 one_hot -> truth
   MESHRT_TRACE("one_hot", "albert.mesh:106:15", "forward");
   const support::Buffer &v4 = inputs.order.data;
-  support::View v147 = arena_.view(126976, 4);
-  static const support::Shape shape7_1 = {2, 2};
-  static const support::Shape shape7_3 = {1, 0};
-  static const support::Shape shape7_4 = {0, 1};
-  support::oneHot(v147.data(), shape7_1, v4.data(), shape7_3, shape7_4, 0);
+  support::View v147 = arena_.view(122880, 4);
+  static const support::Shape shape6_1 = {2, 2};
+  static const support::Shape shape6_3 = {1, 0};
+  static const support::Shape shape6_4 = {0, 1};
+  support::oneHot(v147.data(), shape6_1, v4.data(), shape6_3, shape6_4, 0);
 
   // albert.mesh:107:24 log_softmax
   MESHRT_TRACE("log_softmax", "albert.mesh:107:24", "forward");
-  support::View v133 = arena_.view(172800, 4);
-  support::View v148 = arena_.view(127040, 4);
-  static const support::Shape shape8_2 = {2};
-  static const support::Shape shape8_3 = {2};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {2};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v148.data(), v133.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
-                 shape8_7, support::Along::LogSoftmax, 1e-05, 2, nullptr);
+  support::View v133 = arena_.view(168704, 4);
+  support::View v148 = arena_.view(122944, 4);
+  static const support::Shape shape7_2 = {2};
+  static const support::Shape shape7_3 = {2};
+  static const support::Shape shape7_4 = {2};
+  static const support::Shape shape7_5 = {2};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v148.data(), v133.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
+                 shape7_7, support::Along::LogSoftmax, 1e-05, 2, nullptr);
 
   // albert.mesh:107:56 mul
   MESHRT_TRACE("loop", "albert.mesh:107:56", "forward");
-  support::View v149 = arena_.view(127104, 4);
+  support::View v149 = arena_.view(123008, 4);
   {
     float *__restrict v149p = v149.data();
     const float *__restrict v148p = v148.data();
@@ -1777,27 +1753,27 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:107:20 sum
   MESHRT_TRACE("sum", "albert.mesh:107:20", "forward");
-  support::View v150 = arena_.view(127168, 2);
-  static const support::Shape shape10_1 = {2};
-  static const support::Shape shape10_3 = {2};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v150.data(), shape10_1, v149.data(), shape10_3, shape10_4, shape10_5,
+  support::View v150 = arena_.view(123072, 2);
+  static const support::Shape shape9_1 = {2};
+  static const support::Shape shape9_3 = {2};
+  static const support::Shape shape9_4 = {2};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v150.data(), shape9_1, v149.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:107:15 mean
   MESHRT_TRACE("mean", "albert.mesh:107:15", "forward");
-  support::View v151 = arena_.view(127104, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v151.data(), shape11_1, v150.data(), shape11_3, shape11_4, shape11_5,
+  support::View v151 = arena_.view(123008, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v151.data(), shape10_1, v150.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:107:14 neg -> sop_loss
   MESHRT_TRACE("loop", "albert.mesh:107:14", "forward");
-  support::View v152 = arena_.view(176640, 1);
+  support::View v152 = arena_.view(172544, 1);
   {
     float *__restrict v152p = v152.data();
     const float *__restrict v151p = v151.data();
@@ -1808,19 +1784,19 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:108:46 max
   MESHRT_TRACE("max", "albert.mesh:108:46", "forward");
-  support::View v153 = arena_.view(127168, 2);
-  static const support::Shape shape13_1 = {2};
-  static const support::Shape shape13_3 = {2};
-  static const support::Shape shape13_4 = {2};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v153.data(), shape13_1, v133.data(), shape13_3, shape13_4, shape13_5,
+  support::View v153 = arena_.view(123072, 2);
+  static const support::Shape shape12_1 = {2};
+  static const support::Shape shape12_3 = {2};
+  static const support::Shape shape12_4 = {2};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v153.data(), shape12_1, v133.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Max, 1.0);
 
   // albert.mesh:108:43 ge
   // albert.mesh:108:27 cast
   // albert.mesh:108:76 mul
   MESHRT_TRACE("loop", "albert.mesh:108:43", "forward");
-  support::View v156 = arena_.view(127104, 4);
+  support::View v156 = arena_.view(123008, 4);
   {
     float *__restrict v156p = v156.data();
     const float *__restrict v133p = v133.data();
@@ -1841,22 +1817,22 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:108:23 sum
   MESHRT_TRACE("sum", "albert.mesh:108:23", "forward");
-  support::View v157 = arena_.view(127168, 2);
-  static const support::Shape shape15_1 = {2};
-  static const support::Shape shape15_3 = {2};
-  static const support::Shape shape15_4 = {2};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v157.data(), shape15_1, v156.data(), shape15_3, shape15_4, shape15_5,
+  support::View v157 = arena_.view(123072, 2);
+  static const support::Shape shape14_1 = {2};
+  static const support::Shape shape14_3 = {2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v157.data(), shape14_1, v156.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:108:18 mean -> sop_accuracy
   MESHRT_TRACE("mean", "albert.mesh:108:18", "forward");
-  support::View v158 = arena_.view(176704, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {2};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v158.data(), shape16_1, v157.data(), shape16_3, shape16_4, shape16_5,
+  support::View v158 = arena_.view(172608, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {2};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v158.data(), shape15_1, v157.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.25);
 
   // albert.mesh:100:43 bucketed_all_reduce_sum -> sop_loss (2 partial sums (sop_loss, sop_accuracy)
@@ -1868,8 +1844,8 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:105:54 add
   // albert.mesh:105:39 div -> mlm_loss
   MESHRT_TRACE("loop", "albert.mesh:105:54", "forward");
-  support::View v145 = arena_.view(172736, 1);
-  support::View v146 = arena_.view(176768, 1);
+  support::View v145 = arena_.view(168640, 1);
+  support::View v146 = arena_.view(172672, 1);
   {
     float *__restrict v145p = v145.data();
     float *__restrict v146p = v146.data();
@@ -1891,7 +1867,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
 
   // albert.mesh:109:21 add
   MESHRT_TRACE("loop", "albert.mesh:109:21", "forward");
-  support::View v161 = arena_.view(176832, 1);
+  support::View v161 = arena_.view(172736, 1);
   {
     float *__restrict v161p = v161.data();
     const float *__restrict v146p = v146.data();
@@ -1912,7 +1888,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:107:56 mul
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
-  support::View v178 = arena_.view(172672, 4);
+  support::View v178 = arena_.view(168576, 4);
   {
     float *__restrict v178p = v178.data();
     const float *__restrict v4p = v4.data();
@@ -1957,7 +1933,7 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:103:56 mul
   // albert.mesh:103:25 sub
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
-  support::View v193 = arena_.view(126976, 1024);
+  support::View v193 = arena_.view(122880, 1024);
   {
     float *__restrict v193p = v193.data();
     const float *__restrict v145p = v145.data();
@@ -1998,33 +1974,33 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v194 = arena_.view(118784, 64);
+  support::View v194 = arena_.view(114688, 64);
+  // dims: batch, orders, d_out
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 2, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+  einsumPlan22.run(v178.data(), v119.data(), v194.data(), 1.0f, 0.0f);
+
+  // albert.mesh:81:22 einsum -> grad/heads/classifier
+  MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
+  support::View v132 = arena_.view(168192, 64);
+  support::View v195 = arena_.view(172032, 64);
   // dims: batch, orders, d_out
   static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 2, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan23.run(v178.data(), v119.data(), v194.data(), 1.0f, 0.0f);
+      {{2, 2, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsumPlan23.run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // albert.mesh:81:22 einsum -> grad/heads/classifier
-  MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
-  support::View v178 = arena_.view(172672, 4);
-  support::View v132 = arena_.view(172288, 64);
-  support::View v195 = arena_.view(176128, 64);
-  // dims: batch, orders, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 2, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan0.run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
-
   // albert.mesh:80:16 square
   // albert.mesh:80:16 sub
   // albert.mesh:80:16 mul
   MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
-  support::View v194 = arena_.view(118784, 64);
-  support::View v198 = arena_.view(122880, 64);
+  support::View v132 = arena_.view(168192, 64);
+  support::View v194 = arena_.view(114688, 64);
+  support::View v198 = arena_.view(118784, 64);
   {
     float *__restrict v198p = v198.data();
     const float *__restrict v132p = v132.data();
@@ -2042,35 +2018,35 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
-  support::View v199 = arena_.view(176384, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2};
-  static const support::Shape shape2_5 = {32};
-  support::reduce(v199.data(), shape2_1, v198.data(), shape2_3, shape2_4, shape2_5,
+  support::View v199 = arena_.view(172288, 32);
+  static const support::Shape shape1_1 = {32};
+  static const support::Shape shape1_3 = {1};
+  static const support::Shape shape1_4 = {2};
+  static const support::Shape shape1_5 = {32};
+  support::reduce(v199.data(), shape1_1, v198.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v200 = arena_.view(123136, 64);
+  support::View v200 = arena_.view(119040, 64);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan3.run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:21 einsum -> grad/heads/pooler
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
-  support::View v129 = arena_.view(172032, 64);
-  support::View v201 = arena_.view(118784, 1024);
+  support::View v129 = arena_.view(167936, 64);
+  support::View v201 = arena_.view(114688, 1024);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan4.run(v198.data(), v129.data(), v201.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v198.data(), v129.data(), v201.data(), 1.0f, 0.0f);
 
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
-  support::View v202 = arena_.view(172032, 64);
+  support::View v202 = arena_.view(167936, 64);
   {
     float *__restrict v202p = v202.data();
     const float *__restrict v200p = v200.data();
@@ -2083,32 +2059,32 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
-  support::View v203 = arena_.slot(122880, 1024);
-  static const support::Shape shape6_2 = {2, 32};
-  static const support::Shape shape6_3 = {512, 1};
-  static const support::Shape shape6_4 = {32, 1};
-  support::copyWindow(v203.data(), v202.data(), shape6_2, shape6_3, shape6_4, 32, 32, 16, 1,
+  support::View v203 = arena_.slot(118784, 1024);
+  static const support::Shape shape5_2 = {2, 32};
+  static const support::Shape shape5_3 = {512, 1};
+  static const support::Shape shape5_4 = {32, 1};
+  support::copyWindow(v203.data(), v202.data(), shape5_2, shape5_3, shape5_4, 32, 32, 16, 1,
                       int64_t(0));
 
   // albert.mesh:78:61 sum -> grad/heads/output_bias
   MESHRT_TRACE("sum", "albert.mesh:78:61", "backward");
-  support::View v193 = arena_.view(126976, 1024);
-  support::View v204 = arena_.view(176512, 32);
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 16};
-  static const support::Shape shape7_5 = {512, 32};
-  support::reduce(v204.data(), shape7_1, v193.data(), shape7_3, shape7_4, shape7_5,
+  support::View v193 = arena_.view(122880, 1024);
+  support::View v204 = arena_.view(172416, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 16};
+  static const support::Shape shape6_5 = {512, 32};
+  support::reduce(v204.data(), shape6_1, v193.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
-  support::View v115 = arena_.view(131072, 512);
-  support::View v205 = arena_.view(172032, 512);
+  support::View v115 = arena_.view(126976, 512);
+  support::View v205 = arena_.view(167936, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v193.data(), v115.data(), v205.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v193.data(), v115.data(), v205.data(), 1.0f, 0.0f);
 
   // albert.mesh:77:50 all_reduce_sum (resolve the partial sum of %195 over model for sum at 77:50)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
@@ -2116,32 +2092,32 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
-  support::View v125 = arena_.view(169984, 512);
-  support::View v206 = arena_.view(174080, 512);
+  support::View v125 = arena_.view(165888, 512);
+  support::View v206 = arena_.view(169984, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan10.run(v193.data(), v125.data(), v206.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v193.data(), v125.data(), v206.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
-  support::View v123 = arena_.view(167936, 512);
-  support::View v210 = arena_.view(126976, 512);
-  support::View v212 = arena_.view(129024, 32);
-  support::View v122 = arena_.view(165888, 512);
-  support::View v214 = arena_.view(126976, 512);
-  support::View v215 = arena_.view(129024, 32);
+  support::View v123 = arena_.view(163840, 512);
+  support::View v210 = arena_.view(122880, 512);
+  support::View v212 = arena_.view(124928, 32);
+  support::View v122 = arena_.view(161792, 512);
+  support::View v214 = arena_.view(122880, 512);
+  support::View v215 = arena_.view(124928, 32);
   support::View v113(param20_heads_gain); // updated in place
-  support::View v209 = arena_.view(126976, 512);
-  support::View v219 = arena_.view(129024, 512);
-  support::View v208 = arena_.view(169984, 16);
-  support::View v211 = arena_.view(170048, 16);
-  support::View v218 = arena_.view(131072, 32);
-  support::View v220 = arena_.view(131200, 32);
-  support::View v222 = arena_.view(129024, 32);
+  support::View v209 = arena_.view(122880, 512);
+  support::View v219 = arena_.view(124928, 512);
+  support::View v208 = arena_.view(165888, 16);
+  support::View v211 = arena_.view(165952, 16);
+  support::View v218 = arena_.view(126976, 32);
+  support::View v220 = arena_.view(127104, 32);
+  support::View v222 = arena_.view(124928, 32);
   repeated6(v208, v205, v123, v210, v211, v212, v122, v214, v215, v218, v113, v209, v219, v220,
             v222);
 
@@ -2167,8 +2143,8 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:77:7 mul
   // albert.mesh:76:11 mul
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
-  support::View v121 = arena_.view(133120, 512);
-  support::View v247 = arena_.view(165888, 512);
+  support::View v121 = arena_.view(129024, 512);
+  support::View v247 = arena_.view(161792, 512);
   {
     float *__restrict v247p = v247.data();
     const float *__restrict v121p = v121.data();
@@ -2224,26 +2200,26 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
-  support::View v248 = arena_.view(167936, 16);
-  static const support::Shape shape14_1 = {16};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 16};
-  static const support::Shape shape14_5 = {256, 16};
-  support::reduce(v248.data(), shape14_1, v247.data(), shape14_3, shape14_4, shape14_5,
+  support::View v248 = arena_.view(163840, 16);
+  static const support::Shape shape13_1 = {16};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {2, 16};
+  static const support::Shape shape13_5 = {256, 16};
+  support::reduce(v248.data(), shape13_1, v247.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v249 = arena_.view(126976, 1024);
+  support::View v249 = arena_.view(122880, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
-  support::View v250 = arena_.view(131072, 1024);
+  support::View v250 = arena_.view(126976, 1024);
   {
     float *__restrict v250p = v250.data();
     const float *__restrict v203p = v203.data();
@@ -2258,94 +2234,94 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
-  support::View v110 = arena_.view(114688, 1024);
-  support::View v251 = arena_.view(122880, 512);
+  support::View v110 = arena_.view(110592, 1024);
+  support::View v251 = arena_.view(118784, 512);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v253 = arena_.view(124928, 32);
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {2, 16};
-  static const support::Shape shape18_5 = {512, 32};
-  support::reduce(v253.data(), shape18_1, v250.data(), shape18_3, shape18_4, shape18_5,
+  support::View v253 = arena_.view(120832, 32);
+  static const support::Shape shape17_1 = {32};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {2, 16};
+  static const support::Shape shape17_5 = {512, 32};
+  support::reduce(v253.data(), shape17_1, v250.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
-  support::View v108 = arena_.view(98304, 1024);
-  support::View v255 = arena_.view(114688, 1024);
-  support::View v257 = arena_.view(125184, 32);
-  support::View v107 = arena_.view(110592, 1024);
-  support::View v259 = arena_.view(114688, 1024);
-  support::View v260 = arena_.view(110592, 32);
-  support::View v262 = arena_.view(125184, 32);
+  support::View v108 = arena_.view(94208, 1024);
+  support::View v255 = arena_.view(110592, 1024);
+  support::View v257 = arena_.view(121088, 32);
+  support::View v107 = arena_.view(106496, 1024);
+  support::View v259 = arena_.view(110592, 1024);
+  support::View v260 = arena_.view(106496, 32);
+  support::View v262 = arena_.view(121088, 32);
   support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
-  support::View v254 = arena_.view(110592, 1024);
-  support::View v263 = arena_.view(114688, 1024);
-  support::View v264 = arena_.view(125312, 32);
-  support::View v266 = arena_.view(125440, 32);
-  support::View v269 = arena_.view(114688, 1024);
+  support::View v254 = arena_.view(106496, 1024);
+  support::View v263 = arena_.view(110592, 1024);
+  support::View v264 = arena_.view(121216, 32);
+  support::View v266 = arena_.view(121344, 32);
+  support::View v269 = arena_.view(110592, 1024);
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v271 = arena_.view(98304, 1024);
-  support::View v103 = arena_.view(106496, 1024);
-  support::View v102 = arena_.view(102400, 1024);
-  support::View v289 = arena_.view(106496, 1024);
+  support::View v271 = arena_.view(94208, 1024);
+  support::View v103 = arena_.view(102400, 1024);
+  support::View v102 = arena_.view(98304, 1024);
+  support::View v289 = arena_.view(102400, 1024);
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v291 = arena_.view(98304, 1024);
-  support::View v293 = arena_.view(102400, 1024);
-  support::View v100 = arena_.view(94208, 1024);
-  support::View v98 = arena_.view(81920, 1024);
-  support::View v297 = arena_.view(94208, 1024);
-  support::View v299 = arena_.view(106496, 32);
-  support::View v97 = arena_.view(90112, 1024);
-  support::View v301 = arena_.view(94208, 1024);
-  support::View v302 = arena_.view(90112, 32);
-  support::View v304 = arena_.view(106496, 32);
+  support::View v291 = arena_.view(94208, 1024);
+  support::View v293 = arena_.view(98304, 1024);
+  support::View v100 = arena_.view(90112, 1024);
+  support::View v98 = arena_.view(77824, 1024);
+  support::View v297 = arena_.view(90112, 1024);
+  support::View v299 = arena_.view(102400, 32);
+  support::View v97 = arena_.view(86016, 1024);
+  support::View v301 = arena_.view(90112, 1024);
+  support::View v302 = arena_.view(86016, 32);
+  support::View v304 = arena_.view(102400, 32);
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v296 = arena_.view(90112, 1024);
-  support::View v305 = arena_.view(94208, 1024);
-  support::View v306 = arena_.view(102400, 32);
-  support::View v308 = arena_.view(102528, 32);
-  support::View v311 = arena_.view(94208, 1024);
+  support::View v296 = arena_.view(86016, 1024);
+  support::View v305 = arena_.view(90112, 1024);
+  support::View v306 = arena_.view(98304, 32);
+  support::View v308 = arena_.view(98432, 32);
+  support::View v311 = arena_.view(90112, 1024);
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v312 = arena_.view(90112, 512);
-  support::View v94 = arena_.view(163840, 512);
-  support::View v88 = arena_.view(161792, 512);
-  support::View v314 = arena_.view(81920, 1024);
-  support::View v93 = arena_.view(86016, 1024);
-  support::View v315 = arena_.view(102400, 512);
-  support::View v316 = arena_.view(90112, 1024);
-  support::View v317 = arena_.view(104448, 64);
-  support::View v320 = arena_.view(90112, 1024);
-  support::View v86 = arena_.view(159744, 512);
-  support::View v321 = arena_.view(108544, 512);
-  support::View v85 = arena_.view(157696, 512);
-  support::View v322 = arena_.view(104448, 512);
+  support::View v312 = arena_.view(86016, 512);
+  support::View v94 = arena_.view(159744, 512);
+  support::View v88 = arena_.view(157696, 512);
+  support::View v314 = arena_.view(77824, 1024);
+  support::View v93 = arena_.view(81920, 1024);
+  support::View v315 = arena_.view(98304, 512);
+  support::View v316 = arena_.view(86016, 1024);
+  support::View v317 = arena_.view(100352, 64);
+  support::View v320 = arena_.view(86016, 1024);
+  support::View v86 = arena_.view(155648, 512);
+  support::View v321 = arena_.view(104448, 512);
+  support::View v85 = arena_.view(153600, 512);
+  support::View v322 = arena_.view(100352, 512);
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v324 = arena_.view(81920, 1024);
+  support::View v324 = arena_.view(77824, 1024);
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v329 = arena_.view(86016, 1024);
+  support::View v329 = arena_.view(81920, 1024);
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v333 = arena_.view(90112, 1024);
-  support::View v84 = arena_.view(77824, 1024);
-  support::View v335 = arena_.view(102400, 1024);
-  support::View v256 = arena_.view(125056, 32);
-  support::View v270 = arena_.view(125184, 32);
-  support::View v272 = arena_.view(110592, 1024);
-  support::View v290 = arena_.view(125312, 32);
-  support::View v294 = arena_.view(98304, 1024);
-  support::View v295 = arena_.view(125440, 32);
-  support::View v298 = arena_.view(125568, 32);
-  support::View v313 = arena_.view(106496, 512);
-  support::View v327 = arena_.view(114688, 512);
-  support::View v332 = arena_.view(116736, 512);
-  support::View v336 = arena_.view(81920, 512);
-  support::View v337 = arena_.view(83968, 32);
+  support::View v333 = arena_.view(86016, 1024);
+  support::View v84 = arena_.view(73728, 1024);
+  support::View v335 = arena_.view(98304, 1024);
+  support::View v256 = arena_.view(120960, 32);
+  support::View v270 = arena_.view(121088, 32);
+  support::View v272 = arena_.view(106496, 1024);
+  support::View v290 = arena_.view(121216, 32);
+  support::View v294 = arena_.view(94208, 1024);
+  support::View v295 = arena_.view(121344, 32);
+  support::View v298 = arena_.view(121472, 32);
+  support::View v313 = arena_.view(102400, 512);
+  support::View v327 = arena_.view(110592, 512);
+  support::View v332 = arena_.view(112640, 512);
+  support::View v336 = arena_.view(77824, 512);
+  support::View v337 = arena_.view(79872, 32);
   repeated0(v250, v108, v255, v256, v257, v107, v259, v260, v262, v54, v254, v263, v264, v266, v269,
             v270, v45, v271, v103, v272, v102, v289, v290, v43, v291, v293, v100, v294, v295, v98,
             v297, v298, v299, v97, v301, v302, v304, v38, v296, v305, v306, v308, v311, v24, v312,
@@ -2354,67 +2330,67 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // 49 statements from encoder_layers.mesh:19:46 mul (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
-  support::View v82 = arena_.view(61440, 1024);
-  support::View v340 = arena_.view(77824, 1024);
-  support::View v343 = arena_.view(84224, 32);
-  support::View v81 = arena_.view(73728, 1024);
-  support::View v345 = arena_.view(77824, 1024);
-  support::View v346 = arena_.view(73728, 32);
-  support::View v348 = arena_.view(84224, 32);
-  support::View v339 = arena_.view(73728, 1024);
-  support::View v349 = arena_.view(77824, 1024);
-  support::View v350 = arena_.view(84352, 32);
-  support::View v352 = arena_.view(84480, 32);
-  support::View v355 = arena_.view(77824, 1024);
-  support::View v358 = arena_.view(61440, 1024);
-  support::View v77 = arena_.view(69632, 1024);
-  support::View v76 = arena_.view(65536, 1024);
-  support::View v377 = arena_.view(69632, 1024);
-  support::View v380 = arena_.view(61440, 1024);
-  support::View v382 = arena_.view(65536, 1024);
-  support::View v74 = arena_.view(57344, 1024);
-  support::View v72 = arena_.view(45056, 1024);
-  support::View v388 = arena_.view(57344, 1024);
-  support::View v391 = arena_.view(69632, 32);
-  support::View v71 = arena_.view(53248, 1024);
-  support::View v393 = arena_.view(57344, 1024);
-  support::View v394 = arena_.view(53248, 32);
-  support::View v396 = arena_.view(69632, 32);
-  support::View v387 = arena_.view(53248, 1024);
-  support::View v397 = arena_.view(57344, 1024);
-  support::View v398 = arena_.view(65536, 32);
-  support::View v400 = arena_.view(65664, 32);
-  support::View v403 = arena_.view(57344, 1024);
-  support::View v404 = arena_.view(53248, 512);
-  support::View v68 = arena_.view(155648, 512);
-  support::View v62 = arena_.view(153600, 512);
-  support::View v407 = arena_.view(45056, 1024);
-  support::View v67 = arena_.view(49152, 1024);
-  support::View v408 = arena_.view(65536, 512);
-  support::View v409 = arena_.view(53248, 1024);
-  support::View v410 = arena_.view(67584, 64);
-  support::View v413 = arena_.view(53248, 1024);
-  support::View v60 = arena_.view(151552, 512);
-  support::View v414 = arena_.view(71680, 512);
-  support::View v59 = arena_.view(149504, 512);
-  support::View v415 = arena_.view(67584, 512);
-  support::View v417 = arena_.view(45056, 1024);
-  support::View v423 = arena_.view(49152, 1024);
-  support::View v428 = arena_.view(53248, 1024);
-  support::View v58 = arena_.view(40960, 1024);
-  support::View v430 = arena_.view(65536, 1024);
-  support::View v341 = arena_.view(84096, 32);
-  support::View v356 = arena_.view(84224, 32);
-  support::View v359 = arena_.view(73728, 1024);
-  support::View v378 = arena_.view(84352, 32);
-  support::View v383 = arena_.view(61440, 1024);
-  support::View v385 = arena_.view(84480, 32);
-  support::View v389 = arena_.view(84608, 32);
-  support::View v405 = arena_.view(69632, 512);
-  support::View v420 = arena_.view(77824, 512);
-  support::View v426 = arena_.view(79872, 512);
-  support::View v431 = arena_.view(45056, 512);
-  support::View v433 = arena_.view(40960, 32);
+  support::View v82 = arena_.view(57344, 1024);
+  support::View v340 = arena_.view(73728, 1024);
+  support::View v343 = arena_.view(80128, 32);
+  support::View v81 = arena_.view(69632, 1024);
+  support::View v345 = arena_.view(73728, 1024);
+  support::View v346 = arena_.view(69632, 32);
+  support::View v348 = arena_.view(80128, 32);
+  support::View v339 = arena_.view(69632, 1024);
+  support::View v349 = arena_.view(73728, 1024);
+  support::View v350 = arena_.view(80256, 32);
+  support::View v352 = arena_.view(80384, 32);
+  support::View v355 = arena_.view(73728, 1024);
+  support::View v358 = arena_.view(57344, 1024);
+  support::View v77 = arena_.view(65536, 1024);
+  support::View v76 = arena_.view(61440, 1024);
+  support::View v377 = arena_.view(65536, 1024);
+  support::View v380 = arena_.view(57344, 1024);
+  support::View v382 = arena_.view(61440, 1024);
+  support::View v74 = arena_.view(53248, 1024);
+  support::View v72 = arena_.view(40960, 1024);
+  support::View v388 = arena_.view(53248, 1024);
+  support::View v391 = arena_.view(65536, 32);
+  support::View v71 = arena_.view(49152, 1024);
+  support::View v393 = arena_.view(53248, 1024);
+  support::View v394 = arena_.view(49152, 32);
+  support::View v396 = arena_.view(65536, 32);
+  support::View v387 = arena_.view(49152, 1024);
+  support::View v397 = arena_.view(53248, 1024);
+  support::View v398 = arena_.view(61440, 32);
+  support::View v400 = arena_.view(61568, 32);
+  support::View v403 = arena_.view(53248, 1024);
+  support::View v404 = arena_.view(49152, 512);
+  support::View v68 = arena_.view(151552, 512);
+  support::View v62 = arena_.view(149504, 512);
+  support::View v407 = arena_.view(40960, 1024);
+  support::View v67 = arena_.view(45056, 1024);
+  support::View v408 = arena_.view(61440, 512);
+  support::View v409 = arena_.view(49152, 1024);
+  support::View v410 = arena_.view(63488, 64);
+  support::View v413 = arena_.view(49152, 1024);
+  support::View v60 = arena_.view(147456, 512);
+  support::View v414 = arena_.view(67584, 512);
+  support::View v59 = arena_.view(145408, 512);
+  support::View v415 = arena_.view(63488, 512);
+  support::View v417 = arena_.view(40960, 1024);
+  support::View v423 = arena_.view(45056, 1024);
+  support::View v428 = arena_.view(49152, 1024);
+  support::View v58 = arena_.view(36864, 1024);
+  support::View v430 = arena_.view(61440, 1024);
+  support::View v341 = arena_.view(80000, 32);
+  support::View v356 = arena_.view(80128, 32);
+  support::View v359 = arena_.view(69632, 1024);
+  support::View v378 = arena_.view(80256, 32);
+  support::View v383 = arena_.view(57344, 1024);
+  support::View v385 = arena_.view(80384, 32);
+  support::View v389 = arena_.view(80512, 32);
+  support::View v405 = arena_.view(65536, 512);
+  support::View v420 = arena_.view(73728, 512);
+  support::View v426 = arena_.view(75776, 512);
+  support::View v431 = arena_.view(40960, 512);
+  support::View v433 = arena_.view(36864, 32);
   repeated0(v335, v82, v340, v341, v343, v81, v345, v346, v348, v54, v339, v349, v350, v352, v355,
             v356, v45, v358, v77, v359, v76, v377, v378, v43, v380, v382, v74, v383, v385, v72,
             v388, v389, v391, v71, v393, v394, v396, v38, v387, v397, v398, v400, v403, v24, v404,
@@ -2423,38 +2399,38 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
 
   // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v56 = arena_.view(24576, 1024);
-  support::View v436 = arena_.view(40960, 1024);
-  support::View v437 = arena_.view(47232, 32);
-  support::View v439 = arena_.view(47232, 32);
-  support::View v53 = arena_.view(36864, 1024);
-  support::View v441 = arena_.view(40960, 1024);
-  support::View v442 = arena_.view(36864, 32);
-  support::View v444 = arena_.view(47232, 32);
-  support::View v435 = arena_.view(36864, 1024);
-  support::View v445 = arena_.view(40960, 1024);
-  support::View v446 = arena_.view(47488, 32);
-  support::View v448 = arena_.view(47616, 32);
-  support::View v434 = arena_.view(47104, 32);
-  support::View v438 = arena_.view(47360, 32);
-  support::View v451 = arena_.view(40960, 1024);
+  support::View v56 = arena_.view(20480, 1024);
+  support::View v436 = arena_.view(36864, 1024);
+  support::View v437 = arena_.view(43136, 32);
+  support::View v439 = arena_.view(43136, 32);
+  support::View v53 = arena_.view(32768, 1024);
+  support::View v441 = arena_.view(36864, 1024);
+  support::View v442 = arena_.view(32768, 32);
+  support::View v444 = arena_.view(43136, 32);
+  support::View v435 = arena_.view(32768, 1024);
+  support::View v445 = arena_.view(36864, 1024);
+  support::View v446 = arena_.view(43392, 32);
+  support::View v448 = arena_.view(43520, 32);
+  support::View v434 = arena_.view(43008, 32);
+  support::View v438 = arena_.view(43264, 32);
+  support::View v451 = arena_.view(36864, 1024);
   repeated2(v253, v337, v433, v434, v430, v56, v436, v437, v256, v341, v438, v439, v53, v441, v442,
             v444, v54, v435, v445, v446, v448, v451);
 
   // encoder_layers.mesh:46:50 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::View v452 = arena_.view(24576, 32);
-  static const support::Shape shape22_1 = {32};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {2, 16};
-  static const support::Shape shape22_5 = {512, 32};
-  support::reduce(v452.data(), shape22_1, v451.data(), shape22_3, shape22_4, shape22_5,
+  support::View v452 = arena_.view(20480, 32);
+  static const support::Shape shape21_1 = {32};
+  static const support::Shape shape21_3 = {1};
+  static const support::Shape shape21_4 = {2, 16};
+  static const support::Shape shape21_5 = {512, 32};
+  support::reduce(v452.data(), shape21_1, v451.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:46:50 add
   // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
-  support::View v453 = arena_.view(47232, 32);
+  support::View v453 = arena_.view(43136, 32);
   {
     float *__restrict v453p = v453.data();
     const float *__restrict v270p = v270.data();
@@ -2469,6 +2445,14 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
       v453p[i0] = s4;
     }
   }
+
+  // encoder_layers.mesh:46:10 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
+  support::View v454 = arena_.view(20480, 1024);
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan23.run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
@@ -2477,29 +2461,20 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
-  support::View v451 = arena_.view(40960, 1024);
-  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v454 = arena_.view(24576, 1024);
+  support::View v451 = arena_.view(36864, 1024);
+  support::View v49 = arena_.view(28672, 1024);
+  support::View v455 = arena_.view(32768, 1024);
   // dims: batch, length, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
-
-  // encoder_layers.mesh:46:10 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
-  support::View v49 = arena_.view(32768, 1024);
-  support::View v455 = arena_.view(36864, 1024);
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
-  support::View v272 = arena_.view(110592, 1024);
-  support::View v359 = arena_.view(73728, 1024);
-  support::View v456 = arena_.view(32768, 1024);
+  support::View v272 = arena_.view(106496, 1024);
+  support::View v359 = arena_.view(69632, 1024);
+  support::View v456 = arena_.view(28672, 1024);
   {
     float *__restrict v456p = v456.data();
     const float *__restrict v272p = v272.data();
@@ -2533,8 +2508,9 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:11 add
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
-  support::View v48 = arena_.view(28672, 1024);
-  support::View v473 = arena_.view(36864, 1024);
+  support::View v48 = arena_.view(24576, 1024);
+  support::View v454 = arena_.view(20480, 1024);
+  support::View v473 = arena_.view(32768, 1024);
   {
     float *__restrict v473p = v473.data();
     const float *__restrict v48p = v48.data();
@@ -2576,20 +2552,20 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::View v474 = arena_.view(24576, 32);
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {512, 32};
-  support::reduce(v474.data(), shape4_1, v473.data(), shape4_3, shape4_4, shape4_5,
+  support::View v474 = arena_.view(20480, 32);
+  static const support::Shape shape3_1 = {32};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {2, 16};
+  static const support::Shape shape3_5 = {512, 32};
+  support::reduce(v474.data(), shape3_1, v473.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:53 add -> grad/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "backward");
-  support::View v290 = arena_.view(125312, 32);
-  support::View v378 = arena_.view(84352, 32);
-  support::View v475 = arena_.view(47488, 32);
+  support::View v290 = arena_.view(121216, 32);
+  support::View v378 = arena_.view(80256, 32);
+  support::View v475 = arena_.view(43392, 32);
   {
     float *__restrict v475p = v475.data();
     const float *__restrict v290p = v290.data();
@@ -2608,11 +2584,11 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v476 = arena_.view(24576, 1024);
+  support::View v476 = arena_.view(20480, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %457 over model for add at
   // 45:16)
@@ -2621,7 +2597,7 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v478 = arena_.view(28672, 1024);
+  support::View v478 = arena_.view(24576, 1024);
   {
     float *__restrict v478p = v478.data();
     const float *__restrict v451p = v451.data();
@@ -2636,19 +2612,19 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
-  support::View v42 = arena_.view(20480, 1024);
-  support::View v479 = arena_.view(24576, 1024);
+  support::View v42 = arena_.view(16384, 1024);
+  support::View v479 = arena_.view(20480, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 add
   // encoder_layers.mesh:45:16 add -> grad/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v294 = arena_.view(98304, 1024);
-  support::View v383 = arena_.view(61440, 1024);
-  support::View v480 = arena_.view(20480, 1024);
+  support::View v294 = arena_.view(94208, 1024);
+  support::View v383 = arena_.view(57344, 1024);
+  support::View v480 = arena_.view(16384, 1024);
   {
     float *__restrict v480p = v480.data();
     const float *__restrict v294p = v294.data();
@@ -2666,63 +2642,63 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v481 = arena_.view(24576, 32);
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 16};
-  static const support::Shape shape11_5 = {512, 32};
-  support::reduce(v481.data(), shape11_1, v478.data(), shape11_3, shape11_4, shape11_5,
+  support::View v481 = arena_.view(20480, 32);
+  static const support::Shape shape10_1 = {32};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 16};
+  static const support::Shape shape10_5 = {512, 32};
+  support::reduce(v481.data(), shape10_1, v478.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v295 = arena_.view(125440, 32);
-  support::View v385 = arena_.view(84480, 32);
-  support::View v40 = arena_.view(8192, 1024);
-  support::View v484 = arena_.view(24576, 1024);
-  support::View v485 = arena_.view(36864, 32);
-  support::View v298 = arena_.view(125568, 32);
-  support::View v389 = arena_.view(84608, 32);
-  support::View v487 = arena_.view(36864, 32);
-  support::View v37 = arena_.view(16384, 1024);
-  support::View v489 = arena_.view(24576, 1024);
-  support::View v490 = arena_.view(16384, 32);
-  support::View v492 = arena_.view(36864, 32);
+  support::View v295 = arena_.view(121344, 32);
+  support::View v385 = arena_.view(80384, 32);
+  support::View v40 = arena_.view(4096, 1024);
+  support::View v484 = arena_.view(20480, 1024);
+  support::View v485 = arena_.view(32768, 32);
+  support::View v298 = arena_.view(121472, 32);
+  support::View v389 = arena_.view(80512, 32);
+  support::View v487 = arena_.view(32768, 32);
+  support::View v37 = arena_.view(12288, 1024);
+  support::View v489 = arena_.view(20480, 1024);
+  support::View v490 = arena_.view(12288, 32);
+  support::View v492 = arena_.view(32768, 32);
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v483 = arena_.view(16384, 1024);
-  support::View v493 = arena_.view(24576, 1024);
-  support::View v494 = arena_.view(28672, 32);
-  support::View v496 = arena_.view(28800, 32);
-  support::View v482 = arena_.view(47616, 32);
-  support::View v486 = arena_.view(47744, 32);
-  support::View v499 = arena_.view(24576, 1024);
+  support::View v483 = arena_.view(12288, 1024);
+  support::View v493 = arena_.view(20480, 1024);
+  support::View v494 = arena_.view(24576, 32);
+  support::View v496 = arena_.view(24704, 32);
+  support::View v482 = arena_.view(43520, 32);
+  support::View v486 = arena_.view(43648, 32);
+  support::View v499 = arena_.view(20480, 1024);
   repeated2(v295, v385, v481, v482, v478, v40, v484, v485, v298, v389, v486, v487, v37, v489, v490,
             v492, v38, v483, v493, v494, v496, v499);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v500 = arena_.view(16384, 512);
+  support::View v500 = arena_.view(12288, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan13.run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
-  support::View v34 = arena_.view(147456, 512);
-  support::View v501 = arena_.view(8192, 512);
+  support::View v34 = arena_.view(143360, 512);
+  support::View v501 = arena_.view(4096, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan14.run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 add
   // encoder_layers.mesh:35:10 add -> grad/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "encoder_layers.mesh:35:10", "backward");
-  support::View v313 = arena_.view(106496, 512);
-  support::View v405 = arena_.view(69632, 512);
-  support::View v502 = arena_.view(36864, 512);
+  support::View v313 = arena_.view(102400, 512);
+  support::View v405 = arena_.view(65536, 512);
+  support::View v502 = arena_.view(32768, 512);
   {
     float *__restrict v502p = v502.data();
     const float *__restrict v313p = v313.data();
@@ -2740,25 +2716,25 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
-  support::View v28 = arena_.view(145408, 512);
-  support::View v503 = arena_.view(8192, 1024);
+  support::View v28 = arena_.view(141312, 512);
+  support::View v503 = arena_.view(4096, 1024);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan16.run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
-  support::View v33 = arena_.view(12288, 1024);
-  support::View v504 = arena_.view(28672, 512);
+  support::View v33 = arena_.view(8192, 1024);
+  support::View v504 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan17.run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v505 = arena_.view(16384, 1024);
+  support::View v505 = arena_.view(12288, 1024);
   {
     float *__restrict v505p = v505.data();
     const float *__restrict v503p = v503.data();
@@ -2773,19 +2749,19 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::View v506 = arena_.view(30720, 64);
-  static const support::Shape shape19_1 = {2, 2, 16};
-  static const support::Shape shape19_3 = {512, 256, 16};
-  static const support::Shape shape19_4 = {16};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v506.data(), shape19_1, v505.data(), shape19_3, shape19_4, shape19_5,
+  support::View v506 = arena_.view(26624, 64);
+  static const support::Shape shape18_1 = {2, 2, 16};
+  static const support::Shape shape18_3 = {512, 256, 16};
+  static const support::Shape shape18_4 = {16};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v506.data(), shape18_1, v505.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v509 = arena_.view(16384, 1024);
+  support::View v509 = arena_.view(12288, 1024);
   {
     float *__restrict v509p = v509.data();
     const float *__restrict v503p = v503.data();
@@ -2807,79 +2783,79 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
-  support::View v26 = arena_.view(143360, 512);
-  support::View v510 = arena_.view(38912, 512);
+  support::View v26 = arena_.view(139264, 512);
+  support::View v510 = arena_.view(34816, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
-  support::View v25 = arena_.view(141312, 512);
-  support::View v511 = arena_.view(30720, 512);
+  support::View v25 = arena_.view(137216, 512);
+  support::View v511 = arena_.view(26624, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan22.run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v513 = arena_.view(8192, 1024);
+  support::View v513 = arena_.view(4096, 1024);
+  // dims: batch, length, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan22.run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
+
+  // encoder_layers.mesh:29:21 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
+  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
+  support::View v519 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan23.run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
 }
 
 void AlbertTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // encoder_layers.mesh:29:21 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
-  support::View v511 = arena_.view(30720, 512);
-  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v519 = arena_.view(12288, 1024);
+  // encoder_layers.mesh:28:17 einsum
+  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
+  support::View v510 = arena_.view(34816, 512);
+  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
+  support::View v524 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
-
-  // encoder_layers.mesh:28:17 einsum
-  MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
-  support::View v510 = arena_.view(38912, 512);
-  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v524 = arena_.view(16384, 1024);
-  // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan1.run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
   // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  support::View v513 = arena_.view(8192, 1024);
+  support::View v513 = arena_.view(4096, 1024);
+  support::View v519 = arena_.view(8192, 1024);
   auto request4 = support::startAllReduce(group_model, {v513, v519, v524}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
-  support::View v504 = arena_.view(28672, 512);
-  support::View v20 = arena_.view(4096, 1024);
-  support::View v516 = arena_.view(40960, 512);
+  support::View v504 = arena_.view(24576, 512);
+  support::View v20 = arena_.view(0, 1024);
+  support::View v516 = arena_.view(36864, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan3.run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:30:23 add -> grad/encoder/albert_layer/self_attention/v
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v327 = arena_.view(114688, 512);
-  support::View v420 = arena_.view(77824, 512);
-  support::View v517 = arena_.view(43008, 512);
+  support::View v327 = arena_.view(110592, 512);
+  support::View v420 = arena_.view(73728, 512);
+  support::View v517 = arena_.view(38912, 512);
   {
     float *__restrict v517p = v517.data();
     const float *__restrict v327p = v327.data();
@@ -2897,18 +2873,19 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
-  support::View v522 = arena_.view(28672, 512);
+  support::View v511 = arena_.view(26624, 512);
+  support::View v522 = arena_.view(24576, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:29:21 add -> grad/encoder/albert_layer/self_attention/k
   MESHRT_TRACE("loop", "encoder_layers.mesh:29:21", "backward");
-  support::View v332 = arena_.view(116736, 512);
-  support::View v426 = arena_.view(79872, 512);
-  support::View v523 = arena_.view(40960, 512);
+  support::View v332 = arena_.view(112640, 512);
+  support::View v426 = arena_.view(75776, 512);
+  support::View v523 = arena_.view(36864, 512);
   {
     float *__restrict v523p = v523.data();
     const float *__restrict v332p = v332.data();
@@ -2931,8 +2908,8 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v499 = arena_.view(24576, 1024);
-  support::View v526 = arena_.view(28672, 1024);
+  support::View v499 = arena_.view(20480, 1024);
+  support::View v526 = arena_.view(24576, 1024);
   {
     float *__restrict v526p = v526.data();
     const float *__restrict v499p = v499.data();
@@ -2953,18 +2930,18 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
-  support::View v527 = arena_.view(8192, 512);
+  support::View v527 = arena_.view(4096, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan9.run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 add
   // encoder_layers.mesh:28:17 add -> grad/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "encoder_layers.mesh:28:17", "backward");
-  support::View v336 = arena_.view(81920, 512);
-  support::View v431 = arena_.view(45056, 512);
-  support::View v528 = arena_.view(4096, 512);
+  support::View v336 = arena_.view(77824, 512);
+  support::View v431 = arena_.view(40960, 512);
+  support::View v528 = arena_.view(0, 512);
   {
     float *__restrict v528p = v528.data();
     const float *__restrict v336p = v336.data();
@@ -2983,37 +2960,37 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v529 = arena_.view(6144, 512);
+  support::View v529 = arena_.view(2048, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
 
   // albert.mesh:51:10 einsum -> grad/encoder/embed/projection
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
-  support::View v19 = arena_.view(139264, 512);
-  support::View v530 = arena_.view(8192, 512);
+  support::View v19 = arena_.view(135168, 512);
+  support::View v530 = arena_.view(4096, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
-  support::View v17 = arena_.view(137216, 512);
-  support::View v533 = arena_.view(10240, 512);
-  support::View v535 = arena_.view(12288, 32);
-  support::View v16 = arena_.view(135168, 512);
-  support::View v537 = arena_.view(10240, 512);
-  support::View v538 = arena_.view(12288, 32);
+  support::View v17 = arena_.view(133120, 512);
+  support::View v533 = arena_.view(6144, 512);
+  support::View v535 = arena_.view(8192, 32);
+  support::View v16 = arena_.view(131072, 512);
+  support::View v537 = arena_.view(6144, 512);
+  support::View v538 = arena_.view(8192, 32);
   support::View v8(param3_encoder_embed_gain); // updated in place
-  support::View v532 = arena_.view(10240, 512);
-  support::View v541 = arena_.view(12288, 512);
-  support::View v531 = arena_.view(14592, 16);
-  support::View v534 = arena_.view(14656, 16);
-  support::View v540 = arena_.view(14336, 32);
-  support::View v542 = arena_.view(14464, 32);
-  support::View v544 = arena_.view(12288, 32);
+  support::View v532 = arena_.view(6144, 512);
+  support::View v541 = arena_.view(8192, 512);
+  support::View v531 = arena_.view(10496, 16);
+  support::View v534 = arena_.view(10560, 16);
+  support::View v540 = arena_.view(10240, 32);
+  support::View v542 = arena_.view(10368, 32);
+  support::View v544 = arena_.view(8192, 32);
   repeated6(v531, v529, v17, v533, v534, v535, v16, v537, v538, v540, v8, v532, v541, v542, v544);
 
   // albert.mesh:50:7 mul
@@ -3021,7 +2998,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:50:7 sub
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
-  support::View v547 = arena_.view(6144, 512);
+  support::View v547 = arena_.view(2048, 512);
   {
     float *__restrict v547p = v547.data();
     const float *__restrict v17p = v17.data();
@@ -3045,47 +3022,48 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
     }
   }
 
-  // albert.mesh:49:54 one_hot
-  MESHRT_TRACE("one_hot", "albert.mesh:49:54", "backward");
-  const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v548 = arena_.view(10240, 64);
-  static const support::Shape shape15_1 = {2, 16, 2};
-  static const support::Shape shape15_3 = {16, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v548.data(), shape15_1, v1.data(), shape15_3, shape15_4, 0);
-
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
-  MESHRT_TRACE("gemm", "albert.mesh:49:54", "backward");
-  support::View v549 = arena_.view(13312, 32);
-  // dims: batch, length, segments, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 16, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan16.run(v548.data(), v547.data(), v549.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "albert.mesh:49:54", "backward");
+  const support::Buffer &v1 = inputs.segment_ids.data;
+  support::View v549 = arena_.view(9216, 32);
+  static const support::Shape shape14_1 = {2, 16};
+  static const support::Shape shape14_3 = {0, 1};
+  static const support::Shape shape14_5 = {0, 0};
+  static const support::Shape shape14_6 = {2, 16};
+  static const support::Shape shape14_7 = {256, 16};
+  static const support::Shape shape14_8 = {16, 1};
+  support::scatterAdd(v549.data(), shape14_1, v547.data(), shape14_3, v1.data(), shape14_5,
+                      shape14_6, shape14_7, shape14_8, 0, 0);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
   MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
-  support::View v550 = arena_.view(12288, 256);
-  static const support::Shape shape17_1 = {16, 16};
-  static const support::Shape shape17_3 = {16, 1};
-  static const support::Shape shape17_4 = {2};
-  static const support::Shape shape17_5 = {256};
-  support::reduce(v550.data(), shape17_1, v547.data(), shape17_3, shape17_4, shape17_5,
+  support::View v550 = arena_.view(8192, 256);
+  static const support::Shape shape15_1 = {16, 16};
+  static const support::Shape shape15_3 = {16, 1};
+  static const support::Shape shape15_4 = {2};
+  static const support::Shape shape15_5 = {256};
+  support::reduce(v550.data(), shape15_1, v547.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
-  MESHRT_TRACE("gemm", "albert.mesh:48:40", "backward");
-  support::View v11 = arena_.view(0, 1024);
-  support::View v551 = arena_.view(10240, 512);
-  // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan18.run(v547.data(), v11.data(), v551.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "albert.mesh:48:40", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v551 = arena_.view(6144, 512);
+  static const support::Shape shape16_1 = {32, 16};
+  static const support::Shape shape16_3 = {0, 1};
+  static const support::Shape shape16_5 = {0, 0};
+  static const support::Shape shape16_6 = {2, 16};
+  static const support::Shape shape16_7 = {256, 16};
+  static const support::Shape shape16_8 = {16, 1};
+  support::scatterAdd(v551.data(), shape16_1, v547.data(), shape16_3, v0.data(), shape16_5,
+                      shape16_6, shape16_7, shape16_8, 0,
+                      support::shardStart(world_, {"model"}, 32));
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
-  support::View v206 = arena_.view(174080, 512);
-  support::View v552 = arena_.view(0, 512);
+  support::View v206 = arena_.view(169984, 512);
+  support::View v552 = arena_.view(2048, 512);
   {
     float *__restrict v552p = v552.data();
     const float *__restrict v206p = v206.data();
@@ -3105,23 +3083,23 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
   // together, 28.7 KiB in one buffer)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v195 = arena_.view(176128, 64);
-  support::View v199 = arena_.view(176384, 32);
-  support::View v201 = arena_.view(118784, 1024);
-  support::View v204 = arena_.view(176512, 32);
-  support::View v208 = arena_.view(169984, 16);
-  support::View v211 = arena_.view(170048, 16);
-  support::View v248 = arena_.view(167936, 16);
-  support::View v251 = arena_.view(122880, 512);
-  support::View v434 = arena_.view(47104, 32);
-  support::View v438 = arena_.view(47360, 32);
-  support::View v453 = arena_.view(47232, 32);
-  support::View v456 = arena_.view(32768, 1024);
-  support::View v475 = arena_.view(47488, 32);
-  support::View v480 = arena_.view(20480, 1024);
-  support::View v482 = arena_.view(47616, 32);
-  support::View v486 = arena_.view(47744, 32);
-  support::View v502 = arena_.view(36864, 512);
+  support::View v195 = arena_.view(172032, 64);
+  support::View v199 = arena_.view(172288, 32);
+  support::View v201 = arena_.view(114688, 1024);
+  support::View v204 = arena_.view(172416, 32);
+  support::View v208 = arena_.view(165888, 16);
+  support::View v211 = arena_.view(165952, 16);
+  support::View v248 = arena_.view(163840, 16);
+  support::View v251 = arena_.view(118784, 512);
+  support::View v434 = arena_.view(43008, 32);
+  support::View v438 = arena_.view(43264, 32);
+  support::View v453 = arena_.view(43136, 32);
+  support::View v456 = arena_.view(28672, 1024);
+  support::View v475 = arena_.view(43392, 32);
+  support::View v480 = arena_.view(16384, 1024);
+  support::View v482 = arena_.view(43520, 32);
+  support::View v486 = arena_.view(43648, 32);
+  support::View v502 = arena_.view(32768, 512);
   auto request5 = support::startAllReduce(
       group_data, {v195, v199, v201, v204, v208, v211, v248, v251, v434, v438, v453, v456, v475,
                    v480, v482, v486, v502, v517, v523, v528, v530, v531, v534, v549, v550, v552},
@@ -3144,9 +3122,9 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:109:3 pow
   // albert.mesh:109:3 sub
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v569 = arena_.view(2048, 1);
-  support::View v585 = arena_.view(2112, 1);
-  support::View v587 = arena_.view(2176, 1);
+  support::View v569 = arena_.view(6144, 1);
+  support::View v585 = arena_.view(6208, 1);
+  support::View v587 = arena_.view(6272, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v569p = v569.data();
@@ -3253,11 +3231,6 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
       v5p[i0] = s30;
     }
   }
-}
-
-void AlbertTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3276,13 +3249,9 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/positions
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v6(param1_encoder_embed_positions); // updated in place
-  support::View v550 = arena_.view(12288, 256);
+  support::View v6(param1_encoder_embed_positions);      // updated in place
   support::View v600(param29_encoder_embed_positions_v); // updated in place
-  support::View v587 = arena_.view(2176, 1);
   support::View v599(param28_encoder_embed_positions_m); // updated in place
-  support::View v585 = arena_.view(2112, 1);
-  support::View v569 = arena_.view(2048, 1);
   {
     float *__restrict v600p = v600.data();
     float *__restrict v599p = v599.data();
@@ -3346,8 +3315,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/segment_table
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v7(param2_encoder_embed_segment_table); // updated in place
-  support::View v549 = arena_.view(13312, 32);
+  support::View v7(param2_encoder_embed_segment_table);      // updated in place
   support::View v621(param31_encoder_embed_segment_table_v); // updated in place
   support::View v620(param30_encoder_embed_segment_table_m); // updated in place
   {
@@ -3395,19 +3363,27 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
       v7p[i0] = s30;
     }
   }
+}
+
+void AlbertTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v8(param3_encoder_embed_gain); // updated in place
-  support::View v534 = arena_.view(14656, 16);
+  support::View v534 = arena_.view(10560, 16);
   support::View v642(param33_encoder_embed_gain_v); // updated in place
+  support::View v587 = arena_.view(6272, 1);
   support::View v641(param32_encoder_embed_gain_m); // updated in place
+  support::View v585 = arena_.view(6208, 1);
+  support::View v569 = arena_.view(6144, 1);
   repeated3(v8, v534, v642, v587, v641, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v9(param4_encoder_embed_bias); // updated in place
-  support::View v531 = arena_.view(14592, 16);
+  support::View v531 = arena_.view(10496, 16);
   support::View v663(param35_encoder_embed_bias_v); // updated in place
   support::View v662(param34_encoder_embed_bias_m); // updated in place
   repeated3(v9, v531, v663, v587, v662, v585, v569);
@@ -3430,7 +3406,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/embed/projection
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v530 = arena_.view(8192, 512);
+  support::View v530 = arena_.view(4096, 512);
   support::View v684(param37_encoder_embed_projection_v); // updated in place
   support::View v683(param36_encoder_embed_projection_m); // updated in place
   {
@@ -3482,7 +3458,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v528 = arena_.view(4096, 512);
+  support::View v528 = arena_.view(0, 512);
   support::View v705(param39_encoder_albert_layer_self_attention_q_v); // updated in place
   support::View v704(param38_encoder_albert_layer_self_attention_q_m); // updated in place
   repeated5(v21, v528, v705, v587, v704, v585, v569);
@@ -3490,7 +3466,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (2 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v523 = arena_.view(40960, 512);
+  support::View v523 = arena_.view(36864, 512);
   support::View v726(param41_encoder_albert_layer_self_attention_k_v); // updated in place
   support::View v725(param40_encoder_albert_layer_self_attention_k_m); // updated in place
   repeated5(v22, v523, v726, v587, v725, v585, v569);
@@ -3498,7 +3474,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (3 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v517 = arena_.view(43008, 512);
+  support::View v517 = arena_.view(38912, 512);
   support::View v747(param43_encoder_albert_layer_self_attention_v_v); // updated in place
   support::View v746(param42_encoder_albert_layer_self_attention_v_m); // updated in place
   repeated5(v23, v517, v747, v587, v746, v585, v569);
@@ -3521,7 +3497,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v502 = arena_.view(36864, 512);
+  support::View v502 = arena_.view(32768, 512);
   support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
   support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
   {
@@ -3573,7 +3549,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v486 = arena_.view(47744, 32);
+  support::View v486 = arena_.view(43648, 32);
   support::View v789(param47_encoder_albert_layer_norm_gain_v); // updated in place
   support::View v788(param46_encoder_albert_layer_norm_gain_m); // updated in place
   repeated4(v38, v486, v789, v587, v788, v585, v569);
@@ -3581,7 +3557,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v39(param11_encoder_albert_layer_norm_bias); // updated in place
-  support::View v482 = arena_.view(47616, 32);
+  support::View v482 = arena_.view(43520, 32);
   support::View v810(param49_encoder_albert_layer_norm_bias_v); // updated in place
   support::View v809(param48_encoder_albert_layer_norm_bias_m); // updated in place
   repeated4(v39, v482, v810, v587, v809, v585, v569);
@@ -3604,7 +3580,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v480 = arena_.view(20480, 1024);
+  support::View v480 = arena_.view(16384, 1024);
   support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
   support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
   {
@@ -3671,7 +3647,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi); // updated in place
-  support::View v475 = arena_.view(47488, 32);
+  support::View v475 = arena_.view(43392, 32);
   support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
   support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
   {
@@ -3738,7 +3714,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v456 = arena_.view(32768, 1024);
+  support::View v456 = arena_.view(28672, 1024);
   support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
   support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
   {
@@ -3790,7 +3766,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo); // updated in place
-  support::View v453 = arena_.view(47232, 32);
+  support::View v453 = arena_.view(43136, 32);
   support::View v894(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
   support::View v893(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
   repeated4(v46, v453, v894, v587, v893, v585, v569);
@@ -3798,7 +3774,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
-  support::View v438 = arena_.view(47360, 32);
+  support::View v438 = arena_.view(43264, 32);
   support::View v915(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
   support::View v914(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
   repeated4(v54, v438, v915, v587, v914, v585, v569);
@@ -3806,7 +3782,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v55(param17_encoder_albert_layer_norm_1_bias); // updated in place
-  support::View v434 = arena_.view(47104, 32);
+  support::View v434 = arena_.view(43008, 32);
   support::View v936(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
   support::View v935(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
   repeated4(v55, v434, v936, v587, v935, v585, v569);
@@ -3829,7 +3805,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/transform
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v251 = arena_.view(122880, 512);
+  support::View v251 = arena_.view(118784, 512);
   support::View v957(param63_heads_transform_v); // updated in place
   support::View v956(param62_heads_transform_m); // updated in place
   {
@@ -3881,7 +3857,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v112(param19_heads_transform_bias); // updated in place
-  support::View v248 = arena_.view(167936, 16);
+  support::View v248 = arena_.view(163840, 16);
   support::View v978(param65_heads_transform_bias_v); // updated in place
   support::View v977(param64_heads_transform_bias_m); // updated in place
   repeated3(v112, v248, v978, v587, v977, v585, v569);
@@ -3889,7 +3865,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v113(param20_heads_gain); // updated in place
-  support::View v211 = arena_.view(170048, 16);
+  support::View v211 = arena_.view(165952, 16);
   support::View v999(param67_heads_gain_v); // updated in place
   support::View v998(param66_heads_gain_m); // updated in place
   repeated3(v113, v211, v999, v587, v998, v585, v569);
@@ -3897,7 +3873,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v114(param21_heads_bias); // updated in place
-  support::View v208 = arena_.view(169984, 16);
+  support::View v208 = arena_.view(165888, 16);
   support::View v1020(param69_heads_bias_v); // updated in place
   support::View v1019(param68_heads_bias_m); // updated in place
   repeated3(v114, v208, v1020, v587, v1019, v585, v569);
@@ -3920,7 +3896,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/output_bias
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v116(param22_heads_output_bias); // updated in place
-  support::View v204 = arena_.view(176512, 32);
+  support::View v204 = arena_.view(172416, 32);
   support::View v1041(param71_heads_output_bias_v); // updated in place
   support::View v1040(param70_heads_output_bias_m); // updated in place
   {
@@ -3987,7 +3963,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/pooler
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v201 = arena_.view(118784, 1024);
+  support::View v201 = arena_.view(114688, 1024);
   support::View v1062(param73_heads_pooler_v); // updated in place
   support::View v1061(param72_heads_pooler_m); // updated in place
   {
@@ -4054,7 +4030,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/pooler_bias
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v118(param24_heads_pooler_bias); // updated in place
-  support::View v199 = arena_.view(176384, 32);
+  support::View v199 = arena_.view(172288, 32);
   support::View v1083(param75_heads_pooler_bias_v); // updated in place
   support::View v1082(param74_heads_pooler_bias_m); // updated in place
   {
@@ -4102,11 +4078,6 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
       v118p[i0] = s30;
     }
   }
-}
-
-void AlbertTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -4126,12 +4097,9 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/classifier
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v195 = arena_.view(176128, 64);
+  support::View v195 = arena_.view(172032, 64);
   support::View v1104(param77_heads_classifier_v); // updated in place
-  support::View v587 = arena_.view(2176, 1);
   support::View v1103(param76_heads_classifier_m); // updated in place
-  support::View v585 = arena_.view(2112, 1);
-  support::View v569 = arena_.view(2048, 1);
   {
     float *__restrict v1104p = v1104.data();
     float *__restrict v1103p = v1103.data();

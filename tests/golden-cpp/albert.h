@@ -46,7 +46,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 16384;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 209952;
+  static constexpr size_t kTemporaryBytes = 205856;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 64;
 
@@ -87,7 +87,6 @@ public:
 
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
-  void runPart1(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
@@ -191,9 +190,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 176896;
+  static constexpr size_t kArenaBytes = 172800;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 652772;
+  static constexpr size_t kTemporaryBytes = 648420;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 1728;
 
@@ -256,7 +255,6 @@ public:
   void runPart3(const Inputs &inputs);
   void runPart4(const Inputs &inputs);
   void runPart5(const Inputs &inputs);
-  void runPart6(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::ConstView a5, support::View a6, support::View a7,

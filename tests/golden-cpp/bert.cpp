@@ -1338,7 +1338,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1772444 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1755804 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -2105,7 +2105,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v314 = arena_.view(475136, 4096);
   support::View v315 = arena_.view(507904, 64);
   support::View v318 = arena_.view(508160, 64);
-  support::View v331 = arena_.view(344064, 2048);
+  support::View v331 = arena_.view(327680, 2048);
   repeated1(v250, v249, v53, v251, v58, v252, v56, v270, v271, v51, v272, v273, v50, v274, v275,
             v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288, v291, v29,
             v292, v43, v293, v33, v294, v42, v295, v296, v297, v39, v301, v31, v302, v30, v303, v28,
@@ -2113,49 +2113,41 @@ void MlmTrain::runPart1(const Inputs &inputs) {
             v12, v321, v322, v324, v13, v316, v325, v326, v328, v331,
             "bert/encoder_layer[0]/ffn/dropout#0");
 
-  // bert.mesh:35:39 one_hot
-  MESHRT_TRACE("one_hot", "bert.mesh:35:39", "backward");
-  const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v332 = arena_.view(294912, 64);
-  static const support::Shape shape16_1 = {1, 32, 2};
-  static const support::Shape shape16_3 = {32, 1, 0};
-  static const support::Shape shape16_4 = {0, 0, 1};
-  support::oneHot(v332.data(), shape16_1, v1.data(), shape16_3, shape16_4, 0);
-
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
-  MESHRT_TRACE("gemm", "bert.mesh:35:39", "backward");
+  MESHRT_TRACE("einsum", "bert.mesh:35:39", "backward");
+  const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v333 = arena_.view(499712, 128);
-  // dims: batch, seq, segments, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 32, 2, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan17.run(v332.data(), v331.data(), v333.data(), 1.0f, 0.0f);
+  static const support::Shape shape16_1 = {2, 64};
+  static const support::Shape shape16_3 = {0, 1};
+  static const support::Shape shape16_5 = {0, 0};
+  static const support::Shape shape16_6 = {1, 32};
+  static const support::Shape shape16_7 = {2048, 64};
+  static const support::Shape shape16_8 = {32, 1};
+  support::scatterAdd(v333.data(), shape16_1, v331.data(), shape16_3, v1.data(), shape16_5,
+                      shape16_6, shape16_7, shape16_8, 0, 0);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
   support::View v334 = arena_.view(491520, 2048);
-  static const support::Shape shape18_1 = {32, 64};
-  static const support::Shape shape18_3 = {64, 1};
-  static const support::Shape shape18_4 = {1};
-  static const support::Shape shape18_5 = {2048};
-  support::reduce(v334.data(), shape18_1, v331.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape17_1 = {32, 64};
+  static const support::Shape shape17_3 = {64, 1};
+  static const support::Shape shape17_4 = {1};
+  static const support::Shape shape17_5 = {2048};
+  support::reduce(v334.data(), shape17_1, v331.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
-  // bert.mesh:34:37 one_hot
-  MESHRT_TRACE("one_hot", "bert.mesh:34:37", "backward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v335 = arena_.view(327680, 4096);
-  static const support::Shape shape19_1 = {1, 32, 128};
-  static const support::Shape shape19_3 = {32, 1, 0};
-  static const support::Shape shape19_4 = {0, 0, 1};
-  support::oneHot(v335.data(), shape19_1, v0.data(), shape19_3, shape19_4, 0);
-
   // bert.mesh:34:37 einsum
-  MESHRT_TRACE("gemm", "bert.mesh:34:37", "backward");
+  MESHRT_TRACE("einsum", "bert.mesh:34:37", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v336 = arena_.view(294912, 8192);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan20.run(v335.data(), v331.data(), v336.data(), 1.0f, 0.0f);
+  static const support::Shape shape18_1 = {128, 64};
+  static const support::Shape shape18_3 = {0, 1};
+  static const support::Shape shape18_5 = {0, 0};
+  static const support::Shape shape18_6 = {1, 32};
+  static const support::Shape shape18_7 = {2048, 64};
+  static const support::Shape shape18_8 = {32, 1};
+  support::scatterAdd(v336.data(), shape18_1, v331.data(), shape18_3, v0.data(), shape18_5,
+                      shape18_6, shape18_7, shape18_8, 0, 0);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
@@ -2243,11 +2235,6 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   group_data_model.wait(request0);
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2266,13 +2253,8 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v5(param0_bert_token_embedding); // updated in place
-  support::View v337 = arena_.view(327680, 8192);
   support::View v357(param31_bert_token_embedding_v); // updated in place
-  support::View v373 = arena_.view(262272, 1);
   support::View v356(param30_bert_token_embedding_m); // updated in place
-  support::View v371 = arena_.view(262208, 1);
-  support::View v355 = arena_.view(262144, 1);
   {
     float *__restrict v357p = v357.data();
     float *__restrict v356p = v356.data();
@@ -2318,6 +2300,11 @@ void MlmTrain::runPart2(const Inputs &inputs) {
       v5p[i0] = s30;
     }
   }
+}
+
+void MlmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2339,7 +2326,10 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   support::View v6(param1_bert_position_embedding); // updated in place
   support::View v334 = arena_.view(491520, 2048);
   support::View v386(param33_bert_position_embedding_v); // updated in place
+  support::View v373 = arena_.view(262272, 1);
   support::View v385(param32_bert_position_embedding_m); // updated in place
+  support::View v371 = arena_.view(262208, 1);
+  support::View v355 = arena_.view(262144, 1);
   {
     float *__restrict v386p = v386.data();
     float *__restrict v385p = v385.data();
@@ -3489,41 +3479,48 @@ void MlmTrain::repeated1(
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
     const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = a6p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = a6p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = a6p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = a6p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = a3p[i0];
-      const float s29 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s28) * 1.1111111111111112));
-      const float s30 = (s29 * s27);
-      a7p[i0] = s30;
+    for (int64_t c0 = 0; c0 < 8192; c0 += 1024) {
+      constexpr int64_t n0 = 1024;
+      uint32_t keep29[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep29);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a6p[i0];
+        const float s1 = s0 * s0;
+        const float s2 = a6p[i0];
+        const float s3 = (s2 * s1);
+        const float s4 = 0.044715f;
+        const float s5 = (s3 * s4);
+        const float s6 = a6p[i0];
+        const float s7 = (s6 + s5);
+        const float s8 = 0.7978846f;
+        const float s9 = (s7 * s8);
+        const float s10 = support::ftanh(s9);
+        const float s11 = 1.0f;
+        const float s12 = (s10 + s11);
+        const float s13 = 0.5f;
+        const float s14 = (s12 * s13);
+        const float s15 = 0.134145f;
+        const float s16 = (s1 * s15);
+        const float s17 = 1.0f;
+        const float s18 = (s16 + s17);
+        const float s19 = s10 * s10;
+        const float s20 = 1.0f;
+        const float s21 = (s20 - s19);
+        const float s22 = a6p[i0];
+        const float s23 = (s22 * s21);
+        const float s24 = (s23 * s18);
+        const float s25 = 0.3989423f;
+        const float s26 = (s24 * s25);
+        const float s27 = (s14 + s26);
+        const float s28 = a3p[i0];
+        const float s29 =
+            support::keepOrZero(keep29[i0 - c0], float(double(s28) * 1.1111111111111112));
+        const float s30 = (s29 * s27);
+        a7p[i0] = s30;
+      }
     }
   }
 
@@ -4144,16 +4141,23 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a15p = a15.data();
     const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a15p[i0 * 256 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        a17p[i0 * 256 + i1] = s2;
-        a18p[i0 * 256 + i1] = s4;
+      for (int64_t c1 = 0; c1 < 256; c1 += 256) {
+        constexpr int64_t n1 = 256;
+        uint32_t keep4[256];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = a15p[i0 * 256 + i1];
+          const float s1 = a16p[i1];
+          const float s2 = (s0 + s1);
+          const float s3 = support::fgelu(s2);
+          const float s4 =
+              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          a17p[i0 * 256 + i1] = s2;
+          a18p[i0 * 256 + i1] = s4;
+        }
       }
     }
   }

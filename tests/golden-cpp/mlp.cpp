@@ -321,16 +321,23 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     const float *__restrict v7p = v7.data();
     const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v7p[i0 * 128 + i1];
-        const float s1 = v5p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = (s2 > 0 ? s2 : 0.0f);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        v8p[i0 * 128 + i1] = s2;
-        v10p[i0 * 128 + i1] = s4;
+      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
+        constexpr int64_t n1 = 128;
+        uint32_t keep4[128];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = v7p[i0 * 128 + i1];
+          const float s1 = v5p[i1];
+          const float s2 = (s0 + s1);
+          const float s3 = (s2 > 0 ? s2 : 0.0f);
+          const float s4 =
+              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          v8p[i0 * 128 + i1] = s2;
+          v10p[i0 * 128 + i1] = s4;
+        }
       }
     }
   }
@@ -429,17 +436,24 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     const float *__restrict v24p = v24.data();
     const float *__restrict v8p = v8.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v24p[i0 * 128 + i1];
-        const float s1 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s0) * 1.1111111111111112));
-        const float s2 = v8p[i0 * 128 + i1];
-        const float s3 = 0.0f;
-        const float s4 = (s2 > s3 ? 1.0f : 0.0f);
-        const float s5 = 0.0f;
-        const float s6 = (s4 != 0 ? s1 : s5);
-        v29p[i0 * 128 + i1] = s6;
+      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
+        constexpr int64_t n1 = 128;
+        uint32_t keep1[128];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep1);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = v24p[i0 * 128 + i1];
+          const float s1 =
+              support::keepOrZero(keep1[i1 - c1], float(double(s0) * 1.1111111111111112));
+          const float s2 = v8p[i0 * 128 + i1];
+          const float s3 = 0.0f;
+          const float s4 = (s2 > s3 ? 1.0f : 0.0f);
+          const float s5 = 0.0f;
+          const float s6 = (s4 != 0 ? s1 : s5);
+          v29p[i0 * 128 + i1] = s6;
+        }
       }
     }
   }

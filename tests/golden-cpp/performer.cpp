@@ -2475,7 +2475,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2370880 bytes for 8453920 bytes of temporaries (placed by liveness).
+  // Arena: 2370880 bytes for 8421152 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
@@ -3226,12 +3226,12 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v20 = arena_.view(2097152, 4096);
   support::View v413 = arena_.view(0, 4096);
   support::View v414 = arena_.view(32768, 128);
-  support::View v416 = arena_.view(49152, 128);
+  support::View v416 = arena_.view(51200, 128);
   support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
   support::View v408 = arena_.view(0, 4096);
   support::View v417 = arena_.view(32768, 4096);
-  support::View v418 = arena_.view(16384, 128);
-  support::View v420 = arena_.view(16896, 128);
+  support::View v418 = arena_.view(51712, 128);
+  support::View v420 = arena_.view(32768, 128);
   support::View v315 = arena_.view(1146880, 4096);
   support::View v334 = arena_.view(1163264, 4096);
   support::View v335 = arena_.view(1212928, 32);
@@ -3239,10 +3239,10 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v354 = arena_.view(1210368, 512);
   support::View v377 = arena_.view(98304, 512);
   support::View v391 = arena_.view(100352, 512);
-  support::View v405 = arena_.view(57344, 512);
-  support::View v407 = arena_.view(59392, 32);
-  support::View v410 = arena_.view(59520, 32);
-  support::View v424 = arena_.view(32768, 4096);
+  support::View v405 = arena_.view(49152, 512);
+  support::View v407 = arena_.view(52224, 32);
+  support::View v410 = arena_.view(52352, 32);
+  support::View v424 = arena_.view(16384, 4096);
   repeated0(v313, v77, v314, v79, v315, v78, v332, v76, v333, v75, v334, v335, v73, v337, v338,
             v339, v70, v341, v342, v344, v71, v336, v345, v346, v348, v352, v67, v353, v66, v354,
             v65, v355, v358, v359, v64, v360, v42, v361, v362, v364, v62, v366, v368, v369, v371,
@@ -3250,22 +3250,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
             v388, v43, v389, v391, v40, v393, v394, v395, v400, v28, v402, v27, v403, v404, v405,
             v407, v24, v409, v410, v411, v20, v413, v414, v416, v22, v408, v417, v418, v420, v424);
 
-  // performer.mesh:133:37 one_hot
-  MESHRT_TRACE("one_hot", "performer.mesh:133:37", "backward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v425 = arena_.view(0, 8192);
-  static const support::Shape shape13_1 = {1, 128, 64};
-  static const support::Shape shape13_3 = {128, 1, 0};
-  static const support::Shape shape13_4 = {0, 0, 1};
-  support::oneHot(v425.data(), shape13_1, v0.data(), shape13_3, shape13_4, 0);
-
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
-  MESHRT_TRACE("gemm", "performer.mesh:133:37", "backward");
-  support::View v426 = arena_.view(49152, 2048);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan14.run(v425.data(), v424.data(), v426.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "performer.mesh:133:37", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v426 = arena_.view(0, 2048);
+  static const support::Shape shape13_1 = {64, 32};
+  static const support::Shape shape13_3 = {0, 1};
+  static const support::Shape shape13_5 = {0, 0};
+  static const support::Shape shape13_6 = {1, 128};
+  static const support::Shape shape13_7 = {4096, 32};
+  static const support::Shape shape13_8 = {128, 1};
+  support::scatterAdd(v426.data(), shape13_1, v424.data(), shape13_3, v0.data(), shape13_5,
+                      shape13_6, shape13_7, shape13_8, 0, 0);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
@@ -3293,9 +3289,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v442 = arena_.view(0, 1);
-  support::View v458 = arena_.view(64, 1);
-  support::View v460 = arena_.view(128, 1);
+  support::View v442 = arena_.view(8192, 1);
+  support::View v458 = arena_.view(8256, 1);
+  support::View v460 = arena_.view(8320, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v442p = v442.data();
@@ -3933,16 +3929,20 @@ void LmTrain::repeated0(
   // performer.mesh:87:12 sub
   MESHRT_TRACE("loop", "performer.mesh:87:12", "backward");
   {
-    float *__restrict a45p = a45.data();
-    const float *__restrict a43p = a43.data();
-    const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = a43p[i1];
-        const float s1 = s0;
-        const float s2 = a44p[i0 * 1024 + i1];
-        const float s3 = (s1 - s2);
-        a45p[i0 * 1024 + i1] = s3;
+#pragma omp parallel
+    {
+      float *__restrict a45p = a45.data();
+      const float *__restrict a43p = a43.data();
+      const float *__restrict a44p = a44.data();
+#pragma omp for schedule(static)
+      for (int64_t i0 = 0; i0 < 128; ++i0) {
+        for (int64_t i1 = 0; i1 < 1024; ++i1) {
+          const float s0 = a43p[i1];
+          const float s1 = s0;
+          const float s2 = a44p[i0 * 1024 + i1];
+          const float s3 = (s1 - s2);
+          a45p[i0 * 1024 + i1] = s3;
+        }
       }
     }
   }

@@ -220,7 +220,7 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 16384 bytes for 163840 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 159744 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   support::View v102 = arena_.view(0, 1024);
@@ -234,24 +234,16 @@ void Mlm::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // roberta.mesh:31:47 one_hot
-  MESHRT_TRACE("one_hot", "roberta.mesh:31:47", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v3 = arena_.view(0, 1024);
-  static const support::Shape shape0_1 = {2, 16, 32};
-  static const support::Shape shape0_3 = {16, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v3.data(), shape0_1, v0.data(), shape0_3, shape0_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // roberta.mesh:31:40 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "forward");
+  MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
   const support::Buffer &v1 = param0_embedding;
-  support::View v4 = arena_.view(4096, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v3.data(), v1.data(), v4.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v4 = arena_.view(0, 1024);
+  static const support::Shape shape0_1 = {2, 16, 32};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {16, 1, 0};
+  support::gather(v4.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %4 over model for add at 32:40)
   MESHRT_TRACE_SITE("roberta.mesh:32:40");
@@ -260,7 +252,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   // roberta.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   const support::Buffer &v2 = param1_roberta_positions;
-  support::View v6 = arena_.view(0, 1024);
+  support::View v6 = arena_.view(4096, 1024);
   {
     float *__restrict v6p = v6.data();
     const float *__restrict v4p = v4.data();
@@ -277,14 +269,14 @@ void Mlm::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v9 = arena_.view(4096, 1024);
-  static const support::Shape shape4_2 = {2, 16};
-  static const support::Shape shape4_3 = {512, 32};
-  static const support::Shape shape4_4 = {512, 32};
-  static const support::Shape shape4_5 = {32};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v9.data(), v6.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  support::View v9 = arena_.view(0, 1024);
+  static const support::Shape shape3_2 = {2, 16};
+  static const support::Shape shape3_3 = {512, 32};
+  static const support::Shape shape3_4 = {512, 32};
+  static const support::Shape shape3_5 = {32};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v9.data(), v6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -292,7 +284,7 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
-  support::View v11 = arena_.view(0, 1024);
+  support::View v11 = arena_.view(4096, 1024);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v9p = v9.data();
@@ -318,11 +310,11 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v17 = arena_.view(10240, 512);
   const support::Buffer &v14 = param6_roberta_encoder_layer_0_self_attention_v;
   support::View v19 = arena_.view(12288, 512);
-  support::View v21 = arena_.view(4096, 1024);
+  support::View v21 = arena_.view(0, 1024);
   support::View v24 = arena_.view(8192, 1024);
   support::View v25 = arena_.view(14336, 512);
   const support::Buffer &v15 = param7_roberta_encoder_layer_0_self_attention_o;
-  support::View v26 = arena_.view(4096, 1024);
+  support::View v26 = arena_.view(0, 1024);
   support::View v28 = arena_.view(8192, 1024);
   support::View v31 = arena_.view(0, 1024);
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
@@ -396,9 +388,9 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v88 = param28_roberta_lm_head_dense;
   support::View v92 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
@@ -423,14 +415,14 @@ void Mlm::runPart0(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   support::View v98 = arena_.view(8192, 1024);
-  static const support::Shape shape11_2 = {2, 16};
-  static const support::Shape shape11_3 = {512, 32};
-  static const support::Shape shape11_4 = {512, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v98.data(), v94.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
+  static const support::Shape shape10_2 = {2, 16};
+  static const support::Shape shape10_3 = {512, 32};
+  static const support::Shape shape10_4 = {512, 32};
+  static const support::Shape shape10_5 = {32};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(v98.data(), v94.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
@@ -459,9 +451,9 @@ void Mlm::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
   support::View v101 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add -> logits
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
@@ -1275,12 +1267,12 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 139584 bytes for 488864 bytes of temporaries (placed by liveness).
+  // Arena: 135616 bytes for 484768 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v133 = arena_.view(139456, 1);
-  support::View v126 = arena_.view(139520, 1);
+  support::View v133 = arena_.view(135488, 1);
+  support::View v126 = arena_.view(135552, 1);
 
   // The step's updates.
   ++step_;
@@ -1339,8 +1331,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:65:16 cast -> weight
   MESHRT_TRACE("loop", "roberta.mesh:63:57", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v17 = arena_.view(4096, 32);
-  support::View v18 = arena_.view(139264, 32);
+  support::View v17 = arena_.view(135168, 32);
+  support::View v18 = arena_.view(135296, 32);
   {
     float *__restrict v17p = v17.data();
     float *__restrict v18p = v18.data();
@@ -1375,23 +1367,15 @@ void MlmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // roberta.mesh:31:47 one_hot
-  MESHRT_TRACE("one_hot", "roberta.mesh:31:47", "forward");
-  support::View v21 = arena_.view(0, 1024);
-  static const support::Shape shape4_1 = {2, 16, 32};
-  static const support::Shape shape4_3 = {16, 1, 0};
-  static const support::Shape shape4_4 = {0, 0, 1};
-  support::oneHot(v21.data(), shape4_1, v17.data(), shape4_3, shape4_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // roberta.mesh:31:40 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "forward");
+  MESHRT_TRACE("einsum", "roberta.mesh:31:40", "forward");
   support::View v19(param0_embedding); // updated in place
-  support::View v22 = arena_.view(4096, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v21.data(), v19.data(), v22.data(), 1.0f, 0.0f);
+  support::View v22 = arena_.view(0, 1024);
+  static const support::Shape shape4_1 = {2, 16, 32};
+  static const support::Shape shape4_3 = {0, 0, 1};
+  static const support::Shape shape4_5 = {16, 1, 0};
+  support::gather(v22.data(), shape4_1, v19.data(), shape4_3, v17.data(), shape4_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %22 over model for add at 32:40)
   MESHRT_TRACE_SITE("roberta.mesh:32:40");
@@ -1400,7 +1384,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "roberta.mesh:32:40", "forward");
   support::View v20(param1_roberta_positions); // updated in place
-  support::View v24 = arena_.view(8192, 1024);
+  support::View v24 = arena_.view(4096, 1024);
   {
     float *__restrict v24p = v24.data();
     const float *__restrict v22p = v22.data();
@@ -1417,14 +1401,14 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v27 = arena_.view(4096, 1024);
-  static const support::Shape shape8_2 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {512, 32};
-  static const support::Shape shape8_5 = {32};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v27.data(), v24.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6, shape8_7,
+  support::View v27 = arena_.view(0, 1024);
+  static const support::Shape shape7_2 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {512, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v27.data(), v24.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
@@ -1432,7 +1416,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   support::View v25(param2_roberta_norm_gain); // updated in place
   support::View v26(param3_roberta_norm_bias); // updated in place
-  support::View v29 = arena_.view(12288, 1024);
+  support::View v29 = arena_.view(8192, 1024);
   {
     float *__restrict v29p = v29.data();
     const float *__restrict v27p = v27.data();
@@ -1453,74 +1437,74 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v34 = arena_.view(122880, 512);
+  support::View v34 = arena_.view(118784, 512);
   support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v35 = arena_.view(124928, 512);
+  support::View v35 = arena_.view(120832, 512);
   support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v37 = arena_.view(126976, 512);
-  support::View v39 = arena_.view(16384, 1024);
-  support::View v42 = arena_.view(20480, 1024);
-  support::View v43 = arena_.view(129024, 512);
+  support::View v37 = arena_.view(122880, 512);
+  support::View v39 = arena_.view(12288, 1024);
+  support::View v42 = arena_.view(16384, 1024);
+  support::View v43 = arena_.view(124928, 512);
   support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v44 = arena_.view(16384, 1024);
-  support::View v46 = arena_.view(24576, 1024);
-  support::View v49 = arena_.view(16384, 1024);
+  support::View v44 = arena_.view(12288, 1024);
+  support::View v46 = arena_.view(20480, 1024);
+  support::View v49 = arena_.view(12288, 1024);
   support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
   support::View v48(param9_roberta_encoder_layer_0_norm_bias); // updated in place
-  support::View v51 = arena_.view(28672, 1024);
+  support::View v51 = arena_.view(24576, 1024);
   support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v56 = arena_.view(32768, 1024);
+  support::View v56 = arena_.view(28672, 1024);
   support::View v53(param11_roberta_encoder_layer_0_dense_relu_dense_bi); // updated in place
-  support::View v58 = arena_.view(40960, 1024);
+  support::View v58 = arena_.view(36864, 1024);
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v59 = arena_.view(32768, 1024);
+  support::View v59 = arena_.view(28672, 1024);
   support::View v55(param13_roberta_encoder_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v62 = arena_.view(45056, 1024);
-  support::View v65 = arena_.view(32768, 1024);
+  support::View v62 = arena_.view(40960, 1024);
+  support::View v65 = arena_.view(28672, 1024);
   support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
   support::View v64(param15_roberta_encoder_layer_0_norm_1_bias); // updated in place
-  support::View v57 = arena_.view(36864, 1024);
-  support::View v67 = arena_.view(49152, 1024);
+  support::View v57 = arena_.view(32768, 1024);
+  support::View v67 = arena_.view(45056, 1024);
   repeated2(v29, v30, v34, v31, v35, v32, v37, v39, v42, v43, v33, v44, v46, v49, v47, v48, v51,
             v52, v56, v53, v57, v58, v54, v59, v55, v62, v65, v63, v64, v67);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v72 = arena_.view(131072, 512);
+  support::View v72 = arena_.view(126976, 512);
   support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v73 = arena_.view(133120, 512);
+  support::View v73 = arena_.view(129024, 512);
   support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v75 = arena_.view(135168, 512);
-  support::View v77 = arena_.view(53248, 1024);
-  support::View v80 = arena_.view(57344, 1024);
-  support::View v81 = arena_.view(137216, 512);
+  support::View v75 = arena_.view(131072, 512);
+  support::View v77 = arena_.view(49152, 1024);
+  support::View v80 = arena_.view(53248, 1024);
+  support::View v81 = arena_.view(133120, 512);
   support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v82 = arena_.view(53248, 1024);
-  support::View v84 = arena_.view(61440, 1024);
-  support::View v87 = arena_.view(53248, 1024);
+  support::View v82 = arena_.view(49152, 1024);
+  support::View v84 = arena_.view(57344, 1024);
+  support::View v87 = arena_.view(49152, 1024);
   support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
   support::View v86(param21_roberta_encoder_layer_1_norm_bias); // updated in place
-  support::View v89 = arena_.view(65536, 1024);
+  support::View v89 = arena_.view(61440, 1024);
   support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v94 = arena_.view(69632, 1024);
+  support::View v94 = arena_.view(65536, 1024);
   support::View v91(param23_roberta_encoder_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v96 = arena_.view(77824, 1024);
+  support::View v96 = arena_.view(73728, 1024);
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v97 = arena_.view(69632, 1024);
+  support::View v97 = arena_.view(65536, 1024);
   support::View v93(param25_roberta_encoder_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v100 = arena_.view(81920, 1024);
-  support::View v103 = arena_.view(69632, 1024);
+  support::View v100 = arena_.view(77824, 1024);
+  support::View v103 = arena_.view(65536, 1024);
   support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
   support::View v102(param27_roberta_encoder_layer_1_norm_1_bias); // updated in place
-  support::View v95 = arena_.view(73728, 1024);
-  support::View v105 = arena_.view(86016, 1024);
+  support::View v95 = arena_.view(69632, 1024);
+  support::View v105 = arena_.view(81920, 1024);
   repeated2(v67, v68, v72, v69, v73, v70, v75, v77, v80, v81, v71, v82, v84, v87, v85, v86, v89,
             v90, v94, v91, v95, v96, v92, v97, v93, v100, v103, v101, v102, v105);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
-  support::View v108 = arena_.view(90112, 1024);
+  support::View v108 = arena_.view(86016, 1024);
   {
     float *__restrict v108p = v108.data();
     const float *__restrict v19p = v19.data();
@@ -1536,18 +1520,18 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "forward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
-  support::View v110 = arena_.view(94208, 1024);
+  support::View v110 = arena_.view(90112, 1024);
   // dims: batch, length, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v105.data(), v106.data(), v110.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v105.data(), v106.data(), v110.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
   MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
-  support::View v111 = arena_.view(98304, 1024);
-  support::View v112 = arena_.view(102400, 1024);
+  support::View v111 = arena_.view(94208, 1024);
+  support::View v112 = arena_.view(98304, 1024);
   {
     float *__restrict v111p = v111.data();
     float *__restrict v112p = v112.data();
@@ -1567,22 +1551,22 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // encoder_layers.mesh:19:10 layer_norm
   MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v116 = arena_.view(94208, 1024);
-  static const support::Shape shape15_2 = {2, 16};
-  static const support::Shape shape15_3 = {512, 32};
-  static const support::Shape shape15_4 = {512, 32};
-  static const support::Shape shape15_5 = {32};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v116.data(), v112.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
+  support::View v116 = arena_.view(90112, 1024);
+  static const support::Shape shape14_2 = {2, 16};
+  static const support::Shape shape14_3 = {512, 32};
+  static const support::Shape shape14_4 = {512, 32};
+  static const support::Shape shape14_5 = {32};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v116.data(), v112.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
-  support::View v118 = arena_.view(106496, 1024);
+  support::View v118 = arena_.view(102400, 1024);
   {
     float *__restrict v118p = v118.data();
     const float *__restrict v116p = v116.data();
@@ -1602,16 +1586,16 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v119 = arena_.view(110592, 1024);
+  support::View v119 = arena_.view(106496, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   support::View v109(param30_roberta_lm_head_output_bias); // updated in place
-  support::View v120 = arena_.view(114688, 1024);
+  support::View v120 = arena_.view(110592, 1024);
   {
     float *__restrict v120p = v120.data();
     const float *__restrict v119p = v119.data();
@@ -1628,28 +1612,28 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // roberta.mesh:66:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "roberta.mesh:66:14", "forward");
-  support::View v121 = arena_.view(110592, 1024);
-  static const support::Shape shape19_2 = {2, 16};
-  static const support::Shape shape19_3 = {512, 32};
-  static const support::Shape shape19_4 = {512, 32};
-  static const support::Shape shape19_5 = {32};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v121.data(), v120.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v121 = arena_.view(106496, 1024);
+  static const support::Shape shape18_2 = {2, 16};
+  static const support::Shape shape18_3 = {512, 32};
+  static const support::Shape shape18_4 = {512, 32};
+  static const support::Shape shape18_5 = {32};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v121.data(), v120.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // roberta.mesh:67:32 one_hot
   MESHRT_TRACE("one_hot", "roberta.mesh:67:32", "forward");
-  support::View v122 = arena_.view(114688, 1024);
-  static const support::Shape shape20_1 = {2, 16, 32};
-  static const support::Shape shape20_3 = {16, 1, 0};
-  static const support::Shape shape20_4 = {0, 0, 1};
-  support::oneHot(v122.data(), shape20_1, v0.data(), shape20_3, shape20_4,
+  support::View v122 = arena_.view(110592, 1024);
+  static const support::Shape shape19_1 = {2, 16, 32};
+  static const support::Shape shape19_3 = {16, 1, 0};
+  static const support::Shape shape19_4 = {0, 0, 1};
+  support::oneHot(v122.data(), shape19_1, v0.data(), shape19_3, shape19_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:67:30 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:30", "forward");
-  support::View v123 = arena_.view(118784, 1024);
+  support::View v123 = arena_.view(114688, 1024);
   {
     float *__restrict v123p = v123.data();
     const float *__restrict v121p = v121.data();
@@ -1664,35 +1648,28 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // roberta.mesh:67:21 sum
   MESHRT_TRACE("sum", "roberta.mesh:67:21", "forward");
-  support::View v124 = arena_.view(139392, 32);
-  static const support::Shape shape22_1 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v124.data(), shape22_1, v123.data(), shape22_3, shape22_4, shape22_5,
+  support::View v124 = arena_.view(135424, 32);
+  static const support::Shape shape21_1 = {2, 16};
+  static const support::Shape shape21_3 = {512, 32};
+  static const support::Shape shape21_4 = {32};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v124.data(), shape21_1, v123.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:68:21 mean -> chosen_fraction
   MESHRT_TRACE("mean", "roberta.mesh:68:21", "forward");
-  support::View v126 = arena_.view(139520, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {2, 16};
-  static const support::Shape shape23_5 = {16, 1};
-  support::reduce(v126.data(), shape23_1, v18.data(), shape23_3, shape23_4, shape23_5,
+  support::View v126 = arena_.view(135552, 1);
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {2, 16};
+  static const support::Shape shape22_5 = {16, 1};
+  support::reduce(v126.data(), shape22_1, v18.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.015625);
-}
-
-void MlmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:67:20 neg -> token_loss
   // roberta.mesh:70:29 mul
   MESHRT_TRACE("loop", "roberta.mesh:67:20", "forward");
-  support::View v124 = arena_.view(139392, 32);
-  support::View v18 = arena_.view(139264, 32);
-  support::View v127 = arena_.view(118784, 32);
+  support::View v127 = arena_.view(114688, 32);
   {
     float *__restrict v127p = v127.data();
     const float *__restrict v124p = v124.data();
@@ -1705,38 +1682,45 @@ void MlmTrain::runPart1(const Inputs &inputs) {
       v127p[i0] = s3;
     }
   }
+}
+
+void MlmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // roberta.mesh:70:14 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:14", "forward");
-  support::View v128 = arena_.view(118912, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {16, 1};
-  support::reduce(v128.data(), shape1_1, v127.data(), shape1_3, shape1_4, shape1_5,
+  support::View v127 = arena_.view(114688, 32);
+  support::View v128 = arena_.view(114816, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {2, 16};
+  static const support::Shape shape0_5 = {16, 1};
+  support::reduce(v128.data(), shape0_1, v127.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:42 sum
   MESHRT_TRACE("sum", "roberta.mesh:70:42", "forward");
-  support::View v129 = arena_.view(118784, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {16, 1};
-  support::reduce(v129.data(), shape2_1, v18.data(), shape2_3, shape2_4, shape2_5,
+  support::View v18 = arena_.view(135296, 32);
+  support::View v129 = arena_.view(114688, 1);
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {2, 16};
+  static const support::Shape shape1_5 = {16, 1};
+  support::reduce(v129.data(), shape1_1, v18.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
   // %124) over data resolved together, 8 B in one buffer)
   MESHRT_TRACE_SITE("roberta.mesh:70:54");
-  support::View v126 = arena_.view(139520, 1);
+  support::View v126 = arena_.view(135552, 1);
   support::allReduceBucket(group_data, {v126, v129});
 
   // roberta.mesh:70:54 add
   // roberta.mesh:70:39 div -> loss
   MESHRT_TRACE("loop", "roberta.mesh:70:54", "forward");
-  support::View v132 = arena_.view(139392, 1);
-  support::View v133 = arena_.view(139456, 1);
+  support::View v132 = arena_.view(135424, 1);
+  support::View v133 = arena_.view(135488, 1);
   {
     float *__restrict v132p = v132.data();
     float *__restrict v133p = v133.data();
@@ -1771,9 +1755,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:66:14 sub
   MESHRT_TRACE("loop", "roberta.mesh:70:39", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v121 = arena_.view(110592, 1024);
-  support::View v122 = arena_.view(114688, 1024);
-  support::View v150 = arena_.view(118784, 1024);
+  support::View v121 = arena_.view(106496, 1024);
+  support::View v122 = arena_.view(110592, 1024);
+  support::View v150 = arena_.view(114688, 1024);
   {
     float *__restrict v150p = v150.data();
     const float *__restrict v132p = v132.data();
@@ -1813,22 +1797,22 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
-  support::View v151 = arena_.view(114688, 32);
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 16};
-  static const support::Shape shape7_5 = {512, 32};
-  support::reduce(v151.data(), shape7_1, v150.data(), shape7_3, shape7_4, shape7_5,
+  support::View v151 = arena_.view(110592, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 16};
+  static const support::Shape shape6_5 = {512, 32};
+  support::reduce(v151.data(), shape6_1, v150.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
-  support::View v108 = arena_.view(90112, 1024);
-  support::View v152 = arena_.view(110592, 1024);
+  support::View v108 = arena_.view(86016, 1024);
+  support::View v152 = arena_.view(106496, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v150.data(), v108.data(), v152.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v150.data(), v108.data(), v152.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %146 over model for sum at
   // 19:53)
@@ -1837,32 +1821,32 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
-  support::View v118 = arena_.view(106496, 1024);
-  support::View v153 = arena_.view(90112, 1024);
+  support::View v118 = arena_.view(102400, 1024);
+  support::View v153 = arena_.view(86016, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan10.run(v150.data(), v118.data(), v153.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v150.data(), v118.data(), v153.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v116 = arena_.view(94208, 1024);
-  support::View v157 = arena_.view(106496, 1024);
-  support::View v159 = arena_.view(115072, 32);
-  support::View v112 = arena_.view(102400, 1024);
-  support::View v161 = arena_.view(106496, 1024);
-  support::View v162 = arena_.view(102400, 32);
+  support::View v116 = arena_.view(90112, 1024);
+  support::View v157 = arena_.view(102400, 1024);
+  support::View v159 = arena_.view(110976, 32);
+  support::View v112 = arena_.view(98304, 1024);
+  support::View v161 = arena_.view(102400, 1024);
+  support::View v162 = arena_.view(98304, 32);
   support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
-  support::View v156 = arena_.view(102400, 1024);
-  support::View v166 = arena_.view(106496, 1024);
-  support::View v155 = arena_.view(114816, 32);
-  support::View v158 = arena_.view(114944, 32);
-  support::View v165 = arena_.view(115072, 32);
-  support::View v167 = arena_.view(110592, 32);
-  support::View v169 = arena_.view(110720, 32);
+  support::View v156 = arena_.view(98304, 1024);
+  support::View v166 = arena_.view(102400, 1024);
+  support::View v155 = arena_.view(110720, 32);
+  support::View v158 = arena_.view(110848, 32);
+  support::View v165 = arena_.view(110976, 32);
+  support::View v167 = arena_.view(106496, 32);
+  support::View v169 = arena_.view(106624, 32);
   repeated4(v155, v152, v116, v157, v158, v159, v112, v161, v162, v165, v114, v156, v166, v167,
             v169);
 
@@ -1888,8 +1872,8 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 mul
   // roberta.mesh:46:18 mul
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
-  support::View v111 = arena_.view(98304, 1024);
-  support::View v195 = arena_.view(106496, 1024);
+  support::View v111 = arena_.view(94208, 1024);
+  support::View v195 = arena_.view(102400, 1024);
   {
     float *__restrict v195p = v195.data();
     const float *__restrict v111p = v111.data();
@@ -1945,48 +1929,48 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
-  support::View v196 = arena_.view(102400, 32);
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 16};
-  static const support::Shape shape14_5 = {512, 32};
-  support::reduce(v196.data(), shape14_1, v195.data(), shape14_3, shape14_4, shape14_5,
+  support::View v196 = arena_.view(98304, 32);
+  static const support::Shape shape13_1 = {32};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {2, 16};
+  static const support::Shape shape13_5 = {512, 32};
+  support::reduce(v196.data(), shape13_1, v195.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
-  support::View v197 = arena_.view(94208, 1024);
+  support::View v197 = arena_.view(90112, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
-  support::View v105 = arena_.view(86016, 1024);
-  support::View v198 = arena_.view(98304, 1024);
+  support::View v105 = arena_.view(81920, 1024);
+  support::View v198 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v103 = arena_.view(69632, 1024);
-  support::View v202 = arena_.view(86016, 1024);
-  support::View v204 = arena_.view(102784, 32);
-  support::View v100 = arena_.view(81920, 1024);
-  support::View v206 = arena_.view(86016, 1024);
-  support::View v207 = arena_.view(81920, 32);
+  support::View v103 = arena_.view(65536, 1024);
+  support::View v202 = arena_.view(81920, 1024);
+  support::View v204 = arena_.view(98688, 32);
+  support::View v100 = arena_.view(77824, 1024);
+  support::View v206 = arena_.view(81920, 1024);
+  support::View v207 = arena_.view(77824, 32);
   support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v201 = arena_.view(81920, 1024);
-  support::View v210 = arena_.view(86016, 1024);
-  support::View v200 = arena_.view(102528, 32);
-  support::View v203 = arena_.view(102656, 32);
-  support::View v209 = arena_.view(102784, 32);
-  support::View v211 = arena_.view(94208, 32);
-  support::View v213 = arena_.view(94336, 32);
+  support::View v201 = arena_.view(77824, 1024);
+  support::View v210 = arena_.view(81920, 1024);
+  support::View v200 = arena_.view(98432, 32);
+  support::View v203 = arena_.view(98560, 32);
+  support::View v209 = arena_.view(98688, 32);
+  support::View v211 = arena_.view(90112, 32);
+  support::View v213 = arena_.view(90240, 32);
   repeated4(v200, v197, v103, v202, v203, v204, v100, v206, v207, v209, v101, v201, v210, v211,
             v213);
 
@@ -1995,7 +1979,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  support::View v216 = arena_.view(86016, 1024);
+  support::View v216 = arena_.view(81920, 1024);
   {
     float *__restrict v216p = v216.data();
     const float *__restrict v103p = v103.data();
@@ -2023,74 +2007,74 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v218 = arena_.view(69632, 1024);
-  support::View v96 = arena_.view(77824, 1024);
-  support::View v95 = arena_.view(73728, 1024);
-  support::View v236 = arena_.view(77824, 1024);
+  support::View v218 = arena_.view(65536, 1024);
+  support::View v96 = arena_.view(73728, 1024);
+  support::View v95 = arena_.view(69632, 1024);
+  support::View v236 = arena_.view(73728, 1024);
   support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v238 = arena_.view(69632, 1024);
-  support::View v240 = arena_.view(73728, 1024);
-  support::View v89 = arena_.view(65536, 1024);
-  support::View v87 = arena_.view(53248, 1024);
-  support::View v244 = arena_.view(65536, 1024);
-  support::View v246 = arena_.view(77824, 32);
-  support::View v84 = arena_.view(61440, 1024);
-  support::View v248 = arena_.view(65536, 1024);
-  support::View v249 = arena_.view(61440, 32);
-  support::View v251 = arena_.view(77824, 32);
+  support::View v238 = arena_.view(65536, 1024);
+  support::View v240 = arena_.view(69632, 1024);
+  support::View v89 = arena_.view(61440, 1024);
+  support::View v87 = arena_.view(49152, 1024);
+  support::View v244 = arena_.view(61440, 1024);
+  support::View v246 = arena_.view(73728, 32);
+  support::View v84 = arena_.view(57344, 1024);
+  support::View v248 = arena_.view(61440, 1024);
+  support::View v249 = arena_.view(57344, 32);
+  support::View v251 = arena_.view(73728, 32);
   support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
-  support::View v243 = arena_.view(61440, 1024);
-  support::View v252 = arena_.view(65536, 1024);
-  support::View v253 = arena_.view(73728, 32);
-  support::View v255 = arena_.view(73856, 32);
-  support::View v258 = arena_.view(65536, 1024);
+  support::View v243 = arena_.view(57344, 1024);
+  support::View v252 = arena_.view(61440, 1024);
+  support::View v253 = arena_.view(69632, 32);
+  support::View v255 = arena_.view(69760, 32);
+  support::View v258 = arena_.view(61440, 1024);
   support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v259 = arena_.view(61440, 512);
-  support::View v81 = arena_.view(137216, 512);
-  support::View v75 = arena_.view(135168, 512);
-  support::View v261 = arena_.view(53248, 1024);
-  support::View v80 = arena_.view(57344, 1024);
-  support::View v262 = arena_.view(73728, 512);
-  support::View v263 = arena_.view(61440, 1024);
-  support::View v264 = arena_.view(75776, 64);
-  support::View v267 = arena_.view(61440, 1024);
-  support::View v73 = arena_.view(133120, 512);
-  support::View v268 = arena_.view(79872, 512);
-  support::View v72 = arena_.view(131072, 512);
-  support::View v269 = arena_.view(75776, 512);
+  support::View v259 = arena_.view(57344, 512);
+  support::View v81 = arena_.view(133120, 512);
+  support::View v75 = arena_.view(131072, 512);
+  support::View v261 = arena_.view(49152, 1024);
+  support::View v80 = arena_.view(53248, 1024);
+  support::View v262 = arena_.view(69632, 512);
+  support::View v263 = arena_.view(57344, 1024);
+  support::View v264 = arena_.view(71680, 64);
+  support::View v267 = arena_.view(57344, 1024);
+  support::View v73 = arena_.view(129024, 512);
+  support::View v268 = arena_.view(75776, 512);
+  support::View v72 = arena_.view(126976, 512);
+  support::View v269 = arena_.view(71680, 512);
   support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v271 = arena_.view(53248, 1024);
+  support::View v271 = arena_.view(49152, 1024);
   support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v276 = arena_.view(57344, 1024);
+  support::View v276 = arena_.view(53248, 1024);
   support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v280 = arena_.view(61440, 1024);
-  support::View v67 = arena_.view(49152, 1024);
-  support::View v282 = arena_.view(73728, 1024);
-  support::View v65 = arena_.view(32768, 1024);
-  support::View v286 = arena_.view(49152, 1024);
-  support::View v288 = arena_.view(55552, 32);
-  support::View v62 = arena_.view(45056, 1024);
-  support::View v290 = arena_.view(49152, 1024);
-  support::View v291 = arena_.view(45056, 32);
-  support::View v293 = arena_.view(55552, 32);
+  support::View v280 = arena_.view(57344, 1024);
+  support::View v67 = arena_.view(45056, 1024);
+  support::View v282 = arena_.view(69632, 1024);
+  support::View v65 = arena_.view(28672, 1024);
+  support::View v286 = arena_.view(45056, 1024);
+  support::View v288 = arena_.view(51456, 32);
+  support::View v62 = arena_.view(40960, 1024);
+  support::View v290 = arena_.view(45056, 1024);
+  support::View v291 = arena_.view(40960, 32);
+  support::View v293 = arena_.view(51456, 32);
   support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v285 = arena_.view(45056, 1024);
-  support::View v294 = arena_.view(49152, 1024);
-  support::View v295 = arena_.view(55680, 32);
-  support::View v297 = arena_.view(55808, 32);
-  support::View v217 = arena_.view(94208, 32);
-  support::View v219 = arena_.view(81920, 1024);
-  support::View v237 = arena_.view(94336, 32);
-  support::View v241 = arena_.view(69632, 1024);
-  support::View v242 = arena_.view(94464, 32);
-  support::View v245 = arena_.view(94592, 32);
-  support::View v260 = arena_.view(77824, 512);
-  support::View v274 = arena_.view(86016, 512);
-  support::View v279 = arena_.view(88064, 512);
-  support::View v283 = arena_.view(53248, 512);
-  support::View v284 = arena_.view(55296, 32);
-  support::View v287 = arena_.view(55424, 32);
-  support::View v300 = arena_.view(49152, 1024);
+  support::View v285 = arena_.view(40960, 1024);
+  support::View v294 = arena_.view(45056, 1024);
+  support::View v295 = arena_.view(51584, 32);
+  support::View v297 = arena_.view(51712, 32);
+  support::View v217 = arena_.view(90112, 32);
+  support::View v219 = arena_.view(77824, 1024);
+  support::View v237 = arena_.view(90240, 32);
+  support::View v241 = arena_.view(65536, 1024);
+  support::View v242 = arena_.view(90368, 32);
+  support::View v245 = arena_.view(90496, 32);
+  support::View v260 = arena_.view(73728, 512);
+  support::View v274 = arena_.view(81920, 512);
+  support::View v279 = arena_.view(83968, 512);
+  support::View v283 = arena_.view(49152, 512);
+  support::View v284 = arena_.view(51200, 32);
+  support::View v287 = arena_.view(51328, 32);
+  support::View v300 = arena_.view(45056, 1024);
   repeated1(v217, v216, v92, v218, v96, v219, v95, v236, v237, v90, v238, v240, v89, v241, v242,
             v87, v244, v245, v246, v84, v248, v249, v251, v85, v243, v252, v253, v255, v258, v71,
             v259, v81, v260, v75, v261, v80, v262, v263, v264, v267, v73, v268, v72, v269, v70,
@@ -2101,74 +2085,74 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v302 = arena_.view(32768, 1024);
-  support::View v58 = arena_.view(40960, 1024);
-  support::View v57 = arena_.view(36864, 1024);
-  support::View v320 = arena_.view(40960, 1024);
+  support::View v302 = arena_.view(28672, 1024);
+  support::View v58 = arena_.view(36864, 1024);
+  support::View v57 = arena_.view(32768, 1024);
+  support::View v320 = arena_.view(36864, 1024);
   support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v322 = arena_.view(32768, 1024);
-  support::View v324 = arena_.view(36864, 1024);
-  support::View v51 = arena_.view(28672, 1024);
-  support::View v49 = arena_.view(16384, 1024);
-  support::View v328 = arena_.view(28672, 1024);
-  support::View v330 = arena_.view(40960, 32);
-  support::View v46 = arena_.view(24576, 1024);
-  support::View v332 = arena_.view(28672, 1024);
-  support::View v333 = arena_.view(24576, 32);
-  support::View v335 = arena_.view(40960, 32);
+  support::View v322 = arena_.view(28672, 1024);
+  support::View v324 = arena_.view(32768, 1024);
+  support::View v51 = arena_.view(24576, 1024);
+  support::View v49 = arena_.view(12288, 1024);
+  support::View v328 = arena_.view(24576, 1024);
+  support::View v330 = arena_.view(36864, 32);
+  support::View v46 = arena_.view(20480, 1024);
+  support::View v332 = arena_.view(24576, 1024);
+  support::View v333 = arena_.view(20480, 32);
+  support::View v335 = arena_.view(36864, 32);
   support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
-  support::View v327 = arena_.view(24576, 1024);
-  support::View v336 = arena_.view(28672, 1024);
-  support::View v337 = arena_.view(36864, 32);
-  support::View v339 = arena_.view(36992, 32);
-  support::View v342 = arena_.view(28672, 1024);
+  support::View v327 = arena_.view(20480, 1024);
+  support::View v336 = arena_.view(24576, 1024);
+  support::View v337 = arena_.view(32768, 32);
+  support::View v339 = arena_.view(32896, 32);
+  support::View v342 = arena_.view(24576, 1024);
   support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v343 = arena_.view(24576, 512);
-  support::View v43 = arena_.view(129024, 512);
-  support::View v37 = arena_.view(126976, 512);
-  support::View v345 = arena_.view(16384, 1024);
-  support::View v42 = arena_.view(20480, 1024);
-  support::View v346 = arena_.view(36864, 512);
-  support::View v347 = arena_.view(24576, 1024);
-  support::View v348 = arena_.view(38912, 64);
-  support::View v351 = arena_.view(24576, 1024);
-  support::View v35 = arena_.view(124928, 512);
-  support::View v352 = arena_.view(43008, 512);
-  support::View v34 = arena_.view(122880, 512);
-  support::View v353 = arena_.view(38912, 512);
+  support::View v343 = arena_.view(20480, 512);
+  support::View v43 = arena_.view(124928, 512);
+  support::View v37 = arena_.view(122880, 512);
+  support::View v345 = arena_.view(12288, 1024);
+  support::View v42 = arena_.view(16384, 1024);
+  support::View v346 = arena_.view(32768, 512);
+  support::View v347 = arena_.view(20480, 1024);
+  support::View v348 = arena_.view(34816, 64);
+  support::View v351 = arena_.view(20480, 1024);
+  support::View v35 = arena_.view(120832, 512);
+  support::View v352 = arena_.view(38912, 512);
+  support::View v34 = arena_.view(118784, 512);
+  support::View v353 = arena_.view(34816, 512);
   support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v355 = arena_.view(16384, 1024);
+  support::View v355 = arena_.view(12288, 1024);
   support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v360 = arena_.view(20480, 1024);
+  support::View v360 = arena_.view(16384, 1024);
   support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v364 = arena_.view(24576, 1024);
-  support::View v29 = arena_.view(12288, 1024);
-  support::View v366 = arena_.view(36864, 1024);
-  support::View v27 = arena_.view(4096, 1024);
-  support::View v370 = arena_.view(12288, 1024);
-  support::View v372 = arena_.view(18688, 32);
-  support::View v24 = arena_.view(8192, 1024);
-  support::View v374 = arena_.view(12288, 1024);
-  support::View v375 = arena_.view(8192, 32);
-  support::View v377 = arena_.view(18688, 32);
+  support::View v364 = arena_.view(20480, 1024);
+  support::View v29 = arena_.view(8192, 1024);
+  support::View v366 = arena_.view(32768, 1024);
+  support::View v27 = arena_.view(0, 1024);
+  support::View v370 = arena_.view(8192, 1024);
+  support::View v372 = arena_.view(14336, 32);
+  support::View v24 = arena_.view(4096, 1024);
+  support::View v374 = arena_.view(8192, 1024);
+  support::View v375 = arena_.view(4096, 32);
+  support::View v377 = arena_.view(14336, 32);
   support::View v25(param2_roberta_norm_gain); // updated in place
-  support::View v369 = arena_.view(8192, 1024);
-  support::View v378 = arena_.view(12288, 1024);
-  support::View v379 = arena_.view(18816, 32);
-  support::View v381 = arena_.view(18944, 32);
-  support::View v301 = arena_.view(55552, 32);
-  support::View v303 = arena_.view(45056, 1024);
-  support::View v321 = arena_.view(55680, 32);
-  support::View v325 = arena_.view(32768, 1024);
-  support::View v326 = arena_.view(55808, 32);
-  support::View v329 = arena_.view(55936, 32);
-  support::View v344 = arena_.view(40960, 512);
-  support::View v358 = arena_.view(49152, 512);
-  support::View v363 = arena_.view(51200, 512);
-  support::View v367 = arena_.view(16384, 512);
-  support::View v368 = arena_.view(18432, 32);
-  support::View v371 = arena_.view(18560, 32);
-  support::View v384 = arena_.view(12288, 1024);
+  support::View v369 = arena_.view(4096, 1024);
+  support::View v378 = arena_.view(8192, 1024);
+  support::View v379 = arena_.view(14464, 32);
+  support::View v381 = arena_.view(14592, 32);
+  support::View v301 = arena_.view(51456, 32);
+  support::View v303 = arena_.view(40960, 1024);
+  support::View v321 = arena_.view(51584, 32);
+  support::View v325 = arena_.view(28672, 1024);
+  support::View v326 = arena_.view(51712, 32);
+  support::View v329 = arena_.view(51840, 32);
+  support::View v344 = arena_.view(36864, 512);
+  support::View v358 = arena_.view(45056, 512);
+  support::View v363 = arena_.view(47104, 512);
+  support::View v367 = arena_.view(12288, 512);
+  support::View v368 = arena_.view(16384, 32);
+  support::View v371 = arena_.view(16512, 32);
+  support::View v384 = arena_.view(8192, 1024);
   repeated1(v301, v300, v54, v302, v58, v303, v57, v320, v321, v52, v322, v324, v51, v325, v326,
             v49, v328, v329, v330, v46, v332, v333, v335, v47, v327, v336, v337, v339, v342, v33,
             v343, v43, v344, v37, v345, v42, v346, v347, v348, v351, v35, v352, v34, v353, v32,
@@ -2177,27 +2161,32 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
-  support::View v385 = arena_.view(8192, 512);
-  static const support::Shape shape21_1 = {16, 32};
-  static const support::Shape shape21_3 = {32, 1};
-  static const support::Shape shape21_4 = {2};
-  static const support::Shape shape21_5 = {512};
-  support::reduce(v385.data(), shape21_1, v384.data(), shape21_3, shape21_4, shape21_5,
+  support::View v385 = arena_.view(14336, 512);
+  static const support::Shape shape20_1 = {16, 32};
+  static const support::Shape shape20_3 = {32, 1};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {512};
+  support::reduce(v385.data(), shape20_1, v384.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
-  MESHRT_TRACE("gemm", "roberta.mesh:31:40", "backward");
-  support::View v21 = arena_.view(0, 1024);
-  support::View v386 = arena_.view(4096, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan22.run(v384.data(), v21.data(), v386.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "roberta.mesh:31:40", "backward");
+  support::View v17 = arena_.view(135168, 32);
+  support::View v386 = arena_.view(0, 1024);
+  static const support::Shape shape21_1 = {32, 32};
+  static const support::Shape shape21_3 = {0, 1};
+  static const support::Shape shape21_5 = {0, 0};
+  static const support::Shape shape21_6 = {2, 16};
+  static const support::Shape shape21_7 = {512, 32};
+  static const support::Shape shape21_8 = {16, 1};
+  support::scatterAdd(v386.data(), shape21_1, v384.data(), shape21_3, v17.data(), shape21_5,
+                      shape21_6, shape21_7, shape21_8, 0,
+                      support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
-  support::View v387 = arena_.view(0, 1024);
+  support::View v387 = arena_.view(4096, 1024);
   {
     float *__restrict v387p = v387.data();
     const float *__restrict v153p = v153.data();
@@ -2240,9 +2229,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 pow
   // roberta.mesh:71:3 sub
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v404 = arena_.view(4096, 1);
-  support::View v420 = arena_.view(4160, 1);
-  support::View v422 = arena_.view(4224, 1);
+  support::View v404 = arena_.view(0, 1);
+  support::View v420 = arena_.view(64, 1);
+  support::View v422 = arena_.view(128, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v404p = v404.data();

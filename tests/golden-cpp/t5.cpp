@@ -976,13 +976,13 @@ void Translate::computeInvariants() {
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "translate");
-  // Arena: 23040 bytes for 251200 bytes of temporaries (placed by liveness).
+  // Arena: 23040 bytes for 245056 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v306 = arena_.view(2048, 512);
-  support::View v314 = arena_.view(4096, 16);
+  support::View v306 = arena_.view(6144, 512);
+  support::View v314 = arena_.view(2048, 16);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 8, 32}, support::Buffer(v306.begin(), v306.end())};
@@ -1019,48 +1019,32 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  const support::Buffer &v0 = inputs.input_ids.data;
-  support::View v36 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {16, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 1};
-  support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   const support::Buffer &v35 = param1_shared_embedding;
-  support::View v37 = arena_.view(4096, 1024);
-  // dims: batch, inputs, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v37 = arena_.view(0, 1024);
+  static const support::Shape shape2_1 = {2, 16, 32};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v170 = arena_.view(2048, 16);
-  static const support::Shape shape4_2 = {2, 8};
-  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
-
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v171 = arena_.view(0, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {8, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v170 = arena_.view(4096, 16);
+  static const support::Shape shape3_2 = {2, 8};
+  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v172 = arena_.view(18432, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
+  static const support::Shape shape4_1 = {2, 8, 32};
+  static const support::Shape shape4_3 = {0, 0, 1};
+  static const support::Shape shape4_5 = {8, 1, 0};
+  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
   // at 40:25; merged with 1 more partial sum over model (x): 6.0 KiB in one buffer)
@@ -1069,7 +1053,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v40 = arena_.view(0, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   {
     float *__restrict v40p = v40.data();
     const float *__restrict v37p = v37.data();
@@ -1083,11 +1067,11 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(8192, 32);
-  static const support::Shape shape9_1 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v41.data(), shape9_1, v40.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape7_1 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v41.data(), shape7_1, v40.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
@@ -1110,7 +1094,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v38 = param2_encoder_rms_norm_0_scale;
-  support::View v46 = arena_.view(0, 1024);
+  support::View v46 = arena_.view(4096, 1024);
   {
     float *__restrict v46p = v46.data();
     const float *__restrict v37p = v37.data();
@@ -1136,9 +1120,9 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v52 = arena_.view(10240, 512);
   const support::Buffer &v49 = param5_encoder_attention_0_v;
   support::View v54 = arena_.view(12288, 512);
-  support::View v56 = arena_.view(0, 1024);
+  support::View v56 = arena_.view(4096, 1024);
   support::View v57 = arena_.view(8192, 1024);
-  support::View v58 = arena_.view(0, 1024);
+  support::View v58 = arena_.view(4096, 1024);
   const support::Buffer &v50 = param6_encoder_attention_0_o;
   support::View v59 = arena_.view(8192, 1024);
   repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
@@ -1147,11 +1131,11 @@ void Translate::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v154 = param19_decoder_relative_bias_table;
   support::View v153 = persistent_.view(23296, 64);
-  support::View v155 = arena_.view(0, 128);
-  static const support::Shape shape13_1 = {8, 8, 2};
-  static const support::Shape shape13_3 = {0, 0, 1};
-  static const support::Shape shape13_5 = {8, 1, 0};
-  support::gather(v155.data(), shape13_1, v154.data(), shape13_3, v153.data(), shape13_5, 8, 2, 0);
+  support::View v155 = arena_.view(4096, 128);
+  static const support::Shape shape11_1 = {8, 8, 2};
+  static const support::Shape shape11_3 = {0, 0, 1};
+  static const support::Shape shape11_5 = {8, 1, 0};
+  support::gather(v155.data(), shape11_1, v154.data(), shape11_3, v153.data(), shape11_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
@@ -1175,7 +1159,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v175 = arena_.view(0, 512);
+  support::View v175 = arena_.view(4096, 512);
   {
     float *__restrict v175p = v175.data();
     const float *__restrict v172p = v172.data();
@@ -1188,18 +1172,18 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v176 = arena_.view(2048, 16);
-  static const support::Shape shape16_1 = {2, 8};
-  static const support::Shape shape16_3 = {256, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v176.data(), shape16_1, v175.data(), shape16_3, shape16_4, shape16_5,
+  support::View v176 = arena_.view(6144, 16);
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v176.data(), shape14_1, v175.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(2112, 16);
+  support::View v179 = arena_.view(6208, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -1215,16 +1199,16 @@ void Translate::runPart0(const Inputs &inputs) {
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   const support::Buffer &v173 = param20_decoder_rms_norm_0_scale;
-  support::View v181 = arena_.view(0, 512);
+  support::View v181 = arena_.view(4096, 512);
   const support::Buffer &v182 = param21_decoder_attention_0_q;
-  support::View v186 = arena_.view(2048, 256);
+  support::View v186 = arena_.view(6144, 256);
   const support::Buffer &v183 = param22_decoder_attention_0_k;
-  support::View v187 = arena_.view(3072, 256);
+  support::View v187 = arena_.view(7168, 256);
   const support::Buffer &v184 = param23_decoder_attention_0_v;
   support::View v189 = arena_.view(12288, 256);
-  support::View v191 = arena_.view(0, 256);
-  support::View v192 = arena_.view(1024, 256);
-  support::View v193 = arena_.view(0, 256);
+  support::View v191 = arena_.view(4096, 256);
+  support::View v192 = arena_.view(5120, 256);
+  support::View v193 = arena_.view(4096, 256);
   const support::Buffer &v185 = param24_decoder_attention_0_o;
   support::View v194 = arena_.view(20480, 512);
   repeated2(v172, v179, v173, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192, v193,
@@ -1237,23 +1221,23 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v61 = arena_.view(0, 1024);
+  support::View v61 = arena_.view(4096, 1024);
   support::View v63 = arena_.view(12288, 1024);
-  support::View v64 = arena_.view(4096, 32);
+  support::View v64 = arena_.view(0, 32);
   support::View v67 = arena_.view(8192, 32);
   const support::Buffer &v62 = param7_encoder_rms_norm_1_0_scale;
-  support::View v69 = arena_.view(4096, 1024);
+  support::View v69 = arena_.view(0, 1024);
   const support::Buffer &v70 = param8_encoder_dense_relu_dense_0_wi;
   support::View v72 = arena_.view(8192, 1024);
-  support::View v73 = arena_.view(4096, 1024);
+  support::View v73 = arena_.view(0, 1024);
   const support::Buffer &v71 = param9_encoder_dense_relu_dense_0_wo;
   support::View v74 = arena_.view(8192, 1024);
-  support::View v76 = arena_.view(4096, 1024);
+  support::View v76 = arena_.view(0, 1024);
   support::View v78 = arena_.view(12288, 1024);
-  support::View v79 = arena_.view(0, 32);
+  support::View v79 = arena_.view(4096, 32);
   support::View v82 = arena_.view(8192, 32);
   const support::Buffer &v77 = param10_encoder_rms_norm_1_scale;
-  support::View v84 = arena_.view(0, 1024);
+  support::View v84 = arena_.view(4096, 1024);
   repeated1(v37, v59, v61, v63, v64, v67, v62, v69, v70, v72, v73, v71, v74, v76, v78, v79, v82,
             v77, v84);
 
@@ -1265,9 +1249,9 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v90 = arena_.view(10240, 512);
   const support::Buffer &v87 = param13_encoder_attention_1_v;
   support::View v92 = arena_.view(12288, 512);
-  support::View v94 = arena_.view(0, 1024);
+  support::View v94 = arena_.view(4096, 1024);
   support::View v95 = arena_.view(8192, 1024);
-  support::View v96 = arena_.view(0, 1024);
+  support::View v96 = arena_.view(4096, 1024);
   const support::Buffer &v88 = param14_encoder_attention_1_o;
   support::View v97 = arena_.view(8192, 1024);
   repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
@@ -1278,35 +1262,29 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v99 = arena_.view(0, 1024);
+  support::View v99 = arena_.view(4096, 1024);
   support::View v101 = arena_.view(12288, 1024);
-  support::View v102 = arena_.view(4096, 32);
+  support::View v102 = arena_.view(0, 32);
   support::View v105 = arena_.view(8192, 32);
   const support::Buffer &v100 = param15_encoder_rms_norm_1_1_scale;
-  support::View v107 = arena_.view(4096, 1024);
+  support::View v107 = arena_.view(0, 1024);
   const support::Buffer &v108 = param16_encoder_dense_relu_dense_1_wi;
   support::View v110 = arena_.view(8192, 1024);
-  support::View v111 = arena_.view(4096, 1024);
+  support::View v111 = arena_.view(0, 1024);
   const support::Buffer &v109 = param17_encoder_dense_relu_dense_1_wo;
   support::View v112 = arena_.view(8192, 1024);
-  support::View v114 = arena_.view(4096, 1024);
+  support::View v114 = arena_.view(0, 1024);
   support::View v116 = arena_.view(12288, 1024);
-  support::View v117 = arena_.view(0, 32);
+  support::View v117 = arena_.view(4096, 32);
   support::View v120 = arena_.view(8192, 32);
   const support::Buffer &v115 = param18_encoder_rms_norm_scale;
-  support::View v122 = arena_.view(0, 1024);
+  support::View v122 = arena_.view(4096, 1024);
   repeated1(v76, v97, v99, v101, v102, v105, v100, v107, v108, v110, v111, v109, v112, v114, v116,
             v117, v120, v115, v122);
-}
-
-void Translate::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:113:9 transpose
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
-  const support::Buffer &v35 = param1_shared_embedding;
-  support::View v123 = arena_.view(4096, 1024);
+  support::View v123 = arena_.view(0, 1024);
   {
     float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
@@ -1321,8 +1299,6 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v172 = arena_.view(18432, 512);
-  support::View v194 = arena_.view(20480, 512);
   support::View v196 = arena_.view(8192, 512);
   support::View v198 = arena_.view(10240, 512);
   support::View v199 = arena_.view(12288, 16);
@@ -1331,7 +1307,6 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v204 = arena_.view(10240, 512);
   const support::Buffer &v205 = param26_decoder_attention_1_0_q;
   support::View v209 = arena_.view(16384, 256);
-  support::View v122 = arena_.view(0, 1024);
   const support::Buffer &v206 = param27_decoder_attention_1_0_k;
   support::View v210 = arena_.view(10240, 512);
   const support::Buffer &v207 = param28_decoder_attention_1_0_v;
@@ -1360,9 +1335,16 @@ void Translate::runPart1(const Inputs &inputs) {
   repeated0(v172, v194, v196, v198, v199, v202, v197, v204, v205, v209, v122, v206, v210, v207,
             v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v227, v228,
             v230, v231, v229, v232, v234, v236, v237, v240);
+}
+
+void Translate::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
+  support::View v234 = arena_.view(8192, 512);
+  support::View v240 = arena_.view(12288, 16);
   const support::Buffer &v235 = param33_decoder_rms_norm_1_scale;
   support::View v242 = arena_.view(10240, 512);
   const support::Buffer &v243 = param34_decoder_attention_1_q;
@@ -1394,29 +1376,31 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v265 = arena_.view(8192, 512);
   const support::Buffer &v266 = param39_decoder_attention_1_1_q;
   support::View v270 = arena_.view(14336, 256);
+  support::View v122 = arena_.view(4096, 1024);
   const support::Buffer &v267 = param40_decoder_attention_1_1_k;
   support::View v271 = arena_.view(8192, 512);
   const support::Buffer &v268 = param41_decoder_attention_1_1_v;
   support::View v273 = arena_.view(10240, 512);
-  support::View v275 = arena_.view(0, 512);
-  support::View v276 = arena_.view(2048, 512);
-  support::View v277 = arena_.view(0, 512);
+  support::View v275 = arena_.view(4096, 512);
+  support::View v169 = persistent_.view(26432, 256);
+  support::View v276 = arena_.view(6144, 512);
+  support::View v277 = arena_.view(4096, 512);
   const support::Buffer &v269 = param42_decoder_attention_1_1_o;
-  support::View v278 = arena_.view(2048, 512);
-  support::View v280 = arena_.view(0, 512);
+  support::View v278 = arena_.view(6144, 512);
+  support::View v280 = arena_.view(4096, 512);
   support::View v282 = arena_.view(8192, 512);
-  support::View v283 = arena_.view(2048, 16);
+  support::View v283 = arena_.view(6144, 16);
   support::View v286 = arena_.view(8192, 16);
   const support::Buffer &v281 = param43_decoder_rms_norm_2_1_scale;
-  support::View v288 = arena_.view(2048, 512);
+  support::View v288 = arena_.view(6144, 512);
   const support::Buffer &v289 = param44_decoder_dense_relu_dense_1_wi;
   support::View v291 = arena_.view(8192, 512);
-  support::View v292 = arena_.view(2048, 512);
+  support::View v292 = arena_.view(6144, 512);
   const support::Buffer &v290 = param45_decoder_dense_relu_dense_1_wo;
   support::View v293 = arena_.view(8192, 512);
   support::View v297 = arena_.view(10240, 512);
-  support::View v298 = arena_.view(0, 16);
-  support::View v295 = arena_.view(2048, 512);
+  support::View v298 = arena_.view(4096, 16);
+  support::View v295 = arena_.view(6144, 512);
   support::View v301 = arena_.view(8192, 16);
   repeated0(v234, v255, v257, v259, v260, v263, v258, v265, v266, v270, v122, v267, v271, v268,
             v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v288, v289,
@@ -1427,7 +1411,7 @@ void Translate::runPart1(const Inputs &inputs) {
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v296 = param46_decoder_rms_norm_scale;
-  support::View v305 = arena_.view(0, 512);
+  support::View v305 = arena_.view(4096, 512);
   {
     float *__restrict v305p = v305.data();
     const float *__restrict v295p = v295.data();
@@ -1449,20 +1433,21 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v306 = arena_.view(2048, 512);
+  support::View v123 = arena_.view(0, 1024);
+  support::View v306 = arena_.view(6144, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:133:17 max
   MESHRT_TRACE("max", "t5.mesh:133:17", "forward");
-  support::View v307 = arena_.view(4096, 16);
-  static const support::Shape shape7_1 = {2, 8};
-  static const support::Shape shape7_3 = {256, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v307.data(), shape7_1, v306.data(), shape7_3, shape7_4, shape7_5,
+  support::View v307 = arena_.view(2048, 16);
+  static const support::Shape shape5_1 = {2, 8};
+  static const support::Shape shape5_3 = {256, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v307.data(), shape5_1, v306.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Max, 1.0);
 
   // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
@@ -1500,12 +1485,12 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:133:17 min -> predictions
   MESHRT_TRACE("min", "t5.mesh:133:17", "forward");
-  support::View v314 = arena_.view(4096, 16);
-  static const support::Shape shape10_1 = {2, 8};
-  static const support::Shape shape10_3 = {256, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v314.data(), shape10_1, v313.data(), shape10_3, shape10_4, shape10_5,
+  support::View v314 = arena_.view(2048, 16);
+  static const support::Shape shape8_1 = {2, 8};
+  static const support::Shape shape8_3 = {256, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v314.data(), shape8_1, v313.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Min, 1.0);
 
   // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
@@ -4011,25 +3996,11 @@ void T5Train::computeInvariants() {
       v169p[i0] = s2;
     }
   }
-
-  // t5.mesh:56:10 one_hot
-  support::View v549 = persistent_.view(29952, 512);
-  static const support::Shape shape44_1 = {8, 8, 8};
-  static const support::Shape shape44_3 = {8, 1, 0};
-  static const support::Shape shape44_4 = {0, 0, 1};
-  support::oneHot(v549.data(), shape44_1, v153.data(), shape44_3, shape44_4, 0);
-
-  // t5.mesh:56:10 one_hot
-  support::View v693 = persistent_.view(32000, 2048);
-  static const support::Shape shape45_1 = {16, 16, 8};
-  static const support::Shape shape45_3 = {16, 1, 0};
-  static const support::Shape shape45_4 = {0, 0, 1};
-  support::oneHot(v693.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 194624 bytes for 1132548 bytes of temporaries (placed by liveness).
+  // Arena: 188544 bytes for 1126404 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -4038,8 +4009,8 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v315 = arena_.view(194560, 1);
-  support::View v313 = arena_.view(194496, 1);
+  support::View v315 = arena_.view(188480, 1);
+  support::View v313 = arena_.view(188416, 1);
 
   // The step's updates.
   ++step_;
@@ -4066,7 +4037,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:56:10 transpose -> bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v34 = arena_.view(61440, 512);
+  support::View v34 = arena_.view(57344, 512);
   {
     float *__restrict v34p = v34.data();
     const float *__restrict v33p = v33.data();
@@ -4079,52 +4050,36 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  const support::Buffer &v0 = inputs.input_ids.data;
-  support::View v36 = arena_.view(0, 1024);
-  static const support::Shape shape2_1 = {2, 16, 32};
-  static const support::Shape shape2_3 = {16, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 1};
-  support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
   support::View v35(param1_shared_embedding); // updated in place
-  support::View v37 = arena_.view(4096, 1024);
-  // dims: batch, inputs, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v37 = arena_.view(0, 1024);
+  static const support::Shape shape2_1 = {2, 16, 32};
+  static const support::Shape shape2_3 = {0, 0, 1};
+  static const support::Shape shape2_5 = {16, 1, 0};
+  support::gather(v37.data(), shape2_1, v35.data(), shape2_3, v0.data(), shape2_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v170 = arena_.view(8192, 16);
-  static const support::Shape shape4_2 = {2, 8};
-  support::shift(v170, v1, shape4_2, 1, 1, nullptr);
-
-  // t5.mesh:96:17 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:96:17", "forward");
-  support::View v171 = arena_.view(131072, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {8, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v171.data(), shape5_1, v170.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
+  support::View v170 = arena_.view(185856, 16);
+  static const support::Shape shape3_2 = {2, 8};
+  support::shift(v170, v1, shape3_2, 1, 1, nullptr);
 
   // t5.mesh:96:10 einsum -> x
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "forward");
-  support::View v172 = arena_.view(133120, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "forward");
+  support::View v172 = arena_.view(126976, 512);
+  static const support::Shape shape4_1 = {2, 8, 32};
+  static const support::Shape shape4_3 = {0, 0, 1};
+  static const support::Shape shape4_5 = {8, 1, 0};
+  support::gather(v172.data(), shape4_1, v35.data(), shape4_3, v170.data(), shape4_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v745 = arena_.view(8192, 16);
+  support::View v745 = arena_.view(4096, 16);
   {
     float *__restrict v745p = v745.data();
     const float *__restrict v32p = v32.data();
@@ -4137,17 +4092,17 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v746 = arena_.view(192256, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {8, 2};
-  static const support::Shape shape8_5 = {2, 1};
-  support::reduce(v746.data(), shape8_1, v745.data(), shape8_3, shape8_4, shape8_5,
+  support::View v746 = arena_.view(186176, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {8, 2};
+  static const support::Shape shape6_5 = {2, 1};
+  support::reduce(v746.data(), shape6_1, v745.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v783 = arena_.view(8192, 1024);
+  support::View v783 = arena_.view(4096, 1024);
   {
     float *__restrict v783p = v783.data();
     const float *__restrict v35p = v35.data();
@@ -4160,64 +4115,64 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v784 = arena_.view(192320, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32, 32};
-  static const support::Shape shape10_5 = {32, 1};
-  support::reduce(v784.data(), shape10_1, v783.data(), shape10_3, shape10_4, shape10_5,
+  support::View v784 = arena_.view(186240, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {32, 32};
+  static const support::Shape shape8_5 = {32, 1};
+  support::reduce(v784.data(), shape8_1, v783.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v844 = arena_.view(8192, 512);
+  support::View v844 = arena_.view(4096, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v882 = arena_.view(8192, 512);
+  support::View v882 = arena_.view(4096, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v920 = arena_.view(8192, 512);
+  support::View v920 = arena_.view(4096, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v956 = arena_.view(8192, 512);
+  support::View v956 = arena_.view(4096, 512);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1016 = arena_.view(8192, 1024);
+  support::View v1016 = arena_.view(4096, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1054 = arena_.view(8192, 1024);
-  support::View v845 = arena_.view(192384, 1);
-  support::View v883 = arena_.view(192448, 1);
-  support::View v921 = arena_.view(192512, 1);
-  support::View v957 = arena_.view(192576, 1);
-  support::View v1017 = arena_.view(192640, 1);
-  support::View v1055 = arena_.view(192704, 1);
+  support::View v1054 = arena_.view(4096, 1024);
+  support::View v845 = arena_.view(186304, 1);
+  support::View v883 = arena_.view(186368, 1);
+  support::View v921 = arena_.view(186432, 1);
+  support::View v957 = arena_.view(186496, 1);
+  support::View v1017 = arena_.view(186560, 1);
+  support::View v1055 = arena_.view(186624, 1);
   repeated15(v47, v844, v845, v48, v882, v883, v49, v920, v921, v50, v956, v957, v70, v1016, v1017,
              v71, v1054, v1055);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1115 = arena_.view(8192, 512);
+  support::View v1115 = arena_.view(4096, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1153 = arena_.view(8192, 512);
+  support::View v1153 = arena_.view(4096, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1191 = arena_.view(8192, 512);
+  support::View v1191 = arena_.view(4096, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v1227 = arena_.view(8192, 512);
+  support::View v1227 = arena_.view(4096, 512);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1287 = arena_.view(8192, 1024);
+  support::View v1287 = arena_.view(4096, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v1325 = arena_.view(8192, 1024);
-  support::View v1116 = arena_.view(192768, 1);
-  support::View v1154 = arena_.view(192832, 1);
-  support::View v1192 = arena_.view(192896, 1);
-  support::View v1228 = arena_.view(192960, 1);
-  support::View v1288 = arena_.view(193024, 1);
-  support::View v1326 = arena_.view(193088, 1);
+  support::View v1325 = arena_.view(4096, 1024);
+  support::View v1116 = arena_.view(186688, 1);
+  support::View v1154 = arena_.view(186752, 1);
+  support::View v1192 = arena_.view(186816, 1);
+  support::View v1228 = arena_.view(186880, 1);
+  support::View v1288 = arena_.view(186944, 1);
+  support::View v1326 = arena_.view(187008, 1);
   repeated15(v85, v1115, v1116, v86, v1153, v1154, v87, v1191, v1192, v88, v1227, v1228, v108,
              v1287, v1288, v109, v1325, v1326);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  support::View v1385 = arena_.view(8192, 16);
+  support::View v1385 = arena_.view(4096, 16);
   {
     float *__restrict v1385p = v1385.data();
     const float *__restrict v154p = v154.data();
@@ -4230,46 +4185,46 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1386 = arena_.view(193152, 1);
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {8, 2};
-  static const support::Shape shape14_5 = {2, 1};
-  support::reduce(v1386.data(), shape14_1, v1385.data(), shape14_3, shape14_4, shape14_5,
+  support::View v1386 = arena_.view(187072, 1);
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {8, 2};
+  static const support::Shape shape12_5 = {2, 1};
+  support::reduce(v1386.data(), shape12_1, v1385.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1446 = arena_.view(8192, 512);
+  support::View v1446 = arena_.view(4096, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1484 = arena_.view(8192, 512);
+  support::View v1484 = arena_.view(4096, 512);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1522 = arena_.view(8192, 512);
+  support::View v1522 = arena_.view(4096, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v1558 = arena_.view(8192, 512);
+  support::View v1558 = arena_.view(4096, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1619 = arena_.view(8192, 512);
+  support::View v1619 = arena_.view(4096, 512);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1657 = arena_.view(8192, 512);
+  support::View v1657 = arena_.view(4096, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1695 = arena_.view(8192, 512);
+  support::View v1695 = arena_.view(4096, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v1731 = arena_.view(8192, 512);
+  support::View v1731 = arena_.view(4096, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1791 = arena_.view(8192, 1024);
+  support::View v1791 = arena_.view(4096, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1829 = arena_.view(8192, 1024);
-  support::View v1447 = arena_.view(193216, 1);
-  support::View v1485 = arena_.view(193280, 1);
-  support::View v1523 = arena_.view(193344, 1);
-  support::View v1559 = arena_.view(193408, 1);
-  support::View v1620 = arena_.view(193472, 1);
-  support::View v1658 = arena_.view(193536, 1);
-  support::View v1696 = arena_.view(193600, 1);
-  support::View v1732 = arena_.view(193664, 1);
-  support::View v1792 = arena_.view(193728, 1);
-  support::View v1830 = arena_.view(193792, 1);
+  support::View v1829 = arena_.view(4096, 1024);
+  support::View v1447 = arena_.view(187136, 1);
+  support::View v1485 = arena_.view(187200, 1);
+  support::View v1523 = arena_.view(187264, 1);
+  support::View v1559 = arena_.view(187328, 1);
+  support::View v1620 = arena_.view(187392, 1);
+  support::View v1658 = arena_.view(187456, 1);
+  support::View v1696 = arena_.view(187520, 1);
+  support::View v1732 = arena_.view(187584, 1);
+  support::View v1792 = arena_.view(187648, 1);
+  support::View v1830 = arena_.view(187712, 1);
   repeated11(v182, v1446, v1447, v183, v1484, v1485, v184, v1522, v1523, v185, v1558, v1559, v205,
              v1619, v1620, v206, v1657, v1658, v207, v1695, v1696, v208, v1731, v1732, v228, v1791,
              v1792, v229, v1829, v1830);
@@ -4277,35 +4232,35 @@ void T5Train::runPart0(const Inputs &inputs) {
   // 20 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1890 = arena_.view(8192, 512);
+  support::View v1890 = arena_.view(4096, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1928 = arena_.view(8192, 512);
+  support::View v1928 = arena_.view(4096, 512);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1966 = arena_.view(8192, 512);
+  support::View v1966 = arena_.view(4096, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v2002 = arena_.view(8192, 512);
+  support::View v2002 = arena_.view(4096, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2063 = arena_.view(8192, 512);
+  support::View v2063 = arena_.view(4096, 512);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2101 = arena_.view(8192, 512);
+  support::View v2101 = arena_.view(4096, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2139 = arena_.view(8192, 512);
+  support::View v2139 = arena_.view(4096, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v2175 = arena_.view(8192, 512);
+  support::View v2175 = arena_.view(4096, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2235 = arena_.view(8192, 1024);
+  support::View v2235 = arena_.view(4096, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v2273 = arena_.view(8192, 1024);
-  support::View v1891 = arena_.view(193856, 1);
-  support::View v1929 = arena_.view(193920, 1);
-  support::View v1967 = arena_.view(193984, 1);
-  support::View v2003 = arena_.view(194048, 1);
-  support::View v2064 = arena_.view(194112, 1);
-  support::View v2102 = arena_.view(194176, 1);
-  support::View v2140 = arena_.view(194240, 1);
-  support::View v2176 = arena_.view(194304, 1);
-  support::View v2236 = arena_.view(194368, 1);
-  support::View v2274 = arena_.view(194432, 1);
+  support::View v2273 = arena_.view(4096, 1024);
+  support::View v1891 = arena_.view(187776, 1);
+  support::View v1929 = arena_.view(187840, 1);
+  support::View v1967 = arena_.view(187904, 1);
+  support::View v2003 = arena_.view(187968, 1);
+  support::View v2064 = arena_.view(188032, 1);
+  support::View v2102 = arena_.view(188096, 1);
+  support::View v2140 = arena_.view(188160, 1);
+  support::View v2176 = arena_.view(188224, 1);
+  support::View v2236 = arena_.view(188288, 1);
+  support::View v2274 = arena_.view(188352, 1);
   repeated11(v243, v1890, v1891, v244, v1928, v1929, v245, v1966, v1967, v246, v2002, v2003, v266,
              v2063, v2064, v267, v2101, v2102, v268, v2139, v2140, v269, v2175, v2176, v289, v2235,
              v2236, v290, v2273, v2274);
@@ -4322,7 +4277,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v40 = arena_.view(8192, 1024);
+  support::View v40 = arena_.view(4096, 1024);
   {
     float *__restrict v40p = v40.data();
     const float *__restrict v37p = v37.data();
@@ -4335,18 +4290,18 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v41 = arena_.view(12288, 32);
-  static const support::Shape shape19_1 = {2, 16};
-  static const support::Shape shape19_3 = {512, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v41.data(), shape19_1, v40.data(), shape19_3, shape19_4, shape19_5,
+  support::View v41 = arena_.view(8192, 32);
+  static const support::Shape shape17_1 = {2, 16};
+  static const support::Shape shape17_3 = {512, 32};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v41.data(), shape17_1, v40.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v44 = arena_.view(190976, 32);
+  support::View v44 = arena_.view(184832, 32);
   {
     float *__restrict v44p = v44.data();
     const float *__restrict v41p = v41.data();
@@ -4363,8 +4318,8 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v45 = arena_.view(8192, 1024);
-  support::View v46 = arena_.view(12288, 1024);
+  support::View v45 = arena_.view(4096, 1024);
+  support::View v46 = arena_.view(8192, 1024);
   {
     float *__restrict v45p = v45.data();
     float *__restrict v46p = v46.data();
@@ -4386,35 +4341,29 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::View v51 = arena_.view(135168, 512);
-  support::View v52 = arena_.view(137216, 512);
-  support::View v54 = arena_.view(139264, 512);
-  support::View v56 = arena_.view(16384, 1024);
-  support::View v57 = arena_.view(20480, 1024);
-  support::View v58 = arena_.view(16384, 1024);
-  support::View v59 = arena_.view(20480, 1024);
+  support::View v51 = arena_.view(129024, 512);
+  support::View v52 = arena_.view(131072, 512);
+  support::View v54 = arena_.view(133120, 512);
+  support::View v56 = arena_.view(12288, 1024);
+  support::View v57 = arena_.view(16384, 1024);
+  support::View v58 = arena_.view(12288, 1024);
+  support::View v59 = arena_.view(16384, 1024);
   repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   support::View v153 = persistent_.view(23296, 64);
-  support::View v155 = arena_.view(24576, 128);
-  static const support::Shape shape23_1 = {8, 8, 2};
-  static const support::Shape shape23_3 = {0, 0, 1};
-  static const support::Shape shape23_5 = {8, 1, 0};
-  support::gather(v155.data(), shape23_1, v154.data(), shape23_3, v153.data(), shape23_5, 8, 2, 0);
-}
-
-void T5Train::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v155 = arena_.view(20480, 128);
+  static const support::Shape shape21_1 = {8, 8, 2};
+  static const support::Shape shape21_3 = {0, 0, 1};
+  static const support::Shape shape21_5 = {8, 1, 0};
+  support::gather(v155.data(), shape21_1, v154.data(), shape21_3, v153.data(), shape21_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v155 = arena_.view(24576, 128);
   support::View v160 = persistent_.view(23936, 64);
-  support::View v161 = arena_.view(98304, 128);
+  support::View v161 = arena_.view(94208, 128);
   {
     float *__restrict v161p = v161.data();
     const float *__restrict v155p = v155.data();
@@ -4432,8 +4381,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v172 = arena_.view(133120, 512);
-  support::View v175 = arena_.view(24576, 512);
+  support::View v175 = arena_.view(20480, 512);
   {
     float *__restrict v175p = v175.data();
     const float *__restrict v172p = v172.data();
@@ -4443,21 +4391,27 @@ void T5Train::runPart1(const Inputs &inputs) {
       v175p[i0] = s1;
     }
   }
+}
+
+void T5Train::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v176 = arena_.view(26624, 16);
-  static const support::Shape shape2_1 = {2, 8};
-  static const support::Shape shape2_3 = {256, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v176.data(), shape2_1, v175.data(), shape2_3, shape2_4, shape2_5,
+  support::View v175 = arena_.view(20480, 512);
+  support::View v176 = arena_.view(22528, 16);
+  static const support::Shape shape0_1 = {2, 8};
+  static const support::Shape shape0_3 = {256, 32};
+  static const support::Shape shape0_4 = {32};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v176.data(), shape0_1, v175.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(192000, 16);
+  support::View v179 = arena_.view(185920, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -4472,68 +4426,70 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 8 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
+  support::View v172 = arena_.view(126976, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v181 = arena_.view(143360, 512);
+  support::View v181 = arena_.view(137216, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v186 = arena_.view(184320, 256);
+  support::View v186 = arena_.view(178176, 256);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v187 = arena_.view(185344, 256);
+  support::View v187 = arena_.view(179200, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v189 = arena_.view(186368, 256);
-  support::View v191 = arena_.view(24576, 256);
-  support::View v192 = arena_.view(25600, 256);
-  support::View v193 = arena_.view(187392, 256);
+  support::View v189 = arena_.view(180224, 256);
+  support::View v191 = arena_.view(20480, 256);
+  support::View v161 = arena_.view(94208, 128);
+  support::View v192 = arena_.view(21504, 256);
+  support::View v193 = arena_.view(181248, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v180 = arena_.view(141312, 512);
-  support::View v194 = arena_.view(94208, 512);
+  support::View v180 = arena_.view(135168, 512);
+  support::View v194 = arena_.view(90112, 512);
   repeated14(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
              v193, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v59 = arena_.view(20480, 1024);
+  support::View v59 = arena_.view(16384, 1024);
   support::allReduceBucket(group_model, {v59, v194});
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v61 = arena_.view(24576, 1024);
-  support::View v63 = arena_.view(28672, 1024);
-  support::View v64 = arena_.view(20480, 32);
-  support::View v67 = arena_.view(191104, 32);
+  support::View v37 = arena_.view(0, 1024);
+  support::View v61 = arena_.view(20480, 1024);
+  support::View v63 = arena_.view(24576, 1024);
+  support::View v64 = arena_.view(16384, 32);
+  support::View v67 = arena_.view(184960, 32);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v69 = arena_.view(28672, 1024);
+  support::View v69 = arena_.view(24576, 1024);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v72 = arena_.view(32768, 1024);
-  support::View v73 = arena_.view(36864, 1024);
+  support::View v72 = arena_.view(28672, 1024);
+  support::View v73 = arena_.view(32768, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v74 = arena_.view(40960, 1024);
-  support::View v76 = arena_.view(45056, 1024);
-  support::View v78 = arena_.view(49152, 1024);
-  support::View v79 = arena_.view(40960, 32);
-  support::View v82 = arena_.view(191232, 32);
+  support::View v74 = arena_.view(36864, 1024);
+  support::View v76 = arena_.view(40960, 1024);
+  support::View v78 = arena_.view(45056, 1024);
+  support::View v79 = arena_.view(36864, 32);
+  support::View v82 = arena_.view(185088, 32);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v68 = arena_.view(20480, 1024);
-  support::View v83 = arena_.view(40960, 1024);
-  support::View v84 = arena_.view(49152, 1024);
+  support::View v68 = arena_.view(16384, 1024);
+  support::View v83 = arena_.view(36864, 1024);
+  support::View v84 = arena_.view(45056, 1024);
   repeated13(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
              v82, v77, v83, v84);
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v89 = arena_.view(145408, 512);
+  support::View v89 = arena_.view(139264, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v90 = arena_.view(147456, 512);
+  support::View v90 = arena_.view(141312, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v92 = arena_.view(149504, 512);
-  support::View v94 = arena_.view(53248, 1024);
-  support::View v34 = arena_.view(61440, 512);
-  support::View v95 = arena_.view(57344, 1024);
-  support::View v96 = arena_.view(53248, 1024);
+  support::View v92 = arena_.view(143360, 512);
+  support::View v94 = arena_.view(49152, 1024);
+  support::View v34 = arena_.view(57344, 512);
+  support::View v95 = arena_.view(53248, 1024);
+  support::View v96 = arena_.view(49152, 1024);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v97 = arena_.view(57344, 1024);
+  support::View v97 = arena_.view(53248, 1024);
   repeated17(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
@@ -4542,32 +4498,32 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v99 = arena_.view(61440, 1024);
-  support::View v101 = arena_.view(65536, 1024);
-  support::View v102 = arena_.view(57344, 32);
-  support::View v105 = arena_.view(191360, 32);
+  support::View v99 = arena_.view(57344, 1024);
+  support::View v101 = arena_.view(61440, 1024);
+  support::View v102 = arena_.view(53248, 32);
+  support::View v105 = arena_.view(185216, 32);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v107 = arena_.view(65536, 1024);
+  support::View v107 = arena_.view(61440, 1024);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v110 = arena_.view(69632, 1024);
-  support::View v111 = arena_.view(73728, 1024);
+  support::View v110 = arena_.view(65536, 1024);
+  support::View v111 = arena_.view(69632, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v112 = arena_.view(77824, 1024);
-  support::View v114 = arena_.view(81920, 1024);
-  support::View v116 = arena_.view(86016, 1024);
-  support::View v117 = arena_.view(77824, 32);
-  support::View v120 = arena_.view(191488, 32);
+  support::View v112 = arena_.view(73728, 1024);
+  support::View v114 = arena_.view(77824, 1024);
+  support::View v116 = arena_.view(81920, 1024);
+  support::View v117 = arena_.view(73728, 32);
+  support::View v120 = arena_.view(185344, 32);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v106 = arena_.view(57344, 1024);
-  support::View v121 = arena_.view(77824, 1024);
-  support::View v122 = arena_.view(86016, 1024);
+  support::View v106 = arena_.view(53248, 1024);
+  support::View v121 = arena_.view(73728, 1024);
+  support::View v122 = arena_.view(81920, 1024);
   repeated13(v76, v97, v99, v101, v102, v105, v100, v106, v107, v108, v110, v111, v109, v112, v114,
              v116, v117, v120, v115, v121, v122);
 
   // t5.mesh:113:9 transpose
   MESHRT_TRACE("loop", "t5.mesh:113:9", "forward");
   support::View v35(param1_shared_embedding); // updated in place
-  support::View v123 = arena_.view(90112, 1024);
+  support::View v123 = arena_.view(86016, 1024);
   {
     float *__restrict v123p = v123.data();
     const float *__restrict v35p = v35.data();
@@ -4582,41 +4538,41 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v196 = arena_.view(151552, 512);
-  support::View v198 = arena_.view(96256, 512);
-  support::View v199 = arena_.view(94208, 16);
-  support::View v202 = arena_.view(192064, 16);
+  support::View v196 = arena_.view(145408, 512);
+  support::View v198 = arena_.view(92160, 512);
+  support::View v199 = arena_.view(90112, 16);
+  support::View v202 = arena_.view(185984, 16);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v204 = arena_.view(155648, 512);
+  support::View v204 = arena_.view(149504, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v209 = arena_.view(188416, 256);
+  support::View v209 = arena_.view(182272, 256);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v210 = arena_.view(118784, 512);
+  support::View v210 = arena_.view(114688, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v212 = arena_.view(120832, 512);
-  support::View v214 = arena_.view(94208, 512);
+  support::View v212 = arena_.view(116736, 512);
+  support::View v214 = arena_.view(90112, 512);
   support::View v169 = persistent_.view(26432, 256);
-  support::View v215 = arena_.view(96256, 512);
-  support::View v216 = arena_.view(122880, 512);
+  support::View v215 = arena_.view(92160, 512);
+  support::View v216 = arena_.view(118784, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v217 = arena_.view(94208, 512);
-  support::View v219 = arena_.view(124928, 512);
-  support::View v221 = arena_.view(96256, 512);
-  support::View v222 = arena_.view(94208, 16);
-  support::View v225 = arena_.view(192128, 16);
+  support::View v217 = arena_.view(90112, 512);
+  support::View v219 = arena_.view(120832, 512);
+  support::View v221 = arena_.view(92160, 512);
+  support::View v222 = arena_.view(90112, 16);
+  support::View v225 = arena_.view(186048, 16);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v227 = arena_.view(129024, 512);
+  support::View v227 = arena_.view(124928, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v230 = arena_.view(114688, 512);
-  support::View v231 = arena_.view(116736, 512);
+  support::View v230 = arena_.view(110592, 512);
+  support::View v231 = arena_.view(112640, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v232 = arena_.view(94208, 512);
-  support::View v236 = arena_.view(96256, 512);
-  support::View v237 = arena_.view(94208, 16);
-  support::View v203 = arena_.view(153600, 512);
-  support::View v226 = arena_.view(126976, 512);
-  support::View v234 = arena_.view(110592, 512);
-  support::View v240 = arena_.view(192192, 16);
+  support::View v232 = arena_.view(90112, 512);
+  support::View v236 = arena_.view(92160, 512);
+  support::View v237 = arena_.view(90112, 16);
+  support::View v203 = arena_.view(147456, 512);
+  support::View v226 = arena_.view(122880, 512);
+  support::View v234 = arena_.view(106496, 512);
+  support::View v240 = arena_.view(186112, 16);
   repeated8(v172, v194, v196, v198, v199, v202, v197, v203, v204, v205, v209, v122, v206, v210,
             v207, v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v226,
             v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
@@ -4624,19 +4580,19 @@ void T5Train::runPart1(const Inputs &inputs) {
   // 8 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v242 = arena_.view(157696, 512);
+  support::View v242 = arena_.view(151552, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v247 = arena_.view(178176, 256);
+  support::View v247 = arena_.view(172032, 256);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v248 = arena_.view(179200, 256);
+  support::View v248 = arena_.view(173056, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v250 = arena_.view(180224, 256);
-  support::View v252 = arena_.view(94208, 256);
-  support::View v253 = arena_.view(95232, 256);
-  support::View v254 = arena_.view(181248, 256);
+  support::View v250 = arena_.view(174080, 256);
+  support::View v252 = arena_.view(90112, 256);
+  support::View v253 = arena_.view(91136, 256);
+  support::View v254 = arena_.view(175104, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v241 = arena_.view(112640, 512);
-  support::View v255 = arena_.view(94208, 512);
+  support::View v241 = arena_.view(108544, 512);
+  support::View v255 = arena_.view(90112, 512);
   repeated14(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
              v254, v246, v255);
 
@@ -4646,40 +4602,40 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
-  support::View v257 = arena_.view(159744, 512);
-  support::View v259 = arena_.view(96256, 512);
-  support::View v260 = arena_.view(94208, 16);
-  support::View v263 = arena_.view(189440, 16);
+  support::View v257 = arena_.view(153600, 512);
+  support::View v259 = arena_.view(92160, 512);
+  support::View v260 = arena_.view(90112, 16);
+  support::View v263 = arena_.view(183296, 16);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v265 = arena_.view(163840, 512);
+  support::View v265 = arena_.view(157696, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v270 = arena_.view(182272, 256);
+  support::View v270 = arena_.view(176128, 256);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v271 = arena_.view(102400, 512);
+  support::View v271 = arena_.view(98304, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v273 = arena_.view(104448, 512);
-  support::View v275 = arena_.view(94208, 512);
-  support::View v276 = arena_.view(96256, 512);
-  support::View v277 = arena_.view(106496, 512);
+  support::View v273 = arena_.view(100352, 512);
+  support::View v275 = arena_.view(90112, 512);
+  support::View v276 = arena_.view(92160, 512);
+  support::View v277 = arena_.view(102400, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v278 = arena_.view(94208, 512);
-  support::View v280 = arena_.view(108544, 512);
-  support::View v282 = arena_.view(96256, 512);
-  support::View v283 = arena_.view(94208, 16);
-  support::View v286 = arena_.view(183296, 16);
+  support::View v278 = arena_.view(90112, 512);
+  support::View v280 = arena_.view(104448, 512);
+  support::View v282 = arena_.view(92160, 512);
+  support::View v283 = arena_.view(90112, 16);
+  support::View v286 = arena_.view(177152, 16);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v288 = arena_.view(167936, 512);
+  support::View v288 = arena_.view(161792, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v291 = arena_.view(98304, 512);
-  support::View v292 = arena_.view(100352, 512);
+  support::View v291 = arena_.view(94208, 512);
+  support::View v292 = arena_.view(96256, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v293 = arena_.view(94208, 512);
-  support::View v297 = arena_.view(169984, 512);
-  support::View v298 = arena_.view(94208, 16);
-  support::View v264 = arena_.view(161792, 512);
-  support::View v287 = arena_.view(165888, 512);
-  support::View v295 = arena_.view(96256, 512);
-  support::View v301 = arena_.view(183360, 16);
+  support::View v293 = arena_.view(90112, 512);
+  support::View v297 = arena_.view(163840, 512);
+  support::View v298 = arena_.view(90112, 16);
+  support::View v264 = arena_.view(155648, 512);
+  support::View v287 = arena_.view(159744, 512);
+  support::View v295 = arena_.view(92160, 512);
+  support::View v301 = arena_.view(177216, 16);
   repeated8(v234, v255, v257, v259, v260, v263, v258, v264, v265, v266, v270, v122, v267, v271,
             v268, v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v287,
             v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
@@ -4689,8 +4645,8 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v302 = arena_.view(94208, 512);
-  support::View v305 = arena_.view(169984, 512);
+  support::View v302 = arena_.view(90112, 512);
+  support::View v305 = arena_.view(163840, 512);
   {
     float *__restrict v302p = v302.data();
     float *__restrict v305p = v305.data();
@@ -4714,37 +4670,37 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v306 = arena_.view(172032, 512);
+  support::View v306 = arena_.view(165888, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
   MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
-  support::View v307 = arena_.view(174080, 512);
-  static const support::Shape shape17_2 = {2, 8};
-  static const support::Shape shape17_3 = {256, 32};
-  static const support::Shape shape17_4 = {256, 32};
-  static const support::Shape shape17_5 = {32};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(v307.data(), v306.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v307 = arena_.view(167936, 512);
+  static const support::Shape shape15_2 = {2, 8};
+  static const support::Shape shape15_3 = {256, 32};
+  static const support::Shape shape15_4 = {256, 32};
+  static const support::Shape shape15_5 = {32};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v307.data(), v306.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // t5.mesh:149:53 one_hot
   MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v308 = arena_.view(172032, 512);
-  static const support::Shape shape18_1 = {2, 8, 32};
-  static const support::Shape shape18_3 = {8, 1, 0};
-  static const support::Shape shape18_4 = {0, 0, 1};
-  support::oneHot(v308.data(), shape18_1, v1.data(), shape18_3, shape18_4,
+  support::View v308 = arena_.view(165888, 512);
+  static const support::Shape shape16_1 = {2, 8, 32};
+  static const support::Shape shape16_3 = {8, 1, 0};
+  static const support::Shape shape16_4 = {0, 0, 1};
+  support::oneHot(v308.data(), shape16_1, v1.data(), shape16_3, shape16_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
   MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
-  support::View v309 = arena_.view(176128, 512);
+  support::View v309 = arena_.view(169984, 512);
   {
     float *__restrict v309p = v309.data();
     const float *__restrict v307p = v307.data();
@@ -4759,12 +4715,12 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:149:20 sum -> token_logp
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
-  support::View v310 = arena_.view(183424, 16);
-  static const support::Shape shape20_1 = {2, 8};
-  static const support::Shape shape20_3 = {256, 32};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v310.data(), shape20_1, v309.data(), shape20_3, shape20_4, shape20_5,
+  support::View v310 = arena_.view(177280, 16);
+  static const support::Shape shape18_1 = {2, 8};
+  static const support::Shape shape18_3 = {256, 32};
+  static const support::Shape shape18_4 = {32};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v310.data(), shape18_1, v309.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:149:24 lt
@@ -4777,7 +4733,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:149:51 mul
   // t5.mesh:149:24 sub
   MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
-  support::View v332 = arena_.view(176128, 512);
+  support::View v332 = arena_.view(169984, 512);
   {
     float *__restrict v332p = v332.data();
     const float *__restrict v1p = v1.data();
@@ -4810,26 +4766,20 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:125:10 einsum
   // t5.mesh:125:29 mul
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v333 = arena_.view(172032, 512);
+  support::View v333 = arena_.view(165888, 512);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v332.data(), v123.data(), v333.data(), 0.17677669f, 0.0f);
+  einsumPlan20.run(v332.data(), v123.data(), v333.data(), 0.17677669f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %322 over model for mul at
   // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::allReduceBucket(group_model, {v333, v310});
-}
-
-void T5Train::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:150:29 exp
   MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
-  support::View v310 = arena_.view(183424, 16);
-  support::View v312 = arena_.view(90112, 16);
+  support::View v312 = arena_.view(86016, 16);
   {
     float *__restrict v312p = v312.data();
     const float *__restrict v310p = v310.data();
@@ -4842,27 +4792,33 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
-  support::View v313 = arena_.view(194496, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {2, 8};
-  static const support::Shape shape1_5 = {8, 1};
-  support::reduce(v313.data(), shape1_1, v312.data(), shape1_3, shape1_4, shape1_5,
+  support::View v313 = arena_.view(188416, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {2, 8};
+  static const support::Shape shape23_5 = {8, 1};
+  support::reduce(v313.data(), shape23_1, v312.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.03125);
+}
+
+void T5Train::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:151:15 mean
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
-  support::View v314 = arena_.view(90112, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {2, 8};
-  static const support::Shape shape2_5 = {8, 1};
-  support::reduce(v314.data(), shape2_1, v310.data(), shape2_3, shape2_4, shape2_5,
+  support::View v310 = arena_.view(177280, 16);
+  support::View v314 = arena_.view(86016, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {2, 8};
+  static const support::Shape shape0_5 = {8, 1};
+  support::reduce(v314.data(), shape0_1, v310.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
   MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
-  support::View v315 = arena_.view(194560, 1);
+  support::View v315 = arena_.view(188480, 1);
   {
     float *__restrict v315p = v315.data();
     const float *__restrict v314p = v314.data();
@@ -4873,19 +4829,19 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v332 = arena_.view(176128, 512);
-  support::View v305 = arena_.view(169984, 512);
-  support::View v334 = arena_.view(90112, 1024);
+  support::View v332 = arena_.view(169984, 512);
+  support::View v305 = arena_.view(163840, 512);
+  support::View v334 = arena_.view(86016, 1024);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan4.run(v332.data(), v305.data(), v334.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v332.data(), v305.data(), v334.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v333 = arena_.view(172032, 512);
-  support::View v302 = arena_.view(94208, 512);
-  support::View v338 = arena_.view(169984, 512);
+  support::View v333 = arena_.view(165888, 512);
+  support::View v302 = arena_.view(90112, 512);
+  support::View v338 = arena_.view(163840, 512);
   {
     float *__restrict v338p = v338.data();
     const float *__restrict v333p = v333.data();
@@ -4900,12 +4856,12 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v339 = arena_.view(191616, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 8};
-  static const support::Shape shape6_5 = {256, 32};
-  support::reduce(v339.data(), shape6_1, v338.data(), shape6_3, shape6_4, shape6_5,
+  support::View v339 = arena_.view(185472, 32);
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {2, 8};
+  static const support::Shape shape4_5 = {256, 32};
+  support::reduce(v339.data(), shape4_1, v338.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -4913,10 +4869,10 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v301 = arena_.view(183360, 16);
-  support::View v295 = arena_.view(96256, 512);
-  support::View v340 = arena_.view(94208, 512);
-  support::View v341 = arena_.view(169984, 512);
+  support::View v301 = arena_.view(177216, 16);
+  support::View v295 = arena_.view(92160, 512);
+  support::View v340 = arena_.view(90112, 512);
+  support::View v341 = arena_.view(163840, 512);
   {
     float *__restrict v340p = v340.data();
     float *__restrict v341p = v341.data();
@@ -4941,47 +4897,47 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v342 = arena_.view(172032, 16);
-  support::View v353 = arena_.view(169984, 512);
+  support::View v342 = arena_.view(165888, 16);
+  support::View v353 = arena_.view(163840, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v354 = arena_.view(172032, 512);
-  support::View v292 = arena_.view(100352, 512);
-  support::View v291 = arena_.view(98304, 512);
-  support::View v358 = arena_.view(174080, 512);
+  support::View v354 = arena_.view(165888, 512);
+  support::View v292 = arena_.view(96256, 512);
+  support::View v291 = arena_.view(94208, 512);
+  support::View v358 = arena_.view(167936, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v359 = arena_.view(172032, 512);
-  support::View v288 = arena_.view(167936, 512);
-  support::View v287 = arena_.view(165888, 512);
-  support::View v363 = arena_.view(167936, 512);
+  support::View v359 = arena_.view(165888, 512);
+  support::View v288 = arena_.view(161792, 512);
+  support::View v287 = arena_.view(159744, 512);
+  support::View v363 = arena_.view(161792, 512);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v286 = arena_.view(183296, 16);
-  support::View v280 = arena_.view(108544, 512);
-  support::View v366 = arena_.view(165888, 512);
-  support::View v367 = arena_.view(167936, 512);
-  support::View v368 = arena_.view(169984, 16);
-  support::View v377 = arena_.view(167936, 512);
-  support::View v273 = arena_.view(104448, 512);
+  support::View v286 = arena_.view(177152, 16);
+  support::View v280 = arena_.view(104448, 512);
+  support::View v366 = arena_.view(159744, 512);
+  support::View v367 = arena_.view(161792, 512);
+  support::View v368 = arena_.view(163840, 16);
+  support::View v377 = arena_.view(161792, 512);
+  support::View v273 = arena_.view(100352, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v378 = arena_.view(108544, 512);
-  support::View v277 = arena_.view(106496, 512);
-  support::View v379 = arena_.view(165888, 512);
-  support::View v381 = arena_.view(104448, 512);
-  support::View v382 = arena_.view(172032, 32);
-  support::View v384 = arena_.view(104448, 512);
-  support::View v271 = arena_.view(102400, 512);
-  support::View v270 = arena_.view(182272, 256);
-  support::View v386 = arena_.view(172032, 512);
+  support::View v378 = arena_.view(104448, 512);
+  support::View v277 = arena_.view(102400, 512);
+  support::View v379 = arena_.view(159744, 512);
+  support::View v381 = arena_.view(100352, 512);
+  support::View v382 = arena_.view(165888, 32);
+  support::View v384 = arena_.view(100352, 512);
+  support::View v271 = arena_.view(98304, 512);
+  support::View v270 = arena_.view(176128, 256);
+  support::View v386 = arena_.view(165888, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v122 = arena_.view(86016, 1024);
+  support::View v122 = arena_.view(81920, 1024);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v355 = arena_.view(94208, 1024);
-  support::View v360 = arena_.view(98304, 1024);
-  support::View v364 = arena_.view(191744, 32);
-  support::View v380 = arena_.view(169984, 512);
-  support::View v385 = arena_.view(183296, 256);
-  support::View v388 = arena_.view(102400, 1024);
-  support::View v389 = arena_.view(174080, 512);
-  support::View v391 = arena_.view(106496, 1024);
+  support::View v355 = arena_.view(90112, 1024);
+  support::View v360 = arena_.view(94208, 1024);
+  support::View v364 = arena_.view(185600, 32);
+  support::View v380 = arena_.view(163840, 512);
+  support::View v385 = arena_.view(177152, 256);
+  support::View v388 = arena_.view(98304, 1024);
+  support::View v389 = arena_.view(167936, 512);
+  support::View v391 = arena_.view(102400, 1024);
   repeated4(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
             v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v273, v269,
             v378, v277, v379, v380, v381, v382, v384, v271, v385, v270, v386, v268, v388, v122,
@@ -4989,20 +4945,20 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v393 = arena_.view(165888, 512);
+  support::View v393 = arena_.view(159744, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan9.run(v386.data(), v122.data(), v393.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v386.data(), v122.data(), v393.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v394 = arena_.view(172032, 512);
+  support::View v394 = arena_.view(165888, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan10.run(v385.data(), v266.data(), v394.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v385.data(), v266.data(), v394.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %379 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -5010,52 +4966,52 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v265 = arena_.view(163840, 512);
-  support::View v395 = arena_.view(176128, 512);
+  support::View v265 = arena_.view(157696, 512);
+  support::View v395 = arena_.view(169984, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan12.run(v385.data(), v265.data(), v395.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v385.data(), v265.data(), v395.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v264 = arena_.view(161792, 512);
-  support::View v398 = arena_.view(163840, 512);
+  support::View v264 = arena_.view(155648, 512);
+  support::View v398 = arena_.view(157696, 512);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v263 = arena_.view(189440, 16);
-  support::View v257 = arena_.view(159744, 512);
-  support::View v401 = arena_.view(161792, 512);
-  support::View v402 = arena_.view(163840, 512);
-  support::View v403 = arena_.view(167936, 16);
-  support::View v412 = arena_.view(163840, 512);
-  support::View v250 = arena_.view(180224, 256);
+  support::View v263 = arena_.view(183296, 16);
+  support::View v257 = arena_.view(153600, 512);
+  support::View v401 = arena_.view(155648, 512);
+  support::View v402 = arena_.view(157696, 512);
+  support::View v403 = arena_.view(161792, 16);
+  support::View v412 = arena_.view(157696, 512);
+  support::View v250 = arena_.view(174080, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v413 = arena_.view(161792, 256);
-  support::View v254 = arena_.view(181248, 256);
-  support::View v414 = arena_.view(172032, 256);
-  support::View v416 = arena_.view(162816, 256);
-  support::View v417 = arena_.view(167936, 32);
-  support::View v419 = arena_.view(162816, 256);
-  support::View v248 = arena_.view(179200, 256);
-  support::View v421 = arena_.view(189440, 256);
-  support::View v247 = arena_.view(178176, 256);
-  support::View v422 = arena_.view(180224, 256);
+  support::View v413 = arena_.view(155648, 256);
+  support::View v254 = arena_.view(175104, 256);
+  support::View v414 = arena_.view(165888, 256);
+  support::View v416 = arena_.view(156672, 256);
+  support::View v417 = arena_.view(161792, 32);
+  support::View v419 = arena_.view(156672, 256);
+  support::View v248 = arena_.view(173056, 256);
+  support::View v421 = arena_.view(183296, 256);
+  support::View v247 = arena_.view(172032, 256);
+  support::View v422 = arena_.view(174080, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v424 = arena_.view(161792, 512);
-  support::View v242 = arena_.view(157696, 512);
+  support::View v424 = arena_.view(155648, 512);
+  support::View v242 = arena_.view(151552, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v427 = arena_.view(172032, 512);
+  support::View v427 = arena_.view(165888, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v430 = arena_.view(180224, 512);
-  support::View v399 = arena_.view(191872, 32);
-  support::View v415 = arena_.view(159744, 512);
-  support::View v420 = arena_.view(190464, 128);
-  support::View v425 = arena_.view(167936, 512);
-  support::View v429 = arena_.view(178176, 512);
-  support::View v431 = arena_.view(182272, 512);
+  support::View v430 = arena_.view(174080, 512);
+  support::View v399 = arena_.view(185728, 32);
+  support::View v415 = arena_.view(153600, 512);
+  support::View v420 = arena_.view(184320, 128);
+  support::View v425 = arena_.view(161792, 512);
+  support::View v429 = arena_.view(172032, 512);
+  support::View v431 = arena_.view(176128, 512);
   repeated7(v394, v264, v398, v399, v258, v263, v377, v257, v401, v402, v403, v412, v250, v246,
             v413, v254, v414, v415, v416, v417, v419, v420, v248, v421, v247, v422, v245, v424,
             v242, v425, v244, v427, v429, v243, v430, v431);
@@ -5066,69 +5022,69 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v432 = arena_.view(161792, 512);
+  support::View v432 = arena_.view(155648, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v421.data(), v242.data(), v432.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v421.data(), v242.data(), v432.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v241 = arena_.view(112640, 512);
-  support::View v435 = arena_.view(157696, 512);
+  support::View v241 = arena_.view(108544, 512);
+  support::View v435 = arena_.view(151552, 512);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v240 = arena_.view(192192, 16);
-  support::View v234 = arena_.view(110592, 512);
-  support::View v436 = arena_.view(189440, 32);
-  support::View v438 = arena_.view(112640, 512);
-  support::View v439 = arena_.view(157696, 512);
+  support::View v240 = arena_.view(186112, 16);
+  support::View v234 = arena_.view(106496, 512);
+  support::View v436 = arena_.view(183296, 32);
+  support::View v438 = arena_.view(108544, 512);
+  support::View v439 = arena_.view(151552, 512);
   repeated19(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v440 = arena_.view(163840, 16);
-  support::View v449 = arena_.view(157696, 512);
+  support::View v440 = arena_.view(157696, 16);
+  support::View v449 = arena_.view(151552, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v450 = arena_.view(163840, 512);
-  support::View v231 = arena_.view(116736, 512);
-  support::View v230 = arena_.view(114688, 512);
-  support::View v453 = arena_.view(172032, 512);
+  support::View v450 = arena_.view(157696, 512);
+  support::View v231 = arena_.view(112640, 512);
+  support::View v230 = arena_.view(110592, 512);
+  support::View v453 = arena_.view(165888, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v454 = arena_.view(163840, 512);
-  support::View v227 = arena_.view(129024, 512);
-  support::View v226 = arena_.view(126976, 512);
-  support::View v458 = arena_.view(129024, 512);
+  support::View v454 = arena_.view(157696, 512);
+  support::View v227 = arena_.view(124928, 512);
+  support::View v226 = arena_.view(122880, 512);
+  support::View v458 = arena_.view(124928, 512);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v225 = arena_.view(192128, 16);
-  support::View v219 = arena_.view(124928, 512);
-  support::View v461 = arena_.view(126976, 512);
-  support::View v462 = arena_.view(129024, 512);
-  support::View v463 = arena_.view(163840, 16);
-  support::View v472 = arena_.view(157696, 512);
-  support::View v212 = arena_.view(120832, 512);
+  support::View v225 = arena_.view(186048, 16);
+  support::View v219 = arena_.view(120832, 512);
+  support::View v461 = arena_.view(122880, 512);
+  support::View v462 = arena_.view(124928, 512);
+  support::View v463 = arena_.view(157696, 16);
+  support::View v472 = arena_.view(151552, 512);
+  support::View v212 = arena_.view(116736, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v473 = arena_.view(124928, 512);
-  support::View v216 = arena_.view(122880, 512);
-  support::View v474 = arena_.view(126976, 512);
-  support::View v476 = arena_.view(120832, 512);
-  support::View v477 = arena_.view(129024, 32);
-  support::View v479 = arena_.view(120832, 512);
-  support::View v210 = arena_.view(118784, 512);
-  support::View v209 = arena_.view(188416, 256);
-  support::View v481 = arena_.view(172032, 512);
+  support::View v473 = arena_.view(120832, 512);
+  support::View v216 = arena_.view(118784, 512);
+  support::View v474 = arena_.view(122880, 512);
+  support::View v476 = arena_.view(116736, 512);
+  support::View v477 = arena_.view(124928, 32);
+  support::View v479 = arena_.view(116736, 512);
+  support::View v210 = arena_.view(114688, 512);
+  support::View v209 = arena_.view(182272, 256);
+  support::View v481 = arena_.view(165888, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v451 = arena_.view(110592, 1024);
-  support::View v455 = arena_.view(114688, 1024);
-  support::View v459 = arena_.view(183296, 32);
-  support::View v475 = arena_.view(163840, 512);
-  support::View v480 = arena_.view(182272, 256);
-  support::View v483 = arena_.view(118784, 1024);
-  support::View v485 = arena_.view(180224, 512);
-  support::View v487 = arena_.view(122880, 1024);
+  support::View v451 = arena_.view(106496, 1024);
+  support::View v455 = arena_.view(110592, 1024);
+  support::View v459 = arena_.view(177152, 32);
+  support::View v475 = arena_.view(157696, 512);
+  support::View v480 = arena_.view(176128, 256);
+  support::View v483 = arena_.view(114688, 1024);
+  support::View v485 = arena_.view(174080, 512);
+  support::View v487 = arena_.view(118784, 1024);
   repeated4(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
             v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v212, v208,
             v473, v216, v474, v475, v476, v477, v479, v210, v480, v209, v481, v207, v483, v122,
@@ -5138,7 +5094,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  support::View v488 = arena_.view(126976, 1024);
+  support::View v488 = arena_.view(122880, 1024);
   {
     float *__restrict v488p = v488.data();
     const float *__restrict v388p = v388.data();
@@ -5159,20 +5115,20 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v489 = arena_.view(118784, 512);
+  support::View v489 = arena_.view(114688, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan21.run(v481.data(), v122.data(), v489.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v481.data(), v122.data(), v489.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v490 = arena_.view(86016, 512);
+  support::View v490 = arena_.view(81920, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan22.run(v480.data(), v205.data(), v490.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v480.data(), v205.data(), v490.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%470, %472) over model resolved
   // together, 6.0 KiB in one buffer)
@@ -5181,12 +5137,12 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v204 = arena_.view(155648, 512);
-  support::View v491 = arena_.view(120832, 512);
+  support::View v204 = arena_.view(149504, 512);
+  support::View v491 = arena_.view(116736, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan24.run(v480.data(), v204.data(), v491.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v480.data(), v204.data(), v491.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request4);
@@ -5198,49 +5154,49 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v490 = arena_.view(86016, 512);
-  support::View v203 = arena_.view(153600, 512);
-  support::View v494 = arena_.view(88064, 512);
+  support::View v490 = arena_.view(81920, 512);
+  support::View v203 = arena_.view(147456, 512);
+  support::View v494 = arena_.view(83968, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v202 = arena_.view(192064, 16);
-  support::View v472 = arena_.view(157696, 512);
-  support::View v196 = arena_.view(151552, 512);
-  support::View v497 = arena_.view(88064, 512);
-  support::View v498 = arena_.view(102400, 512);
-  support::View v499 = arena_.view(86016, 16);
-  support::View v508 = arena_.view(106496, 512);
-  support::View v189 = arena_.view(186368, 256);
+  support::View v202 = arena_.view(185984, 16);
+  support::View v472 = arena_.view(151552, 512);
+  support::View v196 = arena_.view(145408, 512);
+  support::View v497 = arena_.view(83968, 512);
+  support::View v498 = arena_.view(98304, 512);
+  support::View v499 = arena_.view(81920, 16);
+  support::View v508 = arena_.view(102400, 512);
+  support::View v189 = arena_.view(180224, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v509 = arena_.view(86016, 256);
-  support::View v193 = arena_.view(187392, 256);
-  support::View v510 = arena_.view(88064, 256);
-  support::View v512 = arena_.view(87040, 256);
-  support::View v513 = arena_.view(89088, 32);
-  support::View v515 = arena_.view(87040, 256);
-  support::View v187 = arena_.view(185344, 256);
-  support::View v518 = arena_.view(104448, 256);
-  support::View v186 = arena_.view(184320, 256);
-  support::View v519 = arena_.view(102400, 256);
+  support::View v509 = arena_.view(81920, 256);
+  support::View v193 = arena_.view(181248, 256);
+  support::View v510 = arena_.view(83968, 256);
+  support::View v512 = arena_.view(82944, 256);
+  support::View v513 = arena_.view(84992, 32);
+  support::View v515 = arena_.view(82944, 256);
+  support::View v187 = arena_.view(179200, 256);
+  support::View v518 = arena_.view(100352, 256);
+  support::View v186 = arena_.view(178176, 256);
+  support::View v519 = arena_.view(98304, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v521 = arena_.view(86016, 512);
-  support::View v181 = arena_.view(143360, 512);
+  support::View v521 = arena_.view(81920, 512);
+  support::View v181 = arena_.view(137216, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v524 = arena_.view(88064, 512);
+  support::View v524 = arena_.view(83968, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v527 = arena_.view(102400, 512);
-  support::View v495 = arena_.view(156160, 32);
-  support::View v511 = arena_.view(122880, 512);
-  support::View v516 = arena_.view(155648, 128);
-  support::View v522 = arena_.view(124928, 512);
-  support::View v526 = arena_.view(151552, 512);
-  support::View v528 = arena_.view(108544, 512);
+  support::View v527 = arena_.view(98304, 512);
+  support::View v495 = arena_.view(150016, 32);
+  support::View v511 = arena_.view(118784, 512);
+  support::View v516 = arena_.view(149504, 128);
+  support::View v522 = arena_.view(120832, 512);
+  support::View v526 = arena_.view(145408, 512);
+  support::View v528 = arena_.view(104448, 512);
   repeated7(v490, v203, v494, v495, v197, v202, v472, v196, v497, v498, v499, v508, v189, v185,
             v509, v193, v510, v511, v512, v513, v515, v516, v187, v518, v186, v519, v184, v521,
             v181, v522, v183, v524, v526, v182, v527, v528);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v529 = arena_.view(153600, 512);
+  support::View v529 = arena_.view(147456, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -5250,12 +5206,12 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v488 = arena_.view(126976, 1024);
+  support::View v488 = arena_.view(122880, 1024);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v120 = arena_.view(191488, 32);
-  support::View v114 = arena_.view(81920, 1024);
-  support::View v557 = arena_.view(86016, 1024);
-  support::View v558 = arena_.view(102400, 1024);
+  support::View v120 = arena_.view(185344, 32);
+  support::View v114 = arena_.view(77824, 1024);
+  support::View v557 = arena_.view(81920, 1024);
+  support::View v558 = arena_.view(98304, 1024);
   {
     float *__restrict v557p = v557.data();
     float *__restrict v558p = v558.data();
@@ -5280,7 +5236,7 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v559 = arena_.view(143360, 32);
+  support::View v559 = arena_.view(137216, 32);
   static const support::Shape shape3_1 = {2, 16};
   static const support::Shape shape3_3 = {512, 32};
   static const support::Shape shape3_4 = {32};
@@ -5298,7 +5254,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v568 = arena_.view(102400, 1024);
+  support::View v568 = arena_.view(98304, 1024);
   {
     float *__restrict v568p = v568.data();
     const float *__restrict v114p = v114.data();
@@ -5332,7 +5288,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v569 = arena_.view(81920, 1024);
+  support::View v569 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -5341,8 +5297,8 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v110 = arena_.view(69632, 1024);
-  support::View v572 = arena_.view(86016, 1024);
+  support::View v110 = arena_.view(65536, 1024);
+  support::View v572 = arena_.view(81920, 1024);
   {
     float *__restrict v572p = v572.data();
     const float *__restrict v110p = v110.data();
@@ -5361,7 +5317,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v573 = arena_.view(69632, 1024);
+  support::View v573 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -5374,19 +5330,19 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v180 = arena_.view(141312, 512);
-  support::View v532 = arena_.view(81920, 512);
+  support::View v180 = arena_.view(135168, 512);
+  support::View v532 = arena_.view(77824, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v179 = arena_.view(192000, 16);
-  support::View v172 = arena_.view(133120, 512);
-  support::View v533 = arena_.view(141312, 32);
-  support::View v535 = arena_.view(81920, 512);
-  support::View v536 = arena_.view(83968, 512);
+  support::View v179 = arena_.view(185920, 16);
+  support::View v172 = arena_.view(126976, 512);
+  support::View v533 = arena_.view(135168, 32);
+  support::View v535 = arena_.view(77824, 512);
+  support::View v536 = arena_.view(79872, 512);
   repeated19(v528, v180, v532, v533, v173, v179, v508, v172, v535, v536);
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v537 = arena_.view(108544, 16);
+  support::View v537 = arena_.view(104448, 16);
   static const support::Shape shape10_1 = {2, 8};
   static const support::Shape shape10_3 = {256, 32};
   static const support::Shape shape10_4 = {32};
@@ -5404,7 +5360,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v546 = arena_.view(106496, 512);
+  support::View v546 = arena_.view(102400, 512);
   {
     float *__restrict v546p = v546.data();
     const float *__restrict v172p = v172.data();
@@ -5436,19 +5392,24 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
-  support::View v171 = arena_.view(131072, 512);
-  support::View v547 = arena_.view(81920, 1024);
-  // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v546.data(), v171.data(), v547.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
+  support::View v170 = arena_.view(185856, 16);
+  support::View v547 = arena_.view(77824, 1024);
+  static const support::Shape shape12_1 = {32, 32};
+  static const support::Shape shape12_3 = {0, 1};
+  static const support::Shape shape12_5 = {0, 0};
+  static const support::Shape shape12_6 = {2, 8};
+  static const support::Shape shape12_7 = {256, 32};
+  static const support::Shape shape12_8 = {8, 1};
+  support::scatterAdd(v547.data(), shape12_1, v546.data(), shape12_3, v170.data(), shape12_5,
+                      shape12_6, shape12_7, shape12_8, 0,
+                      support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v420 = arena_.view(190464, 128);
-  support::View v548 = arena_.view(106496, 128);
+  support::View v420 = arena_.view(184320, 128);
+  support::View v548 = arena_.view(102400, 128);
   {
     float *__restrict v548p = v548.data();
     const float *__restrict v420p = v420.data();
@@ -5465,18 +5426,22 @@ void T5Train::runPart3(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v549 = persistent_.view(29952, 512);
-  support::View v550 = arena_.view(131072, 16);
-  // dims: targets, targets_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{8, 8, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan14.run(v549.data(), v548.data(), v550.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
+  support::View v153 = persistent_.view(23296, 64);
+  support::View v550 = arena_.view(126976, 16);
+  static const support::Shape shape14_1 = {8, 2};
+  static const support::Shape shape14_3 = {0, 1};
+  static const support::Shape shape14_5 = {0, 0};
+  static const support::Shape shape14_6 = {8, 8};
+  static const support::Shape shape14_7 = {16, 2};
+  static const support::Shape shape14_8 = {8, 1};
+  support::scatterAdd(v550.data(), shape14_1, v548.data(), shape14_3, v153.data(), shape14_5,
+                      shape14_6, shape14_7, shape14_8, 0, 0);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v121 = arena_.view(77824, 1024);
-  support::View v555 = arena_.view(106496, 1024);
+  support::View v121 = arena_.view(73728, 1024);
+  support::View v555 = arena_.view(102400, 1024);
   {
     float *__restrict v555p = v555.data();
     const float *__restrict v488p = v488.data();
@@ -5491,7 +5456,7 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v556 = arena_.view(126976, 32);
+  support::View v556 = arena_.view(122880, 32);
   static const support::Shape shape16_1 = {32};
   static const support::Shape shape16_3 = {1};
   static const support::Shape shape16_4 = {2, 16};
@@ -5501,8 +5466,8 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v111 = arena_.view(73728, 1024);
-  support::View v570 = arena_.view(77824, 1024);
+  support::View v111 = arena_.view(69632, 1024);
+  support::View v570 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5510,8 +5475,8 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v107 = arena_.view(65536, 1024);
-  support::View v574 = arena_.view(73728, 1024);
+  support::View v107 = arena_.view(61440, 1024);
+  support::View v574 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5519,51 +5484,51 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v106 = arena_.view(57344, 1024);
-  support::View v577 = arena_.view(65536, 1024);
+  support::View v106 = arena_.view(53248, 1024);
+  support::View v577 = arena_.view(61440, 1024);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v105 = arena_.view(191360, 32);
-  support::View v99 = arena_.view(61440, 1024);
-  support::View v580 = arena_.view(57344, 1024);
-  support::View v581 = arena_.view(65536, 1024);
-  support::View v582 = arena_.view(69632, 32);
-  support::View v591 = arena_.view(65536, 1024);
-  support::View v92 = arena_.view(149504, 512);
+  support::View v105 = arena_.view(185216, 32);
+  support::View v99 = arena_.view(57344, 1024);
+  support::View v580 = arena_.view(53248, 1024);
+  support::View v581 = arena_.view(61440, 1024);
+  support::View v582 = arena_.view(65536, 32);
+  support::View v591 = arena_.view(61440, 1024);
+  support::View v92 = arena_.view(143360, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v592 = arena_.view(57344, 1024);
-  support::View v96 = arena_.view(53248, 1024);
-  support::View v593 = arena_.view(69632, 512);
-  support::View v595 = arena_.view(61440, 1024);
-  support::View v596 = arena_.view(71680, 64);
-  support::View v598 = arena_.view(61440, 1024);
-  support::View v90 = arena_.view(147456, 512);
-  support::View v600 = arena_.view(102400, 512);
-  support::View v89 = arena_.view(145408, 512);
-  support::View v601 = arena_.view(71680, 512);
+  support::View v592 = arena_.view(53248, 1024);
+  support::View v96 = arena_.view(49152, 1024);
+  support::View v593 = arena_.view(65536, 512);
+  support::View v595 = arena_.view(57344, 1024);
+  support::View v596 = arena_.view(67584, 64);
+  support::View v598 = arena_.view(57344, 1024);
+  support::View v90 = arena_.view(141312, 512);
+  support::View v600 = arena_.view(98304, 512);
+  support::View v89 = arena_.view(139264, 512);
+  support::View v601 = arena_.view(67584, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v603 = arena_.view(53248, 1024);
-  support::View v84 = arena_.view(49152, 1024);
+  support::View v603 = arena_.view(49152, 1024);
+  support::View v84 = arena_.view(45056, 1024);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v606 = arena_.view(57344, 1024);
+  support::View v606 = arena_.view(53248, 1024);
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v609 = arena_.view(61440, 1024);
-  support::View v610 = arena_.view(69632, 1024);
-  support::View v83 = arena_.view(40960, 1024);
-  support::View v614 = arena_.view(49152, 1024);
+  support::View v609 = arena_.view(57344, 1024);
+  support::View v610 = arena_.view(65536, 1024);
+  support::View v83 = arena_.view(36864, 1024);
+  support::View v614 = arena_.view(45056, 1024);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v82 = arena_.view(191232, 32);
-  support::View v76 = arena_.view(45056, 1024);
-  support::View v617 = arena_.view(40960, 1024);
-  support::View v618 = arena_.view(49152, 1024);
-  support::View v619 = arena_.view(55296, 32);
-  support::View v578 = arena_.view(108544, 32);
-  support::View v594 = arena_.view(86016, 512);
-  support::View v599 = arena_.view(88064, 512);
-  support::View v604 = arena_.view(104448, 512);
-  support::View v608 = arena_.view(106496, 512);
-  support::View v611 = arena_.view(53248, 512);
-  support::View v615 = arena_.view(102400, 32);
-  support::View v628 = arena_.view(49152, 1024);
+  support::View v82 = arena_.view(185088, 32);
+  support::View v76 = arena_.view(40960, 1024);
+  support::View v617 = arena_.view(36864, 1024);
+  support::View v618 = arena_.view(45056, 1024);
+  support::View v619 = arena_.view(51200, 32);
+  support::View v578 = arena_.view(104448, 32);
+  support::View v594 = arena_.view(81920, 512);
+  support::View v599 = arena_.view(83968, 512);
+  support::View v604 = arena_.view(100352, 512);
+  support::View v608 = arena_.view(102400, 512);
+  support::View v611 = arena_.view(49152, 512);
+  support::View v615 = arena_.view(98304, 32);
+  support::View v628 = arena_.view(45056, 1024);
   repeated3(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v92, v88, v592,
             v96, v593, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87, v603, v84, v604,
             v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76, v617, v618,
@@ -5572,7 +5537,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v629 = arena_.view(40960, 1024);
+  support::View v629 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -5580,8 +5545,8 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v73 = arena_.view(36864, 1024);
-  support::View v630 = arena_.view(45056, 1024);
+  support::View v73 = arena_.view(32768, 1024);
+  support::View v630 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5590,8 +5555,8 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  support::View v72 = arena_.view(32768, 1024);
-  support::View v632 = arena_.view(36864, 1024);
+  support::View v72 = arena_.view(28672, 1024);
+  support::View v632 = arena_.view(32768, 1024);
   {
     float *__restrict v632p = v632.data();
     const float *__restrict v72p = v72.data();
@@ -5610,7 +5575,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v633 = arena_.view(32768, 1024);
+  support::View v633 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -5623,14 +5588,14 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %610 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v633 = arena_.view(32768, 1024);
+  support::View v633 = arena_.view(28672, 1024);
   auto request6 = support::startAllReduce(group_model, {v633}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  support::View v632 = arena_.view(36864, 1024);
-  support::View v69 = arena_.view(28672, 1024);
-  support::View v634 = arena_.view(40960, 1024);
+  support::View v632 = arena_.view(32768, 1024);
+  support::View v69 = arena_.view(24576, 1024);
+  support::View v634 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -5641,73 +5606,77 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v68 = arena_.view(20480, 1024);
-  support::View v637 = arena_.view(28672, 1024);
+  support::View v68 = arena_.view(16384, 1024);
+  support::View v637 = arena_.view(24576, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v67 = arena_.view(191104, 32);
-  support::View v628 = arena_.view(49152, 1024);
-  support::View v61 = arena_.view(24576, 1024);
-  support::View v640 = arena_.view(20480, 1024);
-  support::View v641 = arena_.view(28672, 1024);
-  support::View v642 = arena_.view(32768, 32);
-  support::View v651 = arena_.view(28672, 1024);
-  support::View v54 = arena_.view(139264, 512);
+  support::View v67 = arena_.view(184960, 32);
+  support::View v628 = arena_.view(45056, 1024);
+  support::View v61 = arena_.view(20480, 1024);
+  support::View v640 = arena_.view(16384, 1024);
+  support::View v641 = arena_.view(24576, 1024);
+  support::View v642 = arena_.view(28672, 32);
+  support::View v651 = arena_.view(24576, 1024);
+  support::View v54 = arena_.view(133120, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v652 = arena_.view(20480, 1024);
-  support::View v58 = arena_.view(16384, 1024);
-  support::View v653 = arena_.view(32768, 512);
-  support::View v655 = arena_.view(24576, 1024);
-  support::View v656 = arena_.view(34816, 64);
-  support::View v658 = arena_.view(24576, 1024);
-  support::View v52 = arena_.view(137216, 512);
-  support::View v661 = arena_.view(49152, 512);
-  support::View v51 = arena_.view(135168, 512);
-  support::View v662 = arena_.view(34816, 512);
+  support::View v652 = arena_.view(16384, 1024);
+  support::View v58 = arena_.view(12288, 1024);
+  support::View v653 = arena_.view(28672, 512);
+  support::View v655 = arena_.view(20480, 1024);
+  support::View v656 = arena_.view(30720, 64);
+  support::View v658 = arena_.view(20480, 1024);
+  support::View v52 = arena_.view(131072, 512);
+  support::View v661 = arena_.view(45056, 512);
+  support::View v51 = arena_.view(129024, 512);
+  support::View v662 = arena_.view(30720, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v664 = arena_.view(16384, 1024);
-  support::View v46 = arena_.view(12288, 1024);
+  support::View v664 = arena_.view(12288, 1024);
+  support::View v46 = arena_.view(8192, 1024);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v667 = arena_.view(20480, 1024);
+  support::View v667 = arena_.view(16384, 1024);
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v670 = arena_.view(24576, 1024);
-  support::View v671 = arena_.view(32768, 1024);
-  support::View v45 = arena_.view(8192, 1024);
-  support::View v675 = arena_.view(12288, 1024);
+  support::View v670 = arena_.view(20480, 1024);
+  support::View v671 = arena_.view(28672, 1024);
+  support::View v45 = arena_.view(4096, 1024);
+  support::View v675 = arena_.view(8192, 1024);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v44 = arena_.view(190976, 32);
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v678 = arena_.view(8192, 1024);
-  support::View v679 = arena_.view(12288, 1024);
-  support::View v680 = arena_.view(16384, 32);
-  support::View v638 = arena_.view(102528, 32);
-  support::View v654 = arena_.view(36864, 512);
-  support::View v659 = arena_.view(38912, 512);
-  support::View v665 = arena_.view(51200, 512);
-  support::View v669 = arena_.view(55296, 512);
-  support::View v672 = arena_.view(57344, 512);
-  support::View v676 = arena_.view(102656, 32);
-  support::View v689 = arena_.view(12288, 1024);
+  support::View v44 = arena_.view(184832, 32);
+  support::View v37 = arena_.view(0, 1024);
+  support::View v678 = arena_.view(4096, 1024);
+  support::View v679 = arena_.view(8192, 1024);
+  support::View v680 = arena_.view(12288, 32);
+  support::View v638 = arena_.view(98432, 32);
+  support::View v654 = arena_.view(32768, 512);
+  support::View v659 = arena_.view(34816, 512);
+  support::View v665 = arena_.view(47104, 512);
+  support::View v669 = arena_.view(51200, 512);
+  support::View v672 = arena_.view(53248, 512);
+  support::View v676 = arena_.view(98560, 32);
+  support::View v689 = arena_.view(8192, 1024);
   repeated3(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v54, v50, v652, v58,
             v653, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664, v46, v665, v48,
             v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678, v679, v680,
             v689);
 
   // t5.mesh:96:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
-  support::View v36 = arena_.view(0, 1024);
-  support::View v690 = arena_.view(4096, 1024);
-  // dims: batch, inputs, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan4.run(v689.data(), v36.data(), v690.data(), 1.0f, 0.0f);
+  MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
+  const support::Buffer &v0 = inputs.input_ids.data;
+  support::View v690 = arena_.view(0, 1024);
+  static const support::Shape shape4_1 = {32, 32};
+  static const support::Shape shape4_3 = {0, 1};
+  static const support::Shape shape4_5 = {0, 0};
+  static const support::Shape shape4_6 = {2, 16};
+  static const support::Shape shape4_7 = {512, 32};
+  static const support::Shape shape4_8 = {16, 1};
+  support::scatterAdd(v690.data(), shape4_1, v689.data(), shape4_3, v0.data(), shape4_5, shape4_6,
+                      shape4_7, shape4_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
   MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
-  support::View v334 = arena_.view(90112, 1024);
-  support::View v547 = arena_.view(81920, 1024);
-  support::View v691 = arena_.view(0, 1024);
+  support::View v334 = arena_.view(86016, 1024);
+  support::View v547 = arena_.view(77824, 1024);
+  support::View v691 = arena_.view(4096, 1024);
   {
     float *__restrict v691p = v691.data();
     const float *__restrict v334p = v334.data();
@@ -5729,8 +5698,8 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v599 = arena_.view(88064, 512);
-  support::View v692 = arena_.view(4096, 512);
+  support::View v599 = arena_.view(83968, 512);
+  support::View v692 = arena_.view(0, 512);
   {
     float *__restrict v692p = v692.data();
     const float *__restrict v599p = v599.data();
@@ -5747,58 +5716,62 @@ void T5Train::runPart4(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
-  MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v693 = persistent_.view(32000, 2048);
+  MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
+  support::View v31 = persistent_.view(17856, 256);
   support::View v694 = arena_.view(24832, 16);
-  // dims: inputs, inputs_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{16, 16, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan7.run(v693.data(), v692.data(), v694.data(), 1.0f, 0.0f);
+  static const support::Shape shape7_1 = {8, 2};
+  static const support::Shape shape7_3 = {0, 1};
+  static const support::Shape shape7_5 = {0, 0};
+  static const support::Shape shape7_6 = {16, 16};
+  static const support::Shape shape7_7 = {32, 2};
+  static const support::Shape shape7_8 = {16, 1};
+  support::scatterAdd(v694.data(), shape7_1, v692.data(), shape7_3, v31.data(), shape7_5, shape7_6,
+                      shape7_7, shape7_8, 0, 0);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
   // KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v313 = arena_.view(194496, 1);
-  support::View v315 = arena_.view(194560, 1);
-  support::View v339 = arena_.view(191616, 32);
-  support::View v355 = arena_.view(94208, 1024);
-  support::View v360 = arena_.view(98304, 1024);
-  support::View v364 = arena_.view(191744, 32);
-  support::View v380 = arena_.view(169984, 512);
-  support::View v389 = arena_.view(174080, 512);
-  support::View v393 = arena_.view(165888, 512);
-  support::View v395 = arena_.view(176128, 512);
-  support::View v399 = arena_.view(191872, 32);
-  support::View v415 = arena_.view(159744, 512);
-  support::View v425 = arena_.view(167936, 512);
-  support::View v429 = arena_.view(178176, 512);
-  support::View v432 = arena_.view(161792, 512);
-  support::View v436 = arena_.view(189440, 32);
-  support::View v451 = arena_.view(110592, 1024);
-  support::View v455 = arena_.view(114688, 1024);
-  support::View v459 = arena_.view(183296, 32);
-  support::View v475 = arena_.view(163840, 512);
-  support::View v485 = arena_.view(180224, 512);
-  support::View v489 = arena_.view(118784, 512);
-  support::View v491 = arena_.view(120832, 512);
-  support::View v495 = arena_.view(156160, 32);
-  support::View v511 = arena_.view(122880, 512);
-  support::View v522 = arena_.view(124928, 512);
-  support::View v526 = arena_.view(151552, 512);
-  support::View v529 = arena_.view(153600, 512);
-  support::View v533 = arena_.view(141312, 32);
-  support::View v550 = arena_.view(131072, 16);
-  support::View v556 = arena_.view(126976, 32);
-  support::View v570 = arena_.view(77824, 1024);
-  support::View v574 = arena_.view(73728, 1024);
-  support::View v578 = arena_.view(108544, 32);
-  support::View v594 = arena_.view(86016, 512);
-  support::View v604 = arena_.view(104448, 512);
-  support::View v608 = arena_.view(106496, 512);
-  support::View v611 = arena_.view(53248, 512);
-  support::View v615 = arena_.view(102400, 32);
-  support::View v630 = arena_.view(45056, 1024);
+  support::View v313 = arena_.view(188416, 1);
+  support::View v315 = arena_.view(188480, 1);
+  support::View v339 = arena_.view(185472, 32);
+  support::View v355 = arena_.view(90112, 1024);
+  support::View v360 = arena_.view(94208, 1024);
+  support::View v364 = arena_.view(185600, 32);
+  support::View v380 = arena_.view(163840, 512);
+  support::View v389 = arena_.view(167936, 512);
+  support::View v393 = arena_.view(159744, 512);
+  support::View v395 = arena_.view(169984, 512);
+  support::View v399 = arena_.view(185728, 32);
+  support::View v415 = arena_.view(153600, 512);
+  support::View v425 = arena_.view(161792, 512);
+  support::View v429 = arena_.view(172032, 512);
+  support::View v432 = arena_.view(155648, 512);
+  support::View v436 = arena_.view(183296, 32);
+  support::View v451 = arena_.view(106496, 1024);
+  support::View v455 = arena_.view(110592, 1024);
+  support::View v459 = arena_.view(177152, 32);
+  support::View v475 = arena_.view(157696, 512);
+  support::View v485 = arena_.view(174080, 512);
+  support::View v489 = arena_.view(114688, 512);
+  support::View v491 = arena_.view(116736, 512);
+  support::View v495 = arena_.view(150016, 32);
+  support::View v511 = arena_.view(118784, 512);
+  support::View v522 = arena_.view(120832, 512);
+  support::View v526 = arena_.view(145408, 512);
+  support::View v529 = arena_.view(147456, 512);
+  support::View v533 = arena_.view(135168, 32);
+  support::View v550 = arena_.view(126976, 16);
+  support::View v556 = arena_.view(122880, 32);
+  support::View v570 = arena_.view(73728, 1024);
+  support::View v574 = arena_.view(69632, 1024);
+  support::View v578 = arena_.view(104448, 32);
+  support::View v594 = arena_.view(81920, 512);
+  support::View v604 = arena_.view(100352, 512);
+  support::View v608 = arena_.view(102400, 512);
+  support::View v611 = arena_.view(49152, 512);
+  support::View v615 = arena_.view(98304, 32);
+  support::View v630 = arena_.view(40960, 1024);
   support::allReduceBucket(group_data, {v313, v315, v339, v355, v360, v364, v380, v389, v393, v395,
                                         v399, v415, v425, v429, v432, v436, v451, v455, v459, v475,
                                         v485, v489, v491, v495, v511, v522, v526, v529, v533, v550,
@@ -5927,9 +5900,9 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v710 = arena_.view(90624, 1);
-  support::View v713 = arena_.view(90688, 1);
-  support::View v721 = arena_.view(90752, 1);
+  support::View v710 = arena_.view(99072, 1);
+  support::View v713 = arena_.view(99136, 1);
+  support::View v721 = arena_.view(99200, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v710p = v710.data();
@@ -5964,7 +5937,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v755 = arena_.view(4096, 1024);
+  support::View v755 = arena_.view(0, 1024);
   {
     float *__restrict v755p = v755.data();
     const float *__restrict v691p = v691.data();
@@ -6031,39 +6004,39 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v816 = arena_.view(4096, 512);
-  support::View v819 = arena_.view(6144, 64);
+  support::View v816 = arena_.view(0, 512);
+  support::View v819 = arena_.view(2048, 64);
   support::View v817(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v854 = arena_.view(4096, 512);
-  support::View v857 = arena_.view(6144, 64);
+  support::View v854 = arena_.view(0, 512);
+  support::View v857 = arena_.view(2048, 64);
   support::View v855(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v892 = arena_.view(4096, 512);
-  support::View v895 = arena_.view(6144, 64);
+  support::View v892 = arena_.view(0, 512);
+  support::View v895 = arena_.view(2048, 64);
   support::View v893(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v930 = arena_.view(4096, 512);
-  support::View v933 = arena_.view(6144, 16);
+  support::View v930 = arena_.view(0, 512);
+  support::View v933 = arena_.view(2048, 16);
   support::View v931(param58_encoder_attention_0_o_vr); // updated in place
-  support::View v938 = arena_.view(6144, 64);
-  support::View v943 = arena_.view(4096, 2);
-  support::View v945 = arena_.view(6656, 16);
+  support::View v938 = arena_.view(2048, 64);
+  support::View v943 = arena_.view(0, 2);
+  support::View v945 = arena_.view(2560, 16);
   support::View v932(param59_encoder_attention_0_o_vc); // updated in place
-  support::View v946 = arena_.view(6400, 64);
-  support::View v949 = arena_.view(4096, 512);
-  support::View v989 = arena_.view(4096, 1024);
+  support::View v946 = arena_.view(2304, 64);
+  support::View v949 = arena_.view(0, 512);
+  support::View v989 = arena_.view(0, 1024);
   support::View v1026 = arena_.view(8192, 1024);
   support::View v1029 = arena_.view(12288, 32);
   support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
   support::View v824 = arena_.view(28672, 256);
-  support::View v830 = arena_.view(69632, 32);
+  support::View v830 = arena_.view(65536, 32);
   support::View v862 = arena_.view(29696, 256);
-  support::View v868 = arena_.view(71680, 32);
+  support::View v868 = arena_.view(67584, 32);
   support::View v900 = arena_.view(30720, 256);
-  support::View v906 = arena_.view(71808, 32);
-  support::View v948 = arena_.view(49152, 512);
-  support::View v950 = arena_.view(90816, 1);
-  support::View v992 = arena_.view(71936, 32);
-  support::View v1034 = arena_.view(72064, 32);
-  support::View v1040 = arena_.view(73472, 1);
+  support::View v906 = arena_.view(67712, 32);
+  support::View v948 = arena_.view(45056, 512);
+  support::View v950 = arena_.view(99264, 1);
+  support::View v992 = arena_.view(67840, 32);
+  support::View v1034 = arena_.view(67968, 32);
+  support::View v1040 = arena_.view(69120, 1);
   repeated5(v672, v816, v824, v819, v721, v817, v713, v830, v669, v854, v862, v857, v855, v868,
             v665, v892, v900, v895, v893, v906, v654, v930, v933, v931, v938, v943, v945, v932,
             v946, v948, v949, v950, v634, v989, v992, v630, v1026, v1034, v1029, v1027, v1040);
@@ -6093,16 +6066,16 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v1300 = arena_.view(16384, 32);
   support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
   support::View v1095 = arena_.view(31744, 256);
-  support::View v1101 = arena_.view(72192, 32);
+  support::View v1101 = arena_.view(68096, 32);
   support::View v1133 = arena_.view(32768, 256);
-  support::View v1139 = arena_.view(72320, 32);
+  support::View v1139 = arena_.view(68224, 32);
   support::View v1171 = arena_.view(33792, 256);
-  support::View v1177 = arena_.view(72448, 32);
-  support::View v1219 = arena_.view(59392, 512);
-  support::View v1221 = arena_.view(90880, 1);
-  support::View v1263 = arena_.view(72576, 32);
-  support::View v1305 = arena_.view(72704, 32);
-  support::View v1311 = arena_.view(73536, 1);
+  support::View v1177 = arena_.view(68352, 32);
+  support::View v1219 = arena_.view(55296, 512);
+  support::View v1221 = arena_.view(99328, 1);
+  support::View v1263 = arena_.view(68480, 32);
+  support::View v1305 = arena_.view(68608, 32);
+  support::View v1311 = arena_.view(69184, 1);
   repeated5(v611, v1087, v1095, v1090, v721, v1088, v713, v1101, v608, v1125, v1133, v1128, v1126,
             v1139, v604, v1163, v1171, v1166, v1164, v1177, v594, v1201, v1204, v1202, v1209, v1214,
             v1216, v1203, v1217, v1219, v1220, v1221, v574, v1260, v1263, v570, v1297, v1305, v1300,
@@ -6111,7 +6084,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v1358 = arena_.view(73344, 16);
+  support::View v1358 = arena_.view(68992, 16);
   {
     float *__restrict v1358p = v1358.data();
     const float *__restrict v550p = v550.data();
@@ -6126,7 +6099,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v1361 = arena_.view(73408, 8);
+  support::View v1361 = arena_.view(69056, 8);
   static const support::Shape shape20_1 = {8};
   static const support::Shape shape20_3 = {2};
   static const support::Shape shape20_4 = {2};
@@ -6177,24 +6150,24 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v1804 = arena_.view(20480, 32);
   support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
   support::View v1426 = arena_.view(34816, 256);
-  support::View v1432 = arena_.view(72832, 32);
+  support::View v1432 = arena_.view(68736, 32);
   support::View v1464 = arena_.view(35840, 256);
-  support::View v1470 = arena_.view(72960, 32);
-  support::View v1502 = arena_.view(36864, 256);
-  support::View v1508 = arena_.view(73088, 32);
-  support::View v1550 = arena_.view(61440, 512);
-  support::View v1552 = arena_.view(90944, 1);
-  support::View v1599 = arena_.view(37888, 256);
-  support::View v1605 = arena_.view(73216, 32);
-  support::View v1637 = arena_.view(38912, 256);
-  support::View v1643 = arena_.view(87040, 32);
-  support::View v1675 = arena_.view(39936, 256);
-  support::View v1681 = arena_.view(87168, 32);
-  support::View v1723 = arena_.view(63488, 512);
-  support::View v1725 = arena_.view(91008, 1);
-  support::View v1767 = arena_.view(87296, 32);
-  support::View v1809 = arena_.view(87424, 32);
-  support::View v1815 = arena_.view(89344, 1);
+  support::View v1470 = arena_.view(68864, 32);
+  support::View v1502 = arena_.view(77824, 256);
+  support::View v1508 = arena_.view(87040, 32);
+  support::View v1550 = arena_.view(57344, 512);
+  support::View v1552 = arena_.view(99392, 1);
+  support::View v1599 = arena_.view(78848, 256);
+  support::View v1605 = arena_.view(87168, 32);
+  support::View v1637 = arena_.view(79872, 256);
+  support::View v1643 = arena_.view(87296, 32);
+  support::View v1675 = arena_.view(80896, 256);
+  support::View v1681 = arena_.view(87424, 32);
+  support::View v1723 = arena_.view(59392, 512);
+  support::View v1725 = arena_.view(99456, 1);
+  support::View v1767 = arena_.view(87552, 32);
+  support::View v1809 = arena_.view(87680, 32);
+  support::View v1815 = arena_.view(89600, 1);
   repeated1(v529, v1418, v1426, v1421, v721, v1419, v713, v1432, v526, v1456, v1464, v1459, v1457,
             v1470, v522, v1494, v1502, v1497, v1495, v1508, v511, v1532, v1535, v1533, v1540, v1545,
             v1547, v1534, v1548, v1550, v1551, v1552, v491, v1591, v1599, v1594, v1592, v1605, v489,
@@ -6245,24 +6218,24 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v2248 = arena_.view(24704, 32);
   support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
   support::View v1870 = arena_.view(81920, 256);
-  support::View v1876 = arena_.view(87552, 32);
+  support::View v1876 = arena_.view(87808, 32);
   support::View v1908 = arena_.view(82944, 256);
-  support::View v1914 = arena_.view(87680, 32);
+  support::View v1914 = arena_.view(87936, 32);
   support::View v1946 = arena_.view(83968, 256);
-  support::View v1952 = arena_.view(87808, 32);
-  support::View v1994 = arena_.view(65536, 512);
-  support::View v1996 = arena_.view(91072, 1);
+  support::View v1952 = arena_.view(89088, 32);
+  support::View v1994 = arena_.view(61440, 512);
+  support::View v1996 = arena_.view(99520, 1);
   support::View v2043 = arena_.view(84992, 256);
-  support::View v2049 = arena_.view(87936, 32);
+  support::View v2049 = arena_.view(89216, 32);
   support::View v2081 = arena_.view(86016, 256);
-  support::View v2087 = arena_.view(89088, 32);
+  support::View v2087 = arena_.view(89344, 32);
   support::View v2119 = arena_.view(88064, 256);
-  support::View v2125 = arena_.view(89216, 32);
-  support::View v2167 = arena_.view(67584, 512);
-  support::View v2169 = arena_.view(91136, 1);
-  support::View v2211 = arena_.view(90112, 32);
-  support::View v2253 = arena_.view(90240, 32);
-  support::View v2259 = arena_.view(90368, 1);
+  support::View v2125 = arena_.view(89472, 32);
+  support::View v2167 = arena_.view(63488, 512);
+  support::View v2169 = arena_.view(99584, 1);
+  support::View v2211 = arena_.view(98688, 32);
+  support::View v2253 = arena_.view(98816, 32);
+  support::View v2259 = arena_.view(99648, 1);
   repeated1(v432, v1862, v1870, v1865, v721, v1863, v713, v1876, v429, v1900, v1908, v1903, v1901,
             v1914, v425, v1938, v1946, v1941, v1939, v1952, v415, v1976, v1979, v1977, v1984, v1989,
             v1991, v1978, v1992, v1994, v1995, v1996, v395, v2035, v2043, v2038, v2036, v2049, v393,
@@ -6290,9 +6263,9 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v720 = arena_.view(24960, 8);
-  support::View v721 = arena_.view(90752, 1);
+  support::View v721 = arena_.view(99200, 1);
   support::View v718(param47_encoder_relative_bias_table_vr); // updated in place
-  support::View v713 = arena_.view(90688, 1);
+  support::View v713 = arena_.view(99136, 1);
   support::View v726 = arena_.view(20480, 2);
   support::View v717 = arena_.view(24896, 16);
   support::View v731 = arena_.view(20608, 1);
@@ -6301,8 +6274,8 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v734 = arena_.view(20608, 2);
   support::View v694 = arena_.view(24832, 16);
   support::View v737 = arena_.view(20480, 16);
-  support::View v736 = arena_.view(90496, 16);
-  support::View v738 = arena_.view(91200, 1);
+  support::View v736 = arena_.view(98944, 16);
+  support::View v738 = arena_.view(99712, 1);
   repeated16(v720, v721, v718, v713, v726, v717, v731, v733, v719, v734, v694, v736, v737, v738);
 
   // t5.mesh:152:3 div
@@ -6310,7 +6283,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v756(param49_shared_embedding_vr); // updated in place
   support::View v769 = arena_.view(25024, 1);
-  support::View v772 = arena_.view(69760, 32);
+  support::View v772 = arena_.view(65664, 32);
   {
     float *__restrict v772p = v772.data();
     const float *__restrict v756p = v756.data();
@@ -6331,7 +6304,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v763 = arena_.view(24576, 32);
   support::View v757(param50_shared_embedding_vc); // updated in place
-  support::View v773 = arena_.view(69888, 32);
+  support::View v773 = arena_.view(65792, 32);
   {
     float *__restrict v757p = v757.data();
     float *__restrict v773p = v773.data();
@@ -6356,7 +6329,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v691 = arena_.view(0, 1024);
+  support::View v691 = arena_.view(4096, 1024);
   support::View v775 = arena_.view(20480, 1024);
   support::View v776 = arena_.view(24576, 1024);
   {
@@ -6381,7 +6354,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v777 = arena_.view(91264, 1);
+  support::View v777 = arena_.view(99776, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32, 32};
@@ -6392,57 +6365,57 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 23 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v817(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v830 = arena_.view(69632, 32);
-  support::View v833 = arena_.view(3072, 64);
+  support::View v830 = arena_.view(65536, 32);
+  support::View v833 = arena_.view(7168, 64);
   support::View v824 = arena_.view(28672, 256);
   support::View v818(param53_encoder_attention_0_q_vc); // updated in place
-  support::View v834 = arena_.view(2048, 256);
-  support::View v672 = arena_.view(57344, 512);
-  support::View v837 = arena_.view(0, 512);
+  support::View v834 = arena_.view(6144, 256);
+  support::View v672 = arena_.view(53248, 512);
+  support::View v837 = arena_.view(4096, 512);
   support::View v855(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v868 = arena_.view(71680, 32);
-  support::View v871 = arena_.view(3072, 64);
+  support::View v868 = arena_.view(67584, 32);
+  support::View v871 = arena_.view(7168, 64);
   support::View v862 = arena_.view(29696, 256);
   support::View v856(param55_encoder_attention_0_k_vc); // updated in place
-  support::View v872 = arena_.view(2048, 256);
-  support::View v669 = arena_.view(55296, 512);
-  support::View v875 = arena_.view(0, 512);
+  support::View v872 = arena_.view(6144, 256);
+  support::View v669 = arena_.view(51200, 512);
+  support::View v875 = arena_.view(4096, 512);
   support::View v893(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v906 = arena_.view(71808, 32);
-  support::View v909 = arena_.view(3072, 64);
+  support::View v906 = arena_.view(67712, 32);
+  support::View v909 = arena_.view(7168, 64);
   support::View v900 = arena_.view(30720, 256);
   support::View v894(param57_encoder_attention_0_v_vc); // updated in place
-  support::View v910 = arena_.view(2048, 256);
-  support::View v665 = arena_.view(51200, 512);
-  support::View v913 = arena_.view(0, 512);
-  support::View v992 = arena_.view(71936, 32);
+  support::View v910 = arena_.view(6144, 256);
+  support::View v665 = arena_.view(47104, 512);
+  support::View v913 = arena_.view(4096, 512);
+  support::View v992 = arena_.view(67840, 32);
   support::View v990(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v998 = arena_.view(0, 32);
-  support::View v989 = arena_.view(4096, 1024);
-  support::View v1003 = arena_.view(128, 1);
+  support::View v998 = arena_.view(4096, 32);
+  support::View v989 = arena_.view(0, 1024);
+  support::View v1003 = arena_.view(0, 1);
   support::View v1005 = arena_.view(24576, 32);
   support::View v991(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1006 = arena_.view(24704, 32);
-  support::View v634 = arena_.view(40960, 1024);
+  support::View v634 = arena_.view(36864, 1024);
   support::View v1009 = arena_.view(4096, 1024);
   support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1040 = arena_.view(73472, 1);
+  support::View v1040 = arena_.view(69120, 1);
   support::View v1043 = arena_.view(28672, 32);
-  support::View v1034 = arena_.view(72064, 32);
+  support::View v1034 = arena_.view(67968, 32);
   support::View v1028(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
   support::View v1044 = arena_.view(28800, 32);
-  support::View v630 = arena_.view(45056, 1024);
+  support::View v630 = arena_.view(40960, 1024);
   support::View v1047 = arena_.view(24576, 1024);
-  support::View v836 = arena_.view(69632, 512);
-  support::View v838 = arena_.view(91328, 1);
-  support::View v874 = arena_.view(57344, 512);
-  support::View v876 = arena_.view(91392, 1);
-  support::View v912 = arena_.view(55296, 512);
-  support::View v914 = arena_.view(91456, 1);
+  support::View v836 = arena_.view(65536, 512);
+  support::View v838 = arena_.view(99840, 1);
+  support::View v874 = arena_.view(53248, 512);
+  support::View v876 = arena_.view(99904, 1);
+  support::View v912 = arena_.view(51200, 512);
+  support::View v914 = arena_.view(99968, 1);
   support::View v1008 = arena_.view(0, 1024);
-  support::View v1010 = arena_.view(91520, 1);
+  support::View v1010 = arena_.view(100032, 1);
   support::View v1046 = arena_.view(4096, 1024);
-  support::View v1048 = arena_.view(91584, 1);
+  support::View v1048 = arena_.view(100096, 1);
   repeated6(v817, v830, v833, v824, v721, v818, v713, v834, v672, v836, v837, v838, v855, v868,
             v871, v862, v856, v872, v669, v874, v875, v876, v893, v906, v909, v900, v894, v910,
             v665, v912, v913, v914, v992, v990, v998, v989, v1003, v1005, v991, v1006, v634, v1008,
@@ -6451,30 +6424,30 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 23 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1088(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1101 = arena_.view(72192, 32);
+  support::View v1101 = arena_.view(68096, 32);
   support::View v1104 = arena_.view(27648, 64);
   support::View v1095 = arena_.view(31744, 256);
   support::View v1089(param67_encoder_attention_1_q_vc); // updated in place
   support::View v1105 = arena_.view(26624, 256);
-  support::View v611 = arena_.view(53248, 512);
+  support::View v611 = arena_.view(49152, 512);
   support::View v1108 = arena_.view(24576, 512);
   support::View v1126(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1139 = arena_.view(72320, 32);
+  support::View v1139 = arena_.view(68224, 32);
   support::View v1142 = arena_.view(27648, 64);
   support::View v1133 = arena_.view(32768, 256);
   support::View v1127(param69_encoder_attention_1_k_vc); // updated in place
   support::View v1143 = arena_.view(26624, 256);
-  support::View v608 = arena_.view(106496, 512);
+  support::View v608 = arena_.view(102400, 512);
   support::View v1146 = arena_.view(24576, 512);
   support::View v1164(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1177 = arena_.view(72448, 32);
+  support::View v1177 = arena_.view(68352, 32);
   support::View v1180 = arena_.view(27648, 64);
   support::View v1171 = arena_.view(33792, 256);
   support::View v1165(param71_encoder_attention_1_v_vc); // updated in place
   support::View v1181 = arena_.view(26624, 256);
-  support::View v604 = arena_.view(104448, 512);
+  support::View v604 = arena_.view(100352, 512);
   support::View v1184 = arena_.view(24576, 512);
-  support::View v1263 = arena_.view(72576, 32);
+  support::View v1263 = arena_.view(68480, 32);
   support::View v1261(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
   support::View v1269 = arena_.view(24576, 32);
   support::View v1260 = arena_.view(8192, 1024);
@@ -6482,26 +6455,26 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1276 = arena_.view(28672, 32);
   support::View v1262(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v1277 = arena_.view(28800, 32);
-  support::View v574 = arena_.view(73728, 1024);
+  support::View v574 = arena_.view(69632, 1024);
   support::View v1280 = arena_.view(24576, 1024);
   support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1311 = arena_.view(73536, 1);
+  support::View v1311 = arena_.view(69184, 1);
   support::View v1314 = arena_.view(32768, 32);
-  support::View v1305 = arena_.view(72704, 32);
+  support::View v1305 = arena_.view(68608, 32);
   support::View v1299(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
   support::View v1315 = arena_.view(32896, 32);
-  support::View v570 = arena_.view(77824, 1024);
+  support::View v570 = arena_.view(73728, 1024);
   support::View v1318 = arena_.view(28672, 1024);
   support::View v1107 = arena_.view(40960, 512);
-  support::View v1109 = arena_.view(91648, 1);
+  support::View v1109 = arena_.view(100160, 1);
   support::View v1145 = arena_.view(43008, 512);
-  support::View v1147 = arena_.view(91712, 1);
-  support::View v1183 = arena_.view(45056, 512);
-  support::View v1185 = arena_.view(91776, 1);
+  support::View v1147 = arena_.view(100224, 1);
+  support::View v1183 = arena_.view(47104, 512);
+  support::View v1185 = arena_.view(100288, 1);
   support::View v1279 = arena_.view(8192, 1024);
-  support::View v1281 = arena_.view(91840, 1);
+  support::View v1281 = arena_.view(100352, 1);
   support::View v1317 = arena_.view(24576, 1024);
-  support::View v1319 = arena_.view(91904, 1);
+  support::View v1319 = arena_.view(100416, 1);
   repeated6(v1088, v1101, v1104, v1095, v721, v1089, v713, v1105, v611, v1107, v1108, v1109, v1126,
             v1139, v1142, v1133, v1127, v1143, v608, v1145, v1146, v1147, v1164, v1177, v1180,
             v1171, v1165, v1181, v604, v1183, v1184, v1185, v1263, v1261, v1269, v1260, v1274,
@@ -6510,72 +6483,72 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1361 = arena_.view(73408, 8);
+  support::View v1361 = arena_.view(69056, 8);
   support::View v1359(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1367 = arena_.view(28672, 2);
-  support::View v1358 = arena_.view(73344, 16);
+  support::View v1358 = arena_.view(68992, 16);
   support::View v1372 = arena_.view(28800, 1);
   support::View v1374 = arena_.view(28736, 8);
   support::View v1360(param81_decoder_relative_bias_table_vc); // updated in place
   support::View v1375 = arena_.view(28800, 2);
-  support::View v550 = arena_.view(131072, 16);
+  support::View v550 = arena_.view(126976, 16);
   support::View v1378 = arena_.view(28672, 16);
-  support::View v1377 = arena_.view(90560, 16);
-  support::View v1379 = arena_.view(91968, 1);
+  support::View v1377 = arena_.view(99008, 16);
+  support::View v1379 = arena_.view(100480, 1);
   repeated16(v1361, v721, v1359, v713, v1367, v1358, v1372, v1374, v1360, v1375, v550, v1377, v1378,
              v1379);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1419(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v1432 = arena_.view(72832, 32);
+  support::View v1432 = arena_.view(68736, 32);
   support::View v1435 = arena_.view(31744, 64);
   support::View v1426 = arena_.view(34816, 256);
   support::View v1420(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1436 = arena_.view(30720, 256);
-  support::View v529 = arena_.view(153600, 512);
+  support::View v529 = arena_.view(147456, 512);
   support::View v1439 = arena_.view(28672, 512);
   support::View v1457(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v1470 = arena_.view(72960, 32);
+  support::View v1470 = arena_.view(68864, 32);
   support::View v1473 = arena_.view(31744, 64);
   support::View v1464 = arena_.view(35840, 256);
   support::View v1458(param86_decoder_attention_0_k_vc); // updated in place
   support::View v1474 = arena_.view(30720, 256);
-  support::View v526 = arena_.view(151552, 512);
+  support::View v526 = arena_.view(145408, 512);
   support::View v1477 = arena_.view(28672, 512);
   support::View v1495(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v1508 = arena_.view(73088, 32);
+  support::View v1508 = arena_.view(87040, 32);
   support::View v1511 = arena_.view(31744, 64);
-  support::View v1502 = arena_.view(36864, 256);
+  support::View v1502 = arena_.view(77824, 256);
   support::View v1496(param88_decoder_attention_0_v_vc); // updated in place
   support::View v1512 = arena_.view(30720, 256);
-  support::View v522 = arena_.view(124928, 512);
+  support::View v522 = arena_.view(120832, 512);
   support::View v1515 = arena_.view(28672, 512);
   support::View v1592(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v1605 = arena_.view(73216, 32);
+  support::View v1605 = arena_.view(87168, 32);
   support::View v1608 = arena_.view(31744, 64);
-  support::View v1599 = arena_.view(37888, 256);
+  support::View v1599 = arena_.view(78848, 256);
   support::View v1593(param93_decoder_attention_1_0_q_vc); // updated in place
   support::View v1609 = arena_.view(30720, 256);
-  support::View v491 = arena_.view(120832, 512);
+  support::View v491 = arena_.view(116736, 512);
   support::View v1612 = arena_.view(28672, 512);
   support::View v1630(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v1643 = arena_.view(87040, 32);
+  support::View v1643 = arena_.view(87296, 32);
   support::View v1646 = arena_.view(31744, 64);
-  support::View v1637 = arena_.view(38912, 256);
+  support::View v1637 = arena_.view(79872, 256);
   support::View v1631(param95_decoder_attention_1_0_k_vc); // updated in place
   support::View v1647 = arena_.view(30720, 256);
-  support::View v489 = arena_.view(118784, 512);
+  support::View v489 = arena_.view(114688, 512);
   support::View v1650 = arena_.view(28672, 512);
   support::View v1668(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v1681 = arena_.view(87168, 32);
+  support::View v1681 = arena_.view(87424, 32);
   support::View v1684 = arena_.view(31744, 64);
-  support::View v1675 = arena_.view(39936, 256);
+  support::View v1675 = arena_.view(80896, 256);
   support::View v1669(param97_decoder_attention_1_0_v_vc); // updated in place
   support::View v1685 = arena_.view(30720, 256);
-  support::View v485 = arena_.view(180224, 512);
+  support::View v485 = arena_.view(174080, 512);
   support::View v1688 = arena_.view(28672, 512);
-  support::View v1767 = arena_.view(87296, 32);
+  support::View v1767 = arena_.view(87552, 32);
   support::View v1765(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
   support::View v1773 = arena_.view(28672, 32);
   support::View v1764 = arena_.view(12288, 1024);
@@ -6583,32 +6556,32 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1780 = arena_.view(32768, 32);
   support::View v1766(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
   support::View v1781 = arena_.view(32896, 32);
-  support::View v455 = arena_.view(114688, 1024);
+  support::View v455 = arena_.view(110592, 1024);
   support::View v1784 = arena_.view(28672, 1024);
   support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1815 = arena_.view(89344, 1);
+  support::View v1815 = arena_.view(89600, 1);
   support::View v1818 = arena_.view(36864, 32);
-  support::View v1809 = arena_.view(87424, 32);
+  support::View v1809 = arena_.view(87680, 32);
   support::View v1803(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
   support::View v1819 = arena_.view(36992, 32);
-  support::View v451 = arena_.view(110592, 1024);
+  support::View v451 = arena_.view(106496, 1024);
   support::View v1822 = arena_.view(32768, 1024);
-  support::View v1438 = arena_.view(47104, 512);
-  support::View v1440 = arena_.view(92032, 1);
-  support::View v1476 = arena_.view(51200, 512);
-  support::View v1478 = arena_.view(92096, 1);
-  support::View v1514 = arena_.view(53248, 512);
-  support::View v1516 = arena_.view(92160, 1);
+  support::View v1438 = arena_.view(49152, 512);
+  support::View v1440 = arena_.view(100544, 1);
+  support::View v1476 = arena_.view(67584, 512);
+  support::View v1478 = arena_.view(100608, 1);
+  support::View v1514 = arena_.view(69632, 512);
+  support::View v1516 = arena_.view(100672, 1);
   support::View v1611 = arena_.view(71680, 512);
-  support::View v1613 = arena_.view(92224, 1);
+  support::View v1613 = arena_.view(100736, 1);
   support::View v1649 = arena_.view(73728, 512);
-  support::View v1651 = arena_.view(92288, 1);
+  support::View v1651 = arena_.view(100800, 1);
   support::View v1687 = arena_.view(75776, 512);
-  support::View v1689 = arena_.view(92352, 1);
+  support::View v1689 = arena_.view(100864, 1);
   support::View v1783 = arena_.view(12288, 1024);
-  support::View v1785 = arena_.view(92416, 1);
+  support::View v1785 = arena_.view(100928, 1);
   support::View v1821 = arena_.view(28672, 1024);
-  support::View v1823 = arena_.view(92480, 1);
+  support::View v1823 = arena_.view(100992, 1);
   repeated2(v1419, v1432, v1435, v1426, v721, v1420, v713, v1436, v529, v1438, v1439, v1440, v1457,
             v1470, v1473, v1464, v1458, v1474, v526, v1476, v1477, v1478, v1495, v1508, v1511,
             v1502, v1496, v1512, v522, v1514, v1515, v1516, v1592, v1605, v1608, v1599, v1593,
@@ -6620,54 +6593,54 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 35 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1863(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v1876 = arena_.view(87552, 32);
+  support::View v1876 = arena_.view(87808, 32);
   support::View v1879 = arena_.view(35840, 64);
   support::View v1870 = arena_.view(81920, 256);
   support::View v1864(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1880 = arena_.view(34816, 256);
-  support::View v432 = arena_.view(161792, 512);
+  support::View v432 = arena_.view(155648, 512);
   support::View v1883 = arena_.view(32768, 512);
   support::View v1901(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v1914 = arena_.view(87680, 32);
+  support::View v1914 = arena_.view(87936, 32);
   support::View v1917 = arena_.view(35840, 64);
   support::View v1908 = arena_.view(82944, 256);
   support::View v1902(param109_decoder_attention_1_k_vc); // updated in place
   support::View v1918 = arena_.view(34816, 256);
-  support::View v429 = arena_.view(178176, 512);
+  support::View v429 = arena_.view(172032, 512);
   support::View v1921 = arena_.view(32768, 512);
   support::View v1939(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v1952 = arena_.view(87808, 32);
+  support::View v1952 = arena_.view(89088, 32);
   support::View v1955 = arena_.view(35840, 64);
   support::View v1946 = arena_.view(83968, 256);
   support::View v1940(param111_decoder_attention_1_v_vc); // updated in place
   support::View v1956 = arena_.view(34816, 256);
-  support::View v425 = arena_.view(167936, 512);
+  support::View v425 = arena_.view(161792, 512);
   support::View v1959 = arena_.view(32768, 512);
   support::View v2036(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v2049 = arena_.view(87936, 32);
+  support::View v2049 = arena_.view(89216, 32);
   support::View v2052 = arena_.view(35840, 64);
   support::View v2043 = arena_.view(84992, 256);
   support::View v2037(param116_decoder_attention_1_1_q_vc); // updated in place
   support::View v2053 = arena_.view(34816, 256);
-  support::View v395 = arena_.view(176128, 512);
+  support::View v395 = arena_.view(169984, 512);
   support::View v2056 = arena_.view(32768, 512);
   support::View v2074(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v2087 = arena_.view(89088, 32);
+  support::View v2087 = arena_.view(89344, 32);
   support::View v2090 = arena_.view(35840, 64);
   support::View v2081 = arena_.view(86016, 256);
   support::View v2075(param118_decoder_attention_1_1_k_vc); // updated in place
   support::View v2091 = arena_.view(34816, 256);
-  support::View v393 = arena_.view(165888, 512);
+  support::View v393 = arena_.view(159744, 512);
   support::View v2094 = arena_.view(32768, 512);
   support::View v2112(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v2125 = arena_.view(89216, 32);
+  support::View v2125 = arena_.view(89472, 32);
   support::View v2128 = arena_.view(35840, 64);
   support::View v2119 = arena_.view(88064, 256);
   support::View v2113(param120_decoder_attention_1_1_v_vc); // updated in place
   support::View v2129 = arena_.view(34816, 256);
-  support::View v389 = arena_.view(174080, 512);
+  support::View v389 = arena_.view(167936, 512);
   support::View v2132 = arena_.view(32768, 512);
-  support::View v2211 = arena_.view(90112, 32);
+  support::View v2211 = arena_.view(98688, 32);
   support::View v2209(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
   support::View v2217 = arena_.view(32768, 32);
   support::View v2208 = arena_.view(16384, 1024);
@@ -6675,30 +6648,30 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2224 = arena_.view(36864, 32);
   support::View v2210(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
   support::View v2225 = arena_.view(36992, 32);
-  support::View v360 = arena_.view(98304, 1024);
+  support::View v360 = arena_.view(94208, 1024);
   support::View v2228 = arena_.view(32768, 1024);
   support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v2259 = arena_.view(90368, 1);
-  support::View v2262 = arena_.view(90112, 32);
-  support::View v2253 = arena_.view(90240, 32);
+  support::View v2259 = arena_.view(99648, 1);
+  support::View v2262 = arena_.view(94208, 32);
+  support::View v2253 = arena_.view(98816, 32);
   support::View v2247(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v2263 = arena_.view(90368, 32);
-  support::View v355 = arena_.view(94208, 1024);
+  support::View v2263 = arena_.view(94336, 32);
+  support::View v355 = arena_.view(90112, 1024);
   support::View v2266 = arena_.view(36864, 1024);
   support::View v1882 = arena_.view(77824, 512);
-  support::View v1884 = arena_.view(92544, 1);
+  support::View v1884 = arena_.view(101056, 1);
   support::View v1920 = arena_.view(79872, 512);
-  support::View v1922 = arena_.view(92608, 1);
+  support::View v1922 = arena_.view(101120, 1);
   support::View v1958 = arena_.view(81920, 512);
-  support::View v1960 = arena_.view(92672, 1);
+  support::View v1960 = arena_.view(101184, 1);
   support::View v2055 = arena_.view(83968, 512);
-  support::View v2057 = arena_.view(92736, 1);
+  support::View v2057 = arena_.view(101248, 1);
   support::View v2093 = arena_.view(86016, 512);
-  support::View v2095 = arena_.view(92800, 1);
+  support::View v2095 = arena_.view(101312, 1);
   support::View v2131 = arena_.view(88064, 512);
-  support::View v2133 = arena_.view(92864, 1);
+  support::View v2133 = arena_.view(101376, 1);
   support::View v2227 = arena_.view(16384, 1024);
-  support::View v2229 = arena_.view(92928, 1);
+  support::View v2229 = arena_.view(94464, 1);
   support::View v2265 = arena_.view(32768, 1024);
   support::View v2267 = arena_.view(90112, 1);
   repeated2(v1863, v1876, v1879, v1870, v721, v1864, v713, v1880, v432, v1882, v1883, v1884, v1901,
@@ -6721,8 +6694,8 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v742 = arena_.view(36864, 1);
-  support::View v746 = arena_.view(192256, 1);
-  support::View v710 = arena_.view(90624, 1);
+  support::View v746 = arena_.view(186176, 1);
+  support::View v710 = arena_.view(99072, 1);
   support::View v750 = arena_.view(36928, 1);
   support::View v32(param0_encoder_relative_bias_table); // updated in place
   repeated18(v738, v742, v746, v710, v750, v736, v32);
@@ -6748,7 +6721,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v784 = arena_.view(192320, 1);
+  support::View v784 = arena_.view(186240, 1);
   support::View v788 = arena_.view(36928, 1);
   {
     float *__restrict v788p = v788.data();
@@ -6787,7 +6760,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v676 = arena_.view(102656, 32);
+  support::View v676 = arena_.view(98560, 32);
   support::View v794(param51_encoder_rms_norm_0_scale_v); // updated in place
   support::View v800 = arena_.view(20480, 32);
   support::View v801 = arena_.view(20608, 32);
@@ -6798,24 +6771,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v808 = arena_.view(20736, 1);
   support::View v811 = arena_.view(20608, 1);
   support::View v842 = arena_.view(20480, 1);
-  support::View v845 = arena_.view(192384, 1);
+  support::View v845 = arena_.view(186304, 1);
   support::View v849 = arena_.view(20544, 1);
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v880 = arena_.view(20480, 1);
-  support::View v883 = arena_.view(192448, 1);
+  support::View v883 = arena_.view(186368, 1);
   support::View v887 = arena_.view(20544, 1);
   support::View v48(param4_encoder_attention_0_k); // updated in place
   support::View v918 = arena_.view(20480, 1);
-  support::View v921 = arena_.view(192512, 1);
+  support::View v921 = arena_.view(186432, 1);
   support::View v925 = arena_.view(20544, 1);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v950 = arena_.view(90816, 1);
+  support::View v950 = arena_.view(99264, 1);
   support::View v954 = arena_.view(20480, 1);
-  support::View v957 = arena_.view(192576, 1);
+  support::View v957 = arena_.view(186496, 1);
   support::View v961 = arena_.view(20544, 1);
-  support::View v948 = arena_.view(49152, 512);
+  support::View v948 = arena_.view(45056, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v638 = arena_.view(102528, 32);
+  support::View v638 = arena_.view(98432, 32);
   support::View v967(param60_encoder_rms_norm_1_0_scale_v); // updated in place
   support::View v973 = arena_.view(20480, 32);
   support::View v974 = arena_.view(20608, 32);
@@ -6826,14 +6799,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v981 = arena_.view(20736, 1);
   support::View v984 = arena_.view(20608, 1);
   support::View v1014 = arena_.view(20480, 1);
-  support::View v1017 = arena_.view(192640, 1);
+  support::View v1017 = arena_.view(186560, 1);
   support::View v1021 = arena_.view(20544, 1);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v1052 = arena_.view(0, 1);
-  support::View v1055 = arena_.view(192704, 1);
+  support::View v1055 = arena_.view(186624, 1);
   support::View v1059 = arena_.view(64, 1);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v615 = arena_.view(102400, 32);
+  support::View v615 = arena_.view(98304, 32);
   support::View v1065(param65_encoder_rms_norm_1_scale_v); // updated in place
   support::View v1071 = arena_.view(0, 32);
   support::View v1072 = arena_.view(128, 32);
@@ -6844,24 +6817,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1079 = arena_.view(256, 1);
   support::View v1082 = arena_.view(128, 1);
   support::View v1113 = arena_.view(0, 1);
-  support::View v1116 = arena_.view(192768, 1);
+  support::View v1116 = arena_.view(186688, 1);
   support::View v1120 = arena_.view(64, 1);
   support::View v85(param11_encoder_attention_1_q); // updated in place
   support::View v1151 = arena_.view(0, 1);
-  support::View v1154 = arena_.view(192832, 1);
+  support::View v1154 = arena_.view(186752, 1);
   support::View v1158 = arena_.view(64, 1);
   support::View v86(param12_encoder_attention_1_k); // updated in place
   support::View v1189 = arena_.view(0, 1);
-  support::View v1192 = arena_.view(192896, 1);
+  support::View v1192 = arena_.view(186816, 1);
   support::View v1196 = arena_.view(64, 1);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1221 = arena_.view(90880, 1);
+  support::View v1221 = arena_.view(99328, 1);
   support::View v1225 = arena_.view(0, 1);
-  support::View v1228 = arena_.view(192960, 1);
+  support::View v1228 = arena_.view(186880, 1);
   support::View v1232 = arena_.view(64, 1);
-  support::View v1219 = arena_.view(59392, 512);
+  support::View v1219 = arena_.view(55296, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v578 = arena_.view(108544, 32);
+  support::View v578 = arena_.view(104448, 32);
   support::View v1238(param74_encoder_rms_norm_1_1_scale_v); // updated in place
   support::View v1244 = arena_.view(0, 32);
   support::View v1245 = arena_.view(128, 32);
@@ -6871,7 +6844,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1251 = arena_.view(128, 32);
   support::View v1252 = arena_.view(256, 1);
   support::View v1255 = arena_.view(128, 1);
-  support::View v1288 = arena_.view(193024, 1);
+  support::View v1288 = arena_.view(186944, 1);
   support::View v1285 = arena_.view(0, 1);
   support::View v1292 = arena_.view(64, 1);
   repeated0(v676, v721, v794, v713, v800, v801, v802, v805, v38, v807, v808, v710, v811, v838, v842,
@@ -6887,10 +6860,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v1323 = arena_.view(0, 1);
-  support::View v1326 = arena_.view(193088, 1);
+  support::View v1326 = arena_.view(187008, 1);
   support::View v1330 = arena_.view(64, 1);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v556 = arena_.view(126976, 32);
+  support::View v556 = arena_.view(122880, 32);
   support::View v1336(param79_encoder_rms_norm_scale_v); // updated in place
   support::View v1342 = arena_.view(0, 32);
   support::View v1343 = arena_.view(128, 32);
@@ -6906,14 +6879,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v1383 = arena_.view(0, 1);
-  support::View v1386 = arena_.view(193152, 1);
+  support::View v1386 = arena_.view(187072, 1);
   support::View v1390 = arena_.view(64, 1);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   repeated18(v1379, v1383, v1386, v710, v1390, v1377, v154);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v533 = arena_.view(141312, 32);
+  support::View v533 = arena_.view(135168, 32);
   support::View v1396(param82_decoder_rms_norm_0_scale_v); // updated in place
   support::View v1402 = arena_.view(0, 32);
   support::View v1403 = arena_.view(128, 32);
@@ -6923,7 +6896,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1409 = arena_.view(128, 32);
   support::View v1410 = arena_.view(256, 1);
   support::View v1413 = arena_.view(128, 1);
-  support::View v1447 = arena_.view(193216, 1);
+  support::View v1447 = arena_.view(187136, 1);
   support::View v1444 = arena_.view(0, 1);
   support::View v1451 = arena_.view(64, 1);
   repeated12(v533, v721, v1396, v713, v1402, v1403, v1404, v1407, v173, v1409, v1410, v710, v1413,
@@ -6933,25 +6906,25 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
   support::View v1482 = arena_.view(0, 1);
-  support::View v1485 = arena_.view(193280, 1);
+  support::View v1485 = arena_.view(187200, 1);
   support::View v1489 = arena_.view(64, 1);
   support::View v183(param22_decoder_attention_0_k); // updated in place
   support::View v1520 = arena_.view(0, 1);
-  support::View v1523 = arena_.view(193344, 1);
+  support::View v1523 = arena_.view(187264, 1);
   support::View v1527 = arena_.view(64, 1);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1552 = arena_.view(90944, 1);
+  support::View v1552 = arena_.view(99392, 1);
   support::View v1556 = arena_.view(0, 1);
-  support::View v1559 = arena_.view(193408, 1);
+  support::View v1559 = arena_.view(187328, 1);
   support::View v1563 = arena_.view(64, 1);
-  support::View v1550 = arena_.view(61440, 512);
+  support::View v1550 = arena_.view(57344, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   repeated10(v1438, v1444, v1451, v182, v1478, v1482, v1485, v710, v1489, v1476, v183, v1516, v1520,
              v1523, v1527, v1514, v184, v1552, v1556, v1559, v1563, v1550, v185);
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v495 = arena_.view(156160, 32);
+  support::View v495 = arena_.view(150016, 32);
   support::View v1569(param91_decoder_rms_norm_1_0_scale_v); // updated in place
   support::View v1575 = arena_.view(0, 32);
   support::View v1576 = arena_.view(128, 32);
@@ -6962,24 +6935,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1583 = arena_.view(256, 1);
   support::View v1586 = arena_.view(128, 1);
   support::View v1617 = arena_.view(0, 1);
-  support::View v1620 = arena_.view(193472, 1);
+  support::View v1620 = arena_.view(187392, 1);
   support::View v1624 = arena_.view(64, 1);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
   support::View v1655 = arena_.view(0, 1);
-  support::View v1658 = arena_.view(193536, 1);
+  support::View v1658 = arena_.view(187456, 1);
   support::View v1662 = arena_.view(64, 1);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
   support::View v1693 = arena_.view(0, 1);
-  support::View v1696 = arena_.view(193600, 1);
+  support::View v1696 = arena_.view(187520, 1);
   support::View v1700 = arena_.view(64, 1);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1725 = arena_.view(91008, 1);
+  support::View v1725 = arena_.view(99456, 1);
   support::View v1729 = arena_.view(0, 1);
-  support::View v1732 = arena_.view(193664, 1);
+  support::View v1732 = arena_.view(187584, 1);
   support::View v1736 = arena_.view(64, 1);
-  support::View v1723 = arena_.view(63488, 512);
+  support::View v1723 = arena_.view(59392, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v459 = arena_.view(183296, 32);
+  support::View v459 = arena_.view(177152, 32);
   support::View v1742(param100_decoder_rms_norm_2_0_scale_v); // updated in place
   support::View v1748 = arena_.view(0, 32);
   support::View v1749 = arena_.view(128, 32);
@@ -6990,14 +6963,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1756 = arena_.view(256, 1);
   support::View v1759 = arena_.view(128, 1);
   support::View v1789 = arena_.view(0, 1);
-  support::View v1792 = arena_.view(193728, 1);
+  support::View v1792 = arena_.view(187648, 1);
   support::View v1796 = arena_.view(64, 1);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
   support::View v1827 = arena_.view(0, 1);
-  support::View v1830 = arena_.view(193792, 1);
+  support::View v1830 = arena_.view(187712, 1);
   support::View v1834 = arena_.view(64, 1);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v436 = arena_.view(189440, 32);
+  support::View v436 = arena_.view(183296, 32);
   support::View v1840(param105_decoder_rms_norm_1_scale_v); // updated in place
   support::View v1846 = arena_.view(0, 32);
   support::View v1847 = arena_.view(128, 32);
@@ -7008,24 +6981,24 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1854 = arena_.view(256, 1);
   support::View v1857 = arena_.view(128, 1);
   support::View v1888 = arena_.view(0, 1);
-  support::View v1891 = arena_.view(193856, 1);
+  support::View v1891 = arena_.view(187776, 1);
   support::View v1895 = arena_.view(64, 1);
   support::View v243(param34_decoder_attention_1_q); // updated in place
   support::View v1926 = arena_.view(0, 1);
-  support::View v1929 = arena_.view(193920, 1);
+  support::View v1929 = arena_.view(187840, 1);
   support::View v1933 = arena_.view(64, 1);
   support::View v244(param35_decoder_attention_1_k); // updated in place
   support::View v1964 = arena_.view(0, 1);
-  support::View v1967 = arena_.view(193984, 1);
+  support::View v1967 = arena_.view(187904, 1);
   support::View v1971 = arena_.view(64, 1);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1996 = arena_.view(91072, 1);
+  support::View v1996 = arena_.view(99520, 1);
   support::View v2000 = arena_.view(0, 1);
-  support::View v2003 = arena_.view(194048, 1);
+  support::View v2003 = arena_.view(187968, 1);
   support::View v2007 = arena_.view(64, 1);
-  support::View v1994 = arena_.view(65536, 512);
+  support::View v1994 = arena_.view(61440, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v399 = arena_.view(191872, 32);
+  support::View v399 = arena_.view(185728, 32);
   support::View v2013(param114_decoder_rms_norm_1_1_scale_v); // updated in place
   support::View v2019 = arena_.view(0, 32);
   support::View v2020 = arena_.view(128, 32);
@@ -7035,7 +7008,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2026 = arena_.view(128, 32);
   support::View v2027 = arena_.view(256, 1);
   support::View v2030 = arena_.view(128, 1);
-  support::View v2064 = arena_.view(194112, 1);
+  support::View v2064 = arena_.view(188032, 1);
   support::View v2061 = arena_.view(0, 1);
   support::View v2068 = arena_.view(64, 1);
   repeated0(v495, v721, v1569, v713, v1575, v1576, v1577, v1580, v197, v1582, v1583, v710, v1586,
@@ -7052,25 +7025,25 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
   support::View v2099 = arena_.view(0, 1);
-  support::View v2102 = arena_.view(194176, 1);
+  support::View v2102 = arena_.view(188096, 1);
   support::View v2106 = arena_.view(64, 1);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
   support::View v2137 = arena_.view(0, 1);
-  support::View v2140 = arena_.view(194240, 1);
+  support::View v2140 = arena_.view(188160, 1);
   support::View v2144 = arena_.view(64, 1);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2169 = arena_.view(91136, 1);
+  support::View v2169 = arena_.view(99584, 1);
   support::View v2173 = arena_.view(0, 1);
-  support::View v2176 = arena_.view(194304, 1);
+  support::View v2176 = arena_.view(188224, 1);
   support::View v2180 = arena_.view(64, 1);
-  support::View v2167 = arena_.view(67584, 512);
+  support::View v2167 = arena_.view(63488, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
   repeated10(v2055, v2061, v2068, v266, v2095, v2099, v2102, v710, v2106, v2093, v267, v2133, v2137,
              v2140, v2144, v2131, v268, v2169, v2173, v2176, v2180, v2167, v269);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v364 = arena_.view(191744, 32);
+  support::View v364 = arena_.view(185600, 32);
   support::View v2186(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2192 = arena_.view(0, 32);
   support::View v2193 = arena_.view(128, 32);
@@ -7080,7 +7053,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2199 = arena_.view(128, 32);
   support::View v2200 = arena_.view(256, 1);
   support::View v2203 = arena_.view(128, 1);
-  support::View v2236 = arena_.view(194368, 1);
+  support::View v2236 = arena_.view(188288, 1);
   support::View v2233 = arena_.view(0, 1);
   support::View v2240 = arena_.view(64, 1);
   repeated12(v364, v721, v2186, v713, v2192, v2193, v2194, v2197, v281, v2199, v2200, v710, v2203,
@@ -7090,10 +7063,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
   support::View v2271 = arena_.view(0, 1);
-  support::View v2274 = arena_.view(194432, 1);
+  support::View v2274 = arena_.view(188352, 1);
   support::View v2278 = arena_.view(64, 1);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v339 = arena_.view(191616, 32);
+  support::View v339 = arena_.view(185472, 32);
   support::View v2284(param128_decoder_rms_norm_scale_v); // updated in place
   support::View v2290 = arena_.view(0, 32);
   support::View v2291 = arena_.view(128, 32);

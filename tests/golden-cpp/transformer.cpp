@@ -252,7 +252,7 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 90112 bytes for 655360 bytes of temporaries (placed by liveness).
+  // Arena: 90112 bytes for 643072 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   support::View v107 = arena_.view(0, 3072);
@@ -266,24 +266,16 @@ void Lm::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer.mesh:33:44 one_hot
-  MESHRT_TRACE("one_hot", "transformer.mesh:33:44", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v4 = arena_.view(16384, 3072);
-  static const support::Shape shape0_1 = {2, 32, 48};
-  static const support::Shape shape0_3 = {32, 1, 0};
-  static const support::Shape shape0_4 = {0, 0, 1};
-  support::oneHot(v4.data(), shape0_1, v0.data(), shape0_3, shape0_4,
-                  support::shardStart(world_, {"model"}, 48));
-
   // transformer.mesh:33:37 einsum
-  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "forward");
+  MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
   const support::Buffer &v1 = param0_decoder_token_embedding;
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v5 = arena_.view(0, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v4.data(), v1.data(), v5.data(), 1.0f, 0.0f);
+  static const support::Shape shape0_1 = {2, 32, 64};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {32, 1, 0};
+  support::gather(v5.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 48, 64,
+                  support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %5 over model for add at
   // 34:37)
@@ -311,13 +303,13 @@ void Lm::runPart0(const Inputs &inputs) {
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v18 = arena_.view(0, 4096);
-  static const support::Shape shape4_2 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {2048, 64};
-  static const support::Shape shape4_5 = {64};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v18.data(), v7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  static const support::Shape shape3_2 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {2048, 64};
+  static const support::Shape shape3_5 = {64};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v18.data(), v7.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -453,9 +445,9 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v3 = param2_decoder_unembed;
   support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
@@ -1275,12 +1267,12 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 553024 bytes for 2136340 bytes of temporaries (placed by liveness).
+  // Arena: 536640 bytes for 2124052 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  support::View v124 = arena_.view(552960, 1);
+  support::View v124 = arena_.view(536576, 1);
 
   // The step's updates.
   ++step_;
@@ -1325,23 +1317,15 @@ void LmTrain::runPart0(const Inputs &inputs) {
   static const support::Shape shape2_2 = {2, 32};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
-  // transformer.mesh:33:44 one_hot
-  MESHRT_TRACE("one_hot", "transformer.mesh:33:44", "forward");
-  support::View v9 = arena_.view(442368, 3072);
-  static const support::Shape shape3_1 = {2, 32, 48};
-  static const support::Shape shape3_3 = {32, 1, 0};
-  static const support::Shape shape3_4 = {0, 0, 1};
-  support::oneHot(v9.data(), shape3_1, v0.data(), shape3_3, shape3_4,
-                  support::shardStart(world_, {"model"}, 48));
-
   // transformer.mesh:33:37 einsum
-  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "forward");
+  MESHRT_TRACE("einsum", "transformer.mesh:33:37", "forward");
   support::View v6(param0_decoder_token_embedding); // updated in place
   support::View v10 = arena_.view(0, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(v9.data(), v6.data(), v10.data(), 1.0f, 0.0f);
+  static const support::Shape shape3_1 = {2, 32, 64};
+  static const support::Shape shape3_3 = {0, 0, 1};
+  static const support::Shape shape3_5 = {32, 1, 0};
+  support::gather(v10.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 48, 64,
+                  support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
   // 34:37)
@@ -1369,13 +1353,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   support::View v23 = arena_.view(212992, 4096);
-  static const support::Shape shape7_2 = {2, 32};
-  static const support::Shape shape7_3 = {2048, 64};
-  static const support::Shape shape7_4 = {2048, 64};
-  static const support::Shape shape7_5 = {64};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v23.data(), v12.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  static const support::Shape shape6_2 = {2, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {2048, 64};
+  static const support::Shape shape6_5 = {64};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(v23.data(), v12.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1404,11 +1388,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
-  support::View v30 = arena_.view(479232, 2048);
+  support::View v30 = arena_.view(462848, 2048);
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
-  support::View v31 = arena_.view(487424, 2048);
+  support::View v31 = arena_.view(471040, 2048);
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
-  support::View v33 = arena_.view(495616, 2048);
+  support::View v33 = arena_.view(479232, 2048);
   support::View v35 = arena_.view(0, 4096);
   repeated5(v25, v26, v30, v27, v31, v28, v33, v35);
 
@@ -1417,7 +1401,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:43:39 gt
   MESHRT_TRACE("loop", "transformer.mesh:38:62", "forward");
   support::View v19 = persistent_.view(4288, 1024);
-  support::View v39 = arena_.view(503808, 2048);
+  support::View v39 = arena_.view(487424, 2048);
   {
     float *__restrict v39p = v39.data();
     const float *__restrict v4p = v4.data();
@@ -1440,7 +1424,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v41 = arena_.view(16384, 4096);
   support::View v42 = arena_.view(245760, 4096);
-  support::View v43 = arena_.view(512000, 2048);
+  support::View v43 = arena_.view(495616, 2048);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
   support::View v44 = arena_.view(0, 4096);
   support::View v46 = arena_.view(262144, 4096);
@@ -1468,11 +1452,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
-  support::View v73 = arena_.view(520192, 2048);
+  support::View v73 = arena_.view(503808, 2048);
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
-  support::View v74 = arena_.view(528384, 2048);
+  support::View v74 = arena_.view(512000, 2048);
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
-  support::View v76 = arena_.view(536576, 2048);
+  support::View v76 = arena_.view(520192, 2048);
   support::View v78 = arena_.view(0, 4096);
   repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
@@ -1480,7 +1464,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("layers.mesh:43:25");
   support::View v84 = arena_.view(16384, 4096);
   support::View v85 = arena_.view(360448, 4096);
-  support::View v86 = arena_.view(544768, 2048);
+  support::View v86 = arena_.view(528384, 2048);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
   support::View v87 = arena_.view(0, 4096);
   support::View v89 = arena_.view(376832, 4096);
@@ -1510,34 +1494,34 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v112 = arena_.view(180224, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
 
   // transformer.mesh:56:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer.mesh:56:14", "forward");
   support::View v113 = arena_.view(425984, 3072);
-  static const support::Shape shape15_2 = {2, 32};
-  static const support::Shape shape15_3 = {1536, 48};
-  static const support::Shape shape15_4 = {1536, 48};
-  static const support::Shape shape15_5 = {48};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v113.data(), v112.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
+  static const support::Shape shape14_2 = {2, 32};
+  static const support::Shape shape14_3 = {1536, 48};
+  static const support::Shape shape14_4 = {1536, 48};
+  static const support::Shape shape14_5 = {48};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v113.data(), v112.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
   MESHRT_TRACE("one_hot", "transformer.mesh:59:32", "forward");
   support::View v114 = arena_.view(180224, 3072);
-  static const support::Shape shape16_1 = {2, 32, 48};
-  static const support::Shape shape16_3 = {32, 1, 0};
-  static const support::Shape shape16_4 = {0, 0, 1};
-  support::oneHot(v114.data(), shape16_1, v1.data(), shape16_3, shape16_4,
+  static const support::Shape shape15_1 = {2, 32, 48};
+  static const support::Shape shape15_3 = {32, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(v114.data(), shape15_1, v1.data(), shape15_3, shape15_4,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:30", "forward");
-  support::View v115 = arena_.view(454656, 3072);
+  support::View v115 = arena_.view(438272, 3072);
   {
     float *__restrict v115p = v115.data();
     const float *__restrict v113p = v113.data();
@@ -1553,11 +1537,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
   support::View v116 = arena_.view(193024, 64);
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {1536, 48};
-  static const support::Shape shape18_4 = {48};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v116.data(), shape18_1, v115.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape17_1 = {2, 32};
+  static const support::Shape shape17_3 = {1536, 48};
+  static const support::Shape shape17_4 = {48};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v116.data(), shape17_1, v115.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
@@ -1580,44 +1564,37 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
   support::View v119 = arena_.view(193152, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {2, 32};
-  static const support::Shape shape20_5 = {32, 1};
-  support::reduce(v119.data(), shape20_1, v118.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {2, 32};
+  static const support::Shape shape19_5 = {32, 1};
+  support::reduce(v119.data(), shape19_1, v118.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
   support::View v120 = arena_.view(193024, 32);
-  static const support::Shape shape21_2 = {2, 32};
-  support::sliceDim(v120, v5, shape21_2, 1, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape20_2 = {2, 32};
+  support::sliceDim(v120, v5, shape20_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
   support::View v121 = arena_.view(193216, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {2, 16};
-  static const support::Shape shape22_5 = {16, 1};
-  support::reduce(v121.data(), shape22_1, v120.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {2, 16};
+  static const support::Shape shape21_5 = {16, 1};
+  support::reduce(v121.data(), shape21_1, v120.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
   // resolved together, 8 B in one buffer)
   MESHRT_TRACE_SITE("transformer.mesh:60:41");
   support::allReduceBucket(group_data_model, {v119, v121});
-}
-
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:60:41 div -> loss
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "forward");
-  support::View v119 = arena_.view(193152, 1);
-  support::View v121 = arena_.view(193216, 1);
-  support::View v124 = arena_.view(552960, 1);
+  support::View v124 = arena_.view(536576, 1);
   {
     float *__restrict v124p = v124.data();
     const float *__restrict v119p = v119.data();
@@ -1627,6 +1604,11 @@ void LmTrain::runPart1(const Inputs &inputs) {
     const float s2 = (s0 / s1);
     v124p[0] = s2;
   }
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:60:41 div
   // transformer.mesh:60:14 broadcast
@@ -1643,11 +1625,12 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:59:30 mul
   // transformer.mesh:56:14 sub
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "backward");
+  support::View v121 = arena_.view(193216, 1);
   support::View v5 = arena_.view(192768, 64);
   support::View v1 = arena_.view(192512, 64);
   support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
-  support::View v141 = arena_.view(454656, 3072);
+  support::View v141 = arena_.view(438272, 3072);
   {
     float *__restrict v141p = v141.data();
     const float *__restrict v121p = v121.data();
@@ -1690,9 +1673,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v142 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(v141.data(), v8.data(), v142.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v141.data(), v8.data(), v142.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %134 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
@@ -1701,23 +1684,23 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:43:10 einsum -> grad/decoder/unembed
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v111 = arena_.view(163840, 4096);
-  support::View v143 = arena_.view(466944, 3072);
+  support::View v143 = arena_.view(450560, 3072);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan4.run(v141.data(), v111.data(), v143.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v141.data(), v111.data(), v143.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::View v145 = arena_.view(455168, 64);
-  static const support::Shape shape6_1 = {64};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 32};
-  static const support::Shape shape6_5 = {2048, 64};
-  support::reduce(v145.data(), shape6_1, v142.data(), shape6_3, shape6_4, shape6_5,
+  support::View v145 = arena_.view(442880, 64);
+  static const support::Shape shape5_1 = {64};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {2, 32};
+  static const support::Shape shape5_5 = {2048, 64};
+  support::reduce(v145.data(), shape5_1, v142.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
@@ -1738,23 +1721,23 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::View v148 = arena_.view(455424, 64);
-  static const support::Shape shape8_1 = {64};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2, 32};
-  static const support::Shape shape8_5 = {2048, 64};
-  support::reduce(v148.data(), shape8_1, v147.data(), shape8_3, shape8_4, shape8_5,
+  support::View v148 = arena_.view(443136, 64);
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 32};
+  static const support::Shape shape7_5 = {2048, 64};
+  support::reduce(v148.data(), shape7_1, v147.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
   support::View v149 = arena_.view(425984, 64);
-  static const support::Shape shape9_1 = {2, 32};
-  static const support::Shape shape9_3 = {2048, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v149.data(), shape9_1, v106.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape8_1 = {2, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v149.data(), shape8_1, v106.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -1779,17 +1762,17 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v152 = arena_.view(16384, 64);
-  static const support::Shape shape11_1 = {2, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v152.data(), shape11_1, v151.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape10_1 = {2, 32};
+  static const support::Shape shape10_3 = {2048, 64};
+  static const support::Shape shape10_4 = {64};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v152.data(), shape10_1, v151.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v155 = arena_.view(454656, 64);
+  support::View v155 = arena_.view(442368, 64);
   {
     float *__restrict v155p = v155.data();
     const float *__restrict v152p = v152.data();
@@ -1830,21 +1813,21 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v157 = arena_.view(180224, 64);
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v157.data(), shape14_1, v156.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape13_1 = {2, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v157.data(), shape13_1, v156.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v159 = arena_.view(163840, 64);
-  static const support::Shape shape15_1 = {2, 32};
-  static const support::Shape shape15_3 = {2048, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v159.data(), shape15_1, v146.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v159.data(), shape14_1, v146.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1901,18 +1884,18 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v210 = arena_.view(98304, 4096);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
   support::View v211 = arena_.view(131072, 2048);
-  support::View v86 = arena_.view(544768, 2048);
-  support::View v76 = arena_.view(536576, 2048);
+  support::View v86 = arena_.view(528384, 2048);
+  support::View v76 = arena_.view(520192, 2048);
   support::View v213 = arena_.view(114688, 4096);
   support::View v85 = arena_.view(360448, 4096);
   support::View v214 = arena_.view(147456, 2048);
   support::View v215 = arena_.view(131072, 4096);
   support::View v216 = arena_.view(155648, 128);
-  support::View v39 = arena_.view(503808, 2048);
+  support::View v39 = arena_.view(487424, 2048);
   support::View v221 = arena_.view(131072, 4096);
-  support::View v74 = arena_.view(528384, 2048);
+  support::View v74 = arena_.view(512000, 2048);
   support::View v222 = arena_.view(385024, 2048);
-  support::View v73 = arena_.view(520192, 2048);
+  support::View v73 = arena_.view(503808, 2048);
   support::View v223 = arena_.view(155648, 2048);
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
   support::View v225 = arena_.view(114688, 4096);
@@ -1934,9 +1917,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v245 = arena_.view(131072, 4096);
   support::View v246 = arena_.view(147712, 64);
   support::View v248 = arena_.view(131072, 64);
-  support::View v163 = arena_.view(455680, 64);
+  support::View v163 = arena_.view(443392, 64);
   support::View v165 = arena_.view(163840, 8192);
-  support::View v189 = arena_.view(454656, 128);
+  support::View v189 = arena_.view(442368, 128);
   support::View v191 = arena_.view(0, 8192);
   support::View v193 = arena_.view(417792, 64);
   support::View v196 = arena_.view(418048, 64);
@@ -1979,17 +1962,17 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v295 = arena_.view(81920, 4096);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
   support::View v296 = arena_.view(98304, 2048);
-  support::View v43 = arena_.view(512000, 2048);
-  support::View v33 = arena_.view(495616, 2048);
+  support::View v43 = arena_.view(495616, 2048);
+  support::View v33 = arena_.view(479232, 2048);
   support::View v298 = arena_.view(65536, 4096);
   support::View v42 = arena_.view(245760, 4096);
   support::View v299 = arena_.view(114688, 2048);
   support::View v300 = arena_.view(98304, 4096);
   support::View v301 = arena_.view(122880, 128);
   support::View v305 = arena_.view(98304, 4096);
-  support::View v31 = arena_.view(487424, 2048);
+  support::View v31 = arena_.view(471040, 2048);
   support::View v306 = arena_.view(270336, 2048);
-  support::View v30 = arena_.view(479232, 2048);
+  support::View v30 = arena_.view(462848, 2048);
   support::View v307 = arena_.view(122880, 2048);
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
   support::View v309 = arena_.view(65536, 4096);
@@ -2034,21 +2017,26 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
   support::View v337 = arena_.view(196608, 2048);
-  static const support::Shape shape19_1 = {32, 64};
-  static const support::Shape shape19_3 = {64, 1};
-  static const support::Shape shape19_4 = {2};
-  static const support::Shape shape19_5 = {2048};
-  support::reduce(v337.data(), shape19_1, v336.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape18_1 = {32, 64};
+  static const support::Shape shape18_3 = {64, 1};
+  static const support::Shape shape18_4 = {2};
+  static const support::Shape shape18_5 = {2048};
+  support::reduce(v337.data(), shape18_1, v336.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
-  MESHRT_TRACE("gemm", "transformer.mesh:33:37", "backward");
-  support::View v9 = arena_.view(442368, 3072);
+  MESHRT_TRACE("einsum", "transformer.mesh:33:37", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v338 = arena_.view(114688, 3072);
-  // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan20.run(v336.data(), v9.data(), v338.data(), 1.0f, 0.0f);
+  static const support::Shape shape19_1 = {48, 64};
+  static const support::Shape shape19_3 = {0, 1};
+  static const support::Shape shape19_5 = {0, 0};
+  static const support::Shape shape19_6 = {2, 32};
+  static const support::Shape shape19_7 = {2048, 64};
+  static const support::Shape shape19_8 = {32, 1};
+  support::scatterAdd(v338.data(), shape19_1, v336.data(), shape19_3, v0.data(), shape19_5,
+                      shape19_6, shape19_7, shape19_8, 0,
+                      support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -2074,21 +2062,15 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v364 = arena_.view(98304, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {48, 64};
-  static const support::Shape shape23_5 = {64, 1};
-  support::reduce(v364.data(), shape23_1, v363.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {48, 64};
+  static const support::Shape shape22_5 = {64, 1};
+  support::reduce(v364.data(), shape22_1, v363.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v337 = arena_.view(196608, 2048);
   support::View v366 = arena_.view(65536, 2048);
   {
     float *__restrict v366p = v366.data();
@@ -2099,26 +2081,32 @@ void LmTrain::runPart2(const Inputs &inputs) {
       v366p[i0] = s1;
     }
   }
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
+  support::View v366 = arena_.view(65536, 2048);
   support::View v367 = arena_.view(73728, 1024);
-  static const support::Shape shape1_2 = {32, 64};
-  support::sliceDim(v367, v366, shape1_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape0_2 = {32, 64};
+  support::sliceDim(v367, v366, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v368 = arena_.view(98368, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {16, 64};
-  static const support::Shape shape2_5 = {64, 1};
-  support::reduce(v368.data(), shape2_1, v367.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {16, 64};
+  static const support::Shape shape1_5 = {64, 1};
+  support::reduce(v368.data(), shape1_1, v367.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v143 = arena_.view(466944, 3072);
+  support::View v143 = arena_.view(450560, 3072);
   support::View v371 = arena_.view(65536, 3072);
   {
     float *__restrict v371p = v371.data();
@@ -2133,11 +2121,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v372 = arena_.view(98432, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {64, 48};
-  static const support::Shape shape4_5 = {48, 1};
-  support::reduce(v372.data(), shape4_1, v371.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64, 48};
+  static const support::Shape shape3_5 = {48, 1};
+  support::reduce(v372.data(), shape3_1, v371.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -2157,17 +2145,17 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
-  static const support::Shape shape6_2 = {64};
-  support::sliceDim(v376, v375, shape6_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape5_2 = {64};
+  support::sliceDim(v376, v375, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v377 = arena_.view(98496, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v377.data(), shape7_1, v376.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v377.data(), shape6_1, v376.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -2187,17 +2175,17 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v381 = arena_.view(65792, 32);
-  static const support::Shape shape9_2 = {64};
-  support::sliceDim(v381, v380, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape8_2 = {64};
+  support::sliceDim(v381, v380, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
   support::View v382 = arena_.view(98560, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v382.data(), shape10_1, v381.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v382.data(), shape9_1, v381.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
@@ -2265,17 +2253,17 @@ void LmTrain::runPart2(const Inputs &inputs) {
   support::View v460 = arena_.view(65792, 32);
   support::View v191 = arena_.view(0, 8192);
   support::View v464 = arena_.view(65536, 8192);
-  support::View v189 = arena_.view(454656, 128);
+  support::View v189 = arena_.view(442368, 128);
   support::View v468 = arena_.view(65536, 128);
   support::View v165 = arena_.view(163840, 8192);
   support::View v472 = arena_.view(65536, 8192);
-  support::View v163 = arena_.view(455680, 64);
+  support::View v163 = arena_.view(443392, 64);
   support::View v476 = arena_.view(65536, 64);
   support::View v477 = arena_.view(65792, 32);
-  support::View v148 = arena_.view(455424, 64);
+  support::View v148 = arena_.view(443136, 64);
   support::View v481 = arena_.view(65536, 64);
   support::View v482 = arena_.view(65792, 32);
-  support::View v145 = arena_.view(455168, 64);
+  support::View v145 = arena_.view(442880, 64);
   support::View v486 = arena_.view(65536, 64);
   support::View v487 = arena_.view(65792, 32);
   support::View v439 = arena_.view(99392, 1);
@@ -2592,7 +2580,8 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/position_embedding
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  support::View v7(param1_decoder_position_embedding);      // updated in place
+  support::View v7(param1_decoder_position_embedding); // updated in place
+  support::View v337 = arena_.view(196608, 2048);
   support::View v551(param31_decoder_position_embedding_m); // updated in place
   support::View v552(param32_decoder_position_embedding_v); // updated in place
   {
@@ -3693,41 +3682,48 @@ void LmTrain::repeated1(
     const float *__restrict a6p = a6.data();
     const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a6p[i0 * 128 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = a6p[i0 * 128 + i1];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = a6p[i0 * 128 + i1];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = a6p[i0 * 128 + i1];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = a3p[i0 * 128 + i1];
-        const float s29 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s28) * 1.1111111111111112));
-        const float s30 = (s29 * s27);
-        a7p[i0 * 128 + i1] = s30;
+      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
+        constexpr int64_t n1 = 128;
+        uint32_t keep29[128];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep29);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = a6p[i0 * 128 + i1];
+          const float s1 = s0 * s0;
+          const float s2 = a6p[i0 * 128 + i1];
+          const float s3 = (s2 * s1);
+          const float s4 = 0.044715f;
+          const float s5 = (s3 * s4);
+          const float s6 = a6p[i0 * 128 + i1];
+          const float s7 = (s6 + s5);
+          const float s8 = 0.7978846f;
+          const float s9 = (s7 * s8);
+          const float s10 = support::ftanh(s9);
+          const float s11 = 1.0f;
+          const float s12 = (s10 + s11);
+          const float s13 = 0.5f;
+          const float s14 = (s12 * s13);
+          const float s15 = 0.134145f;
+          const float s16 = (s1 * s15);
+          const float s17 = 1.0f;
+          const float s18 = (s16 + s17);
+          const float s19 = s10 * s10;
+          const float s20 = 1.0f;
+          const float s21 = (s20 - s19);
+          const float s22 = a6p[i0 * 128 + i1];
+          const float s23 = (s22 * s21);
+          const float s24 = (s23 * s18);
+          const float s25 = 0.3989423f;
+          const float s26 = (s24 * s25);
+          const float s27 = (s14 + s26);
+          const float s28 = a3p[i0 * 128 + i1];
+          const float s29 =
+              support::keepOrZero(keep29[i1 - c1], float(double(s28) * 1.1111111111111112));
+          const float s30 = (s29 * s27);
+          a7p[i0 * 128 + i1] = s30;
+        }
       }
     }
   }
@@ -4654,16 +4650,23 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
     const float *__restrict a15p = a15.data();
     const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a15p[i0 * 128 + i1];
-        const float s1 = a16p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        a17p[i0 * 128 + i1] = s2;
-        a18p[i0 * 128 + i1] = s4;
+      for (int64_t c1 = 0; c1 < 128; c1 += 128) {
+        constexpr int64_t n1 = 128;
+        uint32_t keep4[128];
+        {
+          const int64_t i1 = c1;
+          meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
+        }
+        for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
+          const float s0 = a15p[i0 * 128 + i1];
+          const float s1 = a16p[i1];
+          const float s2 = (s0 + s1);
+          const float s3 = support::fgelu(s2);
+          const float s4 =
+              support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
+          a17p[i0 * 128 + i1] = s2;
+          a18p[i0 * 128 + i1] = s4;
+        }
       }
     }
   }

@@ -519,13 +519,13 @@ void XlTrain::computeInvariants() {
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 106816 bytes for 365552 bytes of temporaries (placed by liveness).
+  // Arena: 104768 bytes for 363504 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v135 = arena_.view(106752, 1);
-  support::View v26 = arena_.view(61440, 512);
-  support::View v75 = arena_.view(86016, 512);
+  support::View v135 = arena_.view(104704, 1);
+  support::View v26 = arena_.view(59392, 512);
+  support::View v75 = arena_.view(83968, 512);
 
   // The step's updates.
   support::copyValues(param1_decoder_xl_layer_0_memory, v26);  // decoder/xl_layer[0]/memory
@@ -544,7 +544,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:97:17 shift -> targets
   MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v1 = arena_.view(100352, 16);
+  support::View v1 = arena_.view(98304, 16);
   static const support::Shape shape0_2 = {2, 8};
   support::shift(v1, v0, shape0_2, 1, -1, nullptr);
 
@@ -566,7 +566,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:98:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
-  support::View v5 = arena_.view(100416, 16);
+  support::View v5 = arena_.view(98368, 16);
   static const support::Shape shape2_2 = {2, 8};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
@@ -589,23 +589,15 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::copyWindow(v21.data(), v20.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
                       int64_t(16));
 
-  // transformer_xl.mesh:87:18 one_hot
-  MESHRT_TRACE("one_hot", "transformer_xl.mesh:87:18", "forward");
-  support::View v22 = arena_.view(57344, 512);
-  static const support::Shape shape5_1 = {2, 8, 32};
-  static const support::Shape shape5_3 = {8, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v22.data(), shape5_1, v0.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // transformer_xl.mesh:87:11 einsum -> x
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "forward");
+  MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "forward");
   support::View v6(param0_decoder_embedding); // updated in place
-  support::View v23 = arena_.view(59392, 512);
-  // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v22.data(), v6.data(), v23.data(), 1.0f, 0.0f);
+  support::View v23 = arena_.view(57344, 512);
+  static const support::Shape shape5_1 = {2, 8, 32};
+  static const support::Shape shape5_3 = {0, 0, 1};
+  static const support::Shape shape5_5 = {8, 1, 0};
+  support::gather(v23.data(), shape5_1, v6.data(), shape5_3, v0.data(), shape5_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:79:17 all_reduce_sum -> x (resolve the partial sum of x over model for
   // rename at 79:17)
@@ -619,38 +611,38 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
   support::View v35 = arena_.view(26624, 256);
   support::View v28(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
-  support::View v36 = arena_.view(63488, 512);
+  support::View v36 = arena_.view(61440, 512);
   support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
-  support::View v37 = arena_.view(65536, 512);
+  support::View v37 = arena_.view(63488, 512);
   support::View v30(param5_decoder_xl_layer_0_relative_attention_r); // updated in place
   support::View v38 = arena_.view(16384, 2048);
   support::View v32(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
-  support::View v39 = arena_.view(102400, 256);
+  support::View v39 = arena_.view(100352, 256);
   support::View v40 = arena_.view(24576, 512);
   support::View v33(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
-  support::View v41 = arena_.view(103424, 256);
+  support::View v41 = arena_.view(101376, 256);
   support::View v42 = arena_.view(26624, 512);
   support::View v50 = persistent_.view(26240, 128);
   support::View v52 = arena_.view(28672, 512);
-  support::View v53 = arena_.view(67584, 512);
+  support::View v53 = arena_.view(65536, 512);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
   support::View v54 = arena_.view(24576, 512);
-  support::View v56 = arena_.view(69632, 512);
-  support::View v59 = arena_.view(71680, 512);
+  support::View v56 = arena_.view(67584, 512);
+  support::View v59 = arena_.view(69632, 512);
   support::View v57(param9_decoder_xl_layer_0_norm_gain);  // updated in place
   support::View v58(param10_decoder_xl_layer_0_norm_bias); // updated in place
-  support::View v61 = arena_.view(73728, 512);
+  support::View v61 = arena_.view(71680, 512);
   support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v64 = arena_.view(75776, 512);
-  support::View v65 = arena_.view(77824, 512);
+  support::View v64 = arena_.view(73728, 512);
+  support::View v65 = arena_.view(75776, 512);
   support::View v63(param12_decoder_xl_layer_0_dense_relu_dense_wo); // updated in place
   support::View v66 = arena_.view(24576, 512);
-  support::View v68 = arena_.view(79872, 512);
-  support::View v71 = arena_.view(81920, 512);
+  support::View v68 = arena_.view(77824, 512);
+  support::View v71 = arena_.view(79872, 512);
   support::View v69(param13_decoder_xl_layer_0_norm_1_gain); // updated in place
   support::View v70(param14_decoder_xl_layer_0_norm_1_bias); // updated in place
-  support::View v26 = arena_.view(61440, 512);
-  support::View v73 = arena_.view(83968, 512);
+  support::View v26 = arena_.view(59392, 512);
+  support::View v73 = arena_.view(81920, 512);
   repeated2(v26, v23, v34, v24, v27, v35, v28, v36, v29, v37, v21, v30, v38, v32, v39, v40, v33,
             v41, v42, v50, v52, v53, v31, v54, v56, v59, v57, v58, v61, v62, v64, v65, v63, v66,
             v68, v71, v69, v70, v73);
@@ -668,21 +660,21 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v79(param19_decoder_xl_layer_1_relative_attention_r); // updated in place
   support::View v87 = arena_.view(24576, 2048);
   support::View v81(param21_decoder_xl_layer_1_relative_attention_content_bias); // updated in place
-  support::View v88 = arena_.view(104448, 256);
+  support::View v88 = arena_.view(102400, 256);
   support::View v89 = arena_.view(40960, 512);
   support::View v82(
       param22_decoder_xl_layer_1_relative_attention_position_bias); // updated in place
-  support::View v90 = arena_.view(105472, 256);
+  support::View v90 = arena_.view(103424, 256);
   support::View v91 = arena_.view(43008, 512);
   support::View v101 = arena_.view(45056, 512);
-  support::View v102 = arena_.view(88064, 512);
+  support::View v102 = arena_.view(86016, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
   support::View v103 = arena_.view(40960, 512);
-  support::View v105 = arena_.view(90112, 512);
-  support::View v108 = arena_.view(92160, 512);
+  support::View v105 = arena_.view(88064, 512);
+  support::View v108 = arena_.view(90112, 512);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias); // updated in place
-  support::View v110 = arena_.view(94208, 512);
+  support::View v110 = arena_.view(92160, 512);
   support::View v111(param25_decoder_xl_layer_1_dense_relu_dense_wi); // updated in place
   support::View v113 = arena_.view(49152, 512);
   support::View v114 = arena_.view(51200, 512);
@@ -692,8 +684,8 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v120 = arena_.view(47104, 512);
   support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
   support::View v119(param28_decoder_xl_layer_1_norm_1_bias); // updated in place
-  support::View v75 = arena_.view(86016, 512);
-  support::View v122 = arena_.view(96256, 512);
+  support::View v75 = arena_.view(83968, 512);
+  support::View v122 = arena_.view(94208, 512);
   repeated2(v75, v73, v83, v74, v76, v84, v77, v85, v78, v86, v21, v79, v87, v81, v88, v89, v82,
             v90, v91, v50, v101, v102, v80, v103, v105, v108, v106, v107, v110, v111, v113, v114,
             v112, v115, v117, v120, v118, v119, v122);
@@ -702,34 +694,34 @@ void XlTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
   support::View v123 = arena_.view(40960, 512);
   // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v122.data(), v6.data(), v123.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:99:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "transformer_xl.mesh:99:14", "forward");
   support::View v124 = arena_.view(43008, 512);
-  static const support::Shape shape11_2 = {2, 8};
-  static const support::Shape shape11_3 = {256, 32};
-  static const support::Shape shape11_4 = {256, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v124.data(), v123.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  static const support::Shape shape10_2 = {2, 8};
+  static const support::Shape shape10_3 = {256, 32};
+  static const support::Shape shape10_4 = {256, 32};
+  static const support::Shape shape10_5 = {32};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(v124.data(), v123.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // transformer_xl.mesh:100:30 one_hot
   MESHRT_TRACE("one_hot", "transformer_xl.mesh:100:30", "forward");
   support::View v125 = arena_.view(40960, 512);
-  static const support::Shape shape12_1 = {2, 8, 32};
-  static const support::Shape shape12_3 = {8, 1, 0};
-  static const support::Shape shape12_4 = {0, 0, 1};
-  support::oneHot(v125.data(), shape12_1, v1.data(), shape12_3, shape12_4,
+  static const support::Shape shape11_1 = {2, 8, 32};
+  static const support::Shape shape11_3 = {8, 1, 0};
+  static const support::Shape shape11_4 = {0, 0, 1};
+  support::oneHot(v125.data(), shape11_1, v1.data(), shape11_3, shape11_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:100:28 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:28", "forward");
-  support::View v126 = arena_.view(98304, 512);
+  support::View v126 = arena_.view(96256, 512);
   {
     float *__restrict v126p = v126.data();
     const float *__restrict v124p = v124.data();
@@ -744,17 +736,17 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:19 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
-  support::View v127 = arena_.view(100480, 16);
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v127.data(), shape14_1, v126.data(), shape14_3, shape14_4, shape14_5,
+  support::View v127 = arena_.view(98432, 16);
+  static const support::Shape shape13_1 = {2, 8};
+  static const support::Shape shape13_3 = {256, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v127.data(), shape13_1, v126.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:62 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:62", "forward");
-  support::View v128 = arena_.view(98304, 16);
+  support::View v128 = arena_.view(96256, 16);
   {
     float *__restrict v128p = v128.data();
     const float *__restrict v127p = v127.data();
@@ -769,17 +761,17 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:15 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:15", "forward");
-  support::View v129 = arena_.view(98368, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {2, 8};
-  static const support::Shape shape16_5 = {8, 1};
-  support::reduce(v129.data(), shape16_1, v128.data(), shape16_3, shape16_4, shape16_5,
+  support::View v129 = arena_.view(96320, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {2, 8};
+  static const support::Shape shape15_5 = {8, 1};
+  support::reduce(v129.data(), shape15_1, v128.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:14 neg
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:14", "forward");
-  support::View v130 = arena_.view(98432, 1);
+  support::View v130 = arena_.view(96384, 1);
   {
     float *__restrict v130p = v130.data();
     const float *__restrict v129p = v129.data();
@@ -790,19 +782,19 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:76 local_slice -> has_next (reshard has_next for sum at 100:76)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:100:76", "forward");
-  support::View v131 = arena_.view(98304, 8);
-  static const support::Shape shape18_2 = {2, 8};
-  support::sliceDim(v131, v5, shape18_2, 1, support::blockIndex(world_, {"model"}), 2);
+  support::View v131 = arena_.view(96256, 8);
+  static const support::Shape shape17_2 = {2, 8};
+  support::sliceDim(v131, v5, shape17_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
-  support::View v132 = arena_.view(100480, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {2, 4};
-  static const support::Shape shape19_5 = {4, 1};
-  support::reduce(v132.data(), shape19_1, v131.data(), shape19_3, shape19_4, shape19_5,
+  support::View v132 = arena_.view(98432, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {2, 4};
+  static const support::Shape shape18_5 = {4, 1};
+  support::reduce(v132.data(), shape18_1, v131.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:100:74 bucketed_all_reduce_sum (2 partial sums (%125, %126) over data,
@@ -812,7 +804,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:74 div -> loss
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "forward");
-  support::View v135 = arena_.view(106752, 1);
+  support::View v135 = arena_.view(104704, 1);
   {
     float *__restrict v135p = v135.data();
     const float *__restrict v130p = v130.data();
@@ -838,7 +830,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:100:28 mul
   // transformer_xl.mesh:99:14 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
-  support::View v152 = arena_.view(98304, 512);
+  support::View v152 = arena_.view(96256, 512);
   {
     float *__restrict v152p = v152.data();
     const float *__restrict v132p = v132.data();
@@ -878,92 +870,90 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
-  support::View v153 = arena_.view(100352, 512);
+  support::View v153 = arena_.view(98304, 512);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v152.data(), v6.data(), v153.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v152.data(), v6.data(), v153.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %145 over model for sum at
+  // 32:40)
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
+  auto request0 = support::startAllReduce(group_model, {v153}, meshrt::ReduceOp::Sum);
+
+  // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
+  support::View v154 = arena_.view(40960, 1024);
+  // dims: batch, segment, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsumPlan24.run(v152.data(), v122.data(), v154.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
+  group_model.wait(request0);
 }
 
 void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %145 over model for sum at
-  // 32:40)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  support::View v153 = arena_.view(100352, 512);
-  auto request0 = support::startAllReduce(group_model, {v153}, meshrt::ReduceOp::Sum);
-
-  // transformer_xl.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
-  support::View v152 = arena_.view(98304, 512);
-  support::View v122 = arena_.view(96256, 512);
-  support::View v154 = arena_.view(40960, 1024);
-  // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan1.run(v152.data(), v122.data(), v154.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  group_model.wait(request0);
-
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
+  support::View v153 = arena_.view(98304, 512);
   support::View v120 = arena_.view(47104, 512);
-  support::View v158 = arena_.view(96256, 512);
-  support::View v160 = arena_.view(98304, 16);
+  support::View v158 = arena_.view(94208, 512);
+  support::View v160 = arena_.view(96256, 16);
   support::View v117 = arena_.view(45056, 512);
-  support::View v162 = arena_.view(96256, 512);
+  support::View v162 = arena_.view(94208, 512);
   support::View v163 = arena_.view(45056, 16);
-  support::View v166 = arena_.view(98304, 16);
+  support::View v166 = arena_.view(96256, 16);
   support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
   support::View v157 = arena_.view(45056, 512);
-  support::View v167 = arena_.view(96256, 512);
-  support::View v168 = arena_.view(98368, 16);
-  support::View v170 = arena_.view(98432, 16);
-  support::View v173 = arena_.view(96256, 512);
+  support::View v167 = arena_.view(94208, 512);
+  support::View v168 = arena_.view(96320, 16);
+  support::View v170 = arena_.view(96384, 16);
+  support::View v173 = arena_.view(94208, 512);
   support::View v112(param26_decoder_xl_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v174 = arena_.view(98304, 512);
+  support::View v174 = arena_.view(96256, 512);
   support::View v114 = arena_.view(51200, 512);
   support::View v113 = arena_.view(49152, 512);
-  support::View v178 = arena_.view(100352, 512);
+  support::View v178 = arena_.view(98304, 512);
   support::View v111(param25_decoder_xl_layer_1_dense_relu_dense_wi); // updated in place
   support::View v179 = arena_.view(49152, 512);
-  support::View v181 = arena_.view(98304, 512);
-  support::View v110 = arena_.view(94208, 512);
-  support::View v108 = arena_.view(92160, 512);
-  support::View v185 = arena_.view(94208, 512);
-  support::View v187 = arena_.view(96256, 16);
-  support::View v105 = arena_.view(90112, 512);
-  support::View v189 = arena_.view(94208, 512);
-  support::View v190 = arena_.view(90112, 16);
-  support::View v192 = arena_.view(96256, 16);
+  support::View v181 = arena_.view(96256, 512);
+  support::View v110 = arena_.view(92160, 512);
+  support::View v108 = arena_.view(90112, 512);
+  support::View v185 = arena_.view(92160, 512);
+  support::View v187 = arena_.view(94208, 16);
+  support::View v105 = arena_.view(88064, 512);
+  support::View v189 = arena_.view(92160, 512);
+  support::View v190 = arena_.view(88064, 16);
+  support::View v192 = arena_.view(94208, 16);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
-  support::View v184 = arena_.view(90112, 512);
-  support::View v193 = arena_.view(94208, 512);
-  support::View v194 = arena_.view(96320, 16);
-  support::View v196 = arena_.view(96384, 16);
-  support::View v199 = arena_.view(94208, 512);
+  support::View v184 = arena_.view(88064, 512);
+  support::View v193 = arena_.view(92160, 512);
+  support::View v194 = arena_.view(94272, 16);
+  support::View v196 = arena_.view(94336, 16);
+  support::View v199 = arena_.view(92160, 512);
   support::View v86 = arena_.view(55296, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
-  support::View v200 = arena_.view(90112, 512);
-  support::View v102 = arena_.view(88064, 512);
-  support::View v201 = arena_.view(92160, 512);
+  support::View v200 = arena_.view(88064, 512);
+  support::View v102 = arena_.view(86016, 512);
+  support::View v201 = arena_.view(90112, 512);
   support::View v203 = arena_.view(55296, 512);
-  support::View v204 = arena_.view(98304, 32);
+  support::View v204 = arena_.view(96256, 32);
   support::View v50 = persistent_.view(26240, 128);
   support::View v208 = arena_.view(55296, 512);
   support::View v87 = arena_.view(24576, 2048);
-  support::View v209 = arena_.view(90112, 256);
-  support::View v90 = arena_.view(105472, 256);
+  support::View v209 = arena_.view(88064, 256);
+  support::View v90 = arena_.view(103424, 256);
   support::View v210 = arena_.view(24576, 2048);
   support::View v85 = arena_.view(53248, 512);
-  support::View v212 = arena_.view(91136, 256);
-  support::View v88 = arena_.view(104448, 256);
-  support::View v213 = arena_.view(88064, 512);
-  support::View v214 = arena_.view(100352, 256);
+  support::View v212 = arena_.view(89088, 256);
+  support::View v88 = arena_.view(102400, 256);
+  support::View v213 = arena_.view(86016, 512);
+  support::View v214 = arena_.view(98304, 256);
   support::View v21 = arena_.view(0, 4096);
   support::View v78(param18_decoder_xl_layer_1_relative_attention_v); // updated in place
   support::View v217 = arena_.view(24576, 1024);
@@ -974,19 +964,19 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
   support::View v222 = arena_.view(24576, 512);
   support::View v226 = arena_.view(26624, 512);
-  support::View v73 = arena_.view(83968, 512);
-  support::View v156 = arena_.view(106496, 32);
-  support::View v159 = arena_.view(106624, 32);
+  support::View v73 = arena_.view(81920, 512);
+  support::View v156 = arena_.view(104448, 32);
+  support::View v159 = arena_.view(104576, 32);
   support::View v175 = arena_.view(45056, 1024);
   support::View v182 = arena_.view(49152, 1024);
-  support::View v183 = arena_.view(101376, 32);
-  support::View v186 = arena_.view(101504, 32);
-  support::View v202 = arena_.view(96256, 512);
-  support::View v211 = arena_.view(101632, 16);
-  support::View v215 = arena_.view(101696, 16);
-  support::View v216 = arena_.view(90112, 512);
-  support::View v218 = arena_.view(98304, 512);
-  support::View v221 = arena_.view(92160, 512);
+  support::View v183 = arena_.view(99328, 32);
+  support::View v186 = arena_.view(99456, 32);
+  support::View v202 = arena_.view(94208, 512);
+  support::View v211 = arena_.view(99584, 16);
+  support::View v215 = arena_.view(99648, 16);
+  support::View v216 = arena_.view(88064, 512);
+  support::View v218 = arena_.view(96256, 512);
+  support::View v221 = arena_.view(90112, 512);
   support::View v225 = arena_.view(36864, 512);
   support::View v228 = arena_.view(28672, 512);
   repeated1(v156, v153, v120, v158, v159, v160, v117, v162, v163, v166, v118, v157, v167, v168,
@@ -999,10 +989,10 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  support::View v71 = arena_.view(81920, 512);
+  support::View v71 = arena_.view(79872, 512);
   support::View v231 = arena_.view(24576, 512);
   support::View v233 = arena_.view(26624, 16);
-  support::View v68 = arena_.view(79872, 512);
+  support::View v68 = arena_.view(77824, 512);
   support::View v235 = arena_.view(24576, 512);
   support::View v236 = arena_.view(26624, 16);
   support::View v238 = arena_.view(30720, 16);
@@ -1014,43 +1004,43 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v245 = arena_.view(28672, 512);
   support::View v63(param12_decoder_xl_layer_0_dense_relu_dense_wo); // updated in place
   support::View v246 = arena_.view(30720, 512);
-  support::View v65 = arena_.view(77824, 512);
-  support::View v64 = arena_.view(75776, 512);
+  support::View v65 = arena_.view(75776, 512);
+  support::View v64 = arena_.view(73728, 512);
   support::View v249 = arena_.view(38912, 512);
   support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi); // updated in place
   support::View v250 = arena_.view(30720, 512);
   support::View v252 = arena_.view(53248, 512);
-  support::View v61 = arena_.view(73728, 512);
-  support::View v59 = arena_.view(71680, 512);
+  support::View v61 = arena_.view(71680, 512);
+  support::View v59 = arena_.view(69632, 512);
   support::View v256 = arena_.view(38912, 512);
   support::View v258 = arena_.view(55296, 16);
-  support::View v56 = arena_.view(69632, 512);
+  support::View v56 = arena_.view(67584, 512);
   support::View v260 = arena_.view(38912, 512);
   support::View v261 = arena_.view(55296, 16);
-  support::View v263 = arena_.view(69632, 16);
+  support::View v263 = arena_.view(67584, 16);
   support::View v57(param9_decoder_xl_layer_0_norm_gain); // updated in place
   support::View v255 = arena_.view(38912, 512);
   support::View v264 = arena_.view(55296, 512);
-  support::View v265 = arena_.view(69696, 16);
+  support::View v265 = arena_.view(67648, 16);
   support::View v267 = arena_.view(55296, 16);
   support::View v270 = arena_.view(53248, 512);
-  support::View v37 = arena_.view(65536, 512);
+  support::View v37 = arena_.view(63488, 512);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
   support::View v271 = arena_.view(38912, 512);
-  support::View v53 = arena_.view(67584, 512);
+  support::View v53 = arena_.view(65536, 512);
   support::View v272 = arena_.view(55296, 512);
-  support::View v274 = arena_.view(65536, 512);
-  support::View v275 = arena_.view(71680, 32);
-  support::View v279 = arena_.view(65536, 512);
+  support::View v274 = arena_.view(63488, 512);
+  support::View v275 = arena_.view(69632, 32);
+  support::View v279 = arena_.view(63488, 512);
   support::View v38 = arena_.view(16384, 2048);
-  support::View v280 = arena_.view(67584, 256);
-  support::View v41 = arena_.view(103424, 256);
+  support::View v280 = arena_.view(65536, 256);
+  support::View v41 = arena_.view(101376, 256);
   support::View v281 = arena_.view(16384, 2048);
-  support::View v36 = arena_.view(63488, 512);
-  support::View v283 = arena_.view(68608, 256);
-  support::View v39 = arena_.view(102400, 256);
+  support::View v36 = arena_.view(61440, 512);
+  support::View v283 = arena_.view(66560, 256);
+  support::View v39 = arena_.view(100352, 256);
   support::View v284 = arena_.view(38912, 512);
-  support::View v285 = arena_.view(65536, 256);
+  support::View v285 = arena_.view(63488, 256);
   support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
   support::View v288 = arena_.view(0, 1024);
   support::View v34 = arena_.view(32768, 1024);
@@ -1060,17 +1050,17 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
   support::View v293 = arena_.view(0, 512);
   support::View v297 = arena_.view(2048, 512);
-  support::View v23 = arena_.view(59392, 512);
-  support::View v229 = arena_.view(83968, 32);
-  support::View v232 = arena_.view(84096, 32);
+  support::View v23 = arena_.view(57344, 512);
+  support::View v229 = arena_.view(81920, 32);
+  support::View v232 = arena_.view(82048, 32);
   support::View v247 = arena_.view(24576, 1024);
   support::View v253 = arena_.view(28672, 1024);
-  support::View v254 = arena_.view(73728, 32);
-  support::View v257 = arena_.view(73856, 32);
-  support::View v273 = arena_.view(69632, 512);
-  support::View v282 = arena_.view(71680, 16);
-  support::View v286 = arena_.view(66560, 16);
-  support::View v287 = arena_.view(63488, 512);
+  support::View v254 = arena_.view(71680, 32);
+  support::View v257 = arena_.view(71808, 32);
+  support::View v273 = arena_.view(67584, 512);
+  support::View v282 = arena_.view(69632, 16);
+  support::View v286 = arena_.view(64512, 16);
+  support::View v287 = arena_.view(61440, 512);
   support::View v289 = arena_.view(12288, 512);
   support::View v292 = arena_.view(14336, 512);
   support::View v296 = arena_.view(8192, 512);
@@ -1083,16 +1073,21 @@ void XlTrain::runPart1(const Inputs &inputs) {
             v297, v23, v296, v299);
 
   // transformer_xl.mesh:87:11 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "backward");
-  support::View v22 = arena_.view(57344, 512);
+  MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v300 = arena_.view(0, 1024);
-  // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v299.data(), v22.data(), v300.data(), 1.0f, 0.0f);
+  static const support::Shape shape2_1 = {32, 32};
+  static const support::Shape shape2_3 = {0, 1};
+  static const support::Shape shape2_5 = {0, 0};
+  static const support::Shape shape2_6 = {2, 8};
+  static const support::Shape shape2_7 = {256, 32};
+  static const support::Shape shape2_8 = {8, 1};
+  support::scatterAdd(v300.data(), shape2_1, v299.data(), shape2_3, v0.data(), shape2_5, shape2_6,
+                      shape2_7, shape2_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
+  support::View v154 = arena_.view(40960, 1024);
   support::View v301 = arena_.view(4096, 1024);
   {
     float *__restrict v301p = v301.data();
@@ -1131,11 +1126,11 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
   support::View v327 = arena_.view(10240, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32, 32};
-  static const support::Shape shape9_5 = {32, 1};
-  support::reduce(v327.data(), shape9_1, v326.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {32, 32};
+  static const support::Shape shape6_5 = {32, 1};
+  support::reduce(v327.data(), shape6_1, v326.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)

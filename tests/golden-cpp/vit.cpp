@@ -4332,13 +4332,20 @@ void TrainVit::repeated1(
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      const float s2 = support::roundValue(support::DType::BF16, double(s1));
-      a3p[i0] = s2;
+    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
+      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
+      uint32_t keep1[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep1);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a2p[i0];
+        const float s1 =
+            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
+        const float s2 = support::roundValue(support::DType::BF16, double(s1));
+        a3p[i0] = s2;
+      }
     }
   }
 
@@ -4717,12 +4724,19 @@ void TrainVit::repeated1(
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      a38p[i0] = s1;
+    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
+      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
+      uint32_t keep1[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep1);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a35p[i0];
+        const float s1 =
+            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
+        a38p[i0] = s1;
+      }
     }
   }
 
@@ -5089,12 +5103,19 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      a14p[i0] = s1;
+    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
+      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
+      uint32_t keep1[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep1);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a13p[i0];
+        const float s1 =
+            support::keepOrZero(keep1[i0 - c0], float(double(s0) * 1.1111111111111112));
+        a14p[i0] = s1;
+      }
     }
   }
 
@@ -5241,13 +5262,20 @@ void TrainVit::repeated2(support::ConstView a0, support::ConstView a1, support::
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a29p = a29.data();
     const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = s0;
-      const float s2 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s1) * 1.1111111111111112));
-      a29p[i0] = s2;
+    for (int64_t c0 = 0; c0 < 2176; c0 += 1024) {
+      const int64_t n0 = std::min<int64_t>(2176 - c0, 1024);
+      uint32_t keep2[1024];
+      {
+        const int64_t i0 = c0;
+        meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0), n0, 838861u, keep2);
+      }
+      for (int64_t i0 = c0; i0 < c0 + n0; ++i0) {
+        const float s0 = a28p[i0];
+        const float s1 = s0;
+        const float s2 =
+            support::keepOrZero(keep2[i0 - c0], float(double(s1) * 1.1111111111111112));
+        a29p[i0] = s2;
+      }
     }
   }
 

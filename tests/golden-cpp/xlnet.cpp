@@ -342,7 +342,7 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 348224 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 344128 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -419,24 +419,16 @@ void Predict::runPart0(const Inputs &inputs) {
   support::copyWindow(v22.data(), v21.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
                       int64_t(16));
 
-  // xlnet.mesh:108:18 one_hot
-  MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
-  const support::Buffer &v0 = inputs.tokens.data;
-  support::View v23 = arena_.view(32768, 1024);
-  static const support::Shape shape5_1 = {2, 16, 32};
-  static const support::Shape shape5_3 = {16, 1, 0};
-  static const support::Shape shape5_4 = {0, 0, 1};
-  support::oneHot(v23.data(), shape5_1, v0.data(), shape5_3, shape5_4,
-                  support::shardStart(world_, {"model"}, 32));
-
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   const support::Buffer &v2 = param0_xlnet_embedding;
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v24 = arena_.view(49152, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v23.data(), v2.data(), v24.data(), 1.0f, 0.0f);
+  static const support::Shape shape5_1 = {2, 16, 32};
+  static const support::Shape shape5_3 = {0, 0, 1};
+  static const support::Shape shape5_5 = {16, 1, 0};
+  support::gather(v24.data(), shape5_1, v2.data(), shape5_3, v0.data(), shape5_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:109:52 ge
   // xlnet.mesh:109:40 cast
@@ -538,14 +530,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v64 = arena_.view(36864, 1024);
-  static const support::Shape shape12_2 = {2, 2, 16};
-  static const support::Shape shape12_3 = {512, 256, 16};
-  static const support::Shape shape12_4 = {512, 256, 16};
-  static const support::Shape shape12_5 = {16};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v64.data(), v63.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape11_2 = {2, 2, 16};
+  static const support::Shape shape11_3 = {512, 256, 16};
+  static const support::Shape shape11_4 = {512, 256, 16};
+  static const support::Shape shape11_5 = {16};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v64.data(), v63.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
@@ -624,14 +616,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v107 = arena_.view(32768, 1024);
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v107.data(), v101.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape15_2 = {2, 16};
+  static const support::Shape shape15_3 = {512, 32};
+  static const support::Shape shape15_4 = {512, 32};
+  static const support::Shape shape15_5 = {32};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v107.data(), v101.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
@@ -706,14 +698,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v144 = arena_.view(0, 1024);
-  static const support::Shape shape20_2 = {2, 2, 16};
-  static const support::Shape shape20_3 = {512, 256, 16};
-  static const support::Shape shape20_4 = {512, 256, 16};
-  static const support::Shape shape20_5 = {16};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v144.data(), v143.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape19_2 = {2, 2, 16};
+  static const support::Shape shape19_3 = {512, 256, 16};
+  static const support::Shape shape19_4 = {512, 256, 16};
+  static const support::Shape shape19_5 = {16};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v144.data(), v143.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // 21 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
@@ -750,14 +742,14 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
   support::View v187 = arena_.view(4096, 1024);
-  static const support::Shape shape22_2 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {512, 32};
-  static const support::Shape shape22_5 = {32};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(v187.data(), v181.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape21_2 = {2, 16};
+  static const support::Shape shape21_3 = {512, 32};
+  static const support::Shape shape21_4 = {512, 32};
+  static const support::Shape shape21_5 = {32};
+  static const support::Shape shape21_6 = {1};
+  static const support::Shape shape21_7 = {1};
+  support::along(v187.data(), v181.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
@@ -781,24 +773,23 @@ void Predict::runPart0(const Inputs &inputs) {
       }
     }
   }
+
+  // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v190 = arena_.view(4096, 1024);
+  // dims: batch, length, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan23.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v189 = arena_.view(0, 1024);
-  const support::Buffer &v2 = param0_xlnet_embedding;
-  support::View v190 = arena_.view(4096, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
-
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
+  support::View v190 = arena_.view(4096, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(0, 1024);
   {
@@ -1954,7 +1945,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 223616 bytes for 814236 bytes of temporaries (placed by liveness).
+  // Arena: 219648 bytes for 814236 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1962,8 +1953,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v210 = arena_.view(223552, 1);
-  support::View v205 = arena_.view(223488, 1);
+  support::View v210 = arena_.view(219392, 1);
+  support::View v205 = arena_.view(219584, 1);
 
   // The step's updates.
   ++step_;
@@ -1998,7 +1989,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
-  support::View v5 = arena_.view(196864, 16);
+  support::View v5 = arena_.view(219520, 16);
   {
     float *__restrict v5p = v5.data();
     const float *__restrict v2p = v2.data();
@@ -2018,7 +2009,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
-  support::View v11 = arena_.view(65536, 256);
+  support::View v11 = arena_.view(69632, 256);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v9p = v9.data();
@@ -2037,7 +2028,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
-  support::View v13 = arena_.view(73728, 256);
+  support::View v13 = arena_.view(77824, 256);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v9p = v9.data();
@@ -2076,7 +2067,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:129:31 one_hot
   MESHRT_TRACE("one_hot", "xlnet.mesh:108:18", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v27 = arena_.view(81920, 1024);
+  support::View v27 = arena_.view(65536, 1024);
   static const support::Shape shape8_1 = {2, 16, 32};
   static const support::Shape shape8_3 = {16, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 1};
@@ -2084,13 +2075,14 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
                   support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 einsum -> h
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "forward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
-  support::View v28 = arena_.view(86016, 1024);
-  // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v27.data(), v6.data(), v28.data(), 1.0f, 0.0f);
+  support::View v28 = arena_.view(81920, 1024);
+  static const support::Shape shape9_1 = {2, 16, 32};
+  static const support::Shape shape9_3 = {0, 0, 1};
+  static const support::Shape shape9_5 = {16, 1, 0};
+  support::gather(v28.data(), shape9_1, v6.data(), shape9_3, v0.data(), shape9_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
   // 59:28)
@@ -2101,8 +2093,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:128:14 ge
   // xlnet.mesh:109:40 cast
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
-  support::View v30 = arena_.view(196608, 32);
-  support::View v31 = arena_.view(223232, 32);
+  support::View v30 = arena_.view(219136, 32);
+  support::View v31 = arena_.view(219264, 32);
   {
     float *__restrict v30p = v30.data();
     float *__restrict v31p = v31.data();
@@ -2120,7 +2112,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:109:63 mul -> g
   MESHRT_TRACE("loop", "xlnet.mesh:109:63", "forward");
   support::View v7(param1_xlnet_mask_embedding); // updated in place
-  support::View v32 = arena_.view(90112, 1024);
+  support::View v32 = arena_.view(86016, 1024);
   {
     float *__restrict v32p = v32.data();
     const float *__restrict v31p = v31.data();
@@ -2141,7 +2133,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
-  support::View v43 = arena_.view(200704, 512);
+  support::View v43 = arena_.view(196608, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v38(param6_xlnet_xlnet_layer_0_two_stream_attention_r); // updated in place
   support::View v47 = arena_.view(32768, 4096);
@@ -2150,13 +2142,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v49 = arena_.view(61440, 512);
   support::View v40(
       param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias); // updated in place
-  support::View v50 = arena_.view(204800, 512);
+  support::View v50 = arena_.view(200704, 512);
   support::View v41(
       param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias); // updated in place
-  support::View v52 = arena_.view(206848, 512);
-  support::View v57 = arena_.view(208896, 512);
-  support::View v59 = arena_.view(210944, 512);
-  support::View v45 = arena_.view(202752, 512);
+  support::View v52 = arena_.view(202752, 512);
+  support::View v57 = arena_.view(204800, 512);
+  support::View v59 = arena_.view(206848, 512);
+  support::View v45 = arena_.view(198656, 512);
   support::View v51 = arena_.view(49152, 1024);
   support::View v53 = arena_.view(53248, 1024);
   support::View v58 = arena_.view(57344, 1024);
@@ -2169,7 +2161,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
-  support::View v65 = arena_.view(221184, 256);
+  support::View v65 = arena_.view(217088, 256);
   {
     float *__restrict v65p = v65.data();
     const float *__restrict v11p = v11.data();
@@ -2188,7 +2180,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
-  support::View v67 = arena_.view(65536, 1024);
+  support::View v67 = arena_.view(69632, 1024);
   {
     float *__restrict v67p = v67.data();
     const float *__restrict v51p = v51.data();
@@ -2211,7 +2203,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
-  support::View v68 = arena_.view(69632, 1024);
+  support::View v68 = arena_.view(73728, 1024);
   static const support::Shape shape17_2 = {2, 2, 16};
   static const support::Shape shape17_3 = {512, 256, 16};
   static const support::Shape shape17_4 = {512, 256, 16};
@@ -2226,7 +2218,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
-  support::View v70 = arena_.view(222208, 256);
+  support::View v70 = arena_.view(218112, 256);
   {
     float *__restrict v70p = v70.data();
     const float *__restrict v13p = v13.data();
@@ -2244,12 +2236,12 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // 12 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
-  support::View v73 = arena_.view(65536, 1024);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v74 = arena_.view(49152, 1024);
   support::View v75 = arena_.view(53248, 1024);
-  support::View v77 = arena_.view(73728, 1024);
-  support::View v79 = arena_.view(77824, 1024);
+  support::View v77 = arena_.view(77824, 1024);
+  support::View v79 = arena_.view(90112, 1024);
   support::View v82 = arena_.view(94208, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
@@ -2366,7 +2358,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
   support::View v110 = arena_.view(139264, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
-  support::View v123 = arena_.view(212992, 512);
+  support::View v123 = arena_.view(208896, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v26 = arena_.view(0, 8192);
   support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r); // updated in place
@@ -2380,9 +2372,9 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v122(
       param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias); // updated in place
   support::View v132 = arena_.view(159744, 512);
-  support::View v137 = arena_.view(217088, 512);
-  support::View v139 = arena_.view(219136, 512);
-  support::View v125 = arena_.view(215040, 512);
+  support::View v137 = arena_.view(212992, 512);
+  support::View v139 = arena_.view(215040, 512);
+  support::View v125 = arena_.view(210944, 512);
   support::View v131 = arena_.view(151552, 1024);
   support::View v133 = arena_.view(155648, 1024);
   support::View v138 = arena_.view(159744, 1024);
@@ -2394,7 +2386,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
-  support::View v65 = arena_.view(221184, 256);
+  support::View v65 = arena_.view(217088, 256);
   support::View v147 = arena_.view(167936, 1024);
   {
     float *__restrict v147p = v147.data();
@@ -2430,7 +2422,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // 12 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
-  support::View v70 = arena_.view(222208, 256);
+  support::View v70 = arena_.view(218112, 256);
   support::View v152 = arena_.view(155648, 1024);
   support::View v153 = arena_.view(159744, 1024);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
@@ -2560,7 +2552,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
-  support::View v27 = arena_.view(81920, 1024);
+  support::View v27 = arena_.view(65536, 1024);
   support::View v198 = arena_.view(192512, 1024);
   {
     float *__restrict v198p = v198.data();
@@ -2576,7 +2568,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
-  support::View v199 = arena_.view(196736, 32);
+  support::View v199 = arena_.view(219392, 32);
   static const support::Shape shape13_1 = {2, 16};
   static const support::Shape shape13_3 = {512, 32};
   static const support::Shape shape13_4 = {32};
@@ -2595,9 +2587,9 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:129:29 mul
   // xlnet.mesh:128:14 sub
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
-  support::View v5 = arena_.view(196864, 16);
+  support::View v5 = arena_.view(219520, 16);
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v30 = arena_.view(196608, 32);
+  support::View v30 = arena_.view(219136, 32);
   support::View v227 = arena_.view(192512, 1024);
   {
     float *__restrict v227p = v227.data();
@@ -2634,7 +2626,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v229 = arena_.view(188416, 1024);
+  support::View v229 = arena_.view(65536, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -2648,7 +2640,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
-  support::View v202 = arena_.view(196608, 32);
+  support::View v202 = arena_.view(188416, 32);
   {
     float *__restrict v202p = v202.data();
     const float *__restrict v199p = v199.data();
@@ -2666,7 +2658,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
-  support::View v203 = arena_.view(196928, 1);
+  support::View v203 = arena_.view(188544, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {2, 16};
@@ -2676,7 +2668,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v205 = arena_.view(223488, 1);
+  support::View v205 = arena_.view(219584, 1);
   {
     float *__restrict v205p = v205.data();
     const float *__restrict v203p = v203.data();
@@ -2688,7 +2680,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:132:30 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
-  support::View v206 = arena_.view(196608, 32);
+  support::View v206 = arena_.view(188416, 32);
   {
     float *__restrict v206p = v206.data();
     const float *__restrict v199p = v199.data();
@@ -2705,7 +2697,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
-  support::View v207 = arena_.view(196736, 1);
+  support::View v207 = arena_.view(188544, 1);
   static const support::Shape shape21_1 = {};
   static const support::Shape shape21_3 = {};
   static const support::Shape shape21_4 = {2, 16};
@@ -2716,7 +2708,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
   MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
-  support::View v210 = arena_.view(223552, 1);
+  support::View v210 = arena_.view(219392, 1);
   {
     float *__restrict v210p = v210.data();
     const float *__restrict v207p = v207.data();
@@ -2729,7 +2721,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v228 = arena_.view(223360, 32);
+  support::View v228 = arena_.view(219136, 32);
   static const support::Shape shape23_1 = {32};
   static const support::Shape shape23_3 = {1};
   static const support::Shape shape23_4 = {2, 16};
@@ -2746,7 +2738,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v227 = arena_.view(192512, 1024);
   support::View v193 = arena_.view(176128, 1024);
-  support::View v230 = arena_.view(196608, 1024);
+  support::View v230 = arena_.view(188416, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
@@ -2754,7 +2746,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v229 = arena_.view(188416, 1024);
+  support::View v229 = arena_.view(65536, 1024);
   support::View v191 = arena_.view(172032, 1024);
   support::View v234 = arena_.view(176128, 1024);
   support::View v236 = arena_.view(192768, 32);
@@ -2765,11 +2757,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v233 = arena_.view(163840, 1024);
   support::View v243 = arena_.view(176128, 1024);
-  support::View v244 = arena_.view(188416, 32);
-  support::View v246 = arena_.view(188544, 32);
+  support::View v244 = arena_.view(192896, 32);
+  support::View v246 = arena_.view(176128, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
-  support::View v249 = arena_.view(176128, 1024);
+  support::View v249 = arena_.view(65536, 1024);
   repeated4(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
             v246, v249);
 
@@ -2780,11 +2772,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v251 = arena_.view(163840, 1024);
   support::View v180 = arena_.view(184320, 1024);
   support::View v179 = arena_.view(180224, 1024);
-  support::View v274 = arena_.view(184320, 1024);
+  support::View v274 = arena_.view(176128, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(188416, 32);
+  support::View v250 = arena_.view(192768, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(188544, 32);
+  support::View v275 = arena_.view(184320, 32);
   support::View v276 = arena_.view(163840, 1024);
   repeated5(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
 
@@ -2819,36 +2811,36 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v165 = arena_.view(151552, 1024);
-  support::View v282 = arena_.view(167936, 1024);
-  support::View v284 = arena_.view(176128, 32);
+  support::View v282 = arena_.view(65536, 1024);
+  support::View v284 = arena_.view(167936, 32);
   support::View v159 = arena_.view(155648, 1024);
-  support::View v286 = arena_.view(167936, 1024);
+  support::View v286 = arena_.view(65536, 1024);
   support::View v287 = arena_.view(155648, 32);
-  support::View v289 = arena_.view(176128, 32);
+  support::View v289 = arena_.view(167936, 32);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
-  support::View v281 = arena_.view(155648, 1024);
-  support::View v290 = arena_.view(167936, 1024);
-  support::View v291 = arena_.view(176256, 32);
-  support::View v293 = arena_.view(176384, 32);
-  support::View v280 = arena_.view(188672, 32);
-  support::View v283 = arena_.view(188800, 32);
-  support::View v296 = arena_.view(167936, 1024);
+  support::View v281 = arena_.view(65536, 1024);
+  support::View v290 = arena_.view(155648, 1024);
+  support::View v291 = arena_.view(168064, 32);
+  support::View v293 = arena_.view(168192, 32);
+  support::View v280 = arena_.view(184448, 32);
+  support::View v283 = arena_.view(184576, 32);
+  support::View v296 = arena_.view(155648, 1024);
   repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
             v293, v296);
 
   // 3 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
-  support::View v125 = arena_.view(215040, 512);
+  support::View v125 = arena_.view(210944, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
   support::View v153 = arena_.view(159744, 1024);
-  support::View v297 = arena_.view(151552, 1024);
-  support::View v298 = arena_.view(180224, 512);
-  support::View v299 = arena_.view(182272, 512);
+  support::View v297 = arena_.view(65536, 1024);
+  support::View v298 = arena_.view(176128, 512);
+  support::View v299 = arena_.view(178176, 512);
   repeated9(v296, v125, v120, v297, v153, v298, v299);
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(155648, 1024);
+  support::View v300 = arena_.view(151552, 1024);
   {
     float *__restrict v300p = v300.data();
     const float *__restrict v297p = v297.data();
@@ -2863,7 +2855,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v301 = arena_.view(176128, 64);
+  support::View v301 = arena_.view(167936, 64);
   static const support::Shape shape9_1 = {2, 2, 16};
   static const support::Shape shape9_3 = {512, 256, 16};
   static const support::Shape shape9_4 = {16};
@@ -2873,19 +2865,19 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v70 = arena_.view(222208, 256);
-  support::View v306 = arena_.view(155648, 1024);
+  support::View v70 = arena_.view(218112, 256);
+  support::View v306 = arena_.view(151552, 1024);
   support::View v127 = arena_.view(49152, 4096);
-  support::View v307 = arena_.view(151552, 512);
-  support::View v139 = arena_.view(219136, 512);
-  support::View v123 = arena_.view(212992, 512);
-  support::View v310 = arena_.view(153600, 512);
-  support::View v137 = arena_.view(217088, 512);
+  support::View v307 = arena_.view(65536, 512);
+  support::View v139 = arena_.view(215040, 512);
+  support::View v123 = arena_.view(208896, 512);
+  support::View v310 = arena_.view(67584, 512);
+  support::View v137 = arena_.view(212992, 512);
   support::View v308 = arena_.view(49152, 4096);
-  support::View v309 = arena_.view(188928, 16);
-  support::View v311 = arena_.view(184320, 512);
-  support::View v312 = arena_.view(186368, 512);
-  support::View v313 = arena_.view(188992, 16);
+  support::View v309 = arena_.view(184704, 16);
+  support::View v311 = arena_.view(180224, 512);
+  support::View v312 = arena_.view(182272, 512);
+  support::View v313 = arena_.view(184768, 16);
   repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
             v313);
 
@@ -2894,14 +2886,14 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
-  support::View v314 = arena_.view(151552, 1024);
-  support::View v320 = arena_.view(155648, 1024);
+  support::View v314 = arena_.view(65536, 1024);
+  support::View v320 = arena_.view(151552, 1024);
   support::View v323 = arena_.view(159744, 1024);
   repeated8(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
-  support::View v324 = arena_.view(176128, 1024);
+  support::View v324 = arena_.view(167936, 1024);
   {
     float *__restrict v324p = v324.data();
     const float *__restrict v320p = v320.data();
@@ -2921,7 +2913,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(155648, 1024);
+  support::View v316 = arena_.view(151552, 1024);
   {
     float *__restrict v316p = v316.data();
     const float *__restrict v296p = v296.data();
@@ -2937,7 +2929,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(147456, 1024);
-  support::View v317 = arena_.view(151552, 512);
+  support::View v317 = arena_.view(155648, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -2963,7 +2955,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v325 = arena_.view(153600, 512);
+  support::View v325 = arena_.view(157696, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -3013,11 +3005,11 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v364 = arena_.view(49152, 1024);
   support::View v100 = arena_.view(122880, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  support::View v382 = arena_.view(122880, 1024);
+  support::View v382 = arena_.view(65536, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v363 = arena_.view(131328, 32);
+  support::View v363 = arena_.view(126976, 32);
   support::View v365 = arena_.view(61440, 1024);
-  support::View v383 = arena_.view(131456, 32);
+  support::View v383 = arena_.view(127104, 32);
   support::View v384 = arena_.view(49152, 1024);
   repeated5(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
 
@@ -3048,7 +3040,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:83:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
   support::View v93 = arena_.view(110592, 1024);
-  support::View v409 = arena_.view(126976, 1024);
+  support::View v409 = arena_.view(122880, 1024);
   {
     float *__restrict v409p = v409.data();
     const float *__restrict v93p = v93.data();
@@ -3126,7 +3118,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v382 = arena_.view(122880, 1024);
+  support::View v382 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
   support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
@@ -3147,8 +3139,8 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
-  support::View v363 = arena_.view(131328, 32);
-  support::View v389 = arena_.view(124928, 32);
+  support::View v363 = arena_.view(126976, 32);
+  support::View v389 = arena_.view(127232, 32);
   {
     float *__restrict v389p = v389.data();
     const float *__restrict v363p = v363.data();
@@ -3188,7 +3180,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
-  support::View v409 = arena_.view(126976, 1024);
+  support::View v409 = arena_.view(122880, 1024);
   support::View v410 = arena_.view(53248, 32);
   static const support::Shape shape7_1 = {32};
   static const support::Shape shape7_3 = {1};
@@ -3199,8 +3191,8 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v383 = arena_.view(131456, 32);
-  support::View v411 = arena_.view(125056, 32);
+  support::View v383 = arena_.view(127104, 32);
+  support::View v411 = arena_.view(126976, 32);
   {
     float *__restrict v411p = v411.data();
     const float *__restrict v383p = v383.data();
@@ -3259,7 +3251,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v419 = arena_.view(49152, 1024);
   support::View v420 = arena_.view(61568, 32);
   support::View v421 = arena_.view(57344, 32);
-  support::View v79 = arena_.view(77824, 1024);
+  support::View v79 = arena_.view(90112, 1024);
   support::View v423 = arena_.view(49152, 1024);
   support::View v424 = arena_.view(57344, 32);
   support::View v426 = arena_.view(61696, 32);
@@ -3273,7 +3265,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v437 = arena_.view(49152, 1024);
   support::View v438 = arena_.view(57344, 32);
   support::View v440 = arena_.view(57344, 32);
-  support::View v77 = arena_.view(73728, 1024);
+  support::View v77 = arena_.view(77824, 1024);
   support::View v442 = arena_.view(49152, 1024);
   support::View v443 = arena_.view(57344, 32);
   support::View v445 = arena_.view(61440, 32);
@@ -3281,9 +3273,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v446 = arena_.view(57344, 1024);
   support::View v447 = arena_.view(53248, 32);
   support::View v449 = arena_.view(53376, 32);
-  support::View v433 = arena_.view(110592, 1024);
-  support::View v435 = arena_.view(125184, 32);
-  support::View v439 = arena_.view(125312, 32);
+  support::View v433 = arena_.view(90112, 1024);
+  support::View v435 = arena_.view(120832, 32);
+  support::View v439 = arena_.view(120960, 32);
   support::View v452 = arena_.view(102400, 1024);
   repeated1(v417, v386, v85, v419, v420, v421, v79, v423, v424, v426, v80, v418, v427, v428, v430,
             v433, v434, v414, v435, v82, v437, v438, v439, v440, v77, v442, v443, v445, v436, v446,
@@ -3291,9 +3283,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // 3 statements from xlnet.mesh:74:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
-  support::View v45 = arena_.view(202752, 512);
+  support::View v45 = arena_.view(198656, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
-  support::View v73 = arena_.view(65536, 1024);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v453 = arena_.view(49152, 1024);
   support::View v454 = arena_.view(53248, 512);
   support::View v455 = arena_.view(55296, 512);
@@ -3301,7 +3293,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v456 = arena_.view(73728, 1024);
+  support::View v456 = arena_.view(65536, 1024);
   // dims: batch, length, d_model, keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 16, 2, 8},
@@ -3312,7 +3304,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v68 = arena_.view(69632, 1024);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v457 = arena_.view(57344, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
@@ -3324,7 +3316,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v458 = arena_.view(114688, 512);
+  support::View v458 = arena_.view(110592, 512);
   {
     float *__restrict v458p = v458.data();
     const float *__restrict v454p = v454.data();
@@ -3350,7 +3342,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v460 = arena_.view(116736, 512);
+  support::View v460 = arena_.view(112640, 512);
   {
     float *__restrict v460p = v460.data();
     const float *__restrict v455p = v455.data();
@@ -3405,7 +3397,7 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
-  support::View v467 = arena_.view(122880, 64);
+  support::View v467 = arena_.view(118784, 64);
   static const support::Shape shape22_1 = {2, 2, 16};
   static const support::Shape shape22_3 = {512, 256, 16};
   static const support::Shape shape22_4 = {16};
@@ -3415,19 +3407,19 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v70 = arena_.view(222208, 256);
+  support::View v70 = arena_.view(218112, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
-  support::View v472 = arena_.view(65536, 512);
-  support::View v59 = arena_.view(210944, 512);
-  support::View v43 = arena_.view(200704, 512);
-  support::View v475 = arena_.view(67584, 512);
-  support::View v57 = arena_.view(208896, 512);
+  support::View v472 = arena_.view(69632, 512);
+  support::View v59 = arena_.view(206848, 512);
+  support::View v43 = arena_.view(196608, 512);
+  support::View v475 = arena_.view(71680, 512);
+  support::View v57 = arena_.view(204800, 512);
   support::View v473 = arena_.view(49152, 4096);
-  support::View v474 = arena_.view(125440, 16);
-  support::View v476 = arena_.view(118784, 512);
-  support::View v477 = arena_.view(120832, 512);
-  support::View v478 = arena_.view(125504, 16);
+  support::View v474 = arena_.view(121088, 16);
+  support::View v476 = arena_.view(114688, 512);
+  support::View v477 = arena_.view(116736, 512);
+  support::View v478 = arena_.view(121152, 16);
   repeated6(v453, v462, v73, v70, v471, v47, v472, v59, v473, v474, v43, v475, v57, v476, v477,
             v478);
 }
@@ -3441,10 +3433,10 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
-  support::View v456 = arena_.view(73728, 1024);
-  support::View v467 = arena_.view(122880, 64);
-  support::View v68 = arena_.view(69632, 1024);
-  support::View v65 = arena_.view(221184, 256);
+  support::View v456 = arena_.view(65536, 1024);
+  support::View v467 = arena_.view(118784, 64);
+  support::View v68 = arena_.view(73728, 1024);
+  support::View v65 = arena_.view(217088, 256);
   support::View v479 = arena_.view(94208, 1024);
   {
     float *__restrict v479p = v479.data();
@@ -3474,7 +3466,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v47 = arena_.view(32768, 4096);
-  support::View v480 = arena_.view(122880, 512);
+  support::View v480 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -3482,7 +3474,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
-  support::View v52 = arena_.view(206848, 512);
+  support::View v52 = arena_.view(202752, 512);
   support::View v481 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
@@ -3517,7 +3509,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
-  support::View v474 = arena_.view(125440, 16);
+  support::View v474 = arena_.view(121088, 16);
   support::View v484 = arena_.view(57344, 16);
   {
     float *__restrict v484p = v484.data();
@@ -3533,7 +3525,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v43 = arena_.view(200704, 512);
+  support::View v43 = arena_.view(196608, 512);
   support::View v485 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -3542,7 +3534,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v50 = arena_.view(204800, 512);
+  support::View v50 = arena_.view(200704, 512);
   support::View v486 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
@@ -3551,7 +3543,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
-  support::View v476 = arena_.view(118784, 512);
+  support::View v476 = arena_.view(114688, 512);
   support::View v487 = arena_.view(49152, 512);
   {
     float *__restrict v487p = v487.data();
@@ -3592,7 +3584,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v478 = arena_.view(125504, 16);
+  support::View v478 = arena_.view(121152, 16);
   support::View v490 = arena_.view(57408, 16);
   {
     float *__restrict v490p = v490.data();
@@ -3608,7 +3600,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v477 = arena_.view(120832, 512);
+  support::View v477 = arena_.view(116736, 512);
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v491 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
@@ -3618,7 +3610,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v458 = arena_.view(114688, 512);
+  support::View v458 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v495 = arena_.view(36864, 1024);
@@ -3634,7 +3626,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v32 = arena_.view(90112, 1024);
+  support::View v32 = arena_.view(86016, 1024);
   support::View v494 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
@@ -3643,7 +3635,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
-  support::View v28 = arena_.view(86016, 1024);
+  support::View v28 = arena_.view(81920, 1024);
   support::View v498 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
@@ -3720,8 +3712,8 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v433 = arena_.view(110592, 1024);
-  support::View v31 = arena_.view(223232, 32);
+  support::View v433 = arena_.view(90112, 1024);
+  support::View v31 = arena_.view(219264, 32);
   support::View v511 = arena_.view(4096, 1024);
   {
     float *__restrict v511p = v511.data();
@@ -3757,18 +3749,22 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "backward");
+  MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
   support::View v509 = arena_.view(0, 1024);
-  support::View v27 = arena_.view(81920, 1024);
+  const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v509.data(), v27.data(), v513.data(), 1.0f, 0.0f);
+  static const support::Shape shape1_1 = {32, 32};
+  static const support::Shape shape1_3 = {0, 1};
+  static const support::Shape shape1_5 = {0, 0};
+  static const support::Shape shape1_6 = {2, 16};
+  static const support::Shape shape1_7 = {512, 32};
+  static const support::Shape shape1_8 = {16, 1};
+  support::scatterAdd(v513.data(), shape1_1, v509.data(), shape1_3, v0.data(), shape1_5, shape1_6,
+                      shape1_7, shape1_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
-  support::View v230 = arena_.view(196608, 1024);
+  support::View v230 = arena_.view(188416, 1024);
   support::View v514 = arena_.view(0, 1024);
   {
     float *__restrict v514p = v514.data();
@@ -3786,33 +3782,33 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v205 = arena_.view(223488, 1);
-  support::View v210 = arena_.view(223552, 1);
-  support::View v228 = arena_.view(223360, 32);
+  support::View v205 = arena_.view(219584, 1);
+  support::View v210 = arena_.view(219392, 1);
+  support::View v228 = arena_.view(219136, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
-  support::View v250 = arena_.view(188416, 32);
+  support::View v250 = arena_.view(192768, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(188544, 32);
+  support::View v275 = arena_.view(184320, 32);
   support::View v279 = arena_.view(163840, 1024);
-  support::View v280 = arena_.view(188672, 32);
-  support::View v283 = arena_.view(188800, 32);
-  support::View v299 = arena_.view(182272, 512);
-  support::View v309 = arena_.view(188928, 16);
-  support::View v313 = arena_.view(188992, 16);
-  support::View v317 = arena_.view(151552, 512);
+  support::View v280 = arena_.view(184448, 32);
+  support::View v283 = arena_.view(184576, 32);
+  support::View v299 = arena_.view(178176, 512);
+  support::View v309 = arena_.view(184704, 16);
+  support::View v313 = arena_.view(184768, 16);
+  support::View v317 = arena_.view(155648, 512);
   support::View v318 = arena_.view(147456, 512);
   support::View v321 = arena_.view(149504, 512);
-  support::View v325 = arena_.view(153600, 512);
+  support::View v325 = arena_.view(157696, 512);
   support::View v345 = arena_.view(131072, 32);
   support::View v349 = arena_.view(131200, 32);
-  support::View v389 = arena_.view(124928, 32);
+  support::View v389 = arena_.view(127232, 32);
   support::View v392 = arena_.view(106496, 1024);
-  support::View v411 = arena_.view(125056, 32);
+  support::View v411 = arena_.view(126976, 32);
   support::View v416 = arena_.view(98304, 1024);
-  support::View v435 = arena_.view(125184, 32);
-  support::View v439 = arena_.view(125312, 32);
-  support::View v460 = arena_.view(116736, 512);
+  support::View v435 = arena_.view(120832, 32);
+  support::View v439 = arena_.view(120960, 32);
+  support::View v460 = arena_.view(112640, 512);
   support::View v484 = arena_.view(57344, 16);
   support::View v490 = arena_.view(57408, 16);
   support::View v499 = arena_.view(51200, 512);

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 79872;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 348224;
+  static constexpr size_t kTemporaryBytes = 344128;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 51776;
 
@@ -231,7 +231,7 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 223616;
+  static constexpr size_t kArenaBytes = 219648;
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 814236;
   /// The bytes of the values computed once, in the constructor (constants, masks).

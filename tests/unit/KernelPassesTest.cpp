@@ -5,6 +5,7 @@
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
 #include "codegen/FuseLoops.h"
+#include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/Lower.h"
 #include "codegen/OutlineRepeatedCode.h"
@@ -327,6 +328,70 @@ TEST_CASE("the verifier rejects malformed kernel IR") {
   planBuffers(overlap.fn);
   overlap.fn.buffers[size_t(t2)].offset = overlap.fn.buffers[size_t(t1)].offset; // alive together
   CHECK(verifyKernels(overlap.fn).find("share arena bytes") != std::string::npos);
+}
+
+TEST_CASE("gather-one-hot-products turns einsums of a one-hot tensor into gathers and scatters") {
+  // ids [n=6] -> one-hot [n, v=4]; forward: [n, v] x table [v, d=5] -> [n, d] (a gather);
+  // backward: grad [n, d] x one-hot [n, v] -> [v, d] (a scatter-add); a product that sums the
+  // one-hot dim away within its own operand (the table's d with the output keeping neither v nor
+  // d) stays a GEMM.
+  Builder b;
+  BufferId ids = b.buffer(6, Storage::Input), table = b.buffer(20, Storage::Param);
+  BufferId grad = b.buffer(30, Storage::Input), hot = b.buffer(24);
+  BufferId looked = b.buffer(30), rows = b.buffer(20), summed = b.buffer(6);
+  auto ints = [](Shape values) { return Arg{.kind = Arg::Kind::Ints, .ints = std::move(values)}; };
+  b.fn.body.push_back(
+      Stmt{.node = Call{.callee = Callee::OneHot,
+                        .args = {Arg{.kind = Arg::Kind::Data, .buffer = hot}, ints({6, 4}),
+                                 Arg{.kind = Arg::Kind::Data, .buffer = ids}, ints({1, 0}),
+                                 ints({0, 1}), Arg{.kind = Arg::Kind::Int, .value = 0}},
+                        .out = hot,
+                        .reads = {ids}}});
+  Gemm forward{.dims = {"n", "v", "d"},
+               .sizes = {6, 4, 5},
+               .operands = {hot, table},
+               .operandDims = {{0, 1}, {1, 2}},
+               .out = looked,
+               .outDims = {0, 2}};
+  Gemm backward{.dims = {"n", "d", "v"},
+                .sizes = {6, 5, 4},
+                .operands = {grad, hot},
+                .operandDims = {{0, 1}, {0, 2}},
+                .out = rows,
+                .outDims = {2, 1}};
+  Gemm total{.dims = {"n", "v", "d"},
+             .sizes = {6, 4, 5},
+             .operands = {hot, table},
+             .operandDims = {{0, 1}, {1, 2}},
+             .out = summed,
+             .outDims = {0}};
+  b.fn.body.push_back(Stmt{.node = forward});
+  b.fn.body.push_back(Stmt{.node = backward});
+  b.fn.body.push_back(Stmt{.node = total});
+  b.fn.outputs = {looked, rows, summed};
+  REQUIRE(verifyKernels(b.fn).empty());
+  gatherOneHotProducts(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  const Call& gather = std::get<Call>(b.fn.body[1].node);
+  CHECK(gather.callee == Callee::Gather);
+  CHECK(gather.out == looked);
+  CHECK(gather.args[1].ints == Shape{6, 5}); // out sizes
+  CHECK(gather.args[3].ints == Shape{0, 1}); // the table over the out dims
+  CHECK(gather.args[5].ints == Shape{1, 0}); // the ids over the out dims
+  CHECK(gather.args[6].value == 4);          // rows of the block
+  CHECK(gather.args[7].value == 5);          // the table's row stride
+  const Call& scatter = std::get<Call>(b.fn.body[2].node);
+  CHECK(scatter.callee == Callee::ScatterAdd);
+  CHECK(scatter.out == rows);
+  CHECK(scatter.args[1].ints == Shape{4, 5}); // out [v, d]
+  CHECK(scatter.args[3].ints == Shape{0, 1}); // grad over the out dims
+  CHECK(scatter.args[6].ints == Shape{6});    // the points: n
+  CHECK(scatter.args[7].ints == Shape{5});    // grad over the points
+  CHECK(scatter.args[8].ints == Shape{1});    // ids over the points
+  CHECK(scatter.args[9].value == 0);          // v's position in out
+  CHECK(std::holds_alternative<Gemm>(b.fn.body[3].node));
+  eliminateDeadCode(b.fn); // the one-hot tensor is still read by the GEMM left
+  CHECK(std::holds_alternative<Call>(b.fn.body[0].node));
 }
 
 TEST_CASE("every kernel pass has a name and a description, in one list") {

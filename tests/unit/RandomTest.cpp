@@ -247,6 +247,18 @@ TEST_CASE("the vectorizable dropout test keeps exactly the elements dropoutKeep 
       REQUIRE(dropoutKeepMask(key, index, threshold) == (dropoutKeep(key, index, rate) ? ~0u : 0u));
     }
   }
+  // Masks drawn a run at a time (one call per four elements) from starts and lengths that cut
+  // calls anywhere: the same bits as the per-element test.
+  uint32_t threshold = dropoutThreshold(0.3);
+  for (uint64_t first : {0ull, 1ull, 2ull, 3ull, 6ull, 0xfffffffdull})
+    for (int64_t count : {0, 1, 2, 3, 5, 9, 64, 1027}) {
+      INFO("first " << first << " count " << count);
+      std::vector<uint32_t> masks(size_t(count) + 1, 12345u);
+      dropoutKeepMasks(key, first, count, threshold, masks.data());
+      for (int64_t k = 0; k < count; ++k)
+        REQUIRE(masks[size_t(k)] == dropoutKeepMask(key, first + uint64_t(k), threshold));
+      CHECK(masks[size_t(count)] == 12345u); // nothing written past the run
+    }
   // Every word at the threshold's edge: keep iff uniform01(word) >= rate.
   for (double rate : {0.1, 0.3, 0.7})
     for (uint32_t high = dropoutThreshold(rate) - 2; high < dropoutThreshold(rate) + 2; ++high) {

@@ -196,6 +196,26 @@ MESHRT_HD_INLINE uint32_t dropoutKeepMask(uint64_t key, uint64_t index, uint32_t
   return (randomWordSelected(key, index) >> 9) >= threshold ? ~0u : 0u;
 }
 
+/// dropoutKeepMask of the elements first .. first + count - 1 into out[0 .. count - 1], one Philox
+/// call per four elements (host code; the calls of whole blocks are independent, so the loop over
+/// them vectorizes): what a fused loop draws for a run of points before computing them.
+inline void dropoutKeepMasks(uint64_t key, uint64_t first, int64_t count, uint32_t threshold,
+                             uint32_t* __restrict out) {
+  int64_t k = 0;
+  for (; k < count && ((first + uint64_t(k)) & 3) != 0; ++k)
+    out[k] = dropoutKeepMask(key, first + uint64_t(k), threshold);
+  uint64_t firstBlock = (first + uint64_t(k)) >> 2;
+  int64_t blocks = (count - k) / 4;
+  uint32_t* __restrict blockOut = out + k;
+  for (int64_t b = 0; b < blocks; ++b) {
+    Philox4x32 bits = randomBlock(key, firstBlock + uint64_t(b));
+    for (int w = 0; w < 4; ++w)
+      blockOut[4 * b + w] = (bits.v[w] >> 9) >= threshold ? ~0u : 0u;
+  }
+  for (k += 4 * blocks; k < count; ++k)
+    out[k] = dropoutKeepMask(key, first + uint64_t(k), threshold);
+}
+
 /// Whether dropout keeps element `index` (key: streamKey(seed, "<stream>#<step>")).
 MESHRT_HD_INLINE bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
   return dropoutKeepsWord(randomWord(key, index), rate);

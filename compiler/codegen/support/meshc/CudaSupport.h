@@ -427,6 +427,30 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
              });
 }
 
+/// scatterAdd as meshc::gen::scatterAdd, one thread per output element summing the points
+/// whose id selects its row (in point order).
+inline void scatterAdd(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                       const float* ids, const Shape& idStrides, const Shape& points,
+                       const Shape& inPointStrides, const Shape& idPointStrides, int64_t at,
+                       int64_t start) {
+  std::vector<int64_t> inOffsets = gen::offsetsOf(points, inPointStrides);
+  std::vector<int64_t> idOffsets = gen::offsetsOf(points, idPointStrides);
+  meshrt::cuda::Scratch inScratch(inOffsets.size() * sizeof(int64_t));
+  meshrt::cuda::Scratch idScratch(idOffsets.size() * sizeof(int64_t));
+  const int64_t* inAt = meshrt::cuda::upload(inScratch, inOffsets);
+  const int64_t* idAt = meshrt::cuda::upload(idScratch, idOffsets);
+  int64_t count = int64_t(inOffsets.size());
+  Shape position(outSizes.size(), 0);
+  position[size_t(at)] = 1;
+  forEach<4>(outSizes, {rowMajorStrides(outSizes), inStrides, idStrides, position},
+             {0, 0, 0, start}, [=] __device__(const std::array<int64_t, 4>& o) {
+               float sum = 0;
+               for (int64_t p = 0; p < count; ++p)
+                 if (ids[o[2] + idAt[p]] == float(o[3])) sum += in[o[1] + inAt[p]];
+               out[o[0]] = sum;
+             });
+}
+
 /// top_k as meshc::gen::topK, one thread per row element: its rank in the row (how many
 /// elements come before it in gen::topKBefore's order), written at that rank when below k.
 inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,

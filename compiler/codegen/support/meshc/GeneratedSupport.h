@@ -26,6 +26,9 @@
 #include "meshrt/kernels/SoftmaxStats.h"
 
 #include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -883,13 +886,8 @@ inline float maxRun(const float* x, int64_t count) {
   return max;
 }
 
-/// A scratch array of doubles kept per thread (each rank is a thread), so that a sum over the
-/// outer dims allocates only on its first call.
-inline double* scratchDoubles(size_t count) {
-  thread_local std::vector<double> scratch;
-  if (scratch.size() < count) scratch.resize(count);
-  return scratch.data();
-}
+/// Points from which a reduction or a row op is split over OpenMP's threads.
+constexpr int64_t kParallelPoints = 1 << 15;
 
 } // namespace detail
 
@@ -898,23 +896,42 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
   // The common sums without index tables: a mean over the last dims (each output a dense run of
   // the operand), and a bias gradient (the lane is the outer dims, the outputs one dense row).
   int64_t laneCount = product(lane), outCount = product(outSizes);
+  // Outputs are independent: large sums are split over OpenMP's threads (one unless the
+  // caller asks for more), each output summed in the same order either way.
+  [[maybe_unused]] bool parallel = outCount > 1 && laneCount * outCount >= detail::kParallelPoints;
   if (kind == Reduce::Sum && detail::denseRun(lane, laneStrides, 1) &&
       detail::denseRun(outSizes, inOuter, laneCount)) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
     for (int64_t o = 0; o < outCount; ++o)
       out[o] = float(detail::sumRun(in + o * laneCount, laneCount) * scale);
     return;
   }
   if (kind == Reduce::Sum && detail::denseRun(outSizes, inOuter, 1) &&
       detail::denseRun(lane, laneStrides, outCount)) {
-    double* sums = detail::scratchDoubles(size_t(outCount));
-    std::fill(sums, sums + outCount, 0.0);
-    for (int64_t row = 0; row < laneCount; ++row) {
-      const float* x = in + row * outCount;
-      for (int64_t o = 0; o < outCount; ++o)
-        sums[o] += double(x[o]);
+    // A block of columns per thread (one pass over the rows each), its sums on the stack.
+    constexpr int64_t kMaxBlock = 2048;
+    int64_t threads = 1;
+#ifdef _OPENMP
+    if (parallel) threads = omp_get_max_threads();
+#endif
+    int64_t block = std::min(kMaxBlock, (outCount + threads - 1) / threads);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+    for (int64_t first = 0; first < outCount; first += block) {
+      int64_t count = std::min(block, outCount - first);
+      double sums[kMaxBlock];
+      std::fill(sums, sums + count, 0.0);
+      for (int64_t row = 0; row < laneCount; ++row) {
+        const float* x = in + row * outCount + first;
+        for (int64_t o = 0; o < count; ++o)
+          sums[o] += double(x[o]);
+      }
+      for (int64_t o = 0; o < count; ++o)
+        out[first + o] = float(sums[o] * scale);
     }
-    for (int64_t o = 0; o < outCount; ++o)
-      out[o] = float(sums[o] * scale);
     return;
   }
   std::vector<int64_t> offsets = offsetsOf(lane, laneStrides);
@@ -1005,6 +1022,11 @@ struct RowBase {
 inline void alongContiguous(float* out, const float* in, int64_t rows, const RowBase& inBase,
                             const RowBase& outBase, int64_t size, Along kind, double eps,
                             int64_t globalLaneCount) {
+  // Rows are independent: many are split over OpenMP's threads (one unless asked for more).
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + inBase(r);
     float* y = out + outBase(r);
@@ -1266,6 +1288,48 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
                double id = double(ids[at[2]]) - double(start);
                out[at[0]] =
                    id >= 0 && id < double(rows) ? table[at[1] + int64_t(id) * rowStride] : 0.0f;
+             });
+}
+
+/// scatterAdd: out (row-major over outSizes, written whole) = for every point p of `points`, in
+/// order, the operand at p (`inStrides` over out's dims, `inPointStrides` over the points) added
+/// into out's row along dim `at` that the id selects (id - start; ids outside the local block
+/// add nothing): the einsum of a one-hot tensor that keeps its one-hot dim (an embedding's
+/// gradient).
+inline void scatterAdd(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                       const float* ids, const Shape& idStrides, const Shape& points,
+                       const Shape& inPointStrides, const Shape& idPointStrides, int64_t at,
+                       int64_t start) {
+  std::fill(out, out + product(outSizes), 0.0f);
+  Shape outStrides = rowMajorStrides(outSizes), rowSizes = outSizes, rowStrides = outStrides;
+  int64_t rows = outSizes[size_t(at)], rowStride = outStrides[size_t(at)];
+  rowSizes[size_t(at)] = 1;
+  rowStrides[size_t(at)] = 0;
+  auto select = [&](int64_t idOffset) {
+    double id = double(ids[idOffset]) - double(start);
+    return id >= 0 && id < double(rows) ? int64_t(id) : int64_t(-1);
+  };
+  // The usual layout (ids per point, rows dense in both): one id and one vector add per point.
+  bool dense = std::all_of(idStrides.begin(), idStrides.end(), [](int64_t v) { return v == 0; }) &&
+               detail::denseRun(rowSizes, rowStrides, 1) &&
+               detail::denseRun(rowSizes, inStrides, 1);
+  int64_t run = product(rowSizes);
+  forEach<2>(points, {inPointStrides, idPointStrides}, {0, 0},
+             [&](const std::array<int64_t, 2>& point) {
+               if (dense) {
+                 int64_t id = select(point[1]);
+                 if (id < 0) return;
+                 float* __restrict row = out + id * rowStride;
+                 const float* __restrict x = in + point[0];
+                 for (int64_t i = 0; i < run; ++i)
+                   row[i] += x[i];
+                 return;
+               }
+               forEach<3>(rowSizes, {rowStrides, inStrides, idStrides}, {0, point[0], point[1]},
+                          [&](const std::array<int64_t, 3>& o) {
+                            int64_t id = select(o[2]);
+                            if (id >= 0) out[o[0] + id * rowStride] += in[o[1]];
+                          });
              });
 }
 
