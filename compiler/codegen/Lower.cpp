@@ -10,6 +10,8 @@
 #include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
 #include "codegen/ScheduleCollectives.h"
+#include "codegen/ScheduleMicrobatches.h"
+#include "codegen/SplitStages.h"
 #include "codegen/VerifyKernels.h"
 #include "codegen/WriteUpdatesInPlace.h"
 
@@ -36,6 +38,14 @@ const std::vector<KernelPass>& kernelPasses() {
        writeUpdatesInPlace},
       {"eliminate-dead-code", "pure statements and stores whose results nobody reads go away",
        eliminateDeadCode},
+      {"split-stages",
+       "pipeline stages: each statement on the stages of its layers, values crossing a stage "
+       "boundary sent point to point, accumulated gradients all-reduced over the stage axis",
+       splitStages},
+      {"schedule-microbatches",
+       "pipeline schedule (GPipe): every microbatch's forward, then every backward, activations "
+       "kept per microbatch",
+       scheduleMicrobatches},
       {"schedule-collectives",
        "all-reduces start when ready and are waited for just before their first reader",
        scheduleCollectives},

@@ -152,7 +152,6 @@ llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
-
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
 llvm::cl::list<std::string> recomputeDefs(
     "recompute",
@@ -267,6 +266,10 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   if (!ok) return kExitInputError;
   if (stages && (emitStage == Emit::Plan || emitStage == Emit::PlanJson))
     return planPipelines(module, *stages, options, diag, argv0, emitStage == Emit::PlanJson, os);
+  if (stages && emitStage == Emit::Cuda) { // StagedCode.h: C++ only
+    diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
+    return kExitInputError;
+  }
   return planAndPrint(module, options, diag, os, argv0);
 }
 

@@ -1475,4 +1475,37 @@ inline std::map<std::string, Tensor> readTensors(const std::string& path) {
   return tensors;
 }
 
+/// Pipeline stages (codegen/SplitStages.h): the value `data` that stage `from` computed goes to
+/// every stage of the mask `to` on the stage axis's communicator (group rank = stage), point to
+/// point; other stages do nothing. Every rank calls it at the same place, so the sends and recvs
+/// of a step match in program order.
+inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from, uint64_t to) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) stages.send(data.data(), data.size(), stage);
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+
+/// The same with the sends started (1F1B: a stage goes on with its next microbatch while its
+/// neighbour still computes), kept in `started` until waitStageSends; `data` must stay intact
+/// until then (the generator gives such values one copy per microbatch).
+inline void stageTransferStarted(meshrt::Communicator& stages, View data, int64_t from, uint64_t to,
+                                 std::vector<meshrt::Request>& started) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) started.push_back(stages.startSend(data.data(), data.size(), stage));
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+inline void waitStageSends(meshrt::Communicator& stages, std::vector<meshrt::Request>& started) {
+  for (meshrt::Request& request : started)
+    stages.wait(request);
+  started.clear();
+}
+
 } // namespace meshc::gen
