@@ -380,7 +380,7 @@ llvm::Error FunctionEmitter::emit() {
   if (kernels.stages.count > 1)
     h += fmt::format("int stage_ = int(support::blockIndex(world_, {{\"{}\"}})); // this rank's "
                      "pipeline stage\n"
-                     "std::vector<meshrt::Request> stageSends_; // started, waited after the "
+                     "std::deque<support::StageSend> stageSends_; // started, waited after the "
                      "microbatches\n",
                      kernels.stages.axis);
   for (const plan::AxisList& axes : groups)

@@ -43,8 +43,8 @@ const std::vector<KernelPass>& kernelPasses() {
        "boundary sent point to point, accumulated gradients all-reduced over the stage axis",
        splitStages},
       {"schedule-microbatches",
-       "pipeline schedule (GPipe): every microbatch's forward, then every backward, activations "
-       "kept per microbatch",
+       "pipeline schedules: every microbatch's forward, then every backward (1F1B: interleaved "
+       "per stage, sends started), activations kept per microbatch",
        scheduleMicrobatches},
       {"schedule-collectives",
        "all-reduces start when ready and are waited for just before their first reader",

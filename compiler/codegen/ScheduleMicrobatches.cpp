@@ -9,11 +9,10 @@ namespace {
 
 /// 1F1B: a stage alternates its microbatches' forwards and backwards, so a blocking send could
 /// wait for a neighbour that itself waits to send (stage s sends microbatch m + 1's activation
-/// while stage s + 1 sends microbatch m's gradient): the loops' sends are started instead, and
-/// waited for once both loops are done. What they send stays intact until then (one copy per
-/// microbatch), and so does what is received into (the next microbatch's would overwrite it).
+/// while stage s + 1 sends microbatch m's gradient): the loops' sends are started instead (from
+/// a copy of the value: its buffer moves on), and waited for once both loops are done.
 void startSends(KernelFunction& fn, std::vector<Stmt>& forward, std::vector<Stmt>& backward,
-                const std::vector<bool>& outside, std::vector<Stmt>& after) {
+                std::vector<Stmt>& after) {
   bool started = false;
   for (std::vector<Stmt>* loop : {&forward, &backward})
     for (Stmt& stmt : *loop) {
@@ -21,11 +20,6 @@ void startSends(KernelFunction& fn, std::vector<Stmt>& forward, std::vector<Stmt
       if (!call || call->callee != Callee::StageTransfer) continue;
       call->callee = Callee::StageTransferStarted;
       call->args.push_back(Arg{.kind = Arg::Kind::Text, .text = "stageSends_"});
-      for (BufferId id : call->reads) {
-        Buffer& buffer = fn.buffers[size_t(id)];
-        if (!outside[size_t(id)] && buffer.storage == Storage::Arena)
-          buffer.copies = fn.microbatches.count;
-      }
       started = true;
     }
   if (!started) return;
@@ -75,7 +69,7 @@ void scheduleMicrobatches(KernelFunction& fn) {
       if (forwardWrote[size_t(id)] && !outside[size_t(id)] && buffer.storage == Storage::Arena)
         buffer.copies = fn.microbatches.count;
     }
-  if (fn.stages.oneFOneB) startSends(fn, forward, backward, outside, after);
+  if (fn.stages.oneFOneB) startSends(fn, forward, backward, after);
   fn.body = std::move(before);
   for (std::vector<Stmt>* part : {&forward, &backward, &after})
     fn.body.insert(fn.body.end(), std::make_move_iterator(part->begin()),

@@ -49,8 +49,6 @@ public:
   }
 
 private:
-  static bool single(uint64_t mask) { return mask != 0 && (mask & (mask - 1)) == 0; }
-
   void findLoop() {
     for (size_t k = 0; k < body.size(); ++k)
       if (body[k].perMicrobatch) {
@@ -62,7 +60,9 @@ private:
 
   /// Every statement's stageMask (see SplitStages.h for the rules).
   void placeStatements() {
-    std::vector<uint64_t> owner(fn.buffers.size(), 0); // the specific stage of a value, or 0
+    // The stages that hold each value once the transfers placed so far are made (a value of a
+    // statement not yet placed: every stage, as it will run wherever it is read).
+    std::vector<uint64_t> holders(fn.buffers.size(), every);
     std::vector<bool> pending(body.size(), false);
     for (size_t k = 0; k < body.size(); ++k) {
       Stmt& stmt = body[k];
@@ -71,18 +71,28 @@ private:
       } else if (stmt.stage >= 0) {
         stmt.stageMask = uint64_t(1) << stmt.stage;
       } else {
-        int chosen = -1;
+        // Where everything it reads is already (else where its stage-bound inputs are), the
+        // latest such stage in forward, the earliest in backward: values then flow to later
+        // stages in forward and to earlier ones in backward, as 1F1B's message order needs.
+        uint64_t common = every, bound = 0;
         for (BufferId id : readsOf(stmt)) {
-          if (!single(owner[size_t(id)])) continue;
-          int stage = std::countr_zero(owner[size_t(id)]);
-          bool later = stmt.phase == plan::Phase::Backward ? stage < chosen : stage > chosen;
-          if (chosen < 0 || later) chosen = stage;
+          common &= holders[size_t(id)];
+          if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
         }
-        if (chosen >= 0) stmt.stageMask = uint64_t(1) << chosen;
-        pending[k] = chosen < 0;
+        uint64_t candidates = common ? common : bound;
+        if (candidates == every || candidates == 0) {
+          pending[k] = true;
+        } else {
+          int stage = stmt.phase == plan::Phase::Backward ? std::countr_zero(candidates)
+                                                          : 63 - std::countl_zero(candidates);
+          stmt.stageMask = uint64_t(1) << stage;
+        }
       }
+      if (!pending[k])
+        for (BufferId id : readsOf(stmt))
+          holders[size_t(id)] |= stmt.stageMask;
       for (BufferId id : writesOf(stmt))
-        owner[size_t(id)] = single(stmt.stageMask) ? stmt.stageMask : 0;
+        holders[size_t(id)] = pending[k] ? every : stmt.stageMask;
     }
     // What reads no stage's value runs on the stages that read its result (back to front, so
     // that the readers are placed first); a result the caller sees, on every stage.

@@ -112,6 +112,19 @@ private:
       if (fn.body[k + 1].microbatchLoop < fn.body[k].microbatchLoop)
         return fmt::format("run[{}]: a statement of microbatch loop {} after loop {}", k + 1,
                            fn.body[k + 1].microbatchLoop, fn.body[k].microbatchLoop);
+    // 1F1B (ScheduleMicrobatches.h): messages between two stages have no tags, so each
+    // direction may carry one loop's values only: activations forward, gradients back.
+    for (size_t k = begin; k < end; ++k) {
+      const Call* call = std::get_if<Call>(&fn.body[k].node);
+      if (!call || call->callee != Callee::StageTransferStarted || call->args.size() < 4) continue;
+      auto from = uint64_t(call->args[2].value), to = uint64_t(call->args[3].value);
+      uint64_t below = (uint64_t(1) << from) - 1;
+      bool backwards = fn.body[k].microbatchLoop == 1;
+      if ((to & (backwards ? ~below : below)) != 0)
+        return fmt::format("run[{}]: under 1F1B, a value of the {} loop sent from stage {} to "
+                           "stages {:#x}",
+                           k, backwards ? "backwards'" : "forwards'", from, to);
+    }
     std::map<int, const Stmt*> started; // request -> the statement that started it
     for (size_t k = 0; k < fn.body.size(); ++k) {
       const Collective* c = std::get_if<Collective>(&fn.body[k].node);

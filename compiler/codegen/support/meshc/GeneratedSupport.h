@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1489,22 +1490,31 @@ inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from,
   }
 }
 
+/// A started stage send and the copy of the data it sends (the sender's buffer moves on).
+struct StageSend {
+  Buffer data;
+  meshrt::Request request;
+};
+
 /// The same with the sends started (1F1B: a stage goes on with its next microbatch while its
-/// neighbour still computes), kept in `started` until waitStageSends; `data` must stay intact
-/// until then (the generator gives such values one copy per microbatch).
+/// neighbour still computes) from a copy of `data`, kept in `started` until waitStageSends.
 inline void stageTransferStarted(meshrt::Communicator& stages, View data, int64_t from, uint64_t to,
-                                 std::vector<meshrt::Request>& started) {
+                                 std::deque<StageSend>& started) {
   int self = stages.rank();
   if (self == int(from)) {
     for (int stage = 0; stage < stages.size(); ++stage)
-      if ((to >> stage) & 1) started.push_back(stages.startSend(data.data(), data.size(), stage));
+      if ((to >> stage) & 1) {
+        StageSend& send = started.emplace_back();
+        send.data.assign(data.begin(), data.end());
+        send.request = stages.startSend(send.data.data(), send.data.size(), stage);
+      }
   } else if ((to >> self) & 1) {
     stages.recv(data.data(), data.size(), int(from));
   }
 }
-inline void waitStageSends(meshrt::Communicator& stages, std::vector<meshrt::Request>& started) {
-  for (meshrt::Request& request : started)
-    stages.wait(request);
+inline void waitStageSends(meshrt::Communicator& stages, std::deque<StageSend>& started) {
+  for (StageSend& send : started)
+    stages.wait(send.request);
   started.clear();
 }
 
