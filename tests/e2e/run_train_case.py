@@ -176,10 +176,10 @@ def main():
         start = time.time()
         launch = shlex.split(args.launcher) if args.launcher and index > 0 else []
         backend = ["--backend", "mpi"] if launch else []
+        # Under the launcher only world rank 0 prints its steps (--backend mpi fails without
+        # MPI); processes each running the whole mesh on threads would print every step 4 times,
+        # which series_of rejects.
         text = run(launch + [binary] + backend + [dump, args.seed, "--steps", str(args.steps)])
-        if launch and "; mpi backend)" not in text:
-            print(f"FAIL: [{mesh}] did not report running on the mpi backend")
-            return 1
         series = series_of(text)
         losses = series.get("loss", [float("nan")])
         print(f"[{mesh}] ({layout} layout) built in {built:.1f} s, {args.steps} steps in "
