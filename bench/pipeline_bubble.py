@@ -60,14 +60,8 @@ def main():
         rows.append((m, f"{timed['pipelined']:.1f}", f"{timed['sequential']:.1f}",
                      f"{measured:.3f}", f"{predicted:.3f}",
                      f"{measured / predicted:.2f}" if predicted else ""))
-    header = ("m", "pipelined ms", "sequential ms", "bubble measured", "bubble predicted",
-              "measured/predicted")
-    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    line = lambda row: "| " + " | ".join(str(v).ljust(w) for v, w in zip(row, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print(line(row))
+    benchlib.print_table(rows, ("m", "pipelined ms", "sequential ms", "bubble measured",
+                                "bubble predicted", "measured/predicted"))
     print("goal: measured/predicted within 0.8-1.2 (issue 14)")
 
 

@@ -255,6 +255,7 @@ std::vector<Stmt> KernelFunction::inlinedBody() const {
         arg.textParameter = -1;
       });
       inner.perMicrobatch = stmt.perMicrobatch;
+      inner.microbatchLoop = stmt.microbatchLoop;
       out.push_back(std::move(inner));
     }
   }

@@ -252,8 +252,7 @@ private:
       for (BufferId id : writesOf(stmt))
         written[position.at(id)] = true;
       forEachBuffer(stmt, [&](BufferId& id) { id = sub.parameters[position.at(id)]; });
-      stmt.perMicrobatch = false; // the call says where it runs (and on which stages)
-      stmt.stageMask = 0;
+      stmt.perMicrobatch = false; // the call says where it runs (each statement, on which stages)
       sub.body.push_back(std::move(stmt));
     }
     int index = int(fn.subroutines.size());
@@ -273,7 +272,6 @@ private:
                 .sources = {fmt::format("{} statements from {} ({} of {})", length, firstSource,
                                         p + 1, places.size())},
                 .perMicrobatch = fn.body[places[p]].perMicrobatch};
-      call.stageMask = fn.body[places[p]].stageMask;
       call.microbatchLoop = fn.body[places[p]].microbatchLoop;
       auto begin = fn.body.begin() + long(places[p]);
       fn.body.erase(begin, begin + long(length));

@@ -266,10 +266,6 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   if (!ok) return kExitInputError;
   if (stages && (emitStage == Emit::Plan || emitStage == Emit::PlanJson))
     return planPipelines(module, *stages, options, diag, argv0, emitStage == Emit::PlanJson, os);
-  if (stages && emitStage == Emit::Cuda) { // StagedCode.h: C++ only
-    diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
-    return kExitInputError;
-  }
   return planAndPrint(module, options, diag, os, argv0);
 }
 

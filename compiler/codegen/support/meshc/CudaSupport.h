@@ -33,6 +33,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,8 +49,8 @@ using gen::DType;
 using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
-using gen::ParamSpec;
 using gen::paramShardsOf;
+using gen::ParamSpec;
 using gen::product;
 using gen::Reduce;
 using gen::rowMajorStrides;
@@ -810,6 +811,44 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
 inline meshrt::Request startAllReduce(meshrt::Communicator& group,
                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
   return gen::startAllReduceOf<View>(group, values, op);
+}
+
+/// Pipeline stages (meshc::gen::stageTransfer): the value stage `from` computed goes to the
+/// stages of the mask `to`, point to point on device memory (NCCL send/recv on the stream).
+inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from, uint64_t to) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) stages.send(data.data(), data.size(), stage);
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+
+/// A started stage send and the device copy it sends (1F1B, meshc::gen::StageSend).
+struct StageSend {
+  Buffer data;
+  meshrt::Request request;
+};
+inline void stageTransferStarted(meshrt::Communicator& stages, View data, int64_t from, uint64_t to,
+                                 std::deque<StageSend>& started) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) {
+        StageSend& send = started.emplace_back();
+        send.data = Buffer(data.begin(), data.end());
+        View copy = send.data;
+        send.request = stages.startSend(copy.data(), copy.size(), stage);
+      }
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+inline void waitStageSends(meshrt::Communicator& stages, std::deque<StageSend>& started) {
+  for (StageSend& send : started)
+    stages.wait(send.request);
+  started.clear();
 }
 
 } // namespace meshc::cuda
