@@ -8,7 +8,6 @@
 // `--processes` one process per GPU under mpirun).
 #include "driver/Driver.h"
 #include "driver/Pipeline.h"
-#include "driver/PlanPipeline.h"
 #include "driver/Profile.h"
 #include "driver/Toolchain.h"
 #include "interp/DtypePaths.h"
@@ -339,13 +338,6 @@ int runCommand(const char* argv0) {
   std::vector<std::string> inputFiles;
   std::optional<ir::Module> module = loadModule(options, diag, argv0, inputFiles);
   if (!module || !lowerTraining(*module, diag)) return kExitInputError;
-  if (onGpus) { // pipeline stages are generated as C++ only (StagedCode.h)
-    bool stagesOk = true;
-    if (const ir::DimLayout* stages = stageLayoutOf(*module, options, diag, stagesOk)) {
-      diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
-      return kExitInputError;
-    }
-  }
   std::optional<PlannedModule> planned = planModule(*module, options, diag, argv0);
   if (!planned) return kExitInputError;
   if (!runNoPlan) {

@@ -10,8 +10,8 @@ std::optional<PlannedModule> planStaged(const ir::Module& module, const ir::DimL
                                         const PipelineOptions& given, DiagEngine& diag,
                                         const char* argv0) {
   const std::string& axis = stage.axes.front();
-  if (!given.recompute.empty()) {
-    optionError("--recompute does not compose with pipeline stages yet");
+  if (!given.recompute.empty()) { // not tested with stages: refused where the stages are asked
+    diag.report(stage.loc.loc, Diag::ErrStagesNotGenerated, stage.dim, axis);
     return std::nullopt;
   }
   if (given.pipelineSchedule != "gpipe" && given.pipelineSchedule != "1f1b") {
