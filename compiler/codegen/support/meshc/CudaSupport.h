@@ -33,7 +33,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <span>
 #include <string>
 #include <string_view>
@@ -813,42 +812,11 @@ inline meshrt::Request startAllReduce(meshrt::Communicator& group,
   return gen::startAllReduceOf<View>(group, values, op);
 }
 
-/// Pipeline stages (meshc::gen::stageTransfer): the value stage `from` computed goes to the
-/// stages of the mask `to`, point to point on device memory (NCCL send/recv on the stream).
-inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from, uint64_t to) {
-  int self = stages.rank();
-  if (self == int(from)) {
-    for (int stage = 0; stage < stages.size(); ++stage)
-      if ((to >> stage) & 1) stages.send(data.data(), data.size(), stage);
-  } else if ((to >> self) & 1) {
-    stages.recv(data.data(), data.size(), int(from));
-  }
-}
-
-/// A started stage send and the device copy it sends (1F1B, meshc::gen::StageSend).
-struct StageSend {
-  Buffer data;
-  meshrt::Request request;
-};
-inline void stageTransferStarted(meshrt::Communicator& stages, View data, int64_t from, uint64_t to,
-                                 std::deque<StageSend>& started) {
-  int self = stages.rank();
-  if (self == int(from)) {
-    for (int stage = 0; stage < stages.size(); ++stage)
-      if ((to >> stage) & 1) {
-        StageSend& send = started.emplace_back();
-        send.data = Buffer(data.begin(), data.end());
-        View copy = send.data;
-        send.request = stages.startSend(copy.data(), copy.size(), stage);
-      }
-  } else if ((to >> self) & 1) {
-    stages.recv(data.data(), data.size(), int(from));
-  }
-}
-inline void waitStageSends(meshrt::Communicator& stages, std::deque<StageSend>& started) {
-  for (StageSend& send : started)
-    stages.wait(send.request);
-  started.clear();
-}
+/// Pipeline stages (meshc::gen::stageTransfer): point to point on device memory (NCCL
+/// send/recv on the stream); a started send keeps a device copy.
+using gen::stageTransfer;
+using gen::stageTransferStarted;
+using gen::waitStageSends;
+using StageSend = gen::StageSendOf<Buffer>;
 
 } // namespace meshc::cuda

@@ -1479,8 +1479,9 @@ inline std::map<std::string, Tensor> readTensors(const std::string& path) {
 /// Pipeline stages (codegen/SplitStages.h): the value `data` that stage `from` computed goes to
 /// every stage of the mask `to` on the stage axis's communicator (group rank = stage), point to
 /// point; other stages do nothing. Every rank calls it at the same place, so the sends and recvs
-/// of a step match in program order.
-inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from, uint64_t to) {
+/// of a step match in program order. (A template: CUDA's views are device spans.)
+template <class Span>
+void stageTransfer(meshrt::Communicator& stages, Span data, int64_t from, uint64_t to) {
   int self = stages.rank();
   if (self == int(from)) {
     for (int stage = 0; stage < stages.size(); ++stage)
@@ -1491,29 +1492,32 @@ inline void stageTransfer(meshrt::Communicator& stages, View data, int64_t from,
 }
 
 /// A started stage send and the copy of the data it sends (the sender's buffer moves on).
-struct StageSend {
-  Buffer data;
+template <class Owned> struct StageSendOf {
+  Owned data;
   meshrt::Request request;
 };
+using StageSend = StageSendOf<Buffer>;
 
 /// The same with the sends started (1F1B: a stage goes on with its next microbatch while its
 /// neighbour still computes) from a copy of `data`, kept in `started` until waitStageSends.
-inline void stageTransferStarted(meshrt::Communicator& stages, View data, int64_t from, uint64_t to,
-                                 std::deque<StageSend>& started) {
+template <class Owned, class Span>
+void stageTransferStarted(meshrt::Communicator& stages, Span data, int64_t from, uint64_t to,
+                          std::deque<StageSendOf<Owned>>& started) {
   int self = stages.rank();
   if (self == int(from)) {
     for (int stage = 0; stage < stages.size(); ++stage)
       if ((to >> stage) & 1) {
-        StageSend& send = started.emplace_back();
-        send.data.assign(data.begin(), data.end());
+        StageSendOf<Owned>& send = started.emplace_back();
+        send.data = Owned(data.begin(), data.end());
         send.request = stages.startSend(send.data.data(), send.data.size(), stage);
       }
   } else if ((to >> self) & 1) {
     stages.recv(data.data(), data.size(), int(from));
   }
 }
-inline void waitStageSends(meshrt::Communicator& stages, std::deque<StageSend>& started) {
-  for (StageSend& send : started)
+template <class Owned>
+void waitStageSends(meshrt::Communicator& stages, std::deque<StageSendOf<Owned>>& started) {
+  for (StageSendOf<Owned>& send : started)
     stages.wait(send.request);
   started.clear();
 }
