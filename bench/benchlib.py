@@ -245,8 +245,7 @@ def ratio_rows(label, results, meshc, peers, goal=1.3):
              f">= {goal} {'met' if ratio >= goal else 'NOT met'}")]
 
 
-def print_table(rows):
-    header = ("run", "meshc ms", "peer ms", "peer/meshc", "goal")
+def print_table(rows, header=("run", "meshc ms", "peer ms", "peer/meshc", "goal")):
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
     line = lambda row: "| " + " | ".join(str(v).ljust(w) for v, w in zip(row, widths)) + " |"
     print(line(header))

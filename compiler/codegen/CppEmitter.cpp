@@ -154,6 +154,7 @@ private:
   std::string stepDeclaration() const;
   std::string stepDefinition() const;
   std::string stepLoop() const;
+  std::string oneFOneBSchedule(const std::vector<int>& partLoop) const;
 
   const ir::Function& irFn;
   const plan::SpmdFunction& fn;
@@ -161,6 +162,26 @@ private:
   const Target* target;
   std::set<plan::AxisList> groups;
 };
+
+/// run()'s microbatch loops under the 1F1B schedule (ScheduleMicrobatches.h): stage s runs
+/// min(p - 1 - s, K) forwards, then one forward and one backward at a time, then the remaining
+/// backwards; at most p - s microbatches' activations are in flight on it.
+std::string FunctionEmitter::oneFOneBSchedule(const std::vector<int>& partLoop) const {
+  std::string forward, backward;
+  for (size_t k = 0; k < partLoop.size(); ++k)
+    if (partLoop[k] >= 0)
+      (partLoop[k] == 0 ? forward : backward) += fmt::format(" runPart{}(inputs);", k);
+  int64_t count = kernels.microbatches.count;
+  return fmt::format(
+      "// The pipeline's 1F1B schedule: {0} microbatches along {1} over {2} stages.\n{{\n"
+      "auto forward = [&](int64_t m) {{ microbatch_ = m;{3} }};\n"
+      "auto backward = [&](int64_t m) {{ microbatch_ = m;{4} }};\n"
+      "const int64_t warm = std::min<int64_t>({2} - 1 - stage_, {0});\n"
+      "for (int64_t m = 0; m < warm; ++m) forward(m);\n"
+      "for (int64_t m = warm; m < {0}; ++m) {{ forward(m); backward(m - warm); }}\n"
+      "for (int64_t m = {0} - warm; m < {0}; ++m) backward(m);\n}}\n",
+      count, kernels.microbatches.dim, kernels.stages.count, forward, backward);
+}
 
 std::string FunctionEmitter::shardStart(SpmdValueId id, const std::string& dim) const {
   const TensorType& type = local(id);
@@ -204,7 +225,7 @@ llvm::Error FunctionEmitter::emit() {
   // functions much faster than one long one); a part never ends inside a started collective,
   // and the microbatch loop's bounds are bounds of parts (the loop calls its parts).
   std::vector<std::string> parts;
-  std::vector<bool> partPerMicrobatch;
+  std::vector<int> partLoop; // per part: its microbatch loop (-1: none)
   std::vector<kir::Stmt> part;
   int inFlight = 0;
   for (size_t k = 0; k < kernels.body.size(); ++k) {
@@ -214,12 +235,13 @@ llvm::Error FunctionEmitter::emit() {
                   : c->phase == kir::Collective::Phase::Wait ? -1
                                                              : 0;
     bool loopBound = k + 1 < kernels.body.size() &&
-                     kernels.body[k + 1].perMicrobatch != kernels.body[k].perMicrobatch;
+                     (kernels.body[k + 1].perMicrobatch != kernels.body[k].perMicrobatch ||
+                      kernels.body[k + 1].microbatchLoop != kernels.body[k].microbatchLoop);
     if ((part.size() >= kStatementsPerPart && inFlight == 0) || loopBound ||
         k + 1 == kernels.body.size()) {
       printer.newScope();
       parts.push_back(printer.print(part));
-      partPerMicrobatch.push_back(kernels.body[k].perMicrobatch);
+      partLoop.push_back(kernels.body[k].perMicrobatch ? kernels.body[k].microbatchLoop : -1);
       part.clear();
     }
   }
@@ -231,15 +253,25 @@ llvm::Error FunctionEmitter::emit() {
     subroutineBodies.push_back(printer.print(sub.body));
   }
   std::string body;
+  bool oneFOneB =
+      kernels.stages.count > 1 && kernels.stages.oneFOneB && llvm::is_contained(partLoop, 1);
   for (size_t k = 0; k < parts.size(); ++k) {
-    if (partPerMicrobatch[k] && (k == 0 || !partPerMicrobatch[k - 1]))
-      body += fmt::format("// The microbatch loop: {} microbatches along {}, each its slice of the "
+    if (oneFOneB && partLoop[k] >= 0) {
+      if (k == 0 || partLoop[k - 1] < 0) body += oneFOneBSchedule(partLoop);
+      continue;
+    }
+    if (partLoop[k] >= 0 && (k == 0 || partLoop[k - 1] != partLoop[k]))
+      body += fmt::format("// {}: {} microbatches along {}, each its slice of the "
                           "inputs; gradients, loss and metrics averaged over them.\n"
                           "for (microbatch_ = 0; microbatch_ < {}; ++microbatch_) {{\n",
+                          kernels.stages.count <= 1 ? "The microbatch loop"
+                          : partLoop[k] == 0        ? "The pipeline's forwards"
+                                                    : "The pipeline's backwards",
                           kernels.microbatches.count, kernels.microbatches.dim,
                           kernels.microbatches.count);
     body += fmt::format("runPart{}(inputs);\n", k);
-    if (partPerMicrobatch[k] && (k + 1 == parts.size() || !partPerMicrobatch[k + 1])) body += "}\n";
+    if (partLoop[k] >= 0 && (k + 1 == parts.size() || partLoop[k + 1] != partLoop[k]))
+      body += "}\n";
   }
   // What run() itself reads after the parts: the outputs and the updates' new values.
   std::vector<kir::BufferId> results = kernels.outputs;
@@ -345,6 +377,12 @@ llvm::Error FunctionEmitter::emit() {
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   if (kernels.microbatches.count > 1)
     h += "int64_t microbatch_ = 0; // the microbatch run() is at (its loop's index)\n";
+  if (kernels.stages.count > 1)
+    h += fmt::format("int stage_ = int(support::blockIndex(world_, {{\"{}\"}})); // this rank's "
+                     "pipeline stage\n"
+                     "std::deque<support::StageSend> stageSends_; // started, waited after the "
+                     "microbatches\n",
+                     kernels.stages.axis);
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", groupMember(axes),
                      fmt::join(axes, ", "));

@@ -211,11 +211,18 @@ LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts) 
     touch(update.value, stmts.size(), false);
   if (loopBegin != kNever)
     for (size_t id = 0; id < fn.buffers.size(); ++id)
-      if (inLoop[id] && outside[id]) {
+      if ((inLoop[id] && outside[id]) || fn.buffers[id].copies > 1) {
+        // A buffer with a copy per microbatch holds them all over both loops.
+        if (ranges.first[id] == kNever) continue;
         ranges.first[id] = std::min(ranges.first[id], loopBegin);
         ranges.last[id] = std::max(ranges.last[id], loopEnd);
       }
   return ranges;
+}
+
+size_t copyStride(const Buffer& buffer) {
+  size_t bytes = size_t(buffer.elements) * sizeof(float); // every dtype is held as float
+  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
 }
 
 std::vector<int> KernelFunction::writerCounts() const {
@@ -248,6 +255,7 @@ std::vector<Stmt> KernelFunction::inlinedBody() const {
         arg.textParameter = -1;
       });
       inner.perMicrobatch = stmt.perMicrobatch;
+      inner.microbatchLoop = stmt.microbatchLoop;
       out.push_back(std::move(inner));
     }
   }
@@ -336,6 +344,15 @@ private:
   void statement(const Stmt& stmt) {
     for (const std::string& source : stmt.sources)
       out += fmt::format("  # {}\n", source);
+    if (stmt.stageMask != 0) { // pipeline stages (SplitStages.h): which run it
+      std::vector<int> stages;
+      for (int s = 0; s < 64; ++s)
+        if ((stmt.stageMask >> s) & 1) stages.push_back(s);
+      out += fmt::format("  on stages {}{}\n", fmt::join(stages, ","),
+                         stmt.perMicrobatch && fn.stages.count > 1 && fn.microbatches.count > 1
+                             ? (stmt.microbatchLoop ? " (backwards)" : " (forwards)")
+                             : "");
+    }
     std::visit([&](const auto& node) { print(node, stmt); }, stmt.node);
   }
 

@@ -42,6 +42,9 @@ struct Buffer {
   int64_t index = -1;  // Input / Param: which input or param of the function; Argument: which
                        // parameter of its subroutine
   int64_t offset = -1; // Arena / Persistent: byte offset, assigned by planBuffers
+  /// Pipeline schedules (ScheduleMicrobatches.h): an activation kept from the forwards' loop for
+  /// the backwards' has one copy per microbatch, microbatch m's at offset + m * stride.
+  int64_t copies = 1;
 };
 
 /// One argument of a kernel call; the printers spell each kind for their target.
@@ -226,6 +229,14 @@ struct Stmt {
   /// It recomputes a forward value for the backward pass (train/Recompute.h): never merged into
   /// the forward statement it repeats, nor hoisted, or the activation would be kept after all.
   bool recomputed = false;
+  /// Pipeline stages (SplitStages.h): the stage of the repeat iteration its op comes from (-1:
+  /// none; split-stages places it by what it reads and what reads it), and the stages that run
+  /// it, one bit each (0: every rank).
+  int stage = -1;
+  uint64_t stageMask = 0;
+  /// Under a pipeline schedule the microbatch loop is two (ScheduleMicrobatches.h): 0 the
+  /// forwards' loop, 1 the backwards'.
+  int microbatchLoop = 0;
 };
 
 /// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,
@@ -261,6 +272,8 @@ struct LiveRanges {
   std::vector<size_t> first, last;
 };
 LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts);
+/// The bytes between copies of a buffer with several (Buffer::copies): one slot, padded.
+size_t copyStride(const Buffer& buffer);
 
 /// Code that repeats in run() (the layers of a `repeat`), outlined into one member function:
 /// its parameters are buffers of storage Argument, its body refers to nothing else.
@@ -298,6 +311,13 @@ struct KernelFunction {
     std::string dim;
   };
   Microbatches microbatches;
+  /// Pipeline stages (SplitStages.h): `count` stages along the mesh axis `axis`.
+  struct Stages {
+    std::string axis;
+    int64_t count = 1;
+    bool oneFOneB = false;
+  };
+  Stages stages;
 
   /// Per buffer: how many statements of init and body write it.
   std::vector<int> writerCounts() const;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
+#include <llvm/ADT/StringRef.h>
 
 #include <cmath>
 
@@ -445,6 +446,12 @@ std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
   return out;
 }
 
+static std::string arenaOffset(const kir::Buffer& buffer) {
+  if (buffer.copies <= 1) return fmt::format("{}", buffer.offset);
+  // One copy per microbatch (a pipeline schedule's kept activation): this microbatch's.
+  return fmt::format("{} + size_t(microbatch_) * {}", buffer.offset, kir::copyStride(buffer));
+}
+
 std::string StatementPrinter::declarations(const std::vector<kir::BufferId>& ids) {
   std::string out;
   for (kir::BufferId id : ids)
@@ -468,7 +475,7 @@ std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
                        paramMembers.at(size_t(buffer.index)));
   case kir::Storage::Arena:
     return fmt::format("support::View {} = arena_.{}({}, {});\n", buffer.name,
-                       zero ? "slot" : "view", buffer.offset, buffer.elements);
+                       zero ? "slot" : "view", arenaOffset(buffer), buffer.elements);
   case kir::Storage::Persistent:
     return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
                        zero ? "slot" : "view", buffer.offset, buffer.elements);
@@ -485,12 +492,27 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   if (traced) out += traceProbe(stmt);
   for (kir::BufferId id : kir::readsOf(stmt))
     out += declare(id, false);
-  if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) return out + copy(*c);
+  // Pipeline stages (SplitStages.h): a statement of some stages only runs on their ranks; its
+  // buffers are declared outside the guard, for the statements after it.
+  std::string guard = stageGuard(stmt);
+  if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) {
+    if (guard.empty()) return out + copy(*c);
+    return out + declare(c->to, false) + guard + copy(*c) + "}\n";
+  }
   for (kir::BufferId id : kir::writesOf(stmt)) {
     if (stmt.zeroFirst && fn.buffers[size_t(id)].storage == kir::Storage::Argument)
       out += fmt::format("support::zero({});\n", name(id)); // the caller's slot, as it was
     out += declare(id, stmt.zeroFirst);
   }
+  const auto* started = std::get_if<kir::Collective>(&stmt.node);
+  if (!guard.empty() && started && started->phase == kir::Collective::Phase::Start) {
+    // The request outlives the guard: its wait is another (equally guarded) statement.
+    std::string start = collective(*started);
+    if (llvm::StringRef(start).startswith("auto ")) start.erase(0, 5);
+    return out + fmt::format("meshrt::Request request{};\n", started->request) + guard + start +
+           "}\n";
+  }
+  out += guard;
   struct Visitor {
     StatementPrinter& p;
     size_t index;
@@ -515,7 +537,13 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
                          fmt::join(arguments, ", "));
     }
   };
-  return out + std::visit(Visitor{*this, index}, stmt.node);
+  return out + std::visit(Visitor{*this, index}, stmt.node) + (guard.empty() ? "" : "}\n");
+}
+
+std::string StatementPrinter::stageGuard(const kir::Stmt& stmt) const {
+  uint64_t every = fn.stages.count >= 64 ? ~uint64_t(0) : (uint64_t(1) << fn.stages.count) - 1;
+  if (fn.stages.count <= 1 || stmt.stageMask == 0 || (stmt.stageMask & every) == every) return "";
+  return fmt::format("if ((uint64_t({:#x}) >> stage_) & 1) {{\n", stmt.stageMask);
 }
 
 namespace {
@@ -561,7 +589,7 @@ std::string StatementPrinter::copy(const kir::Copy& c) {
   const kir::Buffer& to = fn.buffers[size_t(c.to)];
   if (!declared[size_t(c.to)] && to.storage == kir::Storage::Arena) {
     declared[size_t(c.to)] = true;
-    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, to.offset,
+    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, arenaOffset(to),
                        name(c.from));
   }
   std::string out = declare(c.to, false);

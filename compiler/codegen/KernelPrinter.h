@@ -96,6 +96,8 @@ private:
   std::string copy(const kir::Copy& copy);
   /// The trace probe of `stmt`: one line naming its kind, source location and phase.
   std::string traceProbe(const kir::Stmt& stmt);
+  /// `if (<this rank's stage runs it>) {` for a statement of some pipeline stages, else "".
+  std::string stageGuard(const kir::Stmt& stmt) const;
   /// Declares `id` when it is not yet (arena slots zeroed when `zero`).
   std::string declare(kir::BufferId id, bool zero);
   std::string name(kir::BufferId id) const { return fn.buffers[size_t(id)].name; }

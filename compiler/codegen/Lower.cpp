@@ -11,6 +11,8 @@
 #include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
 #include "codegen/ScheduleCollectives.h"
+#include "codegen/ScheduleMicrobatches.h"
+#include "codegen/SplitStages.h"
 #include "codegen/VerifyKernels.h"
 #include "codegen/WriteUpdatesInPlace.h"
 
@@ -40,6 +42,14 @@ const std::vector<KernelPass>& kernelPasses() {
        writeUpdatesInPlace},
       {"eliminate-dead-code", "pure statements and stores whose results nobody reads go away",
        eliminateDeadCode},
+      {"split-stages",
+       "pipeline stages: each statement on the stages of its layers, values crossing a stage "
+       "boundary sent point to point, accumulated gradients all-reduced over the stage axis",
+       splitStages},
+      {"schedule-microbatches",
+       "pipeline schedules: every microbatch's forward, then every backward (1F1B: interleaved "
+       "per stage, sends started), activations kept per microbatch",
+       scheduleMicrobatches},
       {"schedule-collectives",
        "all-reduces start when ready and are waited for just before their first reader",
        scheduleCollectives},

@@ -10,6 +10,7 @@
 #include "codegen/LowerToKernels.h"
 
 #include "codegen/FormMicrobatchLoop.h"
+#include "codegen/SplitStages.h"
 #include "interp/Interpreter.h"
 
 #include <fmt/format.h>
@@ -278,6 +279,7 @@ private:
     stmt.sources.push_back(source(fn.ops[current]));
     stmt.phase = fn.ops[current].phase;
     stmt.recomputed = findAttr(fn.ops[current], ir::kRecomputeAttr) != nullptr;
+    if (!opStages.empty()) stmt.stage = opStages[current];
     out.body.push_back(std::move(stmt));
     opOf.push_back(current);
   }
@@ -323,7 +325,8 @@ private:
   std::vector<BufferId> bufferOf; // per SPMD value
   std::vector<size_t> lastUse;
   std::vector<bool> absorbed;
-  std::vector<size_t> opOf; // per statement of out.body: the op it lowers
+  std::vector<size_t> opOf;  // per statement of out.body: the op it lowers
+  std::vector<int> opStages; // per op: its pipeline stage (SplitStages.h), empty without stages
   size_t current = 0;
 };
 
@@ -810,6 +813,10 @@ llvm::Error Lowerer::lowerCollective(size_t index) {
 
 llvm::Expected<KernelFunction> Lowerer::lower() {
   out.name = fn.name;
+  if (fn.stages.count > 1) {
+    out.stages = {fn.stages.axis, fn.stages.count, fn.stages.oneFOneB};
+    opStages = stagesOfOps(irFn, fn);
+  }
   bufferOf.assign(fn.values.size(), kNoBuffer);
   absorbed.assign(fn.ops.size(), false);
   lastUse.assign(fn.values.size(), 0);

@@ -106,7 +106,9 @@ private:
         const Skeleton& other = representatives[size_t(it->second)];
         if (other.buffers == skeleton.buffers && other.stmt.node == skeleton.stmt.node &&
             other.stmt.zeroFirst == skeleton.stmt.zeroFirst &&
-            other.stmt.perMicrobatch == skeleton.stmt.perMicrobatch)
+            other.stmt.perMicrobatch == skeleton.stmt.perMicrobatch &&
+            other.stmt.stageMask == skeleton.stmt.stageMask &&
+            other.stmt.microbatchLoop == skeleton.stmt.microbatchLoop)
           found = it->second;
       }
       if (found < 0) {
@@ -250,7 +252,7 @@ private:
       for (BufferId id : writesOf(stmt))
         written[position.at(id)] = true;
       forEachBuffer(stmt, [&](BufferId& id) { id = sub.parameters[position.at(id)]; });
-      stmt.perMicrobatch = false; // the call says where it runs
+      stmt.perMicrobatch = false; // the call says where it runs (each statement, on which stages)
       sub.body.push_back(std::move(stmt));
     }
     int index = int(fn.subroutines.size());
@@ -270,6 +272,7 @@ private:
                 .sources = {fmt::format("{} statements from {} ({} of {})", length, firstSource,
                                         p + 1, places.size())},
                 .perMicrobatch = fn.body[places[p]].perMicrobatch};
+      call.microbatchLoop = fn.body[places[p]].microbatchLoop;
       auto begin = fn.body.begin() + long(places[p]);
       fn.body.erase(begin, begin + long(length));
       fn.body.insert(fn.body.begin() + long(places[p]), std::move(call));

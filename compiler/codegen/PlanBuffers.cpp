@@ -29,6 +29,7 @@ void planBuffers(KernelFunction& fn) {
   for (size_t id = 0; id < fn.buffers.size(); ++id) {
     Buffer& buffer = fn.buffers[id];
     size_t bytes = size_t(buffer.elements) * sizeof(float); // every dtype is held as float
+    if (buffer.copies > 1) bytes = copyStride(buffer) * size_t(buffer.copies);
     if (buffer.storage == Storage::Persistent) {
       buffer.offset = int64_t(fn.persistentBytes);
       fn.persistentBytes += padded(bytes);

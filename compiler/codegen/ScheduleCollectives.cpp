@@ -17,7 +17,9 @@ void scheduleCollectives(KernelFunction& fn) {
     // loop, at the latest its last statement: each microbatch waits for what it started).
     size_t touch = k + 1;
     for (; touch < fn.body.size(); ++touch) {
-      if (fn.body[k].perMicrobatch && !fn.body[touch].perMicrobatch) break;
+      if (fn.body[k].perMicrobatch && (!fn.body[touch].perMicrobatch ||
+                                       fn.body[touch].microbatchLoop != fn.body[k].microbatchLoop))
+        break;
       bool touches = false;
       for (BufferId id : readsOf(fn.body[touch]))
         touches = touches || llvm::is_contained(c->buffers, id);
@@ -34,6 +36,9 @@ void scheduleCollectives(KernelFunction& fn) {
                                  .phase = Collective::Phase::Wait,
                                  .request = c->request},
               .perMicrobatch = fn.body[k].perMicrobatch};
+    wait.stageMask = fn.body[k].stageMask; // waited for where it was started
+    wait.microbatchLoop = fn.body[k].microbatchLoop;
+    wait.phase = fn.body[k].phase;
     fn.body.insert(fn.body.begin() + std::ptrdiff_t(touch), std::move(wait));
   }
 }

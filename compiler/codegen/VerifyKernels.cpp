@@ -107,16 +107,40 @@ private:
     for (const Subroutine& sub : fn.subroutines)
       for (const Stmt& stmt : sub.body)
         if (stmt.perMicrobatch) return sub.name + ": a statement marked for the microbatch loop";
-    std::map<int, bool> started; // request -> started in the loop
+    // Pipeline schedules (ScheduleMicrobatches.h): the forwards' loop, then the backwards'.
+    for (size_t k = begin; k + 1 < end; ++k)
+      if (fn.body[k + 1].microbatchLoop < fn.body[k].microbatchLoop)
+        return fmt::format("run[{}]: a statement of microbatch loop {} after loop {}", k + 1,
+                           fn.body[k + 1].microbatchLoop, fn.body[k].microbatchLoop);
+    // 1F1B (ScheduleMicrobatches.h): messages between two stages have no tags, so each
+    // direction may carry one loop's values only: activations forward, gradients back.
+    for (size_t k = begin; k < end; ++k) {
+      const Call* call = std::get_if<Call>(&fn.body[k].node);
+      if (!call || call->callee != Callee::StageTransferStarted || call->args.size() < 4) continue;
+      auto from = uint64_t(call->args[2].value), to = uint64_t(call->args[3].value);
+      uint64_t below = (uint64_t(1) << from) - 1;
+      bool backwards = fn.body[k].microbatchLoop == 1;
+      if ((to & (backwards ? ~below : below)) != 0)
+        return fmt::format("run[{}]: under 1F1B, a value of the {} loop sent from stage {} to "
+                           "stages {:#x}",
+                           k, backwards ? "backwards'" : "forwards'", from, to);
+    }
+    std::map<int, const Stmt*> started; // request -> the statement that started it
     for (size_t k = 0; k < fn.body.size(); ++k) {
       const Collective* c = std::get_if<Collective>(&fn.body[k].node);
       if (!c || c->phase == Collective::Phase::Blocking) continue;
-      if (c->phase == Collective::Phase::Start) started[c->request] = fn.body[k].perMicrobatch;
+      if (c->phase == Collective::Phase::Start) started[c->request] = &fn.body[k];
       auto it = started.find(c->request);
-      if (c->phase == Collective::Phase::Wait && it != started.end() &&
-          it->second != fn.body[k].perMicrobatch)
+      if (c->phase != Collective::Phase::Wait || it == started.end()) continue;
+      const Stmt& start = *it->second;
+      if (start.perMicrobatch != fn.body[k].perMicrobatch ||
+          start.microbatchLoop != fn.body[k].microbatchLoop)
         return fmt::format("run[{}]: request #{} is started and waited for on two sides of the "
                            "microbatch loop's bounds",
+                           k, c->request);
+      if (start.stageMask != fn.body[k].stageMask)
+        return fmt::format("run[{}]: request #{} is waited for on other pipeline stages than "
+                           "started it",
                            k, c->request);
     }
     return "";
@@ -234,6 +258,12 @@ private:
       write(id, where, init);
   }
 
+  /// The arena bytes of a buffer: all its copies (Buffer::copies).
+  static size_t slotBytes(const Buffer& buffer) {
+    if (buffer.copies > 1) return copyStride(buffer) * size_t(buffer.copies);
+    return size_t(buffer.elements) * sizeof(float);
+  }
+
   /// Planned arena slots of buffers alive at the same time must not share bytes.
   std::string overlaps() const {
     auto [first, last] = liveRanges(fn, body);
@@ -242,15 +272,14 @@ private:
       const Buffer& buffer = fn.buffers[id];
       if (buffer.storage != Storage::Arena || buffer.offset < 0 || first[id] == ~size_t(0))
         continue;
-      size_t bytes = size_t(buffer.elements) * sizeof(float);
+      size_t bytes = slotBytes(buffer);
       if (size_t(buffer.offset) % kArenaAlignment || size_t(buffer.offset) + bytes > fn.arenaBytes)
         return fmt::format("{} is placed outside the arena", buffer.name);
       for (size_t other : placed) {
         const Buffer& b = fn.buffers[other];
         bool together = first[id] <= last[other] && first[other] <= last[id];
-        bool share =
-            size_t(buffer.offset) < size_t(b.offset) + size_t(b.elements) * sizeof(float) &&
-            size_t(b.offset) < size_t(buffer.offset) + bytes;
+        bool share = size_t(buffer.offset) < size_t(b.offset) + slotBytes(b) &&
+                     size_t(b.offset) < size_t(buffer.offset) + bytes;
         if (together && share)
           return fmt::format("{} and {} are alive together and share arena bytes", buffer.name,
                              b.name);

@@ -152,7 +152,6 @@ llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
 
-
 // Testing the tests: a deliberate bug in the plan (planner/InjectFault.h), hidden from --help.
 llvm::cl::list<std::string> recomputeDefs(
     "recompute",

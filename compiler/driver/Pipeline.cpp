@@ -1,6 +1,7 @@
 // The compiler's pipeline, stage by stage (Pipeline.h).
 #include "driver/Pipeline.h"
 #include "driver/PlanPipeline.h"
+#include "driver/StagedCode.h"
 
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
@@ -209,10 +210,8 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag, const char* argv0) {
   bool stagesOk = true;
-  if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk)) {
-    diag.report(stages->loc.loc, Diag::ErrStagesNotGenerated, stages->dim, stages->axes.front());
-    return std::nullopt;
-  }
+  if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk))
+    return planStaged(module, *stages, given, diag, argv0);
   if (!stagesOk) return std::nullopt;
   if (jointSearchApplies(module, given)) return planJointly(module, given, diag, argv0);
   if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);

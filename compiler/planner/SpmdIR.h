@@ -145,6 +145,15 @@ struct SpmdFunction {
   /// part of `ops`. Empty once autodiff ran: the real gradient collectives are in `ops`.
   std::vector<SpmdOp> gradientOps;
   Microbatching microbatching;
+  /// Pipeline stages for code generation (driver/StagedCode.h): the plan is one stage's mesh
+  /// (without `axis`), `mesh` has the axis back, and the repeat over `dim` is split evenly over
+  /// its `count` stages (codegen/SplitStages.h).
+  struct Stages {
+    std::string axis, dim;
+    int64_t count = 1;
+    bool oneFOneB = false; // --pipeline-schedule 1f1b (else GPipe)
+  };
+  Stages stages;
 };
 
 } // namespace meshc::plan

@@ -34,11 +34,13 @@ only when the comparisons fail, and prints the worst error over its tolerance.
 Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR...
        --lib LIB... --mesh REF --mesh M2 [--mesh M3...] [--layout-of-ref auto] [--steps 20]
        [--interp-steps 3] [--inject-fault FAULT [--expect-failure]] [--cxx-flag=-fsanitize=address]...
+       [--dim NAME=SIZE]... [--launcher "mpirun -np 4"]
 Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag adds a flag to the
 build of the generated code (compile and link), as run_case.py's."""
 import argparse
 import os
 import re
+import shlex
 import sys
 import time
 
@@ -125,6 +127,11 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interp-steps", type=int, default=3)
     parser.add_argument("--seed", default="0")
+    parser.add_argument("--launcher", default="",
+                        help="runs every mesh but the reference under it with --backend mpi "
+                             "(e.g. \"mpirun -np 4\")")
+    parser.add_argument("--dim", action="append", default=[],
+                        help="NAME=SIZE: meshc --dim for every mesh and the interpreter")
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the second mesh")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
@@ -145,6 +152,8 @@ def main():
         mesh, layout, *extra = spec.split("|")
         extra = extra[0].split() if extra else []
         overrides = ["--mesh", mesh, "--function", args.function]
+        for dim in args.dim:
+            overrides += ["--dim", dim]
         if layout != "own":
             overrides += ["--layout", layout]
         tag = mesh.replace("=", "").replace(",", "_") + "".join(
@@ -165,12 +174,18 @@ def main():
         built = time.time() - start
         dump = base + f".steps{args.steps}"
         start = time.time()
-        text = run([binary, dump, args.seed, "--steps", str(args.steps)])
+        launch = shlex.split(args.launcher) if args.launcher and index > 0 else []
+        backend = ["--backend", "mpi"] if launch else []
+        # Under the launcher only world rank 0 prints its steps (--backend mpi fails without
+        # MPI); processes each running the whole mesh on threads would print every step 4 times,
+        # which series_of rejects.
+        text = run(launch + [binary] + backend + [dump, args.seed, "--steps", str(args.steps)])
         series = series_of(text)
         losses = series.get("loss", [float("nan")])
         print(f"[{mesh}] ({layout} layout) built in {built:.1f} s, {args.steps} steps in "
               f"{time.time() - start:.2f} s: loss {losses[0]:.6g} -> {losses[-1]:.6g}")
-        runs.append((" ".join([mesh] + extra), binary, overrides, series, dump))
+        runs.append((" ".join([mesh] + extra), binary, overrides, series, dump, launch + [binary]
+                     + backend))
 
     ok = True
     path_dtypes = path_dtypes_of(args.meshc, args.example, runs[0][2])
@@ -182,16 +197,16 @@ def main():
         print(f"FAIL: the reference printed {len(reference[3].get('loss', []))} losses, "
               f"expected {args.steps}")
         return 1
-    for mesh, _, _, series, dump in runs[1:]:
+    for mesh, _, _, series, dump, _ in runs[1:]:
         what = f"[{mesh}] vs [{reference[0]}]"
         ok = compared.series(series, reference[3], True, what) and ok
         ok = compared.files(dump, reference[4], args.steps, True, what) and ok
 
     # The generated code against the interpreter, a few steps on the second mesh.
-    mesh, binary, overrides, _, _ = runs[1] if len(runs) > 1 else runs[0]
+    mesh, binary, overrides, _, _, command = runs[1] if len(runs) > 1 else runs[0]
     k = str(args.interp_steps)
     actual, expected = binary + f".steps{k}", binary + f".interp{k}"
-    generated = series_of(run([binary, actual, args.seed, "--steps", k]))
+    generated = series_of(run(command + [actual, args.seed, "--steps", k]))
     interpreted = series_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
                                  args.seed, "--dump-outputs", expected] + overrides))
     what = f"generated [{mesh}] vs the interpreter"

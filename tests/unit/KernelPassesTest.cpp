@@ -11,6 +11,8 @@
 #include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
 #include "codegen/ScheduleCollectives.h"
+#include "codegen/ScheduleMicrobatches.h"
+#include "codegen/SplitStages.h"
 #include "codegen/VerifyKernels.h"
 #include "codegen/WriteUpdatesInPlace.h"
 
@@ -548,4 +550,129 @@ TEST_CASE("the verifier rejects malformed subroutines and calls") {
   KernelFunction foreign = b.fn;
   replaceBuffer(foreign.subroutines[0].body[0], foreign.subroutines[0].parameters[0], x);
   CHECK(verifyKernels(foreign).find("not passed") != std::string::npos);
+}
+
+namespace {
+
+/// A two-stage step of 2 microbatches: a = x + p0 on stage 0, b = a * p1 on stage 1 (forward);
+/// gb = b * b on stage 1, ga = gb * a on stage 0 (backward), accumulated into acc (zeroed before
+/// the loop, statements without a stage), which the update reads.
+struct TwoStages {
+  Builder b;
+  BufferId x, p0, p1, a, bOut, gb, ga, acc, next;
+  TwoStages(bool oneFOneB) {
+    b.fn.stages = {"stage", 2, oneFOneB};
+    b.fn.microbatches = {2, "batch"};
+    x = b.buffer(8, Storage::Input);
+    p0 = b.buffer(8, Storage::Param);
+    p1 = b.buffer(8, Storage::Param);
+    a = b.buffer(8), bOut = b.buffer(8), gb = b.buffer(8), ga = b.buffer(8), acc = b.buffer(8);
+    next = b.buffer(8);
+    b.loop(acc, ir::OpKind::Literal, {}, 8, 0);
+    b.loop(a, ir::OpKind::Add, {x, p0}, 8);
+    mark(0, plan::Phase::Forward);
+    b.loop(bOut, ir::OpKind::Mul, {a, p1}, 8);
+    mark(1, plan::Phase::Forward);
+    b.loop(gb, ir::OpKind::Mul, {bOut, bOut}, 8);
+    mark(1, plan::Phase::Backward);
+    b.loop(ga, ir::OpKind::Mul, {gb, a}, 8);
+    mark(0, plan::Phase::Backward);
+    b.loop(acc, ir::OpKind::Add, {acc, ga}, 8);
+    mark(-1, plan::Phase::Backward);
+    b.loop(next, ir::OpKind::Sub, {p0, acc}, 8);
+    b.fn.body.back().phase = plan::Phase::Update;
+    b.fn.updates = {{0, next, true}};
+  }
+  void mark(int stage, plan::Phase phase) {
+    b.fn.body.back().stage = stage;
+    b.fn.body.back().phase = phase;
+    b.fn.body.back().perMicrobatch = true;
+  }
+  const Stmt& writerOf(BufferId id) const {
+    for (const Stmt& stmt : b.fn.body)
+      if (std::holds_alternative<Loop>(stmt.node) && llvm::is_contained(writesOf(stmt), id))
+        return stmt;
+    FAIL("no writer");
+    return b.fn.body.front();
+  }
+  std::vector<const Call*> calls(Callee callee) const {
+    std::vector<const Call*> found;
+    for (const Stmt& stmt : b.fn.body)
+      if (const Call* call = std::get_if<Call>(&stmt.node); call && call->callee == callee)
+        found.push_back(call);
+    return found;
+  }
+};
+
+} // namespace
+
+TEST_CASE(
+    "split-stages places statements on stages, sends what crosses, all-reduces accumulators") {
+  TwoStages t(false);
+  splitStages(t.b.fn);
+  CHECK(t.writerOf(t.a).stageMask == 1);
+  CHECK(t.writerOf(t.bOut).stageMask == 2);
+  CHECK(t.writerOf(t.ga).stageMask == 1);
+  CHECK(t.writerOf(t.next).stageMask == 3);  // the update: every stage
+  CHECK(t.b.fn.body.front().stageMask == 3); // the accumulator is zeroed everywhere
+  // The accumulation runs where the gradient is.
+  const Stmt* accumulate = nullptr;
+  for (const Stmt& stmt : t.b.fn.body)
+    if (stmt.perMicrobatch && llvm::is_contained(writesOf(stmt), t.acc)) accumulate = &stmt;
+  REQUIRE(accumulate);
+  CHECK(accumulate->stageMask == 1);
+  // a goes forward to stage 1, gb back to stage 0, each right after its write.
+  std::vector<const Call*> transfers = t.calls(Callee::StageTransfer);
+  REQUIRE(transfers.size() == 2);
+  CHECK(transfers[0]->reads == std::vector<BufferId>{t.a});
+  CHECK(transfers[0]->args[2].value == 0);
+  CHECK(transfers[0]->args[3].value == 2);
+  CHECK(transfers[1]->reads == std::vector<BufferId>{t.gb});
+  CHECK(transfers[1]->args[2].value == 1);
+  CHECK(transfers[1]->args[3].value == 1);
+  // One all-reduce over the stage axis, of the accumulator, after the loop.
+  size_t reduces = 0;
+  for (size_t k = 0; k < t.b.fn.body.size(); ++k)
+    if (const auto* c = std::get_if<Collective>(&t.b.fn.body[k].node)) {
+      ++reduces;
+      CHECK(c->axes == std::vector<std::string>{"stage"});
+      CHECK(c->buffers == std::vector<BufferId>{t.acc});
+      CHECK(!t.b.fn.body[k].perMicrobatch);
+      CHECK(t.b.fn.body[k - 1].perMicrobatch);
+    }
+  CHECK(reduces == 1);
+}
+
+TEST_CASE("schedule-microbatches: GPipe's two loops, kept activations copied per microbatch") {
+  for (bool oneFOneB : {false, true}) {
+    TwoStages t(oneFOneB);
+    splitStages(t.b.fn);
+    scheduleMicrobatches(t.b.fn);
+    int loop = 0;
+    for (const Stmt& stmt : t.b.fn.body) {
+      if (!stmt.perMicrobatch) continue;
+      CHECK(stmt.microbatchLoop >= loop); // every forward before every backward
+      loop = stmt.microbatchLoop;
+      CHECK(stmt.microbatchLoop == (stmt.phase == plan::Phase::Forward ? 0 : 1));
+    }
+    CHECK(loop == 1);
+    CHECK(t.b.fn.buffers[size_t(t.a)].copies == 2);    // read by the backwards
+    CHECK(t.b.fn.buffers[size_t(t.bOut)].copies == 2); // read by the backwards
+    CHECK(t.b.fn.buffers[size_t(t.gb)].copies == 1);   // the backwards' own
+    CHECK(t.b.fn.buffers[size_t(t.acc)].copies == 1);  // shared with the update
+    CHECK(t.calls(Callee::StageTransferStarted).size() == (oneFOneB ? 2u : 0u));
+    CHECK(t.calls(Callee::WaitStageSends).size() == (oneFOneB ? 1u : 0u));
+    planBuffers(t.b.fn);
+    REQUIRE(verifyKernels(t.b.fn) == "");
+    if (!oneFOneB) continue;
+    // Untagged messages: a forwards' value sent back to an earlier stage is refused.
+    KernelFunction wrong = t.b.fn;
+    for (Stmt& stmt : wrong.body)
+      if (Call* call = std::get_if<Call>(&stmt.node);
+          call && call->callee == Callee::StageTransferStarted && stmt.microbatchLoop == 0) {
+        call->args[2].value = 1;
+        call->args[3].value = 1;
+      }
+    CHECK(verifyKernels(wrong).find("under 1F1B") != std::string::npos);
+  }
 }

@@ -48,8 +48,8 @@ using gen::DType;
 using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
-using gen::ParamSpec;
 using gen::paramShardsOf;
+using gen::ParamSpec;
 using gen::product;
 using gen::Reduce;
 using gen::rowMajorStrides;
@@ -835,5 +835,12 @@ inline meshrt::Request startAllReduce(meshrt::Communicator& group,
                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
   return gen::startAllReduceOf<View>(group, values, op);
 }
+
+/// Pipeline stages (meshc::gen::stageTransfer): point to point on device memory (NCCL
+/// send/recv on the stream); a started send keeps a device copy.
+using gen::stageTransfer;
+using gen::stageTransferStarted;
+using gen::waitStageSends;
+using StageSend = gen::StageSendOf<Buffer>;
 
 } // namespace meshc::cuda

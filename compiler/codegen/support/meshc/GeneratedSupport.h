@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1552,6 +1553,52 @@ inline std::map<std::string, Tensor> readTensors(const std::string& path) {
       tensor.data[i] = float(entry.value(i));
   }
   return tensors;
+}
+
+/// Pipeline stages (codegen/SplitStages.h): the value `data` that stage `from` computed goes to
+/// every stage of the mask `to` on the stage axis's communicator (group rank = stage), point to
+/// point; other stages do nothing. Every rank calls it at the same place, so the sends and recvs
+/// of a step match in program order. (A template: CUDA's views are device spans.)
+template <class Span>
+void stageTransfer(meshrt::Communicator& stages, Span data, int64_t from, uint64_t to) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) stages.send(data.data(), data.size(), stage);
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+
+/// A started stage send and the copy of the data it sends (the sender's buffer moves on).
+template <class Owned> struct StageSendOf {
+  Owned data;
+  meshrt::Request request;
+};
+using StageSend = StageSendOf<Buffer>;
+
+/// The same with the sends started (1F1B: a stage goes on with its next microbatch while its
+/// neighbour still computes) from a copy of `data`, kept in `started` until waitStageSends.
+template <class Owned, class Span>
+void stageTransferStarted(meshrt::Communicator& stages, Span data, int64_t from, uint64_t to,
+                          std::deque<StageSendOf<Owned>>& started) {
+  int self = stages.rank();
+  if (self == int(from)) {
+    for (int stage = 0; stage < stages.size(); ++stage)
+      if ((to >> stage) & 1) {
+        StageSendOf<Owned>& send = started.emplace_back();
+        send.data = Owned(data.begin(), data.end());
+        send.request = stages.startSend(send.data.data(), send.data.size(), stage);
+      }
+  } else if ((to >> self) & 1) {
+    stages.recv(data.data(), data.size(), int(from));
+  }
+}
+template <class Owned>
+void waitStageSends(meshrt::Communicator& stages, std::deque<StageSendOf<Owned>>& started) {
+  for (StageSendOf<Owned>& send : started)
+    stages.wait(send.request);
+  started.clear();
 }
 
 } // namespace meshc::gen

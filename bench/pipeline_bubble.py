@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""The GPipe bubble of meshc's generated pipeline stages on the threads backend, measured against
+its prediction (p - 1) / (m + p - 1) (docs/runtime.md "Pipeline stages in generated code").
+
+For each microbatch count m, two contenders train dsl-examples/transformer.mesh's lm_train with m
+microbatches of the same size (the batch is m times it), side by side:
+  - pipelined: [stage=p], `layers: stage`, --pipeline-schedule gpipe (p ranks, one per stage);
+  - sequential: [stage=1], the same microbatches on one rank, every layer in turn.
+A stage does 1/p of the sequential rank's per-microbatch work, so with no bubble the pipelined
+step would take T_seq / p; the measured bubble is the idle share 1 - T_seq / (p T_pipe). The
+once-per-step update is kept small against the microbatches' work (the sizes below). Every
+contender runs one thread per rank (OMP_NUM_THREADS=1), pinned to the same p cores, and they
+alternate round by round (bench/benchlib.py). Not a test: timing on this shared machine drifts,
+so it prints what it measured.
+
+usage: bench/pipeline_bubble.py [--build-dir build] [--stages 2] [--counts 1,2,4,8]
+       [--rounds 5] [--steps 5]"""
+import argparse
+import os
+
+import benchlib
+
+SIZES = {"seq": 64, "mem": 64, "d_model": 128, "heads": 4, "d_head": 32, "d_ff": 512,
+         "vocab": 64, "layers": 4}
+MICROBATCH = 4  # rows of one microbatch
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build-dir", default=os.path.join(benchlib.ROOT, "build"))
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--counts", default="1,2,4,8")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    p = args.stages
+    counts = [int(c) for c in args.counts.split(",")]
+    work = os.path.join(args.build_dir, "bench-pipeline-bubble")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    rows = []
+    for m in counts:
+        sizes = dict(SIZES, batch=MICROBATCH * m)
+        common = benchlib.dim_args(sizes) + ["--function", "lm_train",
+                                             f"--microbatches=batch={m}",
+                                             "--pipeline-schedule", "gpipe"]
+        contenders = []
+        for name, stages in (("pipelined", p), ("sequential", 1)):
+            meshc_args = common + ["--mesh", f"stage={stages}", "--layout", "layers: stage"]
+            binary = benchlib.build_server(args.build_dir, os.path.join(work, f"{name}-m{m}"),
+                                           meshc_args, "LmTrain")
+            contenders.append(benchlib.Contender(name, benchlib.pin(p) + [binary], env, work))
+        print(f"m = {m} microbatches of {MICROBATCH} rows, {p} stages:")
+        results = benchlib.alternate(contenders, args.rounds, args.steps)
+        timed = {n: v[0] for n, v in results.items() if isinstance(v, tuple)}
+        if len(timed) < 2:
+            rows.append((m, "failed", "", "", "", ""))
+            continue
+        measured = 1 - timed["sequential"] / (p * timed["pipelined"])
+        predicted = (p - 1) / (m + p - 1)
+        rows.append((m, f"{timed['pipelined']:.1f}", f"{timed['sequential']:.1f}",
+                     f"{measured:.3f}", f"{predicted:.3f}",
+                     f"{measured / predicted:.2f}" if predicted else ""))
+    benchlib.print_table(rows, ("m", "pipelined ms", "sequential ms", "bubble measured",
+                                "bubble predicted", "measured/predicted"))
+    print("goal: measured/predicted within 0.8-1.2 (issue 14)")
+
+
+if __name__ == "__main__":
+    main()
