@@ -248,10 +248,13 @@ def print_table(rows, rounds, with_old):
     counts = {"median": [0, 0], "best": [0, 0], "old median": [0, 0], "old best": [0, 0],
               "rank median": [0, 0], "rank best": [0, 0]}
 
+    errors = {key: [] for key in counts}  # |ratio - 1| per row
+
     def tally(key, value):
         if value is not None:
             counts[key][0] += abs(value - 1) <= WITHIN
             counts[key][1] += 1
+            errors[key].append(abs(value - 1))
 
     for label, mesh, own, auto, reason in rows:
         if reason:
@@ -285,7 +288,10 @@ def print_table(rows, rounds, with_old):
 
     def share(key):
         good, total = counts[key]
-        return f"{good} of {total}" + (f" ({good / total:.0%})" if total else "")
+        text = f"{good} of {total}" + (f" ({good / total:.0%})" if total else "")
+        if errors[key]:
+            text += f", median |ratio - 1| {statistics.median(errors[key]):.0%}"
+        return text
 
     print(f"\nwithin 25%: median {share('median')}, best {share('best')}"
           + (f"; old model: median {share('old median')}, best {share('old best')}"

@@ -9,6 +9,7 @@
 #include "planner/AllReduceChains.h"
 
 #include "planner/CostModel.h"
+#include "planner/LoopNests.h"
 #include "planner/MergeCollectives.h"
 #include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
@@ -172,6 +173,8 @@ public:
     partnerAxes_ = std::move(axes);
     partnerIsDiv_ = isDiv;
   }
+  /// The op's part in the fused loop nests (LoopNests.h), which its cost depends on.
+  void setLoopRole(const LoopRole& role) { loopRole_ = role; }
 
   /// The axes a sum's result is partial over by its own reduction (the axes of its reduced
   /// dims), as planReduction makes it; a partner planned later than the sum it pairs with.
@@ -759,6 +762,63 @@ private:
     }
   }
 
+  /// The smallest of a two-operand einsum's GEMM dims per batch element, from the local sizes
+  /// of its dims: m (dims of the first operand and the result only), n (the second's and the
+  /// result's) and k (both operands', summed); dims of all three are the batch.
+  double smallestGemmDim(const ir::Op& op,
+                         const std::map<std::string, std::pair<int64_t, int64_t>>& sizes) const {
+    const ir::TensorType& a = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& b = fn_.typeOf(op.operands[1]);
+    const ir::TensorType& result = fn_.typeOf(op.result);
+    double m = 1, n = 1, k = 1;
+    for (const auto& [name, size] : sizes) {
+      bool inA = a.hasDim(name), inB = b.hasDim(name), inResult = result.hasDim(name);
+      double local = static_cast<double>(size.second);
+      if (inA && inB && !inResult)
+        k *= local;
+      else if (inA && !inB && inResult)
+        m *= local;
+      else if (inB && !inA && inResult)
+        n *= local;
+    }
+    return std::min({m, n, k});
+  }
+
+  /// An op other than a GEMM as the generated code runs it (machines that model loops): a share
+  /// of a fused loop nest, a row-wise kernel, or another kernel call (CostModel.h).
+  double kernelSeconds(const ir::Op& op, const OpPlan& out) const {
+    double elements = static_cast<double>(localBytes(fn_.typeOf(op.result), out.result, mesh_) /
+                                          dtypeBytes(fn_.typeOf(op.result).dtype));
+    bool random = op.kind == OpKind::Dropout || op.kind == OpKind::RandomNormal ||
+                  op.kind == OpKind::RandomUniform || op.kind == OpKind::RandomInt;
+    double flops = random && machine_.randomFlops > 0 ? elements * machine_.randomFlops : out.flops;
+    if (loopRole_.loop) {
+      bool transcendental = isTranscendental(op.kind);
+      return loopShareSeconds(machine_, transcendental ? elements : flops,
+                              transcendental ? elements : 0, out.bytes, loopRole_.closesNest());
+    }
+    auto operandElements = [&] {
+      const ir::TensorType& type = fn_.typeOf(op.operands[0]);
+      return static_cast<double>(localBytes(type, out.required[0], mesh_) / dtypeBytes(type.dtype));
+    };
+    switch (op.kind) {
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+    case OpKind::LogSumExp:
+      return rowKernelSeconds(machine_, RowKernel::Softmax, operandElements(), out.bytes);
+    case OpKind::LayerNorm:
+      return rowKernelSeconds(machine_, RowKernel::LayerNorm, operandElements(), out.bytes);
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::Cumsum:
+      return rowKernelSeconds(machine_, RowKernel::Reduce, operandElements(), out.bytes);
+    default:
+      return kernelCallSeconds(machine_, flops, out.bytes);
+    }
+  }
+
   void cost(const ir::Op& op, OpPlan& out) {
     const ir::TensorType& resultType = fn_.typeOf(op.result);
     for (const TensorLayout& required : out.required)
@@ -774,6 +834,7 @@ private:
 
     ir::DType dtype = resultType.dtype;
     double localElements = 1, globalElements = 1;
+    double gemmSmallest = 0; // a two-operand einsum's smallest of m, n and k
     switch (op.kind) {
     case OpKind::Input:
     case OpKind::Param:
@@ -799,6 +860,7 @@ private:
       double perPoint = op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0;
       out.globalFlops = perPoint * globalElements;
       out.flops = perPoint * localElements;
+      if (op.operands.size() == 2) gemmSmallest = smallestGemmDim(op, sizes);
       break;
     }
     case OpKind::ReduceSum:
@@ -841,14 +903,18 @@ private:
                                                          dtypeBytes(resultType.dtype));
       break;
     }
-    for (size_t k = 0; k < op.operands.size(); ++k)
-      out.bytes +=
-          static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
-    out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
     // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm).
     bool gemm = op.kind == OpKind::Einsum && op.operands.size() >= 2;
-    out.computeSeconds = (gemm ? gemmSeconds(machine_, out.flops, out.bytes, dtype)
-                               : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+    bool loops = modelsLoops(machine_) && !gemm;
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      if (!loops || !(loopRole_.inRegister & (1u << std::min<size_t>(k, 31))))
+        out.bytes +=
+            static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
+    if (!loops || loopRole_.stored)
+      out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
+    out.computeSeconds = (gemm    ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+                          : loops ? kernelSeconds(op, out)
+                                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
                          oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
@@ -863,6 +929,7 @@ private:
   std::set<const TensorLayout*> eager_;
   std::set<std::string> partnerAxes_;
   bool partnerIsDiv_ = false;
+  LoopRole loopRole_;
 };
 
 struct VectorHash {
@@ -931,11 +998,12 @@ struct PlanEvaluator::Impl {
     }
     lastUse_.assign(fn.values.size(), -1);
     freesAt_.resize(fn.ops.size() + 1);
+    loopRoles_ = loopRoles(fn);
     for (size_t i = 0; i < fn.ops.size(); ++i) {
       const ir::Op& op = fn.ops[i];
       for (ir::ValueId operand : op.operands)
         lastUse_[operand] = static_cast<int>(i);
-      staticIds_.push_back(internStatic(op));
+      staticIds_.push_back(internStatic(op, loopRoles_[i]));
       std::vector<int> involved;
       auto addDims = [&](ir::ValueId value) {
         for (const ir::Dim& dim : fn.typeOf(value).dims) {
@@ -1077,8 +1145,9 @@ private:
     return it->second;
   }
 
-  int internStatic(const ir::Op& op) {
+  int internStatic(const ir::Op& op, const LoopRole& role) {
     std::string key = opSpelling(op.kind);
+    if (modelsLoops(machine_)) key += fmt::format("|loop{}", role.code());
     for (const auto& [name, value] : op.attrs) {
       if (name == "path" || name == "stream" || name == "name" || name == "index" ||
           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
@@ -1159,6 +1228,7 @@ private:
   std::map<std::string, int> typeIdOf_;
   std::map<std::string, int> staticIdOf_;
   std::vector<int> staticIds_;
+  std::vector<LoopRole> loopRoles_; // per op (LoopNests.h)
   std::map<std::string, int> dimIndex_;
   std::vector<std::string> dimNames_;
   std::vector<int64_t> dimSizes_;
@@ -1301,6 +1371,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     partnerAxes = rules.reducedAxesOf(fn_.ops[laterSum_[i]]);
   rules.setPartner(std::move(partnerAxes),
                    soleConsumer_[i] >= 0 && fn_.ops[soleConsumer_[i]].kind == OpKind::Div);
+  rules.setLoopRole(loopRoles_[i]);
   OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));
@@ -2151,9 +2222,14 @@ void PlanEvaluator::Impl::prepareBound() {
     term.anySplit = op.kind == OpKind::Reshape;
     const ir::TensorType& resultType = fn_.typeOf(op.result);
     term.dtype = resultType.dtype;
-    term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
-    for (ir::ValueId operand : op.operands)
-      term.tensors.emplace_back(bytesOf(fn_.typeOf(operand)), dimsOf(fn_.typeOf(operand)));
+    // What the engine charges: with loops modelled, a fused nest's inner values move no bytes.
+    bool loops = modelsLoops(machine_) && op.kind != OpKind::Einsum;
+    const LoopRole& role = loopRoles_[i];
+    if (!loops || role.stored) term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      if (!loops || !(role.inRegister & (1u << std::min<size_t>(k, 31))))
+        term.tensors.emplace_back(bytesOf(fn_.typeOf(op.operands[k])),
+                                  dimsOf(fn_.typeOf(op.operands[k])));
     if (op.kind == OpKind::Einsum) {
       term.dtype = fn_.typeOf(op.operands[0]).dtype;
       double points = 1;
