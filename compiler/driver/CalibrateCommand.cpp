@@ -1,9 +1,10 @@
 // `meshc calibrate`: measures this machine as generated code sees it and writes a machine
 // description that `--machine` takes. A two-line probe program (runtime/include/meshrt/
 // Calibrate.h does the measuring) is built with the toolchain `meshc run` builds generated code
-// with, and run on the threads backend (or under mpirun); the GEMM rate, the elementwise
-// bandwidth and the collectives' times are fitted to the cost model's parameters: peak FLOP/s,
-// memory bandwidth, and the link's alpha and bandwidth by weighted least squares on the
+// with, and run on the threads backend (or under mpirun; or, with --backend nccl, built with
+// nvcc and run on the GPUs: runtime/cuda/include/meshrt/cuda/Calibrate.h); the GEMM rate, the
+// elementwise bandwidth and the collectives' times are fitted to the cost model's parameters: peak
+// FLOP/s, memory bandwidth, and the link's alpha and bandwidth by weighted least squares on the
 // alpha-beta formulas of CostModel.h (all-reduce 2a + 2b (p-1)/p n; reduce-scatter and
 // all-gather a + b (p-1)/p n; weights 1/t, so that small messages count as much as large ones).
 // The refinements: a cache level (an update-like fused loop over data that fits), the fixed
@@ -51,7 +52,8 @@ cl::opt<int> calibrateRanks("ranks", cl::desc("Ranks the collectives are measure
                             cl::init(2), cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
 cl::opt<std::string>
     calibrateBackend("backend",
-                     cl::desc("threads (ranks are threads of one process) or mpi (under mpirun)"),
+                     cl::desc("threads (ranks are threads of one process), mpi (under mpirun) "
+                              "or nccl (one GPU per rank, built with nvcc)"),
                      cl::init("threads"), cl::sub(calibrateSubcommand), cl::cat(calibrateCategory));
 cl::opt<bool> calibrateQuick("quick",
                              cl::desc("Fewer sizes and repetitions (seconds instead of a minute)"),
@@ -130,6 +132,21 @@ LinkFit fitLink(const llvm::json::Array& collectives, int ranks) {
   return fit;
 }
 
+/// The best rate (FLOP/s) among the probe's GEMM entries (`gemm` may be absent: 0), and their
+/// rates in GFLOP/s appended to `table` for the description's notes.
+double bestGemmRate(const llvm::json::Array* gemm, std::string& table) {
+  double best = 0;
+  if (gemm)
+    for (const llvm::json::Value& entry : *gemm)
+      if (const llvm::json::Object* object = entry.getAsObject()) {
+        double rate = object->getNumber("flops_per_s").getValueOr(0);
+        best = std::max(best, rate);
+        table += fmt::format("{}{}^3 {:.1f}", table.empty() ? "" : ", ",
+                             object->getInteger("m").getValueOr(0), rate / 1e9);
+      }
+  return best;
+}
+
 /// GEMMs of a few small shapes fitted to the cost model's gemmSeconds, the peak held:
 /// t = (2mnk / peak) (1 + shapeDim / min(m, n, k)) + latency, linear in shapeDim and latency;
 /// least squares on relative errors (weights 1/t^2), each kept >= 0.
@@ -192,10 +209,13 @@ void hideUnrelatedCalibrateOptions() {
 }
 
 int calibrateCommand(const char* argv0) {
-  if (calibrateBackend != "threads" && calibrateBackend != "mpi")
-    return fail(kExitInputError, "--backend must be threads or mpi");
+  bool onGpus = calibrateBackend == "nccl";
+  if (calibrateBackend != "threads" && calibrateBackend != "mpi" && !onGpus)
+    return fail(kExitInputError, "--backend must be threads, mpi or nccl");
   if (calibrateRanks < 2) return fail(kExitInputError, "--ranks must be at least 2");
   Toolchain toolchain = findToolchain(argv0);
+  if (onGpus && !toolchain.cuda)
+    return fail(kExitInputError, "--backend nccl: this meshc was built without CUDA");
   llvm::SmallString<256> dir(cacheDirectory());
   llvm::sys::path::append(dir, "calibrate");
   if (std::error_code ec = llvm::sys::fs::create_directories(dir))
@@ -204,21 +224,32 @@ int calibrateCommand(const char* argv0) {
   std::string base = (dir + "/probe").str();
 
   // 1. build the probe as generated code is built (meshc run's default flags).
-  stage(fmt::format("building the probe ({})", toolchain.cxx));
+  std::string source = base + (onGpus ? ".cu" : ".cpp");
+  std::string compiler = onGpus ? toolchain.cuda->nvcc : toolchain.cxx;
+  stage(fmt::format("building the probe ({})", compiler));
   {
     std::error_code ec;
-    llvm::raw_fd_ostream out(base + ".cpp", ec);
-    if (ec) return fail(kExitInternalError, fmt::format("cannot write '{}.cpp'", base));
-    out << "#include \"meshrt/Calibrate.h\"\n"
-           "int main(int argc, char** argv) { return meshrt::calibrate::probeMain(argc, argv); }\n";
+    llvm::raw_fd_ostream out(source, ec);
+    if (ec) return fail(kExitInternalError, fmt::format("cannot write '{}'", source));
+    const char* probeNamespace = onGpus ? "meshrt::cuda::calibrate" : "meshrt::calibrate";
+    out << fmt::format("#include \"meshrt/{}Calibrate.h\"\n"
+                       "int main(int argc, char** argv) {{ return {}::probeMain(argc, argv); }}\n",
+                       onGpus ? "cuda/" : "", probeNamespace);
   }
   // meshc run's flags for generated code (-fno-math-errno lets square roots vectorize).
-  std::vector<std::string> build = {toolchain.cxx,     "-O3",        "-march=native",
-                                    "-fno-math-errno", "-std=c++20", "-w"};
+  std::vector<std::string> build = {compiler, "-O3", "-std=c++20", "-w"};
+  std::vector<std::string> libraries = toolchain.libraries;
+  if (onGpus) {
+    std::vector<std::string> cudaOptions = cudaCompileOptions(*toolchain.cuda);
+    build.insert(build.end(), cudaOptions.begin(), cudaOptions.end());
+    libraries = cudaLinkLibraries(toolchain);
+  } else {
+    build.insert(build.end(), {"-march=native", "-fno-math-errno"});
+  }
   for (const std::string& include : toolchain.includeDirs)
     build.insert(build.end(), {"-I", include});
-  build.insert(build.end(), {base + ".cpp", "-o", base + ".bin"});
-  build.insert(build.end(), toolchain.libraries.begin(), toolchain.libraries.end());
+  build.insert(build.end(), {source, "-o", base + ".bin"});
+  build.insert(build.end(), libraries.begin(), libraries.end());
   build.push_back("-lpthread");
   std::string error;
   if (int rc = execute(build, base + ".build.log", base + ".build.log.err", error); rc != 0)
@@ -231,8 +262,9 @@ int calibrateCommand(const char* argv0) {
   // 2. measure.
   std::vector<std::string> probe;
   if (calibrateBackend == "mpi") probe = mpirunCommand(calibrateRanks);
-  probe.insert(probe.end(), {base + ".bin", "--backend", std::string(calibrateBackend), "--ranks",
-                             std::to_string(calibrateRanks)});
+  probe.push_back(base + ".bin");
+  if (!onGpus) probe.insert(probe.end(), {"--backend", std::string(calibrateBackend)});
+  probe.insert(probe.end(), {"--ranks", std::to_string(calibrateRanks)});
   if (calibrateQuick) probe.push_back("--quick");
   stage(fmt::format("measuring GEMM, bandwidth and collectives on {} ranks ({} backend)",
                     int(calibrateRanks), std::string(calibrateBackend)));
@@ -250,22 +282,17 @@ int calibrateCommand(const char* argv0) {
   }
 
   // 3. fit.
-  double peak = 0;
-  std::string gemmTable;
-  if (const llvm::json::Array* gemm = report->getArray("gemm"))
-    for (const llvm::json::Value& entry : *gemm)
-      if (const llvm::json::Object* object = entry.getAsObject()) {
-        double rate = object->getNumber("flops_per_s").getValueOr(0);
-        peak = std::max(peak, rate);
-        gemmTable += fmt::format("{}{}^3 {:.1f}", gemmTable.empty() ? "" : ", ",
-                                 object->getInteger("m").getValueOr(0), rate / 1e9);
-      }
+  std::string gemmTable, gemmBf16Table;
+  double peak = bestGemmRate(report->getArray("gemm"), gemmTable);
+  double peakBf16 = bestGemmRate(report->getArray("gemm_bf16"), gemmBf16Table);
   double bandwidth = report->getNumber("stream_bytes_per_s").getValueOr(0);
   const llvm::json::Array* collectives = report->getArray("collectives");
   if (peak <= 0 || bandwidth <= 0 || !collectives || collectives->empty())
     return fail(kExitInternalError, fmt::format("the probe measured nothing usable: {}", measured));
   LinkFit link = fitLink(*collectives, calibrateRanks);
   int64_t cores = std::max<int64_t>(report->getInteger("cores").getValueOr(1), 1);
+  // A device of the description is a rank: a core of this host, or one of its GPUs.
+  int64_t devices = onGpus ? int64_t(calibrateRanks) : cores;
   double cacheBytes = report->getNumber("cache_bytes").getValueOr(0);
   double cacheBandwidth = report->getNumber("cache_stream_bytes_per_s").getValueOr(0);
   if (cacheBandwidth <= bandwidth) cacheBytes = cacheBandwidth = 0; // no faster level seen
@@ -301,14 +328,18 @@ int calibrateCommand(const char* argv0) {
   llvm::json::Object machine{
       {"name", std::string(calibrateName)},
       {"description",
-       fmt::format("this machine as measured by `{}` on {}: {} cores, one rank per "
-                   "{} ({} backend)",
-                   command, date, cores, calibrateBackend == "mpi" ? "process" : "thread",
-                   std::string(calibrateBackend))},
-      {"devices", cores},
-      {"devices_per_node", cores},
+       onGpus ? fmt::format("this machine as measured by `{}` on {}: {} GPUs ({}), one rank "
+                            "per GPU (nccl backend)",
+                            command, date, devices,
+                            report->getString("device_name").getValueOr("").str())
+              : fmt::format("this machine as measured by `{}` on {}: {} cores, one rank per "
+                            "{} ({} backend)",
+                            command, date, cores, calibrateBackend == "mpi" ? "process" : "thread",
+                            std::string(calibrateBackend))},
+      {"devices", devices},
+      {"devices_per_node", devices},
       {"peak_flops", peak},
-      {"peak_flops_bf16", 0},
+      {"peak_flops_bf16", peakBf16},
       {"memory_bandwidth", bandwidth},
       {"memory_bytes", report->getNumber("memory_bytes").getValueOr(0)},
       {"cache_bytes", cacheBytes},
@@ -327,25 +358,38 @@ int calibrateCommand(const char* argv0) {
                                    {"alpha_seconds", link.alphaSeconds},
                                    {"bandwidth", link.bandwidth}}},
       {"notes",
-       fmt::format(
-           "measured by `{}`: the einsum's GEMM on one thread (GFLOP/s: {}; the best is the "
-           "peak), the fused elementwise loop a = b + s c over 32 MiB arrays (bytes read "
-           "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
-           "written) over arrays filling half of the last-level cache's share per core "
-           "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
-           "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, all-reduce, "
-           "reduce-scatter and all-gather "
-           "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
-           "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
-           "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
-           "of the cores and 2 alpha is oversubscribed_sync_seconds; loops and kernels on "
-           "64 KiB arrays (in the cache): vector_flops from a fused loop of 8 adds and "
-           "multiplies per element, transcendental_flops the mean time per element of exp, "
-           "log, tanh, sigmoid and gelu (meshrt's f32 ones) at that rate, random_flops a fused "
-           "dropout's time per element at that rate, loop_latency_seconds a kernel "
-           "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
-           "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
-           command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
+       onGpus
+           ? fmt::format(
+                 "measured by `{}`: the einsum's GEMM through cuBLAS on one GPU in the "
+                 "runner's default fp32 math (GFLOP/s: {}; the best is the peak) and with "
+                 "bf16 operands and fp32 accumulation (GFLOP/s: {}; peak_flops_bf16), the "
+                 "elementwise kernel a = b + s c over 256 MiB arrays (bytes read and written "
+                 "per second, CUDA events), GEMMs of 16^3 to 128^3 fitted to "
+                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, and NCCL "
+                 "all-reduce, reduce-scatter "
+                 "and all-gather on device buffers from 4 B on {} GPUs fitted to the "
+                 "alpha-beta formulas (the worst sample is {:.2f}x off the fit)",
+                 command, gemmTable, gemmBf16Table, int(calibrateRanks), link.worstRatio)
+           : fmt::format(
+                 "measured by `{}`: the einsum's GEMM on one thread (GFLOP/s: {}; the best is the "
+                 "peak), the fused elementwise loop a = b + s c over 32 MiB arrays (bytes read "
+                 "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
+                 "written) over arrays filling half of the last-level cache's share per core "
+                 "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
+                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, all-reduce, "
+                 "reduce-scatter and all-gather "
+                 "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
+                 "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
+                 "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
+                 "of the cores and 2 alpha is oversubscribed_sync_seconds; loops and kernels on "
+                 "64 KiB arrays (in the cache): vector_flops from a fused loop of 8 adds and "
+                 "multiplies per element, transcendental_flops the mean time per element of exp, "
+                 "log, tanh, sigmoid and gelu (meshrt's f32 ones) at that rate, random_flops a "
+                 "fused "
+                 "dropout's time per element at that rate, loop_latency_seconds a kernel "
+                 "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
+                 "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
+                 command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
   };
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
   // What `--machine` reads back must parse: the same reader checks it before it is written.
@@ -364,7 +408,9 @@ int calibrateCommand(const char* argv0) {
                     "oversubscribed sync {:.2f} us",
                     cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
                     syncSeconds * 1e6));
-  stage(fmt::format("loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, call "
+  if (vectorFlops > 0)
+    stage(
+        fmt::format("loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, call "
                     "{:.3f} us; per element: "
                     "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
                     vectorFlops / 1e9, transcendentalFlops, randomFlops, loopLatency * 1e6,

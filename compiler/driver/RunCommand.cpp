@@ -367,19 +367,9 @@ int runCommand(const char* argv0) {
     build.insert(build.end(), toolchain.sanitizeFlags.begin(), toolchain.sanitizeFlags.end());
   std::vector<std::string> libraries = toolchain.libraries;
   if (onGpus) {
-    // The flags docs/cuda.md gives: device lambdas, constexpr on the device, no FMA contraction
-    // (the scalar bodies round as on the CPU).
-    build.insert(build.end(), {"--extended-lambda", "--expt-relaxed-constexpr", "-fmad=false",
-                               "-arch=sm_" + toolchain.cuda->architecture});
-    for (const std::string& dir : toolchain.cuda->includeDirs)
-      build.insert(build.end(), {"-I", dir});
-    libraries.insert(libraries.begin(), toolchain.cuda->libraries.begin(),
-                     toolchain.cuda->libraries.end());
-    libraries.insert(libraries.end(), toolchain.cuda->systemLibraries.begin(),
-                     toolchain.cuda->systemLibraries.end());
-    // Host compiler flags among the libraries (OpenMP's -fopenmp) go through nvcc's -Xcompiler.
-    for (std::string& library : libraries)
-      if (llvm::StringRef(library).startswith("-f")) library = "-Xcompiler=" + library;
+    std::vector<std::string> cudaOptions = cudaCompileOptions(*toolchain.cuda);
+    build.insert(build.end(), cudaOptions.begin(), cudaOptions.end());
+    libraries = cudaLinkLibraries(toolchain);
   }
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});

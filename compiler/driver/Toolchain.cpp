@@ -88,6 +88,24 @@ Toolchain findToolchain(const char* argv0) {
   return toolchain;
 }
 
+std::vector<std::string> cudaCompileOptions(const CudaToolchain& cuda) {
+  std::vector<std::string> options = {"--extended-lambda", "--expt-relaxed-constexpr",
+                                      "-fmad=false", "-arch=sm_" + cuda.architecture};
+  for (const std::string& dir : cuda.includeDirs)
+    options.insert(options.end(), {"-I", dir});
+  return options;
+}
+
+std::vector<std::string> cudaLinkLibraries(const Toolchain& toolchain) {
+  std::vector<std::string> libraries = toolchain.cuda->libraries;
+  libraries.insert(libraries.end(), toolchain.libraries.begin(), toolchain.libraries.end());
+  libraries.insert(libraries.end(), toolchain.cuda->systemLibraries.begin(),
+                   toolchain.cuda->systemLibraries.end());
+  for (std::string& library : libraries)
+    if (llvm::StringRef(library).startswith("-f")) library = "-Xcompiler=" + library;
+  return libraries;
+}
+
 std::vector<std::string> mpirunCommand(int ranks) {
   std::vector<std::string> command = {"mpirun", "--oversubscribe", "-np", std::to_string(ranks)};
   if (::geteuid() == 0) command.insert(command.begin() + 1, "--allow-run-as-root");

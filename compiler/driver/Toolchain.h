@@ -35,6 +35,16 @@ struct Toolchain {
 /// The toolchain of the running meshc (`argv0` locates the executable).
 Toolchain findToolchain(const char* argv0);
 
+/// nvcc's options for generated CUDA and the calibration probe (the flags docs/cuda.md gives:
+/// device lambdas, constexpr on the device, no FMA contraction so that the scalar bodies round
+/// as on the CPU), the architecture, and the CUDA runtime's include directories.
+std::vector<std::string> cudaCompileOptions(const CudaToolchain& cuda);
+
+/// What a program built with nvcc links, in order: meshrt_cuda and meshrt_nccl, the C++
+/// libraries, then cuBLAS, NCCL and MPI; host compiler flags (OpenMP's -fopenmp) go through
+/// nvcc's -Xcompiler.
+std::vector<std::string> cudaLinkLibraries(const Toolchain& toolchain);
+
 /// The launcher prefix of `ranks` MPI processes on this host: mpirun --oversubscribe -np N (and
 /// --allow-run-as-root as root: OpenMPI refuses root unless told, and containers run as root).
 std::vector<std::string> mpirunCommand(int ranks);

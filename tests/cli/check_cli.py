@@ -530,14 +530,41 @@ def calibrate():
         plan = meshc(MLP, "--machine", out, "--emit=plan", "--function", "mlp")
         expect(plan.returncode == 0 and "machine  mine" in plan.stdout,
                "--machine takes the calibrated description", plan)
-        for bad, text in [(["--backend", "nccl"], "--backend"), (["--ranks", "1"], "--ranks")]:
+        for bad, text in [(["--backend", "tpu"], "--backend"), (["--ranks", "1"], "--ranks")]:
             wrong = subprocess.run([MESHC, "calibrate", *bad, "-o", out + ".bad"],
                                    capture_output=True, text=True, timeout=60, env=env)
             expect(wrong.returncode == 1 and text in wrong.stderr and
                    not os.path.exists(out + ".bad"), f"calibrate {bad} is an input error", wrong)
 
 
-CASES = {f.__name__: f for f in [calibrate, version, help_only_meshc_options, exit_codes,
+def calibrate_nccl():
+    """`meshc calibrate --backend nccl`: the GPU probe (meshrt/cuda/Calibrate.h) builds with nvcc
+    as generated CUDA does. With fewer GPUs than ranks it stops with a clear error and writes no
+    description; with enough it writes one whose figures are all measured."""
+    with tempfile.TemporaryDirectory() as work:
+        env = dict(os.environ, MESHC_CACHE_DIR=os.path.join(work, "cache"))
+        out = os.path.join(work, "gpus.json")
+        proc = subprocess.run([MESHC, "calibrate", "--backend", "nccl", "--quick", "--name", "gpus",
+                               "-o", out], capture_output=True, text=True, timeout=900, env=env)
+        expect("meshc calibrate: building the probe" in proc.stderr and
+               "building the probe failed" not in proc.stderr, "the GPU probe builds with nvcc",
+               proc)
+        missing = re.search(r"probe: 2 ranks need 2 CUDA devices; [01] visible", proc.stderr)
+        if missing:
+            expect(proc.returncode == 2 and "the probe failed" in proc.stderr and
+                   not os.path.exists(out), "too few GPUs: a clear error and no description",
+                   proc)
+            return
+        expect(proc.returncode == 0, "meshc calibrate --backend nccl succeeds on GPUs", proc)
+        with open(out) as f:
+            machine = json.load(f)
+        expect(machine["peak_flops"] > 1e9 and machine["peak_flops_bf16"] > 1e9 and
+               machine["memory_bandwidth"] > 1e9 and machine["devices"] == 2 and
+               machine["intra"]["name"] == "nccl" and machine["intra"]["bandwidth"] > 0,
+               f"GEMMs, bandwidth and NCCL link measured: {machine}")
+
+
+CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_check_path_dtypes,

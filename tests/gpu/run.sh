@@ -16,6 +16,7 @@
 #    then the transformer's train step traced and profiled on the GPUs (meshc run --profile);
 #    the mlp runner for [data=2] as 2 processes (mpirun -np 2, NCCL over MPI) vs the interpreter,
 #    and meshc run --backend nccl --processes;
+#    then meshc calibrate --backend nccl (or its probe alone on one GPU);
 # 4. generated einsum (meshrt::cuda::einsum2) against raw cuBLAS on transformer shapes;
 # 5. NCCL all-reduce bus bandwidth on every GPU (compare with the nccl-tests figures in the
 #    brief: 8xH200 ~240 GB/s at 16 MiB, ~368 at 64 MiB).
@@ -136,6 +137,23 @@ step "trace: meshc run --profile on the nccl backend" timeout 300 \
   "$BUILD/compiler/tools/meshc" run "$ROOT/dsl-examples/transformer.mesh" --backend nccl \
   --mesh "data=$gpus" --layout auto --function lm_train --steps 3 --profile --no-plan \
   --cache-dir "$BUILD/gpu-profile"
+
+# Calibration on the GPUs (meshc calibrate --backend nccl, meshrt/cuda/Calibrate.h): with two GPUs
+# or more the whole description; with one, the probe alone at one rank (GEMMs and bandwidth; the
+# collectives need two), built by a calibrate run that then stops for want of a second GPU.
+if [ "$gpus" -ge 2 ]; then
+  step "calibrate: meshc calibrate --backend nccl --ranks $gpus" timeout 300 \
+    "$BUILD/compiler/tools/meshc" calibrate --backend nccl --ranks "$gpus" --quick \
+    -o "$BUILD/gpu-calibrated.json"
+else
+  step "calibrate: the GPU probe on one GPU (GEMM fp32 > 1 TFLOP/s, bf16, bandwidth > 100 GB/s)" \
+    timeout 300 bash -c "MESHC_CACHE_DIR='$BUILD/gpu-calibrate' \
+      '$BUILD/compiler/tools/meshc' calibrate --backend nccl --quick -o /dev/null; \
+      '$BUILD/gpu-calibrate/calibrate/probe.bin' --ranks 1 --quick | tee -a '$RESULTS' | \
+      python3 -c 'import json, sys; r = json.load(sys.stdin); \
+        assert r[\"gemm\"][0][\"flops_per_s\"] > 1e12 and r[\"gemm_bf16\"][0][\"flops_per_s\"] > 1e12 \
+          and r[\"stream_bytes_per_s\"] > 1e11, r'"
+fi
 
 # 4. and 5. Figures.
 step "einsum: generated vs raw cuBLAS" timeout 120 "$BUILD/tests/cuda/gpu_einsum_bench"

@@ -334,23 +334,26 @@ struct CollectiveTime {
 
 /// Median over `repetitions` of the slowest rank's time of each collective kind at each size
 /// (bytes per rank of the all-reduce's buffer, the reduce-scatter's input, the all-gather's
-/// output), over the whole world.
-inline std::vector<CollectiveTime> collectiveTimes(Communicator& comm, size_t maxBytes,
-                                                   int repetitions) {
+/// output), over the whole world. `in` and `out` hold maxBytes / 4 + ranks floats, in memory
+/// the communicator reads as it is (device memory for NCCL); `finish()` waits for a collective
+/// that returned before completing (NCCL enqueues on a stream), a no-op elsewhere.
+template <class Finish>
+std::vector<CollectiveTime> collectiveTimes(Communicator& comm, float* in, float* out,
+                                            size_t maxBytes, int repetitions, Finish finish) {
   std::vector<CollectiveTime> times;
   int ranks = comm.mesh().size();
-  std::vector<float> in(maxBytes / sizeof(float) + ranks), out(in.size());
   for (size_t bytes = 4; bytes <= maxBytes; bytes *= 8) {
     size_t count = std::max<size_t>(bytes / sizeof(float), ranks);
     count -= count % ranks;
     for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"}) {
       auto once = [&] {
         if (std::strcmp(kind, "all_reduce") == 0)
-          comm.allReduce(in.data(), out.data(), count);
+          comm.allReduce(in, out, count);
         else if (std::strcmp(kind, "reduce_scatter") == 0)
-          comm.reduceScatter(in.data(), out.data(), count / ranks);
+          comm.reduceScatter(in, out, count / ranks);
         else
-          comm.allGather(in.data(), out.data(), count / ranks);
+          comm.allGather(in, out, count / ranks);
+        finish();
       };
       once(); // warm-up
       std::vector<double> samples;
@@ -369,29 +372,65 @@ inline std::vector<CollectiveTime> collectiveTimes(Communicator& comm, size_t ma
   return times;
 }
 
+/// collectiveTimes on host buffers.
+inline std::vector<CollectiveTime> collectiveTimes(Communicator& comm, size_t maxBytes,
+                                                   int repetitions) {
+  std::vector<float> in(maxBytes / sizeof(float) + comm.mesh().size()), out(in.size());
+  return collectiveTimes(comm, in.data(), out.data(), maxBytes, repetitions, [] {});
+}
+
+/// The probe's JSON pieces: one GEMM entry (`key`: flops_per_s or seconds) and the
+/// collectives' array elements.
+inline std::string gemmJson(int64_t size, const char* key, double value) {
+  std::string m = std::to_string(size);
+  return "{\"m\": " + m + ", \"n\": " + m + ", \"k\": " + m + ", \"" + key +
+         "\": " + number(value) + "}";
+}
+inline std::string collectivesJson(const std::vector<CollectiveTime>& times) {
+  std::string json;
+  for (const CollectiveTime& time : times)
+    json += (json.empty() ? "" : ", ") + std::string("{\"kind\": \"") + time.kind +
+            "\", \"bytes\": " + std::to_string(time.bytes) +
+            ", \"seconds\": " + number(time.seconds) + "}";
+  return json;
+}
+
+/// The probe's own arguments (after the launcher's options were taken out of argv).
+struct ProbeArgs {
+  int ranks = 2;
+  size_t maxBytes = size_t(16) << 20; // of the collectives' largest buffer
+  bool quick = false;
+
+  /// Reads `--ranks N`, `--max-bytes B` and `--quick`; prints the problem and returns false on
+  /// anything else.
+  bool parse(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--ranks" && i + 1 < argc)
+        ranks = std::atoi(argv[++i]);
+      else if (arg == "--max-bytes" && i + 1 < argc)
+        maxBytes = std::strtoull(argv[++i], nullptr, 10);
+      else if (arg == "--quick")
+        quick = true;
+      else {
+        std::fprintf(stderr, "probe: unknown argument '%s'\n", arg.c_str());
+        return false;
+      }
+    }
+    if (ranks >= 1) return true;
+    std::fprintf(stderr, "probe: --ranks must be at least 1\n");
+    return false;
+  }
+};
+
 /// The probe: `probe [--backend threads|mpi] [--ranks N] [--max-bytes B] [--quick]`.
 inline int probeMain(int argc, char** argv) {
   LaunchOptions options = LaunchOptions::fromArgs(argc, argv);
-  int ranks = 2;
-  size_t maxBytes = size_t(16) << 20;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--ranks" && i + 1 < argc)
-      ranks = std::atoi(argv[++i]);
-    else if (arg == "--max-bytes" && i + 1 < argc)
-      maxBytes = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--quick")
-      quick = true;
-    else {
-      std::fprintf(stderr, "probe: unknown argument '%s'\n", arg.c_str());
-      return 2;
-    }
-  }
-  if (ranks < 1) {
-    std::fprintf(stderr, "probe: --ranks must be at least 1\n");
-    return 2;
-  }
+  ProbeArgs args;
+  if (!args.parse(argc, argv)) return 2;
+  int ranks = args.ranks;
+  size_t maxBytes = args.maxBytes;
+  bool quick = args.quick;
   int repetitions = quick ? 3 : 10;
   std::string report;
   bool first = launch(Mesh({{"x", ranks}}), options, [&](Communicator& comm) {
@@ -402,9 +441,7 @@ inline int probeMain(int argc, char** argv) {
     std::string gemm;
     for (int64_t size : quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 512, 1024}) {
       double rate = gemmFlopsPerSecond(size, size, size, repetitions);
-      gemm += (gemm.empty() ? "" : ", ") + std::string("{\"m\": ") + std::to_string(size) +
-              ", \"n\": " + std::to_string(size) + ", \"k\": " + std::to_string(size) +
-              ", \"flops_per_s\": " + number(rate) + "}";
+      gemm += (gemm.empty() ? "" : ", ") + gemmJson(size, "flops_per_s", rate);
     }
     double stream =
         streamBytesPerSecond(quick ? (size_t(8) << 20) : (size_t(32) << 20), repetitions);
@@ -415,16 +452,10 @@ inline int probeMain(int argc, char** argv) {
     std::string gemmSmall;
     for (int64_t size : {16, 32, 64, 128}) {
       double seconds = gemmSeconds(size, quick ? 20 : 100);
-      gemmSmall += (gemmSmall.empty() ? "" : ", ") + std::string("{\"m\": ") +
-                   std::to_string(size) + ", \"n\": " + std::to_string(size) +
-                   ", \"k\": " + std::to_string(size) + ", \"seconds\": " + number(seconds) + "}";
+      gemmSmall += (gemmSmall.empty() ? "" : ", ") + gemmJson(size, "seconds", seconds);
     }
     LoopRates loops = loopRates(quick ? 20 : 200);
-    std::string collectives;
-    for (const CollectiveTime& time : times)
-      collectives += (collectives.empty() ? "" : ", ") + std::string("{\"kind\": \"") + time.kind +
-                     "\", \"bytes\": " + std::to_string(time.bytes) +
-                     ", \"seconds\": " + number(time.seconds) + "}";
+    std::string collectives = collectivesJson(times);
     long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
     report = std::string("{\"backend\": \"") + comm.backend() +
              "\", \"ranks\": " + std::to_string(ranks) +
