@@ -1,5 +1,7 @@
 #include "planner/LoopNests.h"
 
+#include "ir/OpTraits.h"
+
 #include <algorithm>
 
 namespace meshc::plan {
@@ -7,52 +9,12 @@ namespace meshc::plan {
 using ir::OpKind;
 
 bool isLoopOp(const ir::Function& fn, const ir::Op& op) {
-  switch (op.kind) {
-  case OpKind::Neg:
-  case OpKind::Abs:
-  case OpKind::Exp:
-  case OpKind::Log:
-  case OpKind::Sqrt:
-  case OpKind::Rsqrt:
-  case OpKind::Square:
-  case OpKind::Tanh:
-  case OpKind::Sigmoid:
-  case OpKind::Relu:
-  case OpKind::Gelu:
-  case OpKind::Sin:
-  case OpKind::Cos:
-  case OpKind::Floor:
-  case OpKind::Ceil:
-  case OpKind::Round:
-  case OpKind::StopGradient:
-  case OpKind::Cast:
-  case OpKind::Transpose:
-  case OpKind::Broadcast:
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::FloorDiv:
-  case OpKind::Mod:
-  case OpKind::Pow:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Lt:
-  case OpKind::Le:
-  case OpKind::Gt:
-  case OpKind::Ge:
-  case OpKind::Eq:
-  case OpKind::Ne:
-  case OpKind::Where:
-  case OpKind::Call:
-  case OpKind::Literal:
-  case OpKind::TrainStep:
-    return true;
-  case OpKind::Dropout:
-    return fn.kind == ir::Function::Kind::Train;
-  default:
-    return false;
-  }
+  // Codegen's elementwise lowering: the op table's elementwise ops, and the literals and step
+  // counter they read (constants of the loop body); dropout is a loop only where it is not the
+  // identity.
+  if (op.kind == OpKind::Literal || op.kind == OpKind::TrainStep) return true;
+  if (op.kind == OpKind::Dropout) return fn.kind == ir::Function::Kind::Train;
+  return ir::opTraits(op.kind).isElementwise();
 }
 
 bool isTranscendental(OpKind kind) {

@@ -1245,9 +1245,17 @@ private:
     double einsumFlops = 0;
     std::vector<std::pair<double, std::vector<int>>> tensors;
     std::vector<int> involved;
+    // Machines that model loops and kernels: what the op pays whatever the layout (a nest's or
+    // a call's fixed cost, a GEMM's), and its time per element of a tensor over `elementDims`
+    // (vector-rate FLOPs, a row-wise kernel's rate), both part of the engine's cost.
+    double fixedSeconds = 0;
+    double elementSeconds = 0; // times the tensor's global elements
+    std::vector<int> elementDims;
     auto operator<=>(const BoundTerm&) const = default;
   };
   std::vector<BoundTerm> boundTerms_;
+  /// The layout-independent parts of an op's cost on a machine that models loops (BoundTerm).
+  void boundLoopTerms(const ir::Op& op, const LoopRole& role, BoundTerm& term) const;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
   /// What the bound knows with a set of dims assigned (one set per level of the search): the
   /// ops it costs exactly (their dims assigned, their operands known), in order, and the
@@ -1950,7 +1958,10 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     for (const auto& [globalBytes, dims] : term.tensors)
       bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
     double flops = term.einsumFlops / splitOf(term.involved);
-    compute += count * computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
+    double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
+    if (term.elementSeconds > 0)
+      seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
+    compute += count * (seconds + term.fixedSeconds) * oversubscription_;
   }
   for (size_t n = 0; n < level.knownOps.size(); ++n) {
     // Every term only grows: past the cutoff, the sum so far is bound enough.
@@ -2238,6 +2249,8 @@ void PlanEvaluator::Impl::prepareBound() {
       term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
     }
     // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
+    if (loops || (op.kind == OpKind::Einsum && op.operands.size() >= 2))
+      boundLoopTerms(op, role, term);
     auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
     if (inserted) boundTerms_.push_back(std::move(term));
     boundTermOf_[i] = it->second;
@@ -2249,6 +2262,56 @@ void PlanEvaluator::Impl::prepareBound() {
         optimizerTerms_.emplace_back(optimizer.trafficFactor * bytesOf(param.type),
                                      dimsOf(param.type));
   }
+}
+
+void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
+                                         BoundTerm& term) const {
+  auto dimsOf = [&](const ir::TensorType& type) {
+    std::vector<int> dims;
+    for (const ir::Dim& dim : type.dims)
+      dims.push_back(dimIndex_.at(dim.name));
+    return dims;
+  };
+  if (op.kind == OpKind::Einsum && op.operands.size() >= 2) {
+    term.fixedSeconds = machine_.gemmLatencySeconds;
+    return;
+  }
+  const ir::TensorType& result = fn_.typeOf(op.result);
+  double resultElements = static_cast<double>(result.numElements());
+  if (role.loop) { // loopShareSeconds at the result's elements (transcendental, random: dearer)
+    double perElement = isTranscendental(op.kind) ? 1 + machine_.transcendentalFlops
+                        : op.kind == OpKind::Dropout && machine_.randomFlops > 0
+                            ? machine_.randomFlops
+                            : 0;
+    term.fixedSeconds = role.closesNest() ? machine_.loopLatencySeconds : 0;
+    term.elementSeconds = perElement * resultElements / machine_.vectorFlops;
+    term.elementDims = dimsOf(result);
+    return;
+  }
+  term.fixedSeconds = machine_.loopLatencySeconds; // every kernel call pays it
+  double rate = 0;
+  switch (op.kind) {
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LogSumExp:
+    rate = machine_.softmaxElementSeconds;
+    break;
+  case OpKind::LayerNorm:
+    rate = machine_.layerNormElementSeconds;
+    break;
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::Cumsum:
+    rate = machine_.reduceElementSeconds;
+    break;
+  default:
+    return;
+  }
+  const ir::TensorType& operand = fn_.typeOf(op.operands[0]);
+  term.elementSeconds = rate * static_cast<double>(operand.numElements());
+  term.elementDims = dimsOf(operand);
 }
 
 namespace {

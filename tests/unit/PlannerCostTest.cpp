@@ -3,6 +3,7 @@
 // collective pays when thread ranks outnumber the cores; each against hand-computed numbers and
 // through the lowering, and a description without them costing as before.
 #include "planner/CostModel.h"
+#include "planner/LayoutSearch.h"
 #include "planner/LoopNests.h"
 #include "planner/SpmdLowering.h"
 #include "sema/Sema.h"
@@ -408,4 +409,36 @@ TEST_CASE("lowering: a fused chain is charged once, kernels at their rates", "[c
   for (const SpmdOp& op : old->ops)
     if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Mul)
       CHECK(op.seconds == Approx(std::max(elements / 1e9, 2 * bytes / 1e10)));
+}
+
+TEST_CASE("search: the lower bound stays a bound when loops and kernels are priced",
+          "[cost][search]") {
+  // Every dim searched on [a=2, b=2]: the search (pruned by its lower bound, which now counts
+  // fixed costs and per-element rates) must find brute force's cost.
+  Analyzed program(R"(
+mesh m[a = 2, b = 2]
+dim batch = 8
+dim seq = 4
+dim d = 16
+dim f = 32
+program block(x: f32[batch, seq, d]) -> (y: f32[batch, seq, d]) {
+  param w_in: f32[d, f] = normal()
+  param w_out: f32[f, d] = normal()
+  let h = gelu(einsum(layer_norm(x, d), w_in -> batch, seq, f) * 0.5)
+  let s = softmax(h, f)
+  y = x + einsum(s * h, w_out -> batch, seq, d) + sum(x, d)
+}
+)");
+  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
+  std::vector<std::string> dims = {"batch", "seq", "d", "f"};
+  for (const Machine& machine : {parsed(kLoopsJson), *loadMachine("cpu")}) {
+    CAPTURE(machine.name);
+    SearchResult oracle =
+        bruteForceLayout(*program.module, program.fn("block"), mesh, machine, Layout{}, dims, {});
+    std::optional<SearchResult> found = searchLayout(*program.module, program.fn("block"), mesh,
+                                                     machine, Layout{}, dims, {}, program.diag);
+    REQUIRE(found);
+    CHECK(found->exact);
+    CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+  }
 }
