@@ -147,15 +147,27 @@ serve(one_step, f"collectives={len(found)} scalar={scalars} jax {jax.__version__
 
 def meshc_collectives(build_dir, function):
     """The collectives `meshc --emit=plan` lists for `function` (all phases) and how many of them
-    move one 4-byte scalar."""
+    move only f32 scalars (a merged bucket of scalars counts once, as JAX's tuple all-reduce)."""
     plan = subprocess.run([benchlib.meshc_path(build_dir), benchlib.TRANSFORMER, "--emit=plan",
                            "--mesh", MESH] + benchlib.dim_args(SIZES), capture_output=True,
                           text=True, check=True).stdout
     section = re.split(r"^plan of \w+ ", plan, flags=re.M)
     text = next(s for s in section if s.startswith(function + "\n"))
     total = sum(int(n) for n in re.findall(r"^collectives of the \w+ ops: (\d+)", text, re.M))
-    scalars = len(re.findall(r"^  \S+\s+\w+ over .*: 4 B of f32\[\]", text, re.M))
+    scalars = len(re.findall(r"^  \S+\s+\w+ over .*: \d+ B of f32\[\] ", text, re.M))
     return total, scalars
+
+
+def jax_contender(function, log_dir, pin=()):
+    """JAX jit's `function` (lm or lm_train) on 4 host devices; it reports its HLO's collectives
+    once compiled."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=benchlib.BENCH)
+    shape = [str(SIZES[k]) for k in ("batch", "seq", "d_model", "heads", "d_head", "d_ff",
+                                     "vocab", "layers")]
+    return benchlib.Contender(f"jax {function}",
+                              list(pin) + [sys.executable, "-c", JAX] + shape + [function], env,
+                              log_dir)
 
 
 def contenders(build_dir, log_dir):
@@ -165,18 +177,12 @@ def contenders(build_dir, log_dir):
     pin = benchlib.pin(CORES)
     # Each rank is one thread: one oneDNN (OpenMP) thread each, as 4 ranks share 2 cores.
     meshc_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    jax_env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-                   PYTHONPATH=benchlib.BENCH)
-    shape = [str(SIZES[k]) for k in ("batch", "seq", "d_model", "heads", "d_head", "d_ff",
-                                     "vocab", "layers")]
     result = []
     for function, class_name in (("lm", "Lm"), ("lm_train", "LmTrain")):
         binary = benchlib.build_server(build_dir, os.path.join(work, function),
                                        common + ["--function", function], class_name)
         result += [benchlib.Contender(f"meshc {function}", pin + [binary], meshc_env, log_dir),
-                   benchlib.Contender(f"jax {function}",
-                                      pin + [sys.executable, "-c", JAX] + shape + [function],
-                                      jax_env, log_dir)]
+                   jax_contender(function, log_dir, pin)]
     return result
 
 
@@ -200,7 +206,15 @@ def main():
     parser.add_argument("--build-dir", default=os.path.join(benchlib.ROOT, "build"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--collectives", action="store_true",
+                        help="only count the collectives per lm_train step (no timing)")
     args = parser.parse_args()
+    if args.collectives:
+        jax_train = jax_contender("lm_train", os.path.join(args.build_dir, "bench-lm-sharded"))
+        jax_train.start()
+        jax_train.close()
+        print(collective_line(args.build_dir, jax_train))
+        return 0
     print(f"transformer.mesh lm and lm_train on [{MESH}], sizes {SIZES}, {CORES} cores; "
           f"{args.rounds} rounds of {args.steps} steps")
     runners = contenders(args.build_dir, os.path.join(args.build_dir, "bench-lm-sharded"))

@@ -544,14 +544,18 @@ private:
     int64_t rowBytes = bytes / std::max<int64_t>(along, 1);
     switch (op.kind) {
     case OpKind::Softmax:
-    case OpKind::LogSoftmax:
-      addPost(out, CollectiveKind::AllReduceMax, split, dims[0], rowBytes,
-              fmt::format("{} along split '{}': all-reduce of the row maxima", opSpelling(op.kind),
-                          dims[0]));
-      addPost(out, CollectiveKind::AllReduceSum, split, dims[0], rowBytes,
-              fmt::format("{} along split '{}': all-reduce of the row sums of exp",
+    case OpKind::LogSoftmax: {
+      // One all-gather of every rank's per-row (max, sum of exp) pair, two doubles, combined
+      // locally (meshrt/kernels/SoftmaxStats.h): not an all-reduce of the maxima followed by
+      // one of the sums, which must wait for it.
+      int64_t rows = rowBytes / dtypeBytes(type.dtype);
+      addPost(out, CollectiveKind::AllGather, split, dims[0],
+              rows * 2 * int64_t(sizeof(double)) * splitFactor(mesh_, split),
+              fmt::format("{} along split '{}': one all-gather of the blocks' row maxima and "
+                          "sums of exp",
                           opSpelling(op.kind), dims[0]));
       break;
+    }
     case OpKind::LayerNorm:
       addPost(out, CollectiveKind::AllReduceSum, split, dims[0], 2 * rowBytes,
               "layer_norm over a split dim: one all-reduce of the row sums of x and x^2");

@@ -8,6 +8,7 @@
 
 #include "ir/OpTraits.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace meshc::train {
@@ -46,6 +47,8 @@ private:
   void concatGrad(const Op& op, ValueId ct);
   void gatherGrad(const Op& op, ValueId ct);
   void dropoutGrad(const Op& op, ValueId ct);
+  /// sum_d(ct), where a one-hot pick of a value constant along d needs no reduction.
+  ValueId sumAlong(ValueId ct, const std::string& dim);
 
   ValueId zeroLike(ValueId v) { return b.literal(0, b.type(v).dtype); }
   /// c - v, with v's dims.
@@ -266,7 +269,7 @@ void Differentiator::backward(const Op& op, ValueId ct) {
     });
   case OpKind::LogSoftmax: // ct - exp(y) sum_d(ct)
     return toOperand(op, 0, [&](ValueId) {
-      return b.sub(ct, b.mul(b.unary(OpKind::Exp, y), b.reduce(OpKind::ReduceSum, ct, {dim})));
+      return b.sub(ct, b.mul(b.unary(OpKind::Exp, y), sumAlong(ct, dim)));
     });
   case OpKind::LayerNorm:
     return toOperand(op, 0, [&](ValueId x) {
@@ -427,6 +430,34 @@ void Differentiator::gatherGrad(const Op& op, ValueId ct) {
   if (int d = tableType.findDim(dim); d >= 0) hotType.dims.push_back(tableType.dims[d]);
   ValueId hot = b.op(OpKind::OneHot, {ids}, hotType, {{"dim", dim}});
   accumulate(table, b.op(OpKind::Einsum, {hot, ct}, tableType));
+}
+
+ValueId Differentiator::sumAlong(ValueId ct, const std::string& dim) {
+  // ct = broadcast(c) * one_hot(ids, d) (a cross-entropy's cotangent of log_softmax): the sum
+  // over d is c where 0 <= ids < |d|, else 0 (one term c, the rest +-0: the same value, no
+  // reduction), so a d split over mesh axes needs no all-reduce of it (Megatron's
+  // vocab-parallel cross-entropy backward).
+  auto reduced = [&] { return b.reduce(OpKind::ReduceSum, ct, {dim}); };
+  const Op& pick = fn.definingOp(ct);
+  if (pick.kind != OpKind::Mul || pick.operands.size() != 2) return reduced();
+  for (size_t k = 0; k < 2; ++k) {
+    const Op& spread = fn.definingOp(pick.operands[k]);
+    const Op& hot = fn.definingOp(pick.operands[1 - k]);
+    if (spread.kind != OpKind::Broadcast || hot.kind != OpKind::OneHot || hot.string("dim") != dim)
+      continue;
+    ValueId c = spread.operands[0], ids = hot.operands[0];
+    TensorType result = b.type(ct);
+    std::erase_if(result.dims, [&](const ir::Dim& d) { return d.name == dim; });
+    bool idsWithinC = std::all_of(b.type(ids).dims.begin(), b.type(ids).dims.end(),
+                                  [&](const ir::Dim& d) { return b.type(c).hasDim(d.name); });
+    if (b.type(c) != result || !idsWithinC) continue;
+    int index = b.type(ct).findDim(dim);
+    ValueId inside = b.mul(
+        b.binary(OpKind::Ge, ids, b.literal(0, ir::DType::I32)),
+        b.binary(OpKind::Lt, ids, b.literal(double(b.type(ct).dims[index].size), ir::DType::I32)));
+    return b.mul(c, b.cast(inside, result.dtype));
+  }
+  return reduced();
 }
 
 /// The same mask (same stream, rate and element order: ct has y's type) and scale.

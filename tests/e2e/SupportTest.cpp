@@ -153,6 +153,31 @@ TEST_CASE("collectives over a dim reproduce the whole tensor's blocks", "[codege
   }
 }
 
+namespace {
+
+/// along() over the 3 lanes of 8 of `global` on one rank.
+Buffer alongWhole(const Buffer& global, meshc::gen::Along kind) {
+  Buffer expected(global.size());
+  meshc::gen::along(expected.data(), global.data(), {3}, {8}, {8}, {8}, {1}, {1}, kind, 1e-5, 8,
+                    nullptr);
+  return expected;
+}
+
+/// The same lanes split over `ranks` thread ranks: each rank's block.
+std::vector<Buffer> alongSplit(const Buffer& global, meshc::gen::Along kind, int ranks) {
+  std::vector<Buffer> outs(static_cast<size_t>(ranks));
+  onRanks(ranks, [&](meshrt::Communicator& world) {
+    Buffer local = blockOf(global, {3, 8}, 1, world.rank(), ranks);
+    Buffer& out = outs[size_t(world.rank())];
+    out.resize(local.size());
+    meshc::gen::along(out.data(), local.data(), {3}, {2}, {2}, {2}, {1}, {1}, kind, 1e-5, 8,
+                      &world);
+  });
+  return outs;
+}
+
+} // namespace
+
 TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
   const int ranks = 4;
   const Shape sizes = {3, 8}; // lanes along dim 1, split over 4 ranks
@@ -160,17 +185,8 @@ TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
   using meshc::gen::Along;
   for (Along kind : {Along::Softmax, Along::LogSoftmax, Along::LayerNorm, Along::Cumsum,
                      Along::CumsumExclusive}) {
-    Buffer expected(global.size());
-    meshc::gen::along(expected.data(), global.data(), {3}, {8}, {8}, {8}, {1}, {1}, kind, 1e-5, 8,
-                      nullptr);
-    std::vector<Buffer> outs(ranks);
-    onRanks(ranks, [&](meshrt::Communicator& world) {
-      Buffer local = blockOf(global, sizes, 1, world.rank(), ranks);
-      Buffer& out = outs[size_t(world.rank())];
-      out.resize(local.size());
-      meshc::gen::along(out.data(), local.data(), {3}, {2}, {2}, {2}, {1}, {1}, kind, 1e-5, 8,
-                        &world);
-    });
+    Buffer expected = alongWhole(global, kind);
+    std::vector<Buffer> outs = alongSplit(global, kind, ranks);
     INFO("along kind " << int(kind));
     for (int r = 0; r < ranks; ++r)
       requireClose(outs[size_t(r)], blockOf(expected, sizes, 1, r, ranks), 1e-5f);
@@ -189,6 +205,42 @@ TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
     });
     for (const Buffer& out : outs)
       requireClose(out, expected);
+  }
+}
+
+TEST_CASE("softmax along a split dim: one all-gather of the blocks' statistics, any maxima",
+          "[codegen][support]") {
+  // Lanes of 8 over 4 ranks: row 0's blocks have maxima 80 apart (a block's exponentials are
+  // rescaled by exp(block max - lane max), which underflows for the low ones, as their terms do
+  // in the whole lane); row 1 has a block of -inf (a masked block adds nothing); row 2 is all
+  // -inf (no finite max: nan, as the whole lane gives).
+  const int ranks = 4;
+  const Shape sizes = {3, 8};
+  const float inf = INFINITY;
+  // clang-format off
+  Buffer global = {-80,  -79.5f, 0,    0.25f, 80,   79,    -1,   1,
+                   -inf, -inf,   2,    3,     0.5f, -0.5f, 1,    0,
+                   -inf, -inf,   -inf, -inf,  -inf, -inf,  -inf, -inf};
+  // clang-format on
+  using meshc::gen::Along;
+  for (Along kind : {Along::Softmax, Along::LogSoftmax}) {
+    INFO("along kind " << int(kind));
+    Buffer expected = alongWhole(global, kind);
+    std::vector<Buffer> outs = alongSplit(global, kind, ranks);
+    for (int r = 0; r < ranks; ++r) {
+      INFO("rank " << r);
+      Buffer want = blockOf(expected, sizes, 1, r, ranks);
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("element " << i);
+        if (std::isnan(want[i])) {
+          REQUIRE(std::isnan(outs[size_t(r)][i]));
+        } else if (std::isinf(want[i])) {
+          REQUIRE(outs[size_t(r)][i] == want[i]);
+        } else {
+          REQUIRE(outs[size_t(r)][i] == Approx(want[i]).margin(1e-6).epsilon(1e-6));
+        }
+      }
+    }
   }
 }
 

@@ -1264,7 +1264,7 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
 
 AlbertTrain::Outputs AlbertTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert_train");
-  // Arena: 176896 bytes for 657020 bytes of temporaries (placed by liveness).
+  // Arena: 176896 bytes for 652772 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   support::checkShape("input", "masked", inputs.masked, {2, 16});
@@ -1902,73 +1902,68 @@ void AlbertTrain::runPart1(const Inputs &inputs) {
     v161p[0] = s2;
   }
 
-  // albert.mesh:107:56 mul
-  MESHRT_TRACE("loop", "albert.mesh:107:56", "backward");
-  support::View v168 = arena_.view(127104, 4);
-  {
-    float *__restrict v168p = v168.data();
-    const float *__restrict v147p = v147.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      const float s0 = -0.25f;
-      const float s1 = v147p[i0];
-      const float s2 = (s0 * s1);
-      v168p[i0] = s2;
-    }
-  }
-
-  // albert.mesh:107:24 sum
-  MESHRT_TRACE("sum", "albert.mesh:107:24", "backward");
-  support::View v169 = arena_.view(126976, 2);
-  static const support::Shape shape22_1 = {2};
-  static const support::Shape shape22_3 = {2};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v169.data(), shape22_1, v168.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
+  // albert.mesh:107:24 lt
+  // albert.mesh:107:24 ge
+  // albert.mesh:107:24 mul
+  // albert.mesh:107:24 cast
+  // albert.mesh:107:24 mul
   // albert.mesh:107:24 exp
   // albert.mesh:107:24 mul
+  // albert.mesh:107:56 mul
   // albert.mesh:107:24 sub
   MESHRT_TRACE("loop", "albert.mesh:107:24", "backward");
-  support::View v172 = arena_.view(172672, 4);
+  support::View v178 = arena_.view(172672, 4);
   {
-    float *__restrict v172p = v172.data();
+    float *__restrict v178p = v178.data();
+    const float *__restrict v4p = v4.data();
     const float *__restrict v148p = v148.data();
-    const float *__restrict v169p = v169.data();
-    const float *__restrict v168p = v168.data();
+    const float *__restrict v147p = v147.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v148p[i0 * 2 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v169p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v168p[i0 * 2 + i1];
-        const float s5 = (s4 - s3);
-        v172p[i0 * 2 + i1] = s5;
+        const float s0 = v4p[i0];
+        const float s1 = support::wrapI32(2.0);
+        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+        const float s3 = v4p[i0];
+        const float s4 = support::wrapI32(0.0);
+        const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double((double(s5) * double(s2))));
+        const float s7 = s6;
+        const float s8 = -0.25f;
+        const float s9 = (s8 * s7);
+        const float s10 = v148p[i0 * 2 + i1];
+        const float s11 = support::fexp(s10);
+        const float s12 = (s11 * s9);
+        const float s13 = -0.25f;
+        const float s14 = v147p[i0 * 2 + i1];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 - s12);
+        v178p[i0 * 2 + i1] = s16;
       }
     }
   }
-}
-
-void AlbertTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:105:39 div
   // albert.mesh:105:14 broadcast
   // albert.mesh:105:29 mul
   // albert.mesh:103:20 neg
+  // albert.mesh:103:25 lt
+  // albert.mesh:103:25 ge
+  // albert.mesh:103:25 mul
+  // albert.mesh:103:25 cast
+  // albert.mesh:103:25 mul
+  // albert.mesh:103:25 exp
+  // albert.mesh:103:25 mul
   // albert.mesh:103:21 broadcast
   // albert.mesh:103:56 mul
+  // albert.mesh:103:25 sub
   MESHRT_TRACE("loop", "albert.mesh:105:39", "backward");
-  support::View v145 = arena_.view(172736, 1);
-  support::View v134 = arena_.view(172544, 32);
-  support::View v136 = arena_.view(122880, 1024);
-  support::View v178 = arena_.view(126976, 1024);
+  support::View v193 = arena_.view(126976, 1024);
   {
-    float *__restrict v178p = v178.data();
+    float *__restrict v193p = v193.data();
     const float *__restrict v145p = v145.data();
     const float *__restrict v134p = v134.data();
+    const float *__restrict v3p = v3.data();
+    const float *__restrict v135p = v135.data();
     const float *__restrict v136p = v136.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -1979,173 +1974,154 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
         const float s4 = v134p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
-        const float s7 = s6;
-        const float s8 = v136p[i0 * 32 + i1];
-        const float s9 = (s7 * s8);
-        v178p[i0 * 32 + i1] = s9;
-      }
-    }
-  }
-
-  // albert.mesh:103:25 sum
-  MESHRT_TRACE("sum", "albert.mesh:103:25", "backward");
-  support::View v179 = arena_.view(172544, 32);
-  static const support::Shape shape1_1 = {2, 16};
-  static const support::Shape shape1_3 = {512, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v179.data(), shape1_1, v178.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // albert.mesh:103:25 all_reduce_sum (resolve the partial sum of %169 over model for mul at
-  // 103:25)
-  MESHRT_TRACE_SITE("albert.mesh:103:25");
-  group_model.allReduce(v179.data(), v179.size(), meshrt::ReduceOp::Sum);
-
-  // albert.mesh:103:25 exp
-  // albert.mesh:103:25 mul
-  // albert.mesh:103:25 sub
-  MESHRT_TRACE("loop", "albert.mesh:103:25", "backward");
-  support::View v135 = arena_.view(118784, 1024);
-  support::View v183 = arena_.view(122880, 1024);
-  {
-    float *__restrict v183p = v183.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v179p = v179.data();
-    const float *__restrict v178p = v178.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v135p[i0 * 32 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v179p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v178p[i0 * 32 + i1];
-        const float s5 = (s4 - s3);
-        v183p[i0 * 32 + i1] = s5;
+        const float s7 = v3p[i0];
+        const float s8 = support::wrapI32(64.0);
+        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+        const float s10 = v3p[i0];
+        const float s11 = support::wrapI32(0.0);
+        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+        const float s14 = s13;
+        const float s15 = (s6 * s14);
+        const float s16 = v135p[i0 * 32 + i1];
+        const float s17 = support::fexp(s16);
+        const float s18 = (s17 * s15);
+        const float s19 = s6;
+        const float s20 = v136p[i0 * 32 + i1];
+        const float s21 = (s19 * s20);
+        const float s22 = (s21 - s18);
+        v193p[i0 * 32 + i1] = s22;
       }
     }
   }
 
   // albert.mesh:81:22 einsum
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
-  support::View v172 = arena_.view(172672, 4);
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v184 = arena_.view(118784, 64);
+  support::View v194 = arena_.view(118784, 64);
   // dims: batch, orders, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 2, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan4.run(v172.data(), v119.data(), v184.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v178.data(), v119.data(), v194.data(), 1.0f, 0.0f);
+}
+
+void AlbertTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:81:22 einsum -> grad/heads/classifier
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "backward");
+  support::View v178 = arena_.view(172672, 4);
   support::View v132 = arena_.view(172288, 64);
-  support::View v185 = arena_.view(176128, 64);
+  support::View v195 = arena_.view(176128, 64);
   // dims: batch, orders, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 2, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan5.run(v172.data(), v132.data(), v185.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v178.data(), v132.data(), v195.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:16 square
   // albert.mesh:80:16 sub
   // albert.mesh:80:16 mul
   MESHRT_TRACE("loop", "albert.mesh:80:16", "backward");
-  support::View v188 = arena_.view(126976, 64);
+  support::View v194 = arena_.view(118784, 64);
+  support::View v198 = arena_.view(122880, 64);
   {
-    float *__restrict v188p = v188.data();
+    float *__restrict v198p = v198.data();
     const float *__restrict v132p = v132.data();
-    const float *__restrict v184p = v184.data();
+    const float *__restrict v194p = v194.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v132p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1.0f;
       const float s3 = (s2 - s1);
-      const float s4 = v184p[i0];
+      const float s4 = v194p[i0];
       const float s5 = (s4 * s3);
-      v188p[i0] = s5;
+      v198p[i0] = s5;
     }
   }
 
   // albert.mesh:80:57 sum -> grad/heads/pooler_bias
   MESHRT_TRACE("sum", "albert.mesh:80:57", "backward");
-  support::View v189 = arena_.view(176384, 32);
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2};
-  static const support::Shape shape7_5 = {32};
-  support::reduce(v189.data(), shape7_1, v188.data(), shape7_3, shape7_4, shape7_5,
+  support::View v199 = arena_.view(176384, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2};
+  static const support::Shape shape2_5 = {32};
+  support::reduce(v199.data(), shape2_1, v198.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v190 = arena_.view(127232, 64);
+  support::View v200 = arena_.view(123136, 64);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 32}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan8.run(v188.data(), v117.data(), v190.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v198.data(), v117.data(), v200.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:21 einsum -> grad/heads/pooler
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "backward");
   support::View v129 = arena_.view(172032, 64);
-  support::View v191 = arena_.view(118784, 1024);
+  support::View v201 = arena_.view(118784, 1024);
   // dims: batch, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 32, 32}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan9.run(v188.data(), v129.data(), v191.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v198.data(), v129.data(), v201.data(), 1.0f, 0.0f);
 
   // albert.mesh:79:13 broadcast
   MESHRT_TRACE("loop", "albert.mesh:79:13", "backward");
-  support::View v192 = arena_.view(172032, 64);
+  support::View v202 = arena_.view(172032, 64);
   {
-    float *__restrict v192p = v192.data();
-    const float *__restrict v190p = v190.data();
+    float *__restrict v202p = v202.data();
+    const float *__restrict v200p = v200.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v190p[i0];
+      const float s0 = v200p[i0];
       const float s1 = s0;
-      v192p[i0] = s1;
+      v202p[i0] = s1;
     }
   }
 
   // albert.mesh:79:17 pad
   MESHRT_TRACE("pad", "albert.mesh:79:17", "backward");
-  support::View v193 = arena_.slot(126976, 1024);
-  static const support::Shape shape11_2 = {2, 32};
-  static const support::Shape shape11_3 = {512, 1};
-  static const support::Shape shape11_4 = {32, 1};
-  support::copyWindow(v193.data(), v192.data(), shape11_2, shape11_3, shape11_4, 32, 32, 16, 1,
+  support::View v203 = arena_.slot(122880, 1024);
+  static const support::Shape shape6_2 = {2, 32};
+  static const support::Shape shape6_3 = {512, 1};
+  static const support::Shape shape6_4 = {32, 1};
+  support::copyWindow(v203.data(), v202.data(), shape6_2, shape6_3, shape6_4, 32, 32, 16, 1,
                       int64_t(0));
 
   // albert.mesh:78:61 sum -> grad/heads/output_bias
   MESHRT_TRACE("sum", "albert.mesh:78:61", "backward");
-  support::View v194 = arena_.view(176512, 32);
-  static const support::Shape shape12_1 = {32};
-  static const support::Shape shape12_3 = {1};
-  static const support::Shape shape12_4 = {2, 16};
-  static const support::Shape shape12_5 = {512, 32};
-  support::reduce(v194.data(), shape12_1, v183.data(), shape12_3, shape12_4, shape12_5,
+  support::View v193 = arena_.view(126976, 1024);
+  support::View v204 = arena_.view(176512, 32);
+  static const support::Shape shape7_1 = {32};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 16};
+  static const support::Shape shape7_5 = {512, 32};
+  support::reduce(v204.data(), shape7_1, v193.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
   support::View v115 = arena_.view(131072, 512);
-  support::View v195 = arena_.view(172032, 512);
+  support::View v205 = arena_.view(172032, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v183.data(), v115.data(), v195.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v193.data(), v115.data(), v205.data(), 1.0f, 0.0f);
 
-  // albert.mesh:77:50 all_reduce_sum (resolve the partial sum of %184 over model for sum at 77:50)
+  // albert.mesh:77:50 all_reduce_sum (resolve the partial sum of %195 over model for sum at 77:50)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
-  auto request1 = support::startAllReduce(group_model, {v195}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {v205}, meshrt::ReduceOp::Sum);
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "backward");
   support::View v125 = arena_.view(169984, 512);
-  support::View v196 = arena_.view(174080, 512);
+  support::View v206 = arena_.view(174080, 512);
   // dims: batch, length, vocab, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan15.run(v183.data(), v125.data(), v196.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v193.data(), v125.data(), v206.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
@@ -2153,21 +2129,21 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   support::View v123 = arena_.view(167936, 512);
-  support::View v200 = arena_.view(122880, 512);
-  support::View v202 = arena_.view(124928, 32);
+  support::View v210 = arena_.view(126976, 512);
+  support::View v212 = arena_.view(129024, 32);
   support::View v122 = arena_.view(165888, 512);
-  support::View v204 = arena_.view(122880, 512);
-  support::View v205 = arena_.view(124928, 32);
+  support::View v214 = arena_.view(126976, 512);
+  support::View v215 = arena_.view(129024, 32);
   support::View v113(param20_heads_gain); // updated in place
-  support::View v199 = arena_.view(122880, 512);
-  support::View v209 = arena_.view(124928, 512);
-  support::View v198 = arena_.view(169984, 16);
-  support::View v201 = arena_.view(170048, 16);
-  support::View v208 = arena_.view(131072, 32);
-  support::View v210 = arena_.view(131200, 32);
-  support::View v212 = arena_.view(124928, 32);
-  repeated6(v198, v195, v123, v200, v201, v202, v122, v204, v205, v208, v113, v199, v209, v210,
-            v212);
+  support::View v209 = arena_.view(126976, 512);
+  support::View v219 = arena_.view(129024, 512);
+  support::View v208 = arena_.view(169984, 16);
+  support::View v211 = arena_.view(170048, 16);
+  support::View v218 = arena_.view(131072, 32);
+  support::View v220 = arena_.view(131200, 32);
+  support::View v222 = arena_.view(129024, 32);
+  repeated6(v208, v205, v123, v210, v211, v212, v122, v214, v215, v218, v113, v209, v219, v220,
+            v222);
 
   // albert.mesh:76:11 square
   // albert.mesh:76:11 mul
@@ -2192,15 +2168,15 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
   // albert.mesh:76:11 mul
   MESHRT_TRACE("loop", "albert.mesh:76:11", "backward");
   support::View v121 = arena_.view(133120, 512);
-  support::View v237 = arena_.view(165888, 512);
+  support::View v247 = arena_.view(165888, 512);
   {
-    float *__restrict v237p = v237.data();
+    float *__restrict v247p = v247.data();
     const float *__restrict v121p = v121.data();
     const float *__restrict v123p = v123.data();
-    const float *__restrict v210p = v210.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v212p = v212.data();
-    const float *__restrict v208p = v208.data();
+    const float *__restrict v220p = v220.data();
+    const float *__restrict v209p = v209.data();
+    const float *__restrict v222p = v222.data();
+    const float *__restrict v218p = v218.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
         const float s0 = v121p[i0 * 16 + i1];
@@ -2232,308 +2208,310 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
         const float s26 = (s24 * s25);
         const float s27 = (s14 + s26);
         const float s28 = v123p[i0 * 16 + i1];
-        const float s29 = v210p[i0];
+        const float s29 = v220p[i0];
         const float s30 = (s28 * s29);
-        const float s31 = v199p[i0 * 16 + i1];
-        const float s32 = v212p[i0];
+        const float s31 = v209p[i0 * 16 + i1];
+        const float s32 = v222p[i0];
         const float s33 = (s31 - s32);
         const float s34 = (s33 - s30);
-        const float s35 = v208p[i0];
+        const float s35 = v218p[i0];
         const float s36 = (s34 * s35);
         const float s37 = (s36 * s27);
-        v237p[i0 * 16 + i1] = s37;
+        v247p[i0 * 16 + i1] = s37;
       }
     }
   }
 
   // albert.mesh:76:63 sum -> grad/heads/transform_bias
   MESHRT_TRACE("sum", "albert.mesh:76:63", "backward");
-  support::View v238 = arena_.view(167936, 16);
-  static const support::Shape shape19_1 = {16};
-  static const support::Shape shape19_3 = {1};
-  static const support::Shape shape19_4 = {2, 16};
-  static const support::Shape shape19_5 = {256, 16};
-  support::reduce(v238.data(), shape19_1, v237.data(), shape19_3, shape19_4, shape19_5,
+  support::View v248 = arena_.view(167936, 16);
+  static const support::Shape shape14_1 = {16};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {2, 16};
+  static const support::Shape shape14_5 = {256, 16};
+  support::reduce(v248.data(), shape14_1, v247.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v111(param18_heads_transform); // updated in place
-  support::View v239 = arena_.view(122880, 1024);
+  support::View v249 = arena_.view(126976, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v237.data(), v111.data(), v239.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v247.data(), v111.data(), v249.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:16 add
   MESHRT_TRACE("loop", "albert.mesh:76:16", "backward");
-  support::View v240 = arena_.view(131072, 1024);
+  support::View v250 = arena_.view(131072, 1024);
   {
-    float *__restrict v240p = v240.data();
-    const float *__restrict v193p = v193.data();
-    const float *__restrict v239p = v239.data();
+    float *__restrict v250p = v250.data();
+    const float *__restrict v203p = v203.data();
+    const float *__restrict v249p = v249.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v193p[i0];
-      const float s1 = v239p[i0];
+      const float s0 = v203p[i0];
+      const float s1 = v249p[i0];
       const float s2 = (s0 + s1);
-      v240p[i0] = s2;
+      v250p[i0] = s2;
     }
   }
 
   // albert.mesh:76:16 einsum -> grad/heads/transform
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "backward");
   support::View v110 = arena_.view(114688, 1024);
-  support::View v241 = arena_.view(122880, 512);
+  support::View v251 = arena_.view(122880, 512);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan22.run(v237.data(), v110.data(), v241.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v247.data(), v110.data(), v251.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v243 = arena_.view(124928, 32);
-  static const support::Shape shape23_1 = {32};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 16};
-  static const support::Shape shape23_5 = {512, 32};
-  support::reduce(v243.data(), shape23_1, v240.data(), shape23_3, shape23_4, shape23_5,
+  support::View v253 = arena_.view(124928, 32);
+  static const support::Shape shape18_1 = {32};
+  static const support::Shape shape18_3 = {1};
+  static const support::Shape shape18_4 = {2, 16};
+  static const support::Shape shape18_5 = {512, 32};
+  support::reduce(v253.data(), shape18_1, v250.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
+
+  // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
+  support::View v108 = arena_.view(98304, 1024);
+  support::View v255 = arena_.view(114688, 1024);
+  support::View v257 = arena_.view(125184, 32);
+  support::View v107 = arena_.view(110592, 1024);
+  support::View v259 = arena_.view(114688, 1024);
+  support::View v260 = arena_.view(110592, 32);
+  support::View v262 = arena_.view(125184, 32);
+  support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
+  support::View v254 = arena_.view(110592, 1024);
+  support::View v263 = arena_.view(114688, 1024);
+  support::View v264 = arena_.view(125312, 32);
+  support::View v266 = arena_.view(125440, 32);
+  support::View v269 = arena_.view(114688, 1024);
+  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
+  support::View v271 = arena_.view(98304, 1024);
+  support::View v103 = arena_.view(106496, 1024);
+  support::View v102 = arena_.view(102400, 1024);
+  support::View v289 = arena_.view(106496, 1024);
+  support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
+  support::View v291 = arena_.view(98304, 1024);
+  support::View v293 = arena_.view(102400, 1024);
+  support::View v100 = arena_.view(94208, 1024);
+  support::View v98 = arena_.view(81920, 1024);
+  support::View v297 = arena_.view(94208, 1024);
+  support::View v299 = arena_.view(106496, 32);
+  support::View v97 = arena_.view(90112, 1024);
+  support::View v301 = arena_.view(94208, 1024);
+  support::View v302 = arena_.view(90112, 32);
+  support::View v304 = arena_.view(106496, 32);
+  support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
+  support::View v296 = arena_.view(90112, 1024);
+  support::View v305 = arena_.view(94208, 1024);
+  support::View v306 = arena_.view(102400, 32);
+  support::View v308 = arena_.view(102528, 32);
+  support::View v311 = arena_.view(94208, 1024);
+  support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
+  support::View v312 = arena_.view(90112, 512);
+  support::View v94 = arena_.view(163840, 512);
+  support::View v88 = arena_.view(161792, 512);
+  support::View v314 = arena_.view(81920, 1024);
+  support::View v93 = arena_.view(86016, 1024);
+  support::View v315 = arena_.view(102400, 512);
+  support::View v316 = arena_.view(90112, 1024);
+  support::View v317 = arena_.view(104448, 64);
+  support::View v320 = arena_.view(90112, 1024);
+  support::View v86 = arena_.view(159744, 512);
+  support::View v321 = arena_.view(108544, 512);
+  support::View v85 = arena_.view(157696, 512);
+  support::View v322 = arena_.view(104448, 512);
+  support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
+  support::View v324 = arena_.view(81920, 1024);
+  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
+  support::View v329 = arena_.view(86016, 1024);
+  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
+  support::View v333 = arena_.view(90112, 1024);
+  support::View v84 = arena_.view(77824, 1024);
+  support::View v335 = arena_.view(102400, 1024);
+  support::View v256 = arena_.view(125056, 32);
+  support::View v270 = arena_.view(125184, 32);
+  support::View v272 = arena_.view(110592, 1024);
+  support::View v290 = arena_.view(125312, 32);
+  support::View v294 = arena_.view(98304, 1024);
+  support::View v295 = arena_.view(125440, 32);
+  support::View v298 = arena_.view(125568, 32);
+  support::View v313 = arena_.view(106496, 512);
+  support::View v327 = arena_.view(114688, 512);
+  support::View v332 = arena_.view(116736, 512);
+  support::View v336 = arena_.view(81920, 512);
+  support::View v337 = arena_.view(83968, 32);
+  repeated0(v250, v108, v255, v256, v257, v107, v259, v260, v262, v54, v254, v263, v264, v266, v269,
+            v270, v45, v271, v103, v272, v102, v289, v290, v43, v291, v293, v100, v294, v295, v98,
+            v297, v298, v299, v97, v301, v302, v304, v38, v296, v305, v306, v308, v311, v24, v312,
+            v94, v313, v88, v314, v93, v315, v316, v317, v320, v86, v321, v85, v322, v23, v324, v22,
+            v329, v21, v333, v84, v327, v332, v335, v336, v337);
+
+  // 49 statements from encoder_layers.mesh:19:46 mul (2 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
+  support::View v82 = arena_.view(61440, 1024);
+  support::View v340 = arena_.view(77824, 1024);
+  support::View v343 = arena_.view(84224, 32);
+  support::View v81 = arena_.view(73728, 1024);
+  support::View v345 = arena_.view(77824, 1024);
+  support::View v346 = arena_.view(73728, 32);
+  support::View v348 = arena_.view(84224, 32);
+  support::View v339 = arena_.view(73728, 1024);
+  support::View v349 = arena_.view(77824, 1024);
+  support::View v350 = arena_.view(84352, 32);
+  support::View v352 = arena_.view(84480, 32);
+  support::View v355 = arena_.view(77824, 1024);
+  support::View v358 = arena_.view(61440, 1024);
+  support::View v77 = arena_.view(69632, 1024);
+  support::View v76 = arena_.view(65536, 1024);
+  support::View v377 = arena_.view(69632, 1024);
+  support::View v380 = arena_.view(61440, 1024);
+  support::View v382 = arena_.view(65536, 1024);
+  support::View v74 = arena_.view(57344, 1024);
+  support::View v72 = arena_.view(45056, 1024);
+  support::View v388 = arena_.view(57344, 1024);
+  support::View v391 = arena_.view(69632, 32);
+  support::View v71 = arena_.view(53248, 1024);
+  support::View v393 = arena_.view(57344, 1024);
+  support::View v394 = arena_.view(53248, 32);
+  support::View v396 = arena_.view(69632, 32);
+  support::View v387 = arena_.view(53248, 1024);
+  support::View v397 = arena_.view(57344, 1024);
+  support::View v398 = arena_.view(65536, 32);
+  support::View v400 = arena_.view(65664, 32);
+  support::View v403 = arena_.view(57344, 1024);
+  support::View v404 = arena_.view(53248, 512);
+  support::View v68 = arena_.view(155648, 512);
+  support::View v62 = arena_.view(153600, 512);
+  support::View v407 = arena_.view(45056, 1024);
+  support::View v67 = arena_.view(49152, 1024);
+  support::View v408 = arena_.view(65536, 512);
+  support::View v409 = arena_.view(53248, 1024);
+  support::View v410 = arena_.view(67584, 64);
+  support::View v413 = arena_.view(53248, 1024);
+  support::View v60 = arena_.view(151552, 512);
+  support::View v414 = arena_.view(71680, 512);
+  support::View v59 = arena_.view(149504, 512);
+  support::View v415 = arena_.view(67584, 512);
+  support::View v417 = arena_.view(45056, 1024);
+  support::View v423 = arena_.view(49152, 1024);
+  support::View v428 = arena_.view(53248, 1024);
+  support::View v58 = arena_.view(40960, 1024);
+  support::View v430 = arena_.view(65536, 1024);
+  support::View v341 = arena_.view(84096, 32);
+  support::View v356 = arena_.view(84224, 32);
+  support::View v359 = arena_.view(73728, 1024);
+  support::View v378 = arena_.view(84352, 32);
+  support::View v383 = arena_.view(61440, 1024);
+  support::View v385 = arena_.view(84480, 32);
+  support::View v389 = arena_.view(84608, 32);
+  support::View v405 = arena_.view(69632, 512);
+  support::View v420 = arena_.view(77824, 512);
+  support::View v426 = arena_.view(79872, 512);
+  support::View v431 = arena_.view(45056, 512);
+  support::View v433 = arena_.view(40960, 32);
+  repeated0(v335, v82, v340, v341, v343, v81, v345, v346, v348, v54, v339, v349, v350, v352, v355,
+            v356, v45, v358, v77, v359, v76, v377, v378, v43, v380, v382, v74, v383, v385, v72,
+            v388, v389, v391, v71, v393, v394, v396, v38, v387, v397, v398, v400, v403, v24, v404,
+            v68, v405, v62, v407, v67, v408, v409, v410, v413, v60, v414, v59, v415, v23, v417, v22,
+            v423, v21, v428, v58, v420, v426, v430, v431, v433);
+
+  // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
+  support::View v56 = arena_.view(24576, 1024);
+  support::View v436 = arena_.view(40960, 1024);
+  support::View v437 = arena_.view(47232, 32);
+  support::View v439 = arena_.view(47232, 32);
+  support::View v53 = arena_.view(36864, 1024);
+  support::View v441 = arena_.view(40960, 1024);
+  support::View v442 = arena_.view(36864, 32);
+  support::View v444 = arena_.view(47232, 32);
+  support::View v435 = arena_.view(36864, 1024);
+  support::View v445 = arena_.view(40960, 1024);
+  support::View v446 = arena_.view(47488, 32);
+  support::View v448 = arena_.view(47616, 32);
+  support::View v434 = arena_.view(47104, 32);
+  support::View v438 = arena_.view(47360, 32);
+  support::View v451 = arena_.view(40960, 1024);
+  repeated2(v253, v337, v433, v434, v430, v56, v436, v437, v256, v341, v438, v439, v53, v441, v442,
+            v444, v54, v435, v445, v446, v448, v451);
+
+  // encoder_layers.mesh:46:50 sum
+  MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
+  support::View v452 = arena_.view(24576, 32);
+  static const support::Shape shape22_1 = {32};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {2, 16};
+  static const support::Shape shape22_5 = {512, 32};
+  support::reduce(v452.data(), shape22_1, v451.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // encoder_layers.mesh:46:50 add
+  // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
+  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
+  support::View v453 = arena_.view(47232, 32);
+  {
+    float *__restrict v453p = v453.data();
+    const float *__restrict v270p = v270.data();
+    const float *__restrict v356p = v356.data();
+    const float *__restrict v452p = v452.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v270p[i0];
+      const float s1 = v356p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v452p[i0];
+      const float s4 = (s2 + s3);
+      v453p[i0] = s4;
+    }
+  }
 }
 
 void AlbertTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 49 statements from encoder_layers.mesh:19:46 mul (1 of 2)
-  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
-  support::View v240 = arena_.view(131072, 1024);
-  support::View v108 = arena_.view(98304, 1024);
-  support::View v245 = arena_.view(114688, 1024);
-  support::View v247 = arena_.view(125184, 32);
-  support::View v107 = arena_.view(110592, 1024);
-  support::View v249 = arena_.view(114688, 1024);
-  support::View v250 = arena_.view(110592, 32);
-  support::View v252 = arena_.view(125184, 32);
-  support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
-  support::View v244 = arena_.view(110592, 1024);
-  support::View v253 = arena_.view(114688, 1024);
-  support::View v254 = arena_.view(125312, 32);
-  support::View v256 = arena_.view(125440, 32);
-  support::View v259 = arena_.view(114688, 1024);
-  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
-  support::View v261 = arena_.view(98304, 1024);
-  support::View v103 = arena_.view(106496, 1024);
-  support::View v102 = arena_.view(102400, 1024);
-  support::View v279 = arena_.view(106496, 1024);
-  support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
-  support::View v281 = arena_.view(98304, 1024);
-  support::View v283 = arena_.view(102400, 1024);
-  support::View v100 = arena_.view(94208, 1024);
-  support::View v98 = arena_.view(81920, 1024);
-  support::View v287 = arena_.view(94208, 1024);
-  support::View v289 = arena_.view(106496, 32);
-  support::View v97 = arena_.view(90112, 1024);
-  support::View v291 = arena_.view(94208, 1024);
-  support::View v292 = arena_.view(90112, 32);
-  support::View v294 = arena_.view(106496, 32);
-  support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
-  support::View v286 = arena_.view(90112, 1024);
-  support::View v295 = arena_.view(94208, 1024);
-  support::View v296 = arena_.view(102400, 32);
-  support::View v298 = arena_.view(102528, 32);
-  support::View v301 = arena_.view(94208, 1024);
-  support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
-  support::View v302 = arena_.view(90112, 512);
-  support::View v94 = arena_.view(163840, 512);
-  support::View v88 = arena_.view(161792, 512);
-  support::View v304 = arena_.view(81920, 1024);
-  support::View v93 = arena_.view(86016, 1024);
-  support::View v305 = arena_.view(102400, 512);
-  support::View v306 = arena_.view(90112, 1024);
-  support::View v307 = arena_.view(104448, 64);
-  support::View v310 = arena_.view(90112, 1024);
-  support::View v86 = arena_.view(159744, 512);
-  support::View v311 = arena_.view(108544, 512);
-  support::View v85 = arena_.view(157696, 512);
-  support::View v312 = arena_.view(104448, 512);
-  support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v314 = arena_.view(81920, 1024);
-  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v319 = arena_.view(86016, 1024);
-  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v323 = arena_.view(90112, 1024);
-  support::View v84 = arena_.view(77824, 1024);
-  support::View v325 = arena_.view(102400, 1024);
-  support::View v246 = arena_.view(125056, 32);
-  support::View v260 = arena_.view(125184, 32);
-  support::View v262 = arena_.view(110592, 1024);
-  support::View v280 = arena_.view(125312, 32);
-  support::View v284 = arena_.view(98304, 1024);
-  support::View v285 = arena_.view(125440, 32);
-  support::View v288 = arena_.view(125568, 32);
-  support::View v303 = arena_.view(106496, 512);
-  support::View v317 = arena_.view(114688, 512);
-  support::View v322 = arena_.view(116736, 512);
-  support::View v326 = arena_.view(81920, 512);
-  support::View v327 = arena_.view(83968, 32);
-  repeated0(v240, v108, v245, v246, v247, v107, v249, v250, v252, v54, v244, v253, v254, v256, v259,
-            v260, v45, v261, v103, v262, v102, v279, v280, v43, v281, v283, v100, v284, v285, v98,
-            v287, v288, v289, v97, v291, v292, v294, v38, v286, v295, v296, v298, v301, v24, v302,
-            v94, v303, v88, v304, v93, v305, v306, v307, v310, v86, v311, v85, v312, v23, v314, v22,
-            v319, v21, v323, v84, v317, v322, v325, v326, v327);
-
-  // 49 statements from encoder_layers.mesh:19:46 mul (2 of 2)
-  MESHRT_TRACE_SITE("encoder_layers.mesh:19:46");
-  support::View v82 = arena_.view(61440, 1024);
-  support::View v330 = arena_.view(77824, 1024);
-  support::View v333 = arena_.view(84224, 32);
-  support::View v81 = arena_.view(73728, 1024);
-  support::View v335 = arena_.view(77824, 1024);
-  support::View v336 = arena_.view(73728, 32);
-  support::View v338 = arena_.view(84224, 32);
-  support::View v329 = arena_.view(73728, 1024);
-  support::View v339 = arena_.view(77824, 1024);
-  support::View v340 = arena_.view(84352, 32);
-  support::View v342 = arena_.view(84480, 32);
-  support::View v345 = arena_.view(77824, 1024);
-  support::View v348 = arena_.view(61440, 1024);
-  support::View v77 = arena_.view(69632, 1024);
-  support::View v76 = arena_.view(65536, 1024);
-  support::View v367 = arena_.view(69632, 1024);
-  support::View v370 = arena_.view(61440, 1024);
-  support::View v372 = arena_.view(65536, 1024);
-  support::View v74 = arena_.view(57344, 1024);
-  support::View v72 = arena_.view(45056, 1024);
-  support::View v378 = arena_.view(57344, 1024);
-  support::View v381 = arena_.view(69632, 32);
-  support::View v71 = arena_.view(53248, 1024);
-  support::View v383 = arena_.view(57344, 1024);
-  support::View v384 = arena_.view(53248, 32);
-  support::View v386 = arena_.view(69632, 32);
-  support::View v377 = arena_.view(53248, 1024);
-  support::View v387 = arena_.view(57344, 1024);
-  support::View v388 = arena_.view(65536, 32);
-  support::View v390 = arena_.view(65664, 32);
-  support::View v393 = arena_.view(57344, 1024);
-  support::View v394 = arena_.view(53248, 512);
-  support::View v68 = arena_.view(155648, 512);
-  support::View v62 = arena_.view(153600, 512);
-  support::View v397 = arena_.view(45056, 1024);
-  support::View v67 = arena_.view(49152, 1024);
-  support::View v398 = arena_.view(65536, 512);
-  support::View v399 = arena_.view(53248, 1024);
-  support::View v400 = arena_.view(67584, 64);
-  support::View v403 = arena_.view(53248, 1024);
-  support::View v60 = arena_.view(151552, 512);
-  support::View v404 = arena_.view(71680, 512);
-  support::View v59 = arena_.view(149504, 512);
-  support::View v405 = arena_.view(67584, 512);
-  support::View v407 = arena_.view(45056, 1024);
-  support::View v413 = arena_.view(49152, 1024);
-  support::View v418 = arena_.view(53248, 1024);
-  support::View v58 = arena_.view(40960, 1024);
-  support::View v420 = arena_.view(65536, 1024);
-  support::View v331 = arena_.view(84096, 32);
-  support::View v346 = arena_.view(84224, 32);
-  support::View v349 = arena_.view(73728, 1024);
-  support::View v368 = arena_.view(84352, 32);
-  support::View v373 = arena_.view(61440, 1024);
-  support::View v375 = arena_.view(84480, 32);
-  support::View v379 = arena_.view(84608, 32);
-  support::View v395 = arena_.view(69632, 512);
-  support::View v410 = arena_.view(77824, 512);
-  support::View v416 = arena_.view(79872, 512);
-  support::View v421 = arena_.view(45056, 512);
-  support::View v423 = arena_.view(40960, 32);
-  repeated0(v325, v82, v330, v331, v333, v81, v335, v336, v338, v54, v329, v339, v340, v342, v345,
-            v346, v45, v348, v77, v349, v76, v367, v368, v43, v370, v372, v74, v373, v375, v72,
-            v378, v379, v381, v71, v383, v384, v386, v38, v377, v387, v388, v390, v393, v24, v394,
-            v68, v395, v62, v397, v67, v398, v399, v400, v403, v60, v404, v59, v405, v23, v407, v22,
-            v413, v21, v418, v58, v410, v416, v420, v421, v423);
-
-  // 12 statements from encoder_layers.mesh:19:53 add (1 of 2)
-  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  support::View v243 = arena_.view(124928, 32);
-  support::View v56 = arena_.view(24576, 1024);
-  support::View v426 = arena_.view(40960, 1024);
-  support::View v427 = arena_.view(47232, 32);
-  support::View v429 = arena_.view(47232, 32);
-  support::View v53 = arena_.view(36864, 1024);
-  support::View v431 = arena_.view(40960, 1024);
-  support::View v432 = arena_.view(36864, 32);
-  support::View v434 = arena_.view(47232, 32);
-  support::View v425 = arena_.view(36864, 1024);
-  support::View v435 = arena_.view(40960, 1024);
-  support::View v436 = arena_.view(47488, 32);
-  support::View v438 = arena_.view(47616, 32);
-  support::View v424 = arena_.view(47104, 32);
-  support::View v428 = arena_.view(47360, 32);
-  support::View v441 = arena_.view(40960, 1024);
-  repeated2(v243, v327, v423, v424, v420, v56, v426, v427, v246, v331, v428, v429, v53, v431, v432,
-            v434, v54, v425, v435, v436, v438, v441);
-
-  // encoder_layers.mesh:46:50 sum
-  MESHRT_TRACE("sum", "encoder_layers.mesh:46:50", "backward");
-  support::View v442 = arena_.view(24576, 32);
-  static const support::Shape shape3_1 = {32};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {512, 32};
-  support::reduce(v442.data(), shape3_1, v441.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
-
-  // encoder_layers.mesh:46:50 add
-  // encoder_layers.mesh:46:50 add -> grad/encoder/albert_layer/dense_relu_dense/bo
-  MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "backward");
-  support::View v443 = arena_.view(47232, 32);
-  {
-    float *__restrict v443p = v443.data();
-    const float *__restrict v260p = v260.data();
-    const float *__restrict v346p = v346.data();
-    const float *__restrict v442p = v442.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v260p[i0];
-      const float s1 = v346p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v442p[i0];
-      const float s4 = (s2 + s3);
-      v443p[i0] = s4;
-    }
-  }
-
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
-  support::View v444 = arena_.view(24576, 1024);
+  support::View v451 = arena_.view(40960, 1024);
+  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
+  support::View v454 = arena_.view(24576, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v441.data(), v45.data(), v444.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v451.data(), v45.data(), v454.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "backward");
   support::View v49 = arena_.view(32768, 1024);
-  support::View v445 = arena_.view(36864, 1024);
+  support::View v455 = arena_.view(36864, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v441.data(), v49.data(), v445.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v451.data(), v49.data(), v455.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:10 add
   // encoder_layers.mesh:46:10 add -> grad/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:10", "backward");
-  support::View v446 = arena_.view(32768, 1024);
+  support::View v272 = arena_.view(110592, 1024);
+  support::View v359 = arena_.view(73728, 1024);
+  support::View v456 = arena_.view(32768, 1024);
   {
-    float *__restrict v446p = v446.data();
-    const float *__restrict v262p = v262.data();
-    const float *__restrict v349p = v349.data();
-    const float *__restrict v445p = v445.data();
+    float *__restrict v456p = v456.data();
+    const float *__restrict v272p = v272.data();
+    const float *__restrict v359p = v359.data();
+    const float *__restrict v455p = v455.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v262p[i0];
-      const float s1 = v349p[i0];
+      const float s0 = v272p[i0];
+      const float s1 = v359p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v445p[i0];
+      const float s3 = v455p[i0];
       const float s4 = (s2 + s3);
-      v446p[i0] = s4;
+      v456p[i0] = s4;
     }
   }
 
@@ -2556,11 +2534,11 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
   // encoder_layers.mesh:45:11 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:11", "backward");
   support::View v48 = arena_.view(28672, 1024);
-  support::View v463 = arena_.view(36864, 1024);
+  support::View v473 = arena_.view(36864, 1024);
   {
-    float *__restrict v463p = v463.data();
+    float *__restrict v473p = v473.data();
     const float *__restrict v48p = v48.data();
-    const float *__restrict v444p = v444.data();
+    const float *__restrict v454p = v454.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v48p[i0];
       const float s1 = s0 * s0;
@@ -2590,234 +2568,239 @@ void AlbertTrain::runPart3(const Inputs &inputs) {
       const float s25 = 0.3989423f;
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
-      const float s28 = v444p[i0];
+      const float s28 = v454p[i0];
       const float s29 = (s28 * s27);
-      v463p[i0] = s29;
+      v473p[i0] = s29;
     }
   }
 
   // encoder_layers.mesh:45:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:45:53", "backward");
-  support::View v464 = arena_.view(24576, 32);
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 16};
-  static const support::Shape shape9_5 = {512, 32};
-  support::reduce(v464.data(), shape9_1, v463.data(), shape9_3, shape9_4, shape9_5,
+  support::View v474 = arena_.view(24576, 32);
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {2, 16};
+  static const support::Shape shape4_5 = {512, 32};
+  support::reduce(v474.data(), shape4_1, v473.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:53 add -> grad/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "backward");
-  support::View v465 = arena_.view(47488, 32);
+  support::View v290 = arena_.view(125312, 32);
+  support::View v378 = arena_.view(84352, 32);
+  support::View v475 = arena_.view(47488, 32);
   {
-    float *__restrict v465p = v465.data();
-    const float *__restrict v280p = v280.data();
-    const float *__restrict v368p = v368.data();
-    const float *__restrict v464p = v464.data();
+    float *__restrict v475p = v475.data();
+    const float *__restrict v290p = v290.data();
+    const float *__restrict v378p = v378.data();
+    const float *__restrict v474p = v474.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v280p[i0];
-      const float s1 = v368p[i0];
+      const float s0 = v290p[i0];
+      const float s1 = v378p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v464p[i0];
+      const float s3 = v474p[i0];
       const float s4 = (s2 + s3);
-      v465p[i0] = s4;
+      v475p[i0] = s4;
     }
   }
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
-  support::View v466 = arena_.view(24576, 1024);
+  support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
+  support::View v476 = arena_.view(24576, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v463.data(), v43.data(), v466.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v473.data(), v43.data(), v476.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %446 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %457 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
-  group_model.allReduce(v466.data(), v466.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v476.data(), v476.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:45:16 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v468 = arena_.view(28672, 1024);
+  support::View v478 = arena_.view(28672, 1024);
   {
-    float *__restrict v468p = v468.data();
-    const float *__restrict v441p = v441.data();
-    const float *__restrict v466p = v466.data();
+    float *__restrict v478p = v478.data();
+    const float *__restrict v451p = v451.data();
+    const float *__restrict v476p = v476.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v441p[i0];
-      const float s1 = v466p[i0];
+      const float s0 = v451p[i0];
+      const float s1 = v476p[i0];
       const float s2 = (s0 + s1);
-      v468p[i0] = s2;
+      v478p[i0] = s2;
     }
   }
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "backward");
   support::View v42 = arena_.view(20480, 1024);
-  support::View v469 = arena_.view(24576, 1024);
+  support::View v479 = arena_.view(24576, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan14.run(v463.data(), v42.data(), v469.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v473.data(), v42.data(), v479.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:16 add
   // encoder_layers.mesh:45:16 add -> grad/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:16", "backward");
-  support::View v470 = arena_.view(20480, 1024);
+  support::View v294 = arena_.view(98304, 1024);
+  support::View v383 = arena_.view(61440, 1024);
+  support::View v480 = arena_.view(20480, 1024);
   {
-    float *__restrict v470p = v470.data();
-    const float *__restrict v284p = v284.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v469p = v469.data();
+    float *__restrict v480p = v480.data();
+    const float *__restrict v294p = v294.data();
+    const float *__restrict v383p = v383.data();
+    const float *__restrict v479p = v479.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v284p[i0];
-      const float s1 = v373p[i0];
+      const float s0 = v294p[i0];
+      const float s1 = v383p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v469p[i0];
+      const float s3 = v479p[i0];
       const float s4 = (s2 + s3);
-      v470p[i0] = s4;
+      v480p[i0] = s4;
     }
   }
 
   // encoder_layers.mesh:19:53 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:19:53", "backward");
-  support::View v471 = arena_.view(24576, 32);
-  static const support::Shape shape16_1 = {32};
-  static const support::Shape shape16_3 = {1};
-  static const support::Shape shape16_4 = {2, 16};
-  static const support::Shape shape16_5 = {512, 32};
-  support::reduce(v471.data(), shape16_1, v468.data(), shape16_3, shape16_4, shape16_5,
+  support::View v481 = arena_.view(24576, 32);
+  static const support::Shape shape11_1 = {32};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 16};
+  static const support::Shape shape11_5 = {512, 32};
+  support::reduce(v481.data(), shape11_1, v478.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // 12 statements from encoder_layers.mesh:19:53 add (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
+  support::View v295 = arena_.view(125440, 32);
+  support::View v385 = arena_.view(84480, 32);
   support::View v40 = arena_.view(8192, 1024);
-  support::View v474 = arena_.view(24576, 1024);
-  support::View v475 = arena_.view(36864, 32);
-  support::View v477 = arena_.view(36864, 32);
+  support::View v484 = arena_.view(24576, 1024);
+  support::View v485 = arena_.view(36864, 32);
+  support::View v298 = arena_.view(125568, 32);
+  support::View v389 = arena_.view(84608, 32);
+  support::View v487 = arena_.view(36864, 32);
   support::View v37 = arena_.view(16384, 1024);
-  support::View v479 = arena_.view(24576, 1024);
-  support::View v480 = arena_.view(16384, 32);
-  support::View v482 = arena_.view(36864, 32);
-  support::View v473 = arena_.view(16384, 1024);
-  support::View v483 = arena_.view(24576, 1024);
-  support::View v484 = arena_.view(28672, 32);
-  support::View v486 = arena_.view(28800, 32);
-  support::View v472 = arena_.view(47616, 32);
-  support::View v476 = arena_.view(47744, 32);
   support::View v489 = arena_.view(24576, 1024);
-  repeated2(v285, v375, v471, v472, v468, v40, v474, v475, v288, v379, v476, v477, v37, v479, v480,
-            v482, v38, v473, v483, v484, v486, v489);
+  support::View v490 = arena_.view(16384, 32);
+  support::View v492 = arena_.view(36864, 32);
+  support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
+  support::View v483 = arena_.view(16384, 1024);
+  support::View v493 = arena_.view(24576, 1024);
+  support::View v494 = arena_.view(28672, 32);
+  support::View v496 = arena_.view(28800, 32);
+  support::View v482 = arena_.view(47616, 32);
+  support::View v486 = arena_.view(47744, 32);
+  support::View v499 = arena_.view(24576, 1024);
+  repeated2(v295, v385, v481, v482, v478, v40, v484, v485, v298, v389, v486, v487, v37, v489, v490,
+            v492, v38, v483, v493, v494, v496, v499);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
-  support::View v490 = arena_.view(16384, 512);
+  support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
+  support::View v500 = arena_.view(16384, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan18.run(v489.data(), v24.data(), v490.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v499.data(), v24.data(), v500.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:35:10", "backward");
   support::View v34 = arena_.view(147456, 512);
-  support::View v491 = arena_.view(8192, 512);
+  support::View v501 = arena_.view(8192, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan19.run(v489.data(), v34.data(), v491.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v499.data(), v34.data(), v501.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:35:10 add
   // encoder_layers.mesh:35:10 add -> grad/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "encoder_layers.mesh:35:10", "backward");
-  support::View v492 = arena_.view(36864, 512);
+  support::View v313 = arena_.view(106496, 512);
+  support::View v405 = arena_.view(69632, 512);
+  support::View v502 = arena_.view(36864, 512);
   {
-    float *__restrict v492p = v492.data();
-    const float *__restrict v303p = v303.data();
-    const float *__restrict v395p = v395.data();
-    const float *__restrict v491p = v491.data();
+    float *__restrict v502p = v502.data();
+    const float *__restrict v313p = v313.data();
+    const float *__restrict v405p = v405.data();
+    const float *__restrict v501p = v501.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v303p[i0];
-      const float s1 = v395p[i0];
+      const float s0 = v313p[i0];
+      const float s1 = v405p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v491p[i0];
+      const float s3 = v501p[i0];
       const float s4 = (s2 + s3);
-      v492p[i0] = s4;
+      v502p[i0] = s4;
     }
   }
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v28 = arena_.view(145408, 512);
-  support::View v493 = arena_.view(8192, 1024);
+  support::View v503 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(v490.data(), v28.data(), v493.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v500.data(), v28.data(), v503.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:34:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:34:17", "backward");
   support::View v33 = arena_.view(12288, 1024);
-  support::View v494 = arena_.view(28672, 512);
+  support::View v504 = arena_.view(28672, 512);
   // dims: batch, length, heads, d_kv, memory_length
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan22.run(v490.data(), v33.data(), v494.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v500.data(), v33.data(), v504.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:33:17 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v495 = arena_.view(16384, 1024);
+  support::View v505 = arena_.view(16384, 1024);
   {
-    float *__restrict v495p = v495.data();
-    const float *__restrict v493p = v493.data();
+    float *__restrict v505p = v505.data();
+    const float *__restrict v503p = v503.data();
     const float *__restrict v33p = v33.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v493p[i0];
+      const float s0 = v503p[i0];
       const float s1 = v33p[i0];
       const float s2 = (s0 * s1);
-      v495p[i0] = s2;
+      v505p[i0] = s2;
     }
   }
-}
-
-void AlbertTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:33:17 sum
   MESHRT_TRACE("sum", "encoder_layers.mesh:33:17", "backward");
-  support::View v495 = arena_.view(16384, 1024);
-  support::View v496 = arena_.view(30720, 64);
-  static const support::Shape shape0_1 = {2, 2, 16};
-  static const support::Shape shape0_3 = {512, 256, 16};
-  static const support::Shape shape0_4 = {16};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v496.data(), shape0_1, v495.data(), shape0_3, shape0_4, shape0_5,
+  support::View v506 = arena_.view(30720, 64);
+  static const support::Shape shape19_1 = {2, 2, 16};
+  static const support::Shape shape19_3 = {512, 256, 16};
+  static const support::Shape shape19_4 = {16};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v506.data(), shape19_1, v505.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // encoder_layers.mesh:33:17 sub
   // encoder_layers.mesh:33:17 mul
   // encoder_layers.mesh:32:77 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:33:17", "backward");
-  support::View v493 = arena_.view(8192, 1024);
-  support::View v33 = arena_.view(12288, 1024);
-  support::View v499 = arena_.view(16384, 1024);
+  support::View v509 = arena_.view(16384, 1024);
   {
-    float *__restrict v499p = v499.data();
-    const float *__restrict v493p = v493.data();
-    const float *__restrict v496p = v496.data();
+    float *__restrict v509p = v509.data();
+    const float *__restrict v503p = v503.data();
+    const float *__restrict v506p = v506.data();
     const float *__restrict v33p = v33.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v493p[i0 * 16 + i1];
-        const float s1 = v496p[i0];
+        const float s0 = v503p[i0 * 16 + i1];
+        const float s1 = v506p[i0];
         const float s2 = (s0 - s1);
         const float s3 = v33p[i0 * 16 + i1];
         const float s4 = (s3 * s2);
         const float s5 = 0.35355f;
         const float s6 = (s4 * s5);
-        v499p[i0 * 16 + i1] = s6;
+        v509p[i0 * 16 + i1] = s6;
       }
     }
   }
@@ -2825,111 +2808,119 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v26 = arena_.view(143360, 512);
-  support::View v500 = arena_.view(38912, 512);
+  support::View v510 = arena_.view(38912, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(v499.data(), v26.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v509.data(), v26.data(), v510.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:32:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:32:16", "backward");
   support::View v25 = arena_.view(141312, 512);
-  support::View v501 = arena_.view(30720, 512);
+  support::View v511 = arena_.view(30720, 512);
   // dims: batch, heads, length, memory_length, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan3.run(v499.data(), v25.data(), v501.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v509.data(), v25.data(), v511.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
-  support::View v494 = arena_.view(28672, 512);
   support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
-  support::View v503 = arena_.view(8192, 1024);
+  support::View v513 = arena_.view(8192, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan4.run(v494.data(), v23.data(), v503.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v504.data(), v23.data(), v513.data(), 1.0f, 0.0f);
+}
+
+void AlbertTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
+  support::View v511 = arena_.view(30720, 512);
   support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
-  support::View v509 = arena_.view(12288, 1024);
+  support::View v519 = arena_.view(12288, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan5.run(v501.data(), v22.data(), v509.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v511.data(), v22.data(), v519.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
+  support::View v510 = arena_.view(38912, 512);
   support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
-  support::View v514 = arena_.view(16384, 1024);
+  support::View v524 = arena_.view(16384, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(v500.data(), v21.data(), v514.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v510.data(), v21.data(), v524.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %482 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%510, %515): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %493 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%520, %525): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
-  auto request4 = support::startAllReduce(group_model, {v503, v509, v514}, meshrt::ReduceOp::Sum);
+  support::View v513 = arena_.view(8192, 1024);
+  auto request4 = support::startAllReduce(group_model, {v513, v519, v524}, meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:30:23 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:30:23", "backward");
+  support::View v504 = arena_.view(28672, 512);
   support::View v20 = arena_.view(4096, 1024);
-  support::View v506 = arena_.view(40960, 512);
+  support::View v516 = arena_.view(40960, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan8.run(v494.data(), v20.data(), v506.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v504.data(), v20.data(), v516.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:30:23 add
   // encoder_layers.mesh:30:23 add -> grad/encoder/albert_layer/self_attention/v
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v317 = arena_.view(114688, 512);
-  support::View v410 = arena_.view(77824, 512);
-  support::View v507 = arena_.view(43008, 512);
+  support::View v327 = arena_.view(114688, 512);
+  support::View v420 = arena_.view(77824, 512);
+  support::View v517 = arena_.view(43008, 512);
   {
-    float *__restrict v507p = v507.data();
-    const float *__restrict v317p = v317.data();
-    const float *__restrict v410p = v410.data();
-    const float *__restrict v506p = v506.data();
+    float *__restrict v517p = v517.data();
+    const float *__restrict v327p = v327.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v516p = v516.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v317p[i0];
-      const float s1 = v410p[i0];
+      const float s0 = v327p[i0];
+      const float s1 = v420p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v506p[i0];
+      const float s3 = v516p[i0];
       const float s4 = (s2 + s3);
-      v507p[i0] = s4;
+      v517p[i0] = s4;
     }
   }
 
   // encoder_layers.mesh:29:21 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:29:21", "backward");
-  support::View v512 = arena_.view(28672, 512);
+  support::View v522 = arena_.view(28672, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan10.run(v501.data(), v20.data(), v512.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v511.data(), v20.data(), v522.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:29:21 add -> grad/encoder/albert_layer/self_attention/k
   MESHRT_TRACE("loop", "encoder_layers.mesh:29:21", "backward");
-  support::View v322 = arena_.view(116736, 512);
-  support::View v416 = arena_.view(79872, 512);
-  support::View v513 = arena_.view(40960, 512);
+  support::View v332 = arena_.view(116736, 512);
+  support::View v426 = arena_.view(79872, 512);
+  support::View v523 = arena_.view(40960, 512);
   {
-    float *__restrict v513p = v513.data();
-    const float *__restrict v322p = v322.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v512p = v512.data();
+    float *__restrict v523p = v523.data();
+    const float *__restrict v332p = v332.data();
+    const float *__restrict v426p = v426.data();
+    const float *__restrict v522p = v522.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v322p[i0];
-      const float s1 = v416p[i0];
+      const float s0 = v332p[i0];
+      const float s1 = v426p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v512p[i0];
+      const float s3 = v522p[i0];
       const float s4 = (s2 + s3);
-      v513p[i0] = s4;
+      v523p[i0] = s4;
     }
   }
 
@@ -2940,116 +2931,116 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // encoder_layers.mesh:29:21 add
   // encoder_layers.mesh:28:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:30:23", "backward");
-  support::View v489 = arena_.view(24576, 1024);
-  support::View v516 = arena_.view(28672, 1024);
+  support::View v499 = arena_.view(24576, 1024);
+  support::View v526 = arena_.view(28672, 1024);
   {
-    float *__restrict v516p = v516.data();
-    const float *__restrict v489p = v489.data();
-    const float *__restrict v503p = v503.data();
-    const float *__restrict v509p = v509.data();
-    const float *__restrict v514p = v514.data();
+    float *__restrict v526p = v526.data();
+    const float *__restrict v499p = v499.data();
+    const float *__restrict v513p = v513.data();
+    const float *__restrict v519p = v519.data();
+    const float *__restrict v524p = v524.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v489p[i0];
-      const float s1 = v503p[i0];
+      const float s0 = v499p[i0];
+      const float s1 = v513p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v509p[i0];
+      const float s3 = v519p[i0];
       const float s4 = (s2 + s3);
-      const float s5 = v514p[i0];
+      const float s5 = v524p[i0];
       const float s6 = (s4 + s5);
-      v516p[i0] = s6;
+      v526p[i0] = s6;
     }
   }
 
   // encoder_layers.mesh:28:17 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:28:17", "backward");
-  support::View v517 = arena_.view(8192, 512);
+  support::View v527 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v500.data(), v20.data(), v517.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v510.data(), v20.data(), v527.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:28:17 add
   // encoder_layers.mesh:28:17 add -> grad/encoder/albert_layer/self_attention/q
   MESHRT_TRACE("loop", "encoder_layers.mesh:28:17", "backward");
-  support::View v326 = arena_.view(81920, 512);
-  support::View v421 = arena_.view(45056, 512);
-  support::View v518 = arena_.view(4096, 512);
+  support::View v336 = arena_.view(81920, 512);
+  support::View v431 = arena_.view(45056, 512);
+  support::View v528 = arena_.view(4096, 512);
   {
-    float *__restrict v518p = v518.data();
-    const float *__restrict v326p = v326.data();
-    const float *__restrict v421p = v421.data();
-    const float *__restrict v517p = v517.data();
+    float *__restrict v528p = v528.data();
+    const float *__restrict v336p = v336.data();
+    const float *__restrict v431p = v431.data();
+    const float *__restrict v527p = v527.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v326p[i0];
-      const float s1 = v421p[i0];
+      const float s0 = v336p[i0];
+      const float s1 = v431p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v517p[i0];
+      const float s3 = v527p[i0];
       const float s4 = (s2 + s3);
-      v518p[i0] = s4;
+      v528p[i0] = s4;
     }
   }
 
   // albert.mesh:51:10 einsum
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v10(param5_encoder_embed_projection); // updated in place
-  support::View v519 = arena_.view(6144, 512);
+  support::View v529 = arena_.view(6144, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v516.data(), v10.data(), v519.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v526.data(), v10.data(), v529.data(), 1.0f, 0.0f);
 
   // albert.mesh:51:10 einsum -> grad/encoder/embed/projection
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "backward");
   support::View v19 = arena_.view(139264, 512);
-  support::View v520 = arena_.view(8192, 512);
+  support::View v530 = arena_.view(8192, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(v516.data(), v19.data(), v520.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v526.data(), v19.data(), v530.data(), 1.0f, 0.0f);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (2 of 2)
   MESHRT_TRACE_SITE("albert.mesh:77:50");
   support::View v17 = arena_.view(137216, 512);
-  support::View v523 = arena_.view(10240, 512);
-  support::View v525 = arena_.view(12288, 32);
+  support::View v533 = arena_.view(10240, 512);
+  support::View v535 = arena_.view(12288, 32);
   support::View v16 = arena_.view(135168, 512);
-  support::View v527 = arena_.view(10240, 512);
-  support::View v528 = arena_.view(12288, 32);
+  support::View v537 = arena_.view(10240, 512);
+  support::View v538 = arena_.view(12288, 32);
   support::View v8(param3_encoder_embed_gain); // updated in place
-  support::View v522 = arena_.view(10240, 512);
-  support::View v531 = arena_.view(12288, 512);
-  support::View v521 = arena_.view(14592, 16);
-  support::View v524 = arena_.view(14656, 16);
-  support::View v530 = arena_.view(14336, 32);
-  support::View v532 = arena_.view(14464, 32);
-  support::View v534 = arena_.view(12288, 32);
-  repeated6(v521, v519, v17, v523, v524, v525, v16, v527, v528, v530, v8, v522, v531, v532, v534);
+  support::View v532 = arena_.view(10240, 512);
+  support::View v541 = arena_.view(12288, 512);
+  support::View v531 = arena_.view(14592, 16);
+  support::View v534 = arena_.view(14656, 16);
+  support::View v540 = arena_.view(14336, 32);
+  support::View v542 = arena_.view(14464, 32);
+  support::View v544 = arena_.view(12288, 32);
+  repeated6(v531, v529, v17, v533, v534, v535, v16, v537, v538, v540, v8, v532, v541, v542, v544);
 
   // albert.mesh:50:7 mul
   // albert.mesh:50:7 sub
   // albert.mesh:50:7 sub
   // albert.mesh:50:7 mul
   MESHRT_TRACE("loop", "albert.mesh:50:7", "backward");
-  support::View v537 = arena_.view(6144, 512);
+  support::View v547 = arena_.view(6144, 512);
   {
-    float *__restrict v537p = v537.data();
+    float *__restrict v547p = v547.data();
     const float *__restrict v17p = v17.data();
+    const float *__restrict v542p = v542.data();
     const float *__restrict v532p = v532.data();
-    const float *__restrict v522p = v522.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v530p = v530.data();
+    const float *__restrict v544p = v544.data();
+    const float *__restrict v540p = v540.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
         const float s0 = v17p[i0 * 16 + i1];
-        const float s1 = v532p[i0];
+        const float s1 = v542p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v522p[i0 * 16 + i1];
-        const float s4 = v534p[i0];
+        const float s3 = v532p[i0 * 16 + i1];
+        const float s4 = v544p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v530p[i0];
+        const float s7 = v540p[i0];
         const float s8 = (s6 * s7);
-        v537p[i0 * 16 + i1] = s8;
+        v547p[i0 * 16 + i1] = s8;
       }
     }
   }
@@ -3057,61 +3048,55 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
   // albert.mesh:49:54 one_hot
   MESHRT_TRACE("one_hot", "albert.mesh:49:54", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v538 = arena_.view(10240, 64);
-  static const support::Shape shape20_1 = {2, 16, 2};
-  static const support::Shape shape20_3 = {16, 1, 0};
-  static const support::Shape shape20_4 = {0, 0, 1};
-  support::oneHot(v538.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
+  support::View v548 = arena_.view(10240, 64);
+  static const support::Shape shape15_1 = {2, 16, 2};
+  static const support::Shape shape15_3 = {16, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(v548.data(), shape15_1, v1.data(), shape15_3, shape15_4, 0);
 
   // albert.mesh:49:54 einsum -> grad/encoder/embed/segment_table
   MESHRT_TRACE("gemm", "albert.mesh:49:54", "backward");
-  support::View v539 = arena_.view(13312, 32);
+  support::View v549 = arena_.view(13312, 32);
   // dims: batch, length, segments, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan21.run(v538.data(), v537.data(), v539.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v548.data(), v547.data(), v549.data(), 1.0f, 0.0f);
 
   // albert.mesh:49:40 sum -> grad/encoder/embed/positions
   MESHRT_TRACE("sum", "albert.mesh:49:40", "backward");
-  support::View v540 = arena_.view(12288, 256);
-  static const support::Shape shape22_1 = {16, 16};
-  static const support::Shape shape22_3 = {16, 1};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {256};
-  support::reduce(v540.data(), shape22_1, v537.data(), shape22_3, shape22_4, shape22_5,
+  support::View v550 = arena_.view(12288, 256);
+  static const support::Shape shape17_1 = {16, 16};
+  static const support::Shape shape17_3 = {16, 1};
+  static const support::Shape shape17_4 = {2};
+  static const support::Shape shape17_5 = {256};
+  support::reduce(v550.data(), shape17_1, v547.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:48:40 einsum
   MESHRT_TRACE("gemm", "albert.mesh:48:40", "backward");
   support::View v11 = arena_.view(0, 1024);
-  support::View v541 = arena_.view(10240, 512);
+  support::View v551 = arena_.view(10240, 512);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan23.run(v537.data(), v11.data(), v541.data(), 1.0f, 0.0f);
-}
-
-void AlbertTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  einsumPlan18.run(v547.data(), v11.data(), v551.data(), 1.0f, 0.0f);
 
   // albert.mesh:71:9 transpose
   // albert.mesh:48:40 add -> grad/embedding
   MESHRT_TRACE("loop", "albert.mesh:71:9", "backward");
-  support::View v196 = arena_.view(174080, 512);
-  support::View v541 = arena_.view(10240, 512);
-  support::View v542 = arena_.view(0, 512);
+  support::View v206 = arena_.view(174080, 512);
+  support::View v552 = arena_.view(0, 512);
   {
-    float *__restrict v542p = v542.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v541p = v541.data();
+    float *__restrict v552p = v552.data();
+    const float *__restrict v206p = v206.data();
+    const float *__restrict v551p = v551.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v196p[i0 + i1 * 32];
+        const float s0 = v206p[i0 + i1 * 32];
         const float s1 = s0;
-        const float s2 = v541p[i0 * 16 + i1];
+        const float s2 = v551p[i0 * 16 + i1];
         const float s3 = (s1 + s2);
-        v542p[i0 * 16 + i1] = s3;
+        v552p[i0 * 16 + i1] = s3;
       }
     }
   }
@@ -3120,34 +3105,26 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // (grad/heads/classifier, grad/heads/pooler_bias, grad/heads/pooler, ...) over data resolved
   // together, 28.7 KiB in one buffer)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v185 = arena_.view(176128, 64);
-  support::View v189 = arena_.view(176384, 32);
-  support::View v191 = arena_.view(118784, 1024);
-  support::View v194 = arena_.view(176512, 32);
-  support::View v198 = arena_.view(169984, 16);
-  support::View v201 = arena_.view(170048, 16);
-  support::View v238 = arena_.view(167936, 16);
-  support::View v241 = arena_.view(122880, 512);
-  support::View v424 = arena_.view(47104, 32);
-  support::View v428 = arena_.view(47360, 32);
-  support::View v443 = arena_.view(47232, 32);
-  support::View v446 = arena_.view(32768, 1024);
-  support::View v465 = arena_.view(47488, 32);
-  support::View v470 = arena_.view(20480, 1024);
-  support::View v472 = arena_.view(47616, 32);
-  support::View v476 = arena_.view(47744, 32);
-  support::View v492 = arena_.view(36864, 512);
-  support::View v507 = arena_.view(43008, 512);
-  support::View v513 = arena_.view(40960, 512);
-  support::View v518 = arena_.view(4096, 512);
-  support::View v520 = arena_.view(8192, 512);
-  support::View v521 = arena_.view(14592, 16);
-  support::View v524 = arena_.view(14656, 16);
-  support::View v539 = arena_.view(13312, 32);
-  support::View v540 = arena_.view(12288, 256);
+  support::View v195 = arena_.view(176128, 64);
+  support::View v199 = arena_.view(176384, 32);
+  support::View v201 = arena_.view(118784, 1024);
+  support::View v204 = arena_.view(176512, 32);
+  support::View v208 = arena_.view(169984, 16);
+  support::View v211 = arena_.view(170048, 16);
+  support::View v248 = arena_.view(167936, 16);
+  support::View v251 = arena_.view(122880, 512);
+  support::View v434 = arena_.view(47104, 32);
+  support::View v438 = arena_.view(47360, 32);
+  support::View v453 = arena_.view(47232, 32);
+  support::View v456 = arena_.view(32768, 1024);
+  support::View v475 = arena_.view(47488, 32);
+  support::View v480 = arena_.view(20480, 1024);
+  support::View v482 = arena_.view(47616, 32);
+  support::View v486 = arena_.view(47744, 32);
+  support::View v502 = arena_.view(36864, 512);
   auto request5 = support::startAllReduce(
-      group_data, {v185, v189, v191, v194, v198, v201, v238, v241, v424, v428, v443, v446, v465,
-                   v470, v472, v476, v492, v507, v513, v518, v520, v521, v524, v539, v540, v542},
+      group_data, {v195, v199, v201, v204, v208, v211, v248, v251, v434, v438, v453, v456, v475,
+                   v480, v482, v486, v502, v517, v523, v528, v530, v531, v534, v549, v550, v552},
       meshrt::ReduceOp::Sum);
 
   // albert.mesh:109:3 step
@@ -3167,14 +3144,14 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 pow
   // albert.mesh:109:3 sub
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v559 = arena_.view(2048, 1);
-  support::View v575 = arena_.view(2112, 1);
-  support::View v577 = arena_.view(2176, 1);
+  support::View v569 = arena_.view(2048, 1);
+  support::View v585 = arena_.view(2112, 1);
+  support::View v587 = arena_.view(2176, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v559p = v559.data();
-    float *__restrict v575p = v575.data();
-    float *__restrict v577p = v577.data();
+    float *__restrict v569p = v569.data();
+    float *__restrict v585p = v585.data();
+    float *__restrict v587p = v587.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3203,9 +3180,9 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v559p[0] = s19;
-    v575p[0] = s23;
-    v577p[0] = s27;
+    v569p[0] = s19;
+    v585p[0] = s23;
+    v587p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("albert.mesh:109:3");
@@ -3229,53 +3206,58 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/embedding
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v5(param0_embedding);      // updated in place
-  support::View v561(param27_embedding_v); // updated in place
-  support::View v560(param26_embedding_m); // updated in place
+  support::View v571(param27_embedding_v); // updated in place
+  support::View v570(param26_embedding_m); // updated in place
   {
-    float *__restrict v561p = v561.data();
-    float *__restrict v560p = v560.data();
+    float *__restrict v571p = v571.data();
+    float *__restrict v570p = v570.data();
     float *__restrict v5p = v5.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v552p = v552.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = v5p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v542p[i0];
+      const float s3 = v552p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v561p[i0];
+      const float s7 = v571p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v542p[i0];
+      const float s16 = v552p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v560p[i0];
+      const float s19 = v570p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v5p[i0];
       const float s30 = (s29 - s28);
-      v561p[i0] = s10;
-      v560p[i0] = s22;
+      v571p[i0] = s10;
+      v570p[i0] = s22;
       v5p[i0] = s30;
     }
   }
+}
+
+void AlbertTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3294,51 +3276,55 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/positions
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v6(param1_encoder_embed_positions);      // updated in place
-  support::View v590(param29_encoder_embed_positions_v); // updated in place
-  support::View v589(param28_encoder_embed_positions_m); // updated in place
+  support::View v6(param1_encoder_embed_positions); // updated in place
+  support::View v550 = arena_.view(12288, 256);
+  support::View v600(param29_encoder_embed_positions_v); // updated in place
+  support::View v587 = arena_.view(2176, 1);
+  support::View v599(param28_encoder_embed_positions_m); // updated in place
+  support::View v585 = arena_.view(2112, 1);
+  support::View v569 = arena_.view(2048, 1);
   {
-    float *__restrict v590p = v590.data();
-    float *__restrict v589p = v589.data();
+    float *__restrict v600p = v600.data();
+    float *__restrict v599p = v599.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v540p = v540.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v550p = v550.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v540p[i0];
+      const float s3 = v550p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v590p[i0];
+      const float s7 = v600p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v540p[i0];
+      const float s16 = v550p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v589p[i0];
+      const float s19 = v599p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v6p[i0];
       const float s30 = (s29 - s28);
-      v590p[i0] = s10;
-      v589p[i0] = s22;
+      v600p[i0] = s10;
+      v599p[i0] = s22;
       v6p[i0] = s30;
     }
   }
@@ -3360,68 +3346,71 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/segment_table
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v7(param2_encoder_embed_segment_table);      // updated in place
-  support::View v611(param31_encoder_embed_segment_table_v); // updated in place
-  support::View v610(param30_encoder_embed_segment_table_m); // updated in place
+  support::View v7(param2_encoder_embed_segment_table); // updated in place
+  support::View v549 = arena_.view(13312, 32);
+  support::View v621(param31_encoder_embed_segment_table_v); // updated in place
+  support::View v620(param30_encoder_embed_segment_table_m); // updated in place
   {
-    float *__restrict v611p = v611.data();
-    float *__restrict v610p = v610.data();
+    float *__restrict v621p = v621.data();
+    float *__restrict v620p = v620.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v539p = v539.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v549p = v549.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v539p[i0];
+      const float s3 = v549p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v611p[i0];
+      const float s7 = v621p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v539p[i0];
+      const float s16 = v549p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v610p[i0];
+      const float s19 = v620p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v7p[i0];
       const float s30 = (s29 - s28);
-      v611p[i0] = s10;
-      v610p[i0] = s22;
+      v621p[i0] = s10;
+      v620p[i0] = s22;
       v7p[i0] = s30;
     }
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v8(param3_encoder_embed_gain);      // updated in place
-  support::View v632(param33_encoder_embed_gain_v); // updated in place
-  support::View v631(param32_encoder_embed_gain_m); // updated in place
-  repeated3(v8, v524, v632, v577, v631, v575, v559);
+  support::View v8(param3_encoder_embed_gain); // updated in place
+  support::View v534 = arena_.view(14656, 16);
+  support::View v642(param33_encoder_embed_gain_v); // updated in place
+  support::View v641(param32_encoder_embed_gain_m); // updated in place
+  repeated3(v8, v534, v642, v587, v641, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v9(param4_encoder_embed_bias);      // updated in place
-  support::View v653(param35_encoder_embed_bias_v); // updated in place
-  support::View v652(param34_encoder_embed_bias_m); // updated in place
-  repeated3(v9, v521, v653, v577, v652, v575, v559);
+  support::View v9(param4_encoder_embed_bias); // updated in place
+  support::View v531 = arena_.view(14592, 16);
+  support::View v663(param35_encoder_embed_bias_v); // updated in place
+  support::View v662(param34_encoder_embed_bias_m); // updated in place
+  repeated3(v9, v531, v663, v587, v662, v585, v569);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3440,75 +3429,79 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/embed/projection
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v10(param5_encoder_embed_projection);     // updated in place
-  support::View v674(param37_encoder_embed_projection_v); // updated in place
-  support::View v673(param36_encoder_embed_projection_m); // updated in place
+  support::View v10(param5_encoder_embed_projection); // updated in place
+  support::View v530 = arena_.view(8192, 512);
+  support::View v684(param37_encoder_embed_projection_v); // updated in place
+  support::View v683(param36_encoder_embed_projection_m); // updated in place
   {
-    float *__restrict v674p = v674.data();
-    float *__restrict v673p = v673.data();
+    float *__restrict v684p = v684.data();
+    float *__restrict v683p = v683.data();
     float *__restrict v10p = v10.data();
-    const float *__restrict v520p = v520.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v530p = v530.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = v10p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v520p[i0];
+      const float s3 = v530p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v674p[i0];
+      const float s7 = v684p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v520p[i0];
+      const float s16 = v530p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v673p[i0];
+      const float s19 = v683p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v10p[i0];
       const float s30 = (s29 - s28);
-      v674p[i0] = s10;
-      v673p[i0] = s22;
+      v684p[i0] = s10;
+      v683p[i0] = s22;
       v10p[i0] = s30;
     }
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v21(param6_encoder_albert_layer_self_attention_q);     // updated in place
-  support::View v695(param39_encoder_albert_layer_self_attention_q_v); // updated in place
-  support::View v694(param38_encoder_albert_layer_self_attention_q_m); // updated in place
-  repeated5(v21, v518, v695, v577, v694, v575, v559);
+  support::View v21(param6_encoder_albert_layer_self_attention_q); // updated in place
+  support::View v528 = arena_.view(4096, 512);
+  support::View v705(param39_encoder_albert_layer_self_attention_q_v); // updated in place
+  support::View v704(param38_encoder_albert_layer_self_attention_q_m); // updated in place
+  repeated5(v21, v528, v705, v587, v704, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v22(param7_encoder_albert_layer_self_attention_k);     // updated in place
-  support::View v716(param41_encoder_albert_layer_self_attention_k_v); // updated in place
-  support::View v715(param40_encoder_albert_layer_self_attention_k_m); // updated in place
-  repeated5(v22, v513, v716, v577, v715, v575, v559);
+  support::View v22(param7_encoder_albert_layer_self_attention_k); // updated in place
+  support::View v523 = arena_.view(40960, 512);
+  support::View v726(param41_encoder_albert_layer_self_attention_k_v); // updated in place
+  support::View v725(param40_encoder_albert_layer_self_attention_k_m); // updated in place
+  repeated5(v22, v523, v726, v587, v725, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (3 of 3)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v23(param8_encoder_albert_layer_self_attention_v);     // updated in place
-  support::View v737(param43_encoder_albert_layer_self_attention_v_v); // updated in place
-  support::View v736(param42_encoder_albert_layer_self_attention_v_m); // updated in place
-  repeated5(v23, v507, v737, v577, v736, v575, v559);
+  support::View v23(param8_encoder_albert_layer_self_attention_v); // updated in place
+  support::View v517 = arena_.view(43008, 512);
+  support::View v747(param43_encoder_albert_layer_self_attention_v_v); // updated in place
+  support::View v746(param42_encoder_albert_layer_self_attention_v_m); // updated in place
+  repeated5(v23, v517, v747, v587, v746, v585, v569);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3527,68 +3520,71 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/self_attention/o
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v24(param9_encoder_albert_layer_self_attention_o);     // updated in place
-  support::View v758(param45_encoder_albert_layer_self_attention_o_v); // updated in place
-  support::View v757(param44_encoder_albert_layer_self_attention_o_m); // updated in place
+  support::View v24(param9_encoder_albert_layer_self_attention_o); // updated in place
+  support::View v502 = arena_.view(36864, 512);
+  support::View v768(param45_encoder_albert_layer_self_attention_o_v); // updated in place
+  support::View v767(param44_encoder_albert_layer_self_attention_o_m); // updated in place
   {
-    float *__restrict v758p = v758.data();
-    float *__restrict v757p = v757.data();
+    float *__restrict v768p = v768.data();
+    float *__restrict v767p = v767.data();
     float *__restrict v24p = v24.data();
-    const float *__restrict v492p = v492.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v502p = v502.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = v24p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v492p[i0];
+      const float s3 = v502p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v758p[i0];
+      const float s7 = v768p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v492p[i0];
+      const float s16 = v502p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v757p[i0];
+      const float s19 = v767p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v24p[i0];
       const float s30 = (s29 - s28);
-      v758p[i0] = s10;
-      v757p[i0] = s22;
+      v768p[i0] = s10;
+      v767p[i0] = s22;
       v24p[i0] = s30;
     }
   }
 
   // 1 statements from albert.mesh:109:3 mul (1 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v38(param10_encoder_albert_layer_norm_gain);    // updated in place
-  support::View v779(param47_encoder_albert_layer_norm_gain_v); // updated in place
-  support::View v778(param46_encoder_albert_layer_norm_gain_m); // updated in place
-  repeated4(v38, v476, v779, v577, v778, v575, v559);
+  support::View v38(param10_encoder_albert_layer_norm_gain); // updated in place
+  support::View v486 = arena_.view(47744, 32);
+  support::View v789(param47_encoder_albert_layer_norm_gain_v); // updated in place
+  support::View v788(param46_encoder_albert_layer_norm_gain_m); // updated in place
+  repeated4(v38, v486, v789, v587, v788, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (2 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v39(param11_encoder_albert_layer_norm_bias);    // updated in place
-  support::View v800(param49_encoder_albert_layer_norm_bias_v); // updated in place
-  support::View v799(param48_encoder_albert_layer_norm_bias_m); // updated in place
-  repeated4(v39, v472, v800, v577, v799, v575, v559);
+  support::View v39(param11_encoder_albert_layer_norm_bias); // updated in place
+  support::View v482 = arena_.view(47616, 32);
+  support::View v810(param49_encoder_albert_layer_norm_bias_v); // updated in place
+  support::View v809(param48_encoder_albert_layer_norm_bias_m); // updated in place
+  repeated4(v39, v482, v810, v587, v809, v585, v569);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3607,51 +3603,52 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi);    // updated in place
-  support::View v821(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
-  support::View v820(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
+  support::View v43(param12_encoder_albert_layer_dense_relu_dense_wi); // updated in place
+  support::View v480 = arena_.view(20480, 1024);
+  support::View v831(param51_encoder_albert_layer_dense_relu_dense_wi_v); // updated in place
+  support::View v830(param50_encoder_albert_layer_dense_relu_dense_wi_m); // updated in place
   {
-    float *__restrict v821p = v821.data();
-    float *__restrict v820p = v820.data();
+    float *__restrict v831p = v831.data();
+    float *__restrict v830p = v830.data();
     float *__restrict v43p = v43.data();
-    const float *__restrict v470p = v470.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v480p = v480.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v43p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v470p[i0];
+      const float s3 = v480p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v821p[i0];
+      const float s7 = v831p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v470p[i0];
+      const float s16 = v480p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v820p[i0];
+      const float s19 = v830p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v43p[i0];
       const float s30 = (s29 - s28);
-      v821p[i0] = s10;
-      v820p[i0] = s22;
+      v831p[i0] = s10;
+      v830p[i0] = s22;
       v43p[i0] = s30;
     }
   }
@@ -3673,51 +3670,52 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/bi
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi);    // updated in place
-  support::View v842(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
-  support::View v841(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
+  support::View v44(param13_encoder_albert_layer_dense_relu_dense_bi); // updated in place
+  support::View v475 = arena_.view(47488, 32);
+  support::View v852(param53_encoder_albert_layer_dense_relu_dense_bi_v); // updated in place
+  support::View v851(param52_encoder_albert_layer_dense_relu_dense_bi_m); // updated in place
   {
-    float *__restrict v842p = v842.data();
-    float *__restrict v841p = v841.data();
+    float *__restrict v852p = v852.data();
+    float *__restrict v851p = v851.data();
     float *__restrict v44p = v44.data();
-    const float *__restrict v465p = v465.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v475p = v475.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v44p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v465p[i0];
+      const float s3 = v475p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v842p[i0];
+      const float s7 = v852p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v465p[i0];
+      const float s16 = v475p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v841p[i0];
+      const float s19 = v851p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v44p[i0];
       const float s30 = (s29 - s28);
-      v842p[i0] = s10;
-      v841p[i0] = s22;
+      v852p[i0] = s10;
+      v851p[i0] = s22;
       v44p[i0] = s30;
     }
   }
@@ -3739,75 +3737,79 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/encoder/albert_layer/dense_relu_dense/wo
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo);    // updated in place
-  support::View v863(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
-  support::View v862(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
+  support::View v45(param14_encoder_albert_layer_dense_relu_dense_wo); // updated in place
+  support::View v456 = arena_.view(32768, 1024);
+  support::View v873(param55_encoder_albert_layer_dense_relu_dense_wo_v); // updated in place
+  support::View v872(param54_encoder_albert_layer_dense_relu_dense_wo_m); // updated in place
   {
-    float *__restrict v863p = v863.data();
-    float *__restrict v862p = v862.data();
+    float *__restrict v873p = v873.data();
+    float *__restrict v872p = v872.data();
     float *__restrict v45p = v45.data();
-    const float *__restrict v446p = v446.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v456p = v456.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v45p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v446p[i0];
+      const float s3 = v456p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v863p[i0];
+      const float s7 = v873p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v446p[i0];
+      const float s16 = v456p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v862p[i0];
+      const float s19 = v872p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v45p[i0];
       const float s30 = (s29 - s28);
-      v863p[i0] = s10;
-      v862p[i0] = s22;
+      v873p[i0] = s10;
+      v872p[i0] = s22;
       v45p[i0] = s30;
     }
   }
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo);    // updated in place
-  support::View v884(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
-  support::View v883(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
-  repeated4(v46, v443, v884, v577, v883, v575, v559);
+  support::View v46(param15_encoder_albert_layer_dense_relu_dense_bo); // updated in place
+  support::View v453 = arena_.view(47232, 32);
+  support::View v894(param57_encoder_albert_layer_dense_relu_dense_bo_v); // updated in place
+  support::View v893(param56_encoder_albert_layer_dense_relu_dense_bo_m); // updated in place
+  repeated4(v46, v453, v894, v587, v893, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v54(param16_encoder_albert_layer_norm_1_gain);    // updated in place
-  support::View v905(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
-  support::View v904(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
-  repeated4(v54, v428, v905, v577, v904, v575, v559);
+  support::View v54(param16_encoder_albert_layer_norm_1_gain); // updated in place
+  support::View v438 = arena_.view(47360, 32);
+  support::View v915(param59_encoder_albert_layer_norm_1_gain_v); // updated in place
+  support::View v914(param58_encoder_albert_layer_norm_1_gain_m); // updated in place
+  repeated4(v54, v438, v915, v587, v914, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v55(param17_encoder_albert_layer_norm_1_bias);    // updated in place
-  support::View v926(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
-  support::View v925(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
-  repeated4(v55, v424, v926, v577, v925, v575, v559);
+  support::View v55(param17_encoder_albert_layer_norm_1_bias); // updated in place
+  support::View v434 = arena_.view(47104, 32);
+  support::View v936(param61_encoder_albert_layer_norm_1_bias_v); // updated in place
+  support::View v935(param60_encoder_albert_layer_norm_1_bias_m); // updated in place
+  repeated4(v55, v434, v936, v587, v935, v585, v569);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3826,85 +3828,79 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 sub -> next/heads/transform
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
-  support::View v111(param18_heads_transform);   // updated in place
-  support::View v947(param63_heads_transform_v); // updated in place
-  support::View v946(param62_heads_transform_m); // updated in place
+  support::View v111(param18_heads_transform); // updated in place
+  support::View v251 = arena_.view(122880, 512);
+  support::View v957(param63_heads_transform_v); // updated in place
+  support::View v956(param62_heads_transform_m); // updated in place
   {
-    float *__restrict v947p = v947.data();
-    float *__restrict v946p = v946.data();
+    float *__restrict v957p = v957.data();
+    float *__restrict v956p = v956.data();
     float *__restrict v111p = v111.data();
-    const float *__restrict v241p = v241.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v251p = v251.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = v111p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v241p[i0];
+      const float s3 = v251p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v947p[i0];
+      const float s7 = v957p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v241p[i0];
+      const float s16 = v251p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v946p[i0];
+      const float s19 = v956p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v111p[i0];
       const float s30 = (s29 - s28);
-      v947p[i0] = s10;
-      v946p[i0] = s22;
+      v957p[i0] = s10;
+      v956p[i0] = s22;
       v111p[i0] = s30;
     }
   }
 
   // 1 statements from albert.mesh:109:3 mul (3 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
-  support::View v112(param19_heads_transform_bias);   // updated in place
-  support::View v968(param65_heads_transform_bias_v); // updated in place
-  support::View v967(param64_heads_transform_bias_m); // updated in place
-  repeated3(v112, v238, v968, v577, v967, v575, v559);
-}
-
-void AlbertTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v112(param19_heads_transform_bias); // updated in place
+  support::View v248 = arena_.view(167936, 16);
+  support::View v978(param65_heads_transform_bias_v); // updated in place
+  support::View v977(param64_heads_transform_bias_m); // updated in place
+  repeated3(v112, v248, v978, v587, v977, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (4 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v113(param20_heads_gain); // updated in place
-  support::View v201 = arena_.view(170048, 16);
-  support::View v989(param67_heads_gain_v); // updated in place
-  support::View v577 = arena_.view(2176, 1);
-  support::View v988(param66_heads_gain_m); // updated in place
-  support::View v575 = arena_.view(2112, 1);
-  support::View v559 = arena_.view(2048, 1);
-  repeated3(v113, v201, v989, v577, v988, v575, v559);
+  support::View v211 = arena_.view(170048, 16);
+  support::View v999(param67_heads_gain_v); // updated in place
+  support::View v998(param66_heads_gain_m); // updated in place
+  repeated3(v113, v211, v999, v587, v998, v585, v569);
 
   // 1 statements from albert.mesh:109:3 mul (5 of 5)
   MESHRT_TRACE_SITE("albert.mesh:109:3");
   support::View v114(param21_heads_bias); // updated in place
-  support::View v198 = arena_.view(169984, 16);
-  support::View v1010(param69_heads_bias_v); // updated in place
-  support::View v1009(param68_heads_bias_m); // updated in place
-  repeated3(v114, v198, v1010, v577, v1009, v575, v559);
+  support::View v208 = arena_.view(169984, 16);
+  support::View v1020(param69_heads_bias_v); // updated in place
+  support::View v1019(param68_heads_bias_m); // updated in place
+  repeated3(v114, v208, v1020, v587, v1019, v585, v569);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -3924,51 +3920,51 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/output_bias
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v116(param22_heads_output_bias); // updated in place
-  support::View v194 = arena_.view(176512, 32);
-  support::View v1031(param71_heads_output_bias_v); // updated in place
-  support::View v1030(param70_heads_output_bias_m); // updated in place
+  support::View v204 = arena_.view(176512, 32);
+  support::View v1041(param71_heads_output_bias_v); // updated in place
+  support::View v1040(param70_heads_output_bias_m); // updated in place
   {
-    float *__restrict v1031p = v1031.data();
-    float *__restrict v1030p = v1030.data();
+    float *__restrict v1041p = v1041.data();
+    float *__restrict v1040p = v1040.data();
     float *__restrict v116p = v116.data();
-    const float *__restrict v194p = v194.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v204p = v204.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v116p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v194p[i0];
+      const float s3 = v204p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v1031p[i0];
+      const float s7 = v1041p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v194p[i0];
+      const float s16 = v204p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1030p[i0];
+      const float s19 = v1040p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v116p[i0];
       const float s30 = (s29 - s28);
-      v1031p[i0] = s10;
-      v1030p[i0] = s22;
+      v1041p[i0] = s10;
+      v1040p[i0] = s22;
       v116p[i0] = s30;
     }
   }
@@ -3991,51 +3987,51 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/pooler
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v117(param23_heads_pooler); // updated in place
-  support::View v191 = arena_.view(118784, 1024);
-  support::View v1052(param73_heads_pooler_v); // updated in place
-  support::View v1051(param72_heads_pooler_m); // updated in place
+  support::View v201 = arena_.view(118784, 1024);
+  support::View v1062(param73_heads_pooler_v); // updated in place
+  support::View v1061(param72_heads_pooler_m); // updated in place
   {
-    float *__restrict v1052p = v1052.data();
-    float *__restrict v1051p = v1051.data();
+    float *__restrict v1062p = v1062.data();
+    float *__restrict v1061p = v1061.data();
     float *__restrict v117p = v117.data();
-    const float *__restrict v191p = v191.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v201p = v201.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v117p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v191p[i0];
+      const float s3 = v201p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v1052p[i0];
+      const float s7 = v1062p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v191p[i0];
+      const float s16 = v201p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1051p[i0];
+      const float s19 = v1061p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v117p[i0];
       const float s30 = (s29 - s28);
-      v1052p[i0] = s10;
-      v1051p[i0] = s22;
+      v1062p[i0] = s10;
+      v1061p[i0] = s22;
       v117p[i0] = s30;
     }
   }
@@ -4058,54 +4054,59 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/pooler_bias
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v118(param24_heads_pooler_bias); // updated in place
-  support::View v189 = arena_.view(176384, 32);
-  support::View v1073(param75_heads_pooler_bias_v); // updated in place
-  support::View v1072(param74_heads_pooler_bias_m); // updated in place
+  support::View v199 = arena_.view(176384, 32);
+  support::View v1083(param75_heads_pooler_bias_v); // updated in place
+  support::View v1082(param74_heads_pooler_bias_m); // updated in place
   {
-    float *__restrict v1073p = v1073.data();
-    float *__restrict v1072p = v1072.data();
+    float *__restrict v1083p = v1083.data();
+    float *__restrict v1082p = v1082.data();
     float *__restrict v118p = v118.data();
-    const float *__restrict v189p = v189.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v199p = v199.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v118p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v189p[i0];
+      const float s3 = v199p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v1073p[i0];
+      const float s7 = v1083p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v189p[i0];
+      const float s16 = v199p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1072p[i0];
+      const float s19 = v1082p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v118p[i0];
       const float s30 = (s29 - s28);
-      v1073p[i0] = s10;
-      v1072p[i0] = s22;
+      v1083p[i0] = s10;
+      v1082p[i0] = s22;
       v118p[i0] = s30;
     }
   }
+}
+
+void AlbertTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // albert.mesh:109:3 mul
   // albert.mesh:109:3 square
@@ -4125,51 +4126,54 @@ void AlbertTrain::runPart6(const Inputs &inputs) {
   // albert.mesh:109:3 sub -> next/heads/classifier
   MESHRT_TRACE("loop", "albert.mesh:109:3", "update");
   support::View v119(param25_heads_classifier); // updated in place
-  support::View v185 = arena_.view(176128, 64);
-  support::View v1094(param77_heads_classifier_v); // updated in place
-  support::View v1093(param76_heads_classifier_m); // updated in place
+  support::View v195 = arena_.view(176128, 64);
+  support::View v1104(param77_heads_classifier_v); // updated in place
+  support::View v587 = arena_.view(2176, 1);
+  support::View v1103(param76_heads_classifier_m); // updated in place
+  support::View v585 = arena_.view(2112, 1);
+  support::View v569 = arena_.view(2048, 1);
   {
-    float *__restrict v1094p = v1094.data();
-    float *__restrict v1093p = v1093.data();
+    float *__restrict v1104p = v1104.data();
+    float *__restrict v1103p = v1103.data();
     float *__restrict v119p = v119.data();
-    const float *__restrict v185p = v185.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v575p = v575.data();
-    const float *__restrict v559p = v559.data();
+    const float *__restrict v195p = v195.data();
+    const float *__restrict v587p = v587.data();
+    const float *__restrict v585p = v585.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = v119p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v185p[i0];
+      const float s3 = v195p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v1094p[i0];
+      const float s7 = v1104p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v577p[0];
+      const float s11 = v587p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v185p[i0];
+      const float s16 = v195p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1093p[i0];
+      const float s19 = v1103p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v575p[0];
+      const float s23 = v585p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v559p[0];
+      const float s27 = v569p[0];
       const float s28 = (s26 * s27);
       const float s29 = v119p[i0];
       const float s30 = (s29 - s28);
-      v1094p[i0] = s10;
-      v1093p[i0] = s22;
+      v1104p[i0] = s10;
+      v1103p[i0] = s22;
       v119p[i0] = s30;
     }
   }
@@ -4433,7 +4437,7 @@ void AlbertTrain::repeated0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan15.run(a21.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %269 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %280 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(a24.data(), a24.size(), meshrt::ReduceOp::Sum);
@@ -4719,8 +4723,8 @@ void AlbertTrain::repeated0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan41.run(a55.data(), a62.data(), a63.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %301 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%320, %324): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %312 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%330, %334): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   auto request2 = support::startAllReduce(group_model, {a59, a61, a63}, meshrt::ReduceOp::Sum);

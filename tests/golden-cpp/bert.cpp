@@ -1338,7 +1338,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1788956 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1772444 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1709,14 +1709,24 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:64:14 broadcast
   // bert.mesh:64:29 mul
   // bert.mesh:61:20 neg
+  // bert.mesh:60:14 lt
+  // bert.mesh:60:14 ge
+  // bert.mesh:60:14 mul
+  // bert.mesh:60:14 cast
+  // bert.mesh:60:14 mul
+  // bert.mesh:60:14 exp
+  // bert.mesh:60:14 mul
   // bert.mesh:61:21 broadcast
   // bert.mesh:61:30 mul
+  // bert.mesh:60:14 sub
   MESHRT_TRACE("loop", "bert.mesh:64:14", "backward");
-  support::View v130 = arena_.view(32768, 4096);
+  support::View v140 = arena_.view(32768, 4096);
   {
-    float *__restrict v130p = v130.data();
+    float *__restrict v140p = v140.data();
     const float *__restrict v125p = v125.data();
     const float *__restrict v116p = v116.data();
+    const float *__restrict v4p = v4.data();
+    const float *__restrict v110p = v110.data();
     const float *__restrict v111p = v111.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 128; ++i1) {
@@ -1725,10 +1735,23 @@ void MlmTrain::runPart0(const Inputs &inputs) {
         const float s2 = v116p[i0];
         const float s3 = (s1 * s2);
         const float s4 = -s3;
-        const float s5 = s4;
-        const float s6 = v111p[i0 * 128 + i1];
-        const float s7 = (s5 * s6);
-        v130p[i0 * 128 + i1] = s7;
+        const float s5 = v4p[i0];
+        const float s6 = support::wrapI32(128.0);
+        const float s7 = (s5 < s6 ? 1.0f : 0.0f);
+        const float s8 = v4p[i0];
+        const float s9 = support::wrapI32(0.0);
+        const float s10 = (s8 >= s9 ? 1.0f : 0.0f);
+        const float s11 = support::wrapI32(double((double(s10) * double(s7))));
+        const float s12 = s11;
+        const float s13 = (s4 * s12);
+        const float s14 = v110p[i0 * 128 + i1];
+        const float s15 = support::fexp(s14);
+        const float s16 = (s15 * s13);
+        const float s17 = s4;
+        const float s18 = v111p[i0 * 128 + i1];
+        const float s19 = (s17 * s18);
+        const float s20 = (s19 - s16);
+        v140p[i0 * 128 + i1] = s20;
       }
     }
   }
@@ -1738,158 +1761,124 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // bert.mesh:60:14 sum
-  MESHRT_TRACE("sum", "bert.mesh:60:14", "backward");
-  support::View v130 = arena_.view(32768, 4096);
-  support::View v131 = arena_.view(139264, 32);
-  static const support::Shape shape0_1 = {1, 32};
-  static const support::Shape shape0_3 = {4096, 128};
-  static const support::Shape shape0_4 = {128};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v131.data(), shape0_1, v130.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // bert.mesh:60:14 exp
-  // bert.mesh:60:14 mul
-  // bert.mesh:60:14 sub
-  MESHRT_TRACE("loop", "bert.mesh:60:14", "backward");
-  support::View v110 = arena_.view(0, 4096);
-  support::View v134 = arena_.view(16384, 4096);
-  {
-    float *__restrict v134p = v134.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v131p = v131.data();
-    const float *__restrict v130p = v130.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v110p[i0 * 128 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v131p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v130p[i0 * 128 + i1];
-        const float s5 = (s4 - s3);
-        v134p[i0 * 128 + i1] = s5;
-      }
-    }
-  }
-
   // bert.mesh:46:58 sum -> grad/bert/output_bias
   MESHRT_TRACE("sum", "bert.mesh:46:58", "backward");
-  support::View v135 = arena_.view(538624, 128);
-  static const support::Shape shape2_1 = {128};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 32};
-  static const support::Shape shape2_5 = {4096, 128};
-  support::reduce(v135.data(), shape2_1, v134.data(), shape2_3, shape2_4, shape2_5,
+  support::View v140 = arena_.view(32768, 4096);
+  support::View v141 = arena_.view(538624, 128);
+  static const support::Shape shape0_1 = {128};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 32};
+  static const support::Shape shape0_5 = {4096, 128};
+  support::reduce(v141.data(), shape0_1, v140.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v5(param0_bert_token_embedding); // updated in place
-  support::View v136 = arena_.view(0, 2048);
+  support::View v142 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v140.data(), v5.data(), v142.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "backward");
   support::View v107 = arena_.view(131072, 2048);
-  support::View v137 = arena_.view(262144, 8192);
+  support::View v143 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan4.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v140.data(), v107.data(), v143.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::View v138 = arena_.view(539136, 64);
-  static const support::Shape shape5_1 = {64};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {1, 32};
-  static const support::Shape shape5_5 = {2048, 64};
-  support::reduce(v138.data(), shape5_1, v136.data(), shape5_3, shape5_4, shape5_5,
+  support::View v144 = arena_.view(539136, 64);
+  static const support::Shape shape3_1 = {64};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {1, 32};
+  static const support::Shape shape3_5 = {2048, 64};
+  support::reduce(v144.data(), shape3_1, v142.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v105 = arena_.view(57344, 2048);
-  support::View v140 = arena_.view(8192, 2048);
+  support::View v146 = arena_.view(8192, 2048);
   {
-    float *__restrict v140p = v140.data();
-    const float *__restrict v136p = v136.data();
+    float *__restrict v146p = v146.data();
+    const float *__restrict v142p = v142.data();
     const float *__restrict v105p = v105.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v136p[i0];
+      const float s0 = v142p[i0];
       const float s1 = v105p[i0];
       const float s2 = (s0 * s1);
-      v140p[i0] = s2;
+      v146p[i0] = s2;
     }
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::View v141 = arena_.view(539392, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {1, 32};
-  static const support::Shape shape7_5 = {2048, 64};
-  support::reduce(v141.data(), shape7_1, v140.data(), shape7_3, shape7_4, shape7_5,
+  support::View v147 = arena_.view(539392, 64);
+  static const support::Shape shape5_1 = {64};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {1, 32};
+  static const support::Shape shape5_5 = {2048, 64};
+  support::reduce(v147.data(), shape5_1, v146.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v102 = arena_.view(49152, 2048);
-  support::View v142 = arena_.view(16384, 32);
-  static const support::Shape shape8_1 = {1, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v142.data(), shape8_1, v102.data(), shape8_3, shape8_4, shape8_5,
+  support::View v148 = arena_.view(16384, 32);
+  static const support::Shape shape6_1 = {1, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v148.data(), shape6_1, v102.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v144 = arena_.view(8192, 2048);
+  support::View v150 = arena_.view(8192, 2048);
   {
-    float *__restrict v144p = v144.data();
+    float *__restrict v150p = v150.data();
     const float *__restrict v102p = v102.data();
-    const float *__restrict v142p = v142.data();
+    const float *__restrict v148p = v148.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = v102p[i0 * 64 + i1];
-        const float s1 = v142p[i0];
+        const float s1 = v148p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v144p[i0 * 64 + i1] = s3;
+        v150p[i0 * 64 + i1] = s3;
       }
     }
   }
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v145 = arena_.view(16384, 32);
-  static const support::Shape shape10_1 = {1, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {64};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v145.data(), shape10_1, v144.data(), shape10_3, shape10_4, shape10_5,
+  support::View v151 = arena_.view(16384, 32);
+  static const support::Shape shape8_1 = {1, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v151.data(), shape8_1, v150.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v148 = arena_.view(24576, 32);
+  support::View v154 = arena_.view(24576, 32);
   {
-    float *__restrict v148p = v148.data();
-    const float *__restrict v145p = v145.data();
+    float *__restrict v154p = v154.data();
+    const float *__restrict v151p = v151.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v145p[i0];
+      const float s0 = v151p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v148p[i0] = s3;
+      v154p[i0] = s3;
     }
   }
 
@@ -1897,45 +1886,45 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v139 = arena_.view(8192, 2048);
-  support::View v149 = arena_.view(16384, 2048);
+  support::View v145 = arena_.view(8192, 2048);
+  support::View v155 = arena_.view(16384, 2048);
   {
-    float *__restrict v139p = v139.data();
-    float *__restrict v149p = v149.data();
-    const float *__restrict v136p = v136.data();
+    float *__restrict v145p = v145.data();
+    float *__restrict v155p = v155.data();
+    const float *__restrict v142p = v142.data();
     const float *__restrict v103p = v103.data();
     const float *__restrict v105p = v105.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v136p[i0 * 64 + i1];
+        const float s0 = v142p[i0 * 64 + i1];
         const float s1 = v103p[i1];
         const float s2 = (s0 * s1);
         const float s3 = v105p[i0 * 64 + i1];
         const float s4 = (s2 * s3);
-        v139p[i0 * 64 + i1] = s2;
-        v149p[i0 * 64 + i1] = s4;
+        v145p[i0 * 64 + i1] = s2;
+        v155p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v150 = arena_.view(0, 32);
-  static const support::Shape shape13_1 = {1, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v150.data(), shape13_1, v149.data(), shape13_3, shape13_4, shape13_5,
+  support::View v156 = arena_.view(0, 32);
+  static const support::Shape shape11_1 = {1, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v156.data(), shape11_1, v155.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v152 = arena_.view(128, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v152.data(), shape14_1, v139.data(), shape14_3, shape14_4, shape14_5,
+  support::View v158 = arena_.view(128, 32);
+  static const support::Shape shape12_1 = {1, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v158.data(), shape12_1, v145.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1943,26 +1932,26 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v155 = arena_.view(409600, 2048);
+  support::View v161 = arena_.view(409600, 2048);
   {
-    float *__restrict v155p = v155.data();
+    float *__restrict v161p = v161.data();
     const float *__restrict v105p = v105.data();
-    const float *__restrict v150p = v150.data();
-    const float *__restrict v139p = v139.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v148p = v148.data();
+    const float *__restrict v156p = v156.data();
+    const float *__restrict v145p = v145.data();
+    const float *__restrict v158p = v158.data();
+    const float *__restrict v154p = v154.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = v105p[i0 * 64 + i1];
-        const float s1 = v150p[i0];
+        const float s1 = v156p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v139p[i0 * 64 + i1];
-        const float s4 = v152p[i0];
+        const float s3 = v145p[i0 * 64 + i1];
+        const float s4 = v158p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v148p[i0];
+        const float s7 = v154p[i0];
         const float s8 = (s6 * s7);
-        v155p[i0 * 64 + i1] = s8;
+        v161p[i0 * 64 + i1] = s8;
       }
     }
   }
@@ -1970,263 +1959,228 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
-  support::View v157 = arena_.view(131072, 8192);
+  support::View v163 = arena_.view(131072, 8192);
   support::View v99 = arena_.view(98304, 8192);
   support::View v97 = arena_.view(65536, 8192);
-  support::View v181 = arena_.view(163840, 8192);
+  support::View v187 = arena_.view(163840, 8192);
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
-  support::View v183 = arena_.view(65536, 2048);
-  support::View v184 = arena_.view(131072, 2048);
+  support::View v189 = arena_.view(65536, 2048);
+  support::View v190 = arena_.view(131072, 2048);
   support::View v91 = arena_.view(401408, 2048);
   support::View v89 = arena_.view(385024, 2048);
-  support::View v188 = arena_.view(139264, 2048);
-  support::View v190 = arena_.view(147456, 32);
+  support::View v194 = arena_.view(139264, 2048);
+  support::View v196 = arena_.view(147456, 32);
   support::View v86 = arena_.view(376832, 2048);
-  support::View v192 = arena_.view(139264, 2048);
-  support::View v193 = arena_.view(147456, 32);
-  support::View v195 = arena_.view(155648, 32);
+  support::View v198 = arena_.view(139264, 2048);
+  support::View v199 = arena_.view(147456, 32);
+  support::View v201 = arena_.view(155648, 32);
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
-  support::View v187 = arena_.view(139264, 2048);
-  support::View v196 = arena_.view(147456, 2048);
-  support::View v197 = arena_.view(131072, 32);
-  support::View v199 = arena_.view(131200, 32);
-  support::View v202 = arena_.view(163840, 2048);
+  support::View v193 = arena_.view(139264, 2048);
+  support::View v202 = arena_.view(147456, 2048);
+  support::View v203 = arena_.view(131072, 32);
+  support::View v205 = arena_.view(131200, 32);
+  support::View v208 = arena_.view(163840, 2048);
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
-  support::View v203 = arena_.view(147456, 2048);
+  support::View v209 = arena_.view(147456, 2048);
   support::View v84 = arena_.view(393216, 2048);
   support::View v74 = arena_.view(352256, 2048);
-  support::View v205 = arena_.view(131072, 4096);
+  support::View v211 = arena_.view(131072, 4096);
   support::View v83 = arena_.view(294912, 4096);
-  support::View v206 = arena_.view(172032, 2048);
-  support::View v207 = arena_.view(147456, 4096);
-  support::View v208 = arena_.view(180224, 128);
-  support::View v39 = arena_.view(532480, 1024);
+  support::View v212 = arena_.view(172032, 2048);
   support::View v213 = arena_.view(147456, 4096);
+  support::View v214 = arena_.view(180224, 128);
+  support::View v39 = arena_.view(532480, 1024);
+  support::View v219 = arena_.view(147456, 4096);
   support::View v72 = arena_.view(344064, 2048);
-  support::View v214 = arena_.view(131072, 2048);
+  support::View v220 = arena_.view(131072, 2048);
   support::View v71 = arena_.view(335872, 2048);
-  support::View v215 = arena_.view(139264, 2048);
+  support::View v221 = arena_.view(139264, 2048);
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
-  support::View v217 = arena_.view(147456, 2048);
+  support::View v223 = arena_.view(147456, 2048);
   support::View v66 = arena_.view(327680, 2048);
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
-  support::View v221 = arena_.view(155648, 2048);
+  support::View v227 = arena_.view(155648, 2048);
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
-  support::View v224 = arena_.view(139264, 2048);
-  support::View v225 = arena_.view(172032, 2048);
+  support::View v230 = arena_.view(139264, 2048);
+  support::View v231 = arena_.view(172032, 2048);
   support::View v64 = arena_.view(319488, 2048);
-  support::View v229 = arena_.view(131072, 2048);
-  support::View v231 = arena_.view(139264, 32);
+  support::View v235 = arena_.view(131072, 2048);
+  support::View v237 = arena_.view(139264, 32);
   support::View v61 = arena_.view(311296, 2048);
-  support::View v233 = arena_.view(131072, 2048);
-  support::View v234 = arena_.view(139264, 32);
-  support::View v236 = arena_.view(147456, 32);
-  support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v228 = arena_.view(131072, 2048);
-  support::View v237 = arena_.view(139264, 2048);
-  support::View v238 = arena_.view(147584, 32);
+  support::View v239 = arena_.view(131072, 2048);
   support::View v240 = arena_.view(139264, 32);
-  support::View v156 = arena_.view(539648, 64);
-  support::View v158 = arena_.view(0, 16384);
-  support::View v182 = arena_.view(536576, 256);
-  support::View v185 = arena_.view(65536, 16384);
-  support::View v186 = arena_.view(539904, 64);
-  support::View v189 = arena_.view(540160, 64);
-  support::View v204 = arena_.view(376832, 4096);
-  support::View v219 = arena_.view(393216, 4096);
-  support::View v223 = arena_.view(409600, 4096);
-  support::View v226 = arena_.view(425984, 4096);
-  support::View v227 = arena_.view(540416, 64);
-  support::View v230 = arena_.view(540672, 64);
-  support::View v243 = arena_.view(524288, 2048);
-  repeated1(v156, v155, v94, v157, v99, v158, v97, v181, v182, v92, v183, v184, v91, v185, v186,
-            v89, v188, v189, v190, v86, v192, v193, v195, v87, v187, v196, v197, v199, v202, v70,
-            v203, v84, v204, v74, v205, v83, v206, v207, v208, v39, v213, v72, v214, v71, v215, v69,
-            v217, v66, v219, v68, v221, v223, v67, v224, v225, v226, v227, v64, v229, v230, v231,
-            v61, v233, v234, v236, v62, v228, v237, v238, v240, v243,
+  support::View v242 = arena_.view(147456, 32);
+  support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v234 = arena_.view(131072, 2048);
+  support::View v243 = arena_.view(139264, 2048);
+  support::View v244 = arena_.view(147584, 32);
+  support::View v246 = arena_.view(139264, 32);
+  support::View v162 = arena_.view(539648, 64);
+  support::View v164 = arena_.view(0, 16384);
+  support::View v188 = arena_.view(536576, 256);
+  support::View v191 = arena_.view(65536, 16384);
+  support::View v192 = arena_.view(539904, 64);
+  support::View v195 = arena_.view(540160, 64);
+  support::View v210 = arena_.view(376832, 4096);
+  support::View v225 = arena_.view(393216, 4096);
+  support::View v229 = arena_.view(409600, 4096);
+  support::View v232 = arena_.view(425984, 4096);
+  support::View v233 = arena_.view(540416, 64);
+  support::View v236 = arena_.view(540672, 64);
+  support::View v249 = arena_.view(524288, 2048);
+  repeated1(v162, v161, v94, v163, v99, v164, v97, v187, v188, v92, v189, v190, v91, v191, v192,
+            v89, v194, v195, v196, v86, v198, v199, v201, v87, v193, v202, v203, v205, v208, v70,
+            v209, v84, v210, v74, v211, v83, v212, v213, v214, v39, v219, v72, v220, v71, v221, v69,
+            v223, v66, v225, v68, v227, v229, v67, v230, v231, v232, v233, v64, v235, v236, v237,
+            v61, v239, v240, v242, v62, v234, v243, v244, v246, v249,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
-  support::View v245 = arena_.view(294912, 8192);
+  support::View v251 = arena_.view(294912, 8192);
   support::View v58 = arena_.view(229376, 8192);
   support::View v56 = arena_.view(196608, 8192);
-  support::View v264 = arena_.view(327680, 8192);
+  support::View v270 = arena_.view(327680, 8192);
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
-  support::View v266 = arena_.view(196608, 2048);
-  support::View v267 = arena_.view(294912, 2048);
+  support::View v272 = arena_.view(196608, 2048);
+  support::View v273 = arena_.view(294912, 2048);
   support::View v50 = arena_.view(516096, 2048);
   support::View v48 = arena_.view(450560, 2048);
-  support::View v271 = arena_.view(303104, 2048);
-  support::View v273 = arena_.view(311296, 32);
+  support::View v277 = arena_.view(303104, 2048);
+  support::View v279 = arena_.view(311296, 32);
   support::View v45 = arena_.view(442368, 2048);
-  support::View v275 = arena_.view(303104, 2048);
-  support::View v276 = arena_.view(311296, 32);
-  support::View v278 = arena_.view(319488, 32);
+  support::View v281 = arena_.view(303104, 2048);
+  support::View v282 = arena_.view(311296, 32);
+  support::View v284 = arena_.view(319488, 32);
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
-  support::View v270 = arena_.view(303104, 2048);
-  support::View v279 = arena_.view(311296, 2048);
-  support::View v280 = arena_.view(294912, 32);
-  support::View v282 = arena_.view(295040, 32);
-  support::View v285 = arena_.view(327680, 2048);
+  support::View v276 = arena_.view(303104, 2048);
+  support::View v285 = arena_.view(311296, 2048);
+  support::View v286 = arena_.view(294912, 32);
+  support::View v288 = arena_.view(295040, 32);
+  support::View v291 = arena_.view(327680, 2048);
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
-  support::View v286 = arena_.view(311296, 2048);
+  support::View v292 = arena_.view(311296, 2048);
   support::View v43 = arena_.view(483328, 2048);
   support::View v33 = arena_.view(475136, 2048);
-  support::View v288 = arena_.view(294912, 4096);
+  support::View v294 = arena_.view(294912, 4096);
   support::View v42 = arena_.view(360448, 4096);
-  support::View v289 = arena_.view(335872, 2048);
-  support::View v290 = arena_.view(311296, 4096);
-  support::View v291 = arena_.view(344064, 128);
-  support::View v295 = arena_.view(311296, 4096);
+  support::View v295 = arena_.view(335872, 2048);
+  support::View v296 = arena_.view(311296, 4096);
+  support::View v297 = arena_.view(344064, 128);
+  support::View v301 = arena_.view(311296, 4096);
   support::View v31 = arena_.view(466944, 2048);
-  support::View v296 = arena_.view(294912, 2048);
+  support::View v302 = arena_.view(294912, 2048);
   support::View v30 = arena_.view(458752, 2048);
-  support::View v297 = arena_.view(303104, 2048);
+  support::View v303 = arena_.view(303104, 2048);
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
-  support::View v299 = arena_.view(311296, 2048);
+  support::View v305 = arena_.view(311296, 2048);
   support::View v17 = arena_.view(507904, 2048);
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
-  support::View v303 = arena_.view(319488, 2048);
+  support::View v309 = arena_.view(319488, 2048);
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
-  support::View v306 = arena_.view(303104, 2048);
-  support::View v307 = arena_.view(335872, 2048);
+  support::View v312 = arena_.view(303104, 2048);
+  support::View v313 = arena_.view(335872, 2048);
   support::View v15 = arena_.view(499712, 2048);
-  support::View v311 = arena_.view(294912, 2048);
-  support::View v313 = arena_.view(303104, 32);
+  support::View v317 = arena_.view(294912, 2048);
+  support::View v319 = arena_.view(303104, 32);
   support::View v12 = arena_.view(491520, 2048);
-  support::View v315 = arena_.view(294912, 2048);
-  support::View v316 = arena_.view(303104, 32);
-  support::View v318 = arena_.view(311296, 32);
-  support::View v13(param4_bert_norm_gain); // updated in place
-  support::View v310 = arena_.view(294912, 2048);
-  support::View v319 = arena_.view(303104, 2048);
-  support::View v320 = arena_.view(311424, 32);
+  support::View v321 = arena_.view(294912, 2048);
   support::View v322 = arena_.view(303104, 32);
-  support::View v244 = arena_.view(540928, 64);
-  support::View v246 = arena_.view(131072, 16384);
-  support::View v265 = arena_.view(537600, 256);
-  support::View v268 = arena_.view(196608, 16384);
-  support::View v269 = arena_.view(516096, 64);
-  support::View v272 = arena_.view(516352, 64);
-  support::View v287 = arena_.view(442368, 4096);
-  support::View v301 = arena_.view(360448, 4096);
-  support::View v305 = arena_.view(458752, 4096);
-  support::View v308 = arena_.view(475136, 4096);
-  support::View v309 = arena_.view(507904, 64);
-  support::View v312 = arena_.view(508160, 64);
-  support::View v325 = arena_.view(344064, 2048);
-  repeated1(v244, v243, v53, v245, v58, v246, v56, v264, v265, v51, v266, v267, v50, v268, v269,
-            v48, v271, v272, v273, v45, v275, v276, v278, v46, v270, v279, v280, v282, v285, v29,
-            v286, v43, v287, v33, v288, v42, v289, v290, v291, v39, v295, v31, v296, v30, v297, v28,
-            v299, v17, v301, v27, v303, v305, v26, v306, v307, v308, v309, v15, v311, v312, v313,
-            v12, v315, v316, v318, v13, v310, v319, v320, v322, v325,
+  support::View v324 = arena_.view(311296, 32);
+  support::View v13(param4_bert_norm_gain); // updated in place
+  support::View v316 = arena_.view(294912, 2048);
+  support::View v325 = arena_.view(303104, 2048);
+  support::View v326 = arena_.view(311424, 32);
+  support::View v328 = arena_.view(303104, 32);
+  support::View v250 = arena_.view(540928, 64);
+  support::View v252 = arena_.view(131072, 16384);
+  support::View v271 = arena_.view(537600, 256);
+  support::View v274 = arena_.view(196608, 16384);
+  support::View v275 = arena_.view(516096, 64);
+  support::View v278 = arena_.view(516352, 64);
+  support::View v293 = arena_.view(442368, 4096);
+  support::View v307 = arena_.view(360448, 4096);
+  support::View v311 = arena_.view(458752, 4096);
+  support::View v314 = arena_.view(475136, 4096);
+  support::View v315 = arena_.view(507904, 64);
+  support::View v318 = arena_.view(508160, 64);
+  support::View v331 = arena_.view(344064, 2048);
+  repeated1(v250, v249, v53, v251, v58, v252, v56, v270, v271, v51, v272, v273, v50, v274, v275,
+            v48, v277, v278, v279, v45, v281, v282, v284, v46, v276, v285, v286, v288, v291, v29,
+            v292, v43, v293, v33, v294, v42, v295, v296, v297, v39, v301, v31, v302, v30, v303, v28,
+            v305, v17, v307, v27, v309, v311, v26, v312, v313, v314, v315, v15, v317, v318, v319,
+            v12, v321, v322, v324, v13, v316, v325, v326, v328, v331,
             "bert/encoder_layer[0]/ffn/dropout#0");
 
   // bert.mesh:35:39 one_hot
   MESHRT_TRACE("one_hot", "bert.mesh:35:39", "backward");
   const support::Buffer &v1 = inputs.segment_ids.data;
-  support::View v326 = arena_.view(294912, 64);
-  static const support::Shape shape18_1 = {1, 32, 2};
-  static const support::Shape shape18_3 = {32, 1, 0};
-  static const support::Shape shape18_4 = {0, 0, 1};
-  support::oneHot(v326.data(), shape18_1, v1.data(), shape18_3, shape18_4, 0);
+  support::View v332 = arena_.view(294912, 64);
+  static const support::Shape shape16_1 = {1, 32, 2};
+  static const support::Shape shape16_3 = {32, 1, 0};
+  static const support::Shape shape16_4 = {0, 0, 1};
+  support::oneHot(v332.data(), shape16_1, v1.data(), shape16_3, shape16_4, 0);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
   MESHRT_TRACE("gemm", "bert.mesh:35:39", "backward");
-  support::View v327 = arena_.view(499712, 128);
+  support::View v333 = arena_.view(499712, 128);
   // dims: batch, seq, segments, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 32, 2, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan19.run(v326.data(), v325.data(), v327.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v332.data(), v331.data(), v333.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
   MESHRT_TRACE("sum", "bert.mesh:34:76", "backward");
-  support::View v328 = arena_.view(491520, 2048);
-  static const support::Shape shape20_1 = {32, 64};
-  static const support::Shape shape20_3 = {64, 1};
-  static const support::Shape shape20_4 = {1};
-  static const support::Shape shape20_5 = {2048};
-  support::reduce(v328.data(), shape20_1, v325.data(), shape20_3, shape20_4, shape20_5,
+  support::View v334 = arena_.view(491520, 2048);
+  static const support::Shape shape18_1 = {32, 64};
+  static const support::Shape shape18_3 = {64, 1};
+  static const support::Shape shape18_4 = {1};
+  static const support::Shape shape18_5 = {2048};
+  support::reduce(v334.data(), shape18_1, v331.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 one_hot
   MESHRT_TRACE("one_hot", "bert.mesh:34:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v329 = arena_.view(327680, 4096);
-  static const support::Shape shape21_1 = {1, 32, 128};
-  static const support::Shape shape21_3 = {32, 1, 0};
-  static const support::Shape shape21_4 = {0, 0, 1};
-  support::oneHot(v329.data(), shape21_1, v0.data(), shape21_3, shape21_4, 0);
+  support::View v335 = arena_.view(327680, 4096);
+  static const support::Shape shape19_1 = {1, 32, 128};
+  static const support::Shape shape19_3 = {32, 1, 0};
+  static const support::Shape shape19_4 = {0, 0, 1};
+  support::oneHot(v335.data(), shape19_1, v0.data(), shape19_3, shape19_4, 0);
 
   // bert.mesh:34:37 einsum
   MESHRT_TRACE("gemm", "bert.mesh:34:37", "backward");
-  support::View v330 = arena_.view(294912, 8192);
+  support::View v336 = arena_.view(294912, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan22.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v335.data(), v331.data(), v336.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:34:37", "backward");
-  support::View v331 = arena_.view(327680, 8192);
+  support::View v337 = arena_.view(327680, 8192);
   {
-    float *__restrict v331p = v331.data();
-    const float *__restrict v137p = v137.data();
-    const float *__restrict v330p = v330.data();
+    float *__restrict v337p = v337.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v336p = v336.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v137p[i0];
-      const float s1 = v330p[i0];
+      const float s0 = v143p[i0];
+      const float s1 = v336p[i0];
       const float s2 = (s0 + s1);
-      v331p[i0] = s2;
+      v337p[i0] = s2;
     }
   }
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   support::View v123 = arena_.view(541184, 1);
-  support::View v135 = arena_.view(538624, 128);
-  support::View v138 = arena_.view(539136, 64);
-  support::View v141 = arena_.view(539392, 64);
-  support::View v156 = arena_.view(539648, 64);
-  support::View v158 = arena_.view(0, 16384);
-  support::View v182 = arena_.view(536576, 256);
-  support::View v185 = arena_.view(65536, 16384);
-  support::View v186 = arena_.view(539904, 64);
-  support::View v189 = arena_.view(540160, 64);
-  support::View v204 = arena_.view(376832, 4096);
-  support::View v219 = arena_.view(393216, 4096);
-  support::View v223 = arena_.view(409600, 4096);
-  support::View v226 = arena_.view(425984, 4096);
-  support::View v227 = arena_.view(540416, 64);
-  support::View v230 = arena_.view(540672, 64);
-  support::View v244 = arena_.view(540928, 64);
-  support::View v246 = arena_.view(131072, 16384);
-  support::View v265 = arena_.view(537600, 256);
-  support::View v268 = arena_.view(196608, 16384);
-  support::View v269 = arena_.view(516096, 64);
-  support::View v272 = arena_.view(516352, 64);
-  support::View v287 = arena_.view(442368, 4096);
-  support::View v301 = arena_.view(360448, 4096);
-  support::View v305 = arena_.view(458752, 4096);
-  support::View v308 = arena_.view(475136, 4096);
-  support::View v309 = arena_.view(507904, 64);
-  support::View v312 = arena_.view(508160, 64);
-  support::View v327 = arena_.view(499712, 128);
-  support::View v328 = arena_.view(491520, 2048);
-  support::View v331 = arena_.view(327680, 8192);
   auto request0 = support::startAllReduce(
-      group_data_model, {v123, v135, v138, v141, v156, v158, v182, v185, v186, v189, v204,
-                         v219, v223, v226, v227, v230, v244, v246, v265, v268, v269, v272,
-                         v287, v301, v305, v308, v309, v312, v327, v328, v331},
+      group_data_model, {v123, v141, v144, v147, v162, v164, v188, v191, v192, v195, v210,
+                         v225, v229, v232, v233, v236, v250, v252, v271, v274, v275, v278,
+                         v293, v307, v311, v314, v315, v318, v333, v334, v337},
       meshrt::ReduceOp::Sum);
 
   // bert.mesh:65:3 step
@@ -2246,14 +2200,14 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 pow
   // bert.mesh:65:3 sub
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v349 = arena_.view(262144, 1);
-  support::View v365 = arena_.view(262208, 1);
-  support::View v367 = arena_.view(262272, 1);
+  support::View v355 = arena_.view(262144, 1);
+  support::View v371 = arena_.view(262208, 1);
+  support::View v373 = arena_.view(262272, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v349p = v349.data();
-    float *__restrict v365p = v365.data();
-    float *__restrict v367p = v367.data();
+    float *__restrict v355p = v355.data();
+    float *__restrict v371p = v371.data();
+    float *__restrict v373p = v373.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2282,13 +2236,18 @@ void MlmTrain::runPart2(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v349p[0] = s19;
-    v365p[0] = s23;
-    v367p[0] = s27;
+    v355p[0] = s19;
+    v371p[0] = s23;
+    v373p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("bert.mesh:65:3");
   group_data_model.wait(request0);
+}
+
+void MlmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -2307,51 +2266,55 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/token_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v5(param0_bert_token_embedding);      // updated in place
-  support::View v351(param31_bert_token_embedding_v); // updated in place
-  support::View v350(param30_bert_token_embedding_m); // updated in place
+  support::View v5(param0_bert_token_embedding); // updated in place
+  support::View v337 = arena_.view(327680, 8192);
+  support::View v357(param31_bert_token_embedding_v); // updated in place
+  support::View v373 = arena_.view(262272, 1);
+  support::View v356(param30_bert_token_embedding_m); // updated in place
+  support::View v371 = arena_.view(262208, 1);
+  support::View v355 = arena_.view(262144, 1);
   {
-    float *__restrict v351p = v351.data();
-    float *__restrict v350p = v350.data();
+    float *__restrict v357p = v357.data();
+    float *__restrict v356p = v356.data();
     float *__restrict v5p = v5.data();
-    const float *__restrict v331p = v331.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v373p = v373.data();
+    const float *__restrict v371p = v371.data();
+    const float *__restrict v355p = v355.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
       const float s0 = v5p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v331p[i0];
+      const float s3 = v337p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v351p[i0];
+      const float s7 = v357p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = v373p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v331p[i0];
+      const float s16 = v337p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v350p[i0];
+      const float s19 = v356p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = v371p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = v355p[0];
       const float s28 = (s26 * s27);
       const float s29 = v5p[i0];
       const float s30 = (s29 - s28);
-      v351p[i0] = s10;
-      v350p[i0] = s22;
+      v357p[i0] = s10;
+      v356p[i0] = s22;
       v5p[i0] = s30;
     }
   }
@@ -2373,51 +2336,52 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/position_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v6(param1_bert_position_embedding);      // updated in place
-  support::View v380(param33_bert_position_embedding_v); // updated in place
-  support::View v379(param32_bert_position_embedding_m); // updated in place
+  support::View v6(param1_bert_position_embedding); // updated in place
+  support::View v334 = arena_.view(491520, 2048);
+  support::View v386(param33_bert_position_embedding_v); // updated in place
+  support::View v385(param32_bert_position_embedding_m); // updated in place
   {
-    float *__restrict v380p = v380.data();
-    float *__restrict v379p = v379.data();
+    float *__restrict v386p = v386.data();
+    float *__restrict v385p = v385.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v328p = v328.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v373p = v373.data();
+    const float *__restrict v371p = v371.data();
+    const float *__restrict v355p = v355.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v328p[i0];
+      const float s3 = v334p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v380p[i0];
+      const float s7 = v386p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = v373p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v328p[i0];
+      const float s16 = v334p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v379p[i0];
+      const float s19 = v385p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = v371p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = v355p[0];
       const float s28 = (s26 * s27);
       const float s29 = v6p[i0];
       const float s30 = (s29 - s28);
-      v380p[i0] = s10;
-      v379p[i0] = s22;
+      v386p[i0] = s10;
+      v385p[i0] = s22;
       v6p[i0] = s30;
     }
   }
@@ -2439,51 +2403,52 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/segment_embedding
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v7(param2_bert_segment_embedding);      // updated in place
-  support::View v401(param35_bert_segment_embedding_v); // updated in place
-  support::View v400(param34_bert_segment_embedding_m); // updated in place
+  support::View v7(param2_bert_segment_embedding); // updated in place
+  support::View v333 = arena_.view(499712, 128);
+  support::View v407(param35_bert_segment_embedding_v); // updated in place
+  support::View v406(param34_bert_segment_embedding_m); // updated in place
   {
-    float *__restrict v401p = v401.data();
-    float *__restrict v400p = v400.data();
+    float *__restrict v407p = v407.data();
+    float *__restrict v406p = v406.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v327p = v327.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    const float *__restrict v333p = v333.data();
+    const float *__restrict v373p = v373.data();
+    const float *__restrict v371p = v371.data();
+    const float *__restrict v355p = v355.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v327p[i0];
+      const float s3 = v333p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v401p[i0];
+      const float s7 = v407p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = v373p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v327p[i0];
+      const float s16 = v333p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v400p[i0];
+      const float s19 = v406p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = v371p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = v355p[0];
       const float s28 = (s26 * s27);
       const float s29 = v7p[i0];
       const float s30 = (s29 - s28);
-      v401p[i0] = s10;
-      v400p[i0] = s22;
+      v407p[i0] = s10;
+      v406p[i0] = s22;
       v7p[i0] = s30;
     }
   }
@@ -2505,154 +2470,181 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/output_bias
   MESHRT_TRACE("loop", "bert.mesh:65:3", "update");
-  support::View v8(param3_bert_output_bias);      // updated in place
-  support::View v422(param37_bert_output_bias_v); // updated in place
-  support::View v421(param36_bert_output_bias_m); // updated in place
+  support::View v8(param3_bert_output_bias); // updated in place
+  support::View v141 = arena_.view(538624, 128);
+  support::View v428(param37_bert_output_bias_v); // updated in place
+  support::View v427(param36_bert_output_bias_m); // updated in place
   {
-    float *__restrict v422p = v422.data();
-    float *__restrict v421p = v421.data();
+    float *__restrict v428p = v428.data();
+    float *__restrict v427p = v427.data();
     float *__restrict v8p = v8.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    const float *__restrict v141p = v141.data();
+    const float *__restrict v373p = v373.data();
+    const float *__restrict v371p = v371.data();
+    const float *__restrict v355p = v355.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       const float s0 = v8p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v135p[i0];
+      const float s3 = v141p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v422p[i0];
+      const float s7 = v428p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = v373p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v135p[i0];
+      const float s16 = v141p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v421p[i0];
+      const float s19 = v427p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = v371p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = v355p[0];
       const float s28 = (s26 * s27);
       const float s29 = v8p[i0];
       const float s30 = (s29 - s28);
-      v422p[i0] = s10;
-      v421p[i0] = s22;
+      v428p[i0] = s10;
+      v427p[i0] = s22;
       v8p[i0] = s30;
     }
   }
 
   // 1 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v13(param4_bert_norm_gain);     // updated in place
-  support::View v443(param39_bert_norm_gain_v); // updated in place
-  support::View v442(param38_bert_norm_gain_m); // updated in place
-  repeated3(v13, v312, v443, v367, v442, v365, v349);
+  support::View v13(param4_bert_norm_gain); // updated in place
+  support::View v318 = arena_.view(508160, 64);
+  support::View v449(param39_bert_norm_gain_v); // updated in place
+  support::View v448(param38_bert_norm_gain_m); // updated in place
+  repeated3(v13, v318, v449, v373, v448, v371, v355);
 
   // 1 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v14(param5_bert_norm_bias);     // updated in place
-  support::View v464(param41_bert_norm_bias_v); // updated in place
-  support::View v463(param40_bert_norm_bias_m); // updated in place
-  repeated3(v14, v309, v464, v367, v463, v365, v349);
+  support::View v14(param5_bert_norm_bias); // updated in place
+  support::View v315 = arena_.view(507904, 64);
+  support::View v470(param41_bert_norm_bias_v); // updated in place
+  support::View v469(param40_bert_norm_bias_m); // updated in place
+  repeated3(v14, v315, v470, v373, v469, v371, v355);
 
   // 12 statements from bert.mesh:65:3 mul (1 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v26(param6_bert_encoder_layer_0_attention_w_q);     // updated in place
-  support::View v485(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
-  support::View v484(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
+  support::View v314 = arena_.view(475136, 4096);
+  support::View v491(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v490(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
   support::View v27(param7_bert_encoder_layer_0_attention_w_k);     // updated in place
-  support::View v506(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
-  support::View v505(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v311 = arena_.view(458752, 4096);
+  support::View v512(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v511(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
   support::View v28(param8_bert_encoder_layer_0_attention_w_v);     // updated in place
-  support::View v527(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
-  support::View v526(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v307 = arena_.view(360448, 4096);
+  support::View v533(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v532(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
   support::View v29(param9_bert_encoder_layer_0_attention_w_o);     // updated in place
-  support::View v548(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
-  support::View v547(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v293 = arena_.view(442368, 4096);
+  support::View v554(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v553(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
   support::View v46(param10_bert_encoder_layer_0_norm_gain);        // updated in place
-  support::View v569(param51_bert_encoder_layer_0_norm_gain_v);     // updated in place
-  support::View v568(param50_bert_encoder_layer_0_norm_gain_m);     // updated in place
-  support::View v47(param11_bert_encoder_layer_0_norm_bias);        // updated in place
-  support::View v590(param53_bert_encoder_layer_0_norm_bias_v);     // updated in place
-  support::View v589(param52_bert_encoder_layer_0_norm_bias_m);     // updated in place
-  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);         // updated in place
-  support::View v611(param55_bert_encoder_layer_0_ffn_w_in_v);      // updated in place
-  support::View v610(param54_bert_encoder_layer_0_ffn_w_in_m);      // updated in place
-  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);         // updated in place
-  support::View v632(param57_bert_encoder_layer_0_ffn_b_in_v);      // updated in place
-  support::View v631(param56_bert_encoder_layer_0_ffn_b_in_m);      // updated in place
-  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);        // updated in place
-  support::View v653(param59_bert_encoder_layer_0_ffn_w_out_v);     // updated in place
-  support::View v652(param58_bert_encoder_layer_0_ffn_w_out_m);     // updated in place
-  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);        // updated in place
-  support::View v674(param61_bert_encoder_layer_0_ffn_b_out_v);     // updated in place
-  support::View v673(param60_bert_encoder_layer_0_ffn_b_out_m);     // updated in place
-  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);      // updated in place
-  support::View v695(param63_bert_encoder_layer_0_norm_1_gain_v);   // updated in place
-  support::View v694(param62_bert_encoder_layer_0_norm_1_gain_m);   // updated in place
-  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);      // updated in place
-  support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v);   // updated in place
-  support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m);   // updated in place
-  repeated0(v26, v308, v485, v367, v484, v365, v349, v27, v305, v506, v505, v28, v301, v527, v526,
-            v29, v287, v548, v547, v46, v272, v569, v568, v47, v269, v590, v589, v51, v268, v611,
-            v610, v52, v265, v632, v631, v53, v246, v653, v652, v54, v244, v674, v673, v62, v230,
-            v695, v694, v63, v227, v716, v715);
+  support::View v278 = arena_.view(516352, 64);
+  support::View v575(param51_bert_encoder_layer_0_norm_gain_v); // updated in place
+  support::View v574(param50_bert_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v47(param11_bert_encoder_layer_0_norm_bias);    // updated in place
+  support::View v275 = arena_.view(516096, 64);
+  support::View v596(param53_bert_encoder_layer_0_norm_bias_v); // updated in place
+  support::View v595(param52_bert_encoder_layer_0_norm_bias_m); // updated in place
+  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);     // updated in place
+  support::View v274 = arena_.view(196608, 16384);
+  support::View v617(param55_bert_encoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v616(param54_bert_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);    // updated in place
+  support::View v271 = arena_.view(537600, 256);
+  support::View v638(param57_bert_encoder_layer_0_ffn_b_in_v); // updated in place
+  support::View v637(param56_bert_encoder_layer_0_ffn_b_in_m); // updated in place
+  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);   // updated in place
+  support::View v252 = arena_.view(131072, 16384);
+  support::View v659(param59_bert_encoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v658(param58_bert_encoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);    // updated in place
+  support::View v250 = arena_.view(540928, 64);
+  support::View v680(param61_bert_encoder_layer_0_ffn_b_out_v); // updated in place
+  support::View v679(param60_bert_encoder_layer_0_ffn_b_out_m); // updated in place
+  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);  // updated in place
+  support::View v236 = arena_.view(540672, 64);
+  support::View v701(param63_bert_encoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v700(param62_bert_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
+  support::View v233 = arena_.view(540416, 64);
+  support::View v722(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v721(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
+  repeated0(v26, v314, v491, v373, v490, v371, v355, v27, v311, v512, v511, v28, v307, v533, v532,
+            v29, v293, v554, v553, v46, v278, v575, v574, v47, v275, v596, v595, v51, v274, v617,
+            v616, v52, v271, v638, v637, v53, v252, v659, v658, v54, v250, v680, v679, v62, v236,
+            v701, v700, v63, v233, v722, v721);
 
   // 12 statements from bert.mesh:65:3 mul (2 of 2)
   MESHRT_TRACE_SITE("bert.mesh:65:3");
-  support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
-  support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
-  support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
+  support::View v232 = arena_.view(425984, 4096);
+  support::View v743(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v742(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
   support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
-  support::View v758(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
-  support::View v757(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v229 = arena_.view(409600, 4096);
+  support::View v764(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v763(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
   support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
-  support::View v779(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
-  support::View v778(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v225 = arena_.view(393216, 4096);
+  support::View v785(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v784(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
   support::View v70(param21_bert_encoder_layer_1_attention_w_o);    // updated in place
-  support::View v800(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
-  support::View v799(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v210 = arena_.view(376832, 4096);
+  support::View v806(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v805(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
   support::View v87(param22_bert_encoder_layer_1_norm_gain);        // updated in place
-  support::View v821(param75_bert_encoder_layer_1_norm_gain_v);     // updated in place
-  support::View v820(param74_bert_encoder_layer_1_norm_gain_m);     // updated in place
-  support::View v88(param23_bert_encoder_layer_1_norm_bias);        // updated in place
-  support::View v842(param77_bert_encoder_layer_1_norm_bias_v);     // updated in place
-  support::View v841(param76_bert_encoder_layer_1_norm_bias_m);     // updated in place
-  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);         // updated in place
-  support::View v863(param79_bert_encoder_layer_1_ffn_w_in_v);      // updated in place
-  support::View v862(param78_bert_encoder_layer_1_ffn_w_in_m);      // updated in place
-  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);         // updated in place
-  support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v);      // updated in place
-  support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m);      // updated in place
-  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);        // updated in place
-  support::View v905(param83_bert_encoder_layer_1_ffn_w_out_v);     // updated in place
-  support::View v904(param82_bert_encoder_layer_1_ffn_w_out_m);     // updated in place
-  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);        // updated in place
-  support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v);     // updated in place
-  support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m);     // updated in place
-  support::View v103(param28_bert_encoder_layer_1_norm_1_gain);     // updated in place
-  support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v);   // updated in place
-  support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m);   // updated in place
-  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);     // updated in place
-  support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v);   // updated in place
-  support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m);   // updated in place
-  repeated0(v67, v226, v737, v367, v736, v365, v349, v68, v223, v758, v757, v69, v219, v779, v778,
-            v70, v204, v800, v799, v87, v189, v821, v820, v88, v186, v842, v841, v92, v185, v863,
-            v862, v93, v182, v884, v883, v94, v158, v905, v904, v95, v156, v926, v925, v103, v141,
-            v947, v946, v104, v138, v968, v967);
+  support::View v195 = arena_.view(540160, 64);
+  support::View v827(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
+  support::View v826(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v88(param23_bert_encoder_layer_1_norm_bias);    // updated in place
+  support::View v192 = arena_.view(539904, 64);
+  support::View v848(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
+  support::View v847(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
+  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);     // updated in place
+  support::View v191 = arena_.view(65536, 16384);
+  support::View v869(param79_bert_encoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v868(param78_bert_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);    // updated in place
+  support::View v188 = arena_.view(536576, 256);
+  support::View v890(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
+  support::View v889(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
+  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);   // updated in place
+  support::View v164 = arena_.view(0, 16384);
+  support::View v911(param83_bert_encoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v910(param82_bert_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);    // updated in place
+  support::View v162 = arena_.view(539648, 64);
+  support::View v932(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
+  support::View v931(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
+  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v147 = arena_.view(539392, 64);
+  support::View v953(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v952(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);   // updated in place
+  support::View v144 = arena_.view(539136, 64);
+  support::View v974(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v973(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
+  repeated0(v67, v232, v743, v373, v742, v371, v355, v68, v229, v764, v763, v69, v225, v785, v784,
+            v70, v210, v806, v805, v87, v195, v827, v826, v88, v192, v848, v847, v92, v191, v869,
+            v868, v93, v188, v890, v889, v94, v164, v911, v910, v95, v162, v932, v931, v103, v147,
+            v953, v952, v104, v144, v974, v973);
 }
 
 void MlmTrain::repeated0(

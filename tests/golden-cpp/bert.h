@@ -211,9 +211,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 541248;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1788956;
+  static constexpr size_t kTemporaryBytes = 1772444;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 1728;
+  static constexpr size_t kPersistentBytes = 1792;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every

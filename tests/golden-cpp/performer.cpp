@@ -2475,11 +2475,10 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 2370880 bytes for 8487200 bytes of temporaries (placed by liveness).
+  // Arena: 2370880 bytes for 8453920 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   runPart1(inputs);
-  runPart2(inputs);
   support::View v159 = arena_.view(2370816, 1);
 
   // The step's updates.
@@ -2815,14 +2814,24 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // performer.mesh:150:14 broadcast
   // performer.mesh:150:29 mul
   // performer.mesh:149:20 neg
+  // performer.mesh:149:25 lt
+  // performer.mesh:149:25 ge
+  // performer.mesh:149:25 mul
+  // performer.mesh:149:25 cast
+  // performer.mesh:149:25 mul
+  // performer.mesh:149:25 exp
+  // performer.mesh:149:25 mul
   // performer.mesh:149:21 broadcast
   // performer.mesh:149:63 mul
+  // performer.mesh:149:25 sub
   MESHRT_TRACE("loop", "performer.mesh:150:41", "backward");
-  support::View v166 = arena_.view(229376, 8192);
+  support::View v176 = arena_.view(229376, 8192);
   {
-    float *__restrict v166p = v166.data();
+    float *__restrict v176p = v176.data();
     const float *__restrict v156p = v156.data();
     const float *__restrict v5p = v5.data();
+    const float *__restrict v1p = v1.data();
+    const float *__restrict v149p = v149.data();
     const float *__restrict v150p = v150.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
@@ -2833,160 +2842,138 @@ void LmTrain::runPart0(const Inputs &inputs) {
         const float s4 = v5p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
-        const float s7 = s6;
-        const float s8 = v150p[i0 * 64 + i1];
-        const float s9 = (s7 * s8);
-        v166p[i0 * 64 + i1] = s9;
+        const float s7 = v1p[i0];
+        const float s8 = support::wrapI32(64.0);
+        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+        const float s10 = v1p[i0];
+        const float s11 = support::wrapI32(0.0);
+        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+        const float s14 = s13;
+        const float s15 = (s6 * s14);
+        const float s16 = v149p[i0 * 64 + i1];
+        const float s17 = support::fexp(s16);
+        const float s18 = (s17 * s15);
+        const float s19 = s6;
+        const float s20 = v150p[i0 * 64 + i1];
+        const float s21 = (s19 * s20);
+        const float s22 = (s21 - s18);
+        v176p[i0 * 64 + i1] = s22;
       }
     }
   }
 
-  // performer.mesh:149:25 sum
-  MESHRT_TRACE("sum", "performer.mesh:149:25", "backward");
-  support::View v167 = arena_.view(369152, 128);
-  static const support::Shape shape22_1 = {1, 128};
-  static const support::Shape shape22_3 = {8192, 64};
-  static const support::Shape shape22_4 = {64};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v167.data(), shape22_1, v166.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
+  // performer.mesh:137:10 einsum
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v177 = arena_.view(131072, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan22.run(v176.data(), v7.data(), v177.data(), 1.0f, 0.0f);
 
-  // performer.mesh:149:25 exp
-  // performer.mesh:149:25 mul
-  // performer.mesh:149:25 sub
-  MESHRT_TRACE("loop", "performer.mesh:149:25", "backward");
-  support::View v170 = arena_.view(131072, 8192);
-  {
-    float *__restrict v170p = v170.data();
-    const float *__restrict v149p = v149.data();
-    const float *__restrict v167p = v167.data();
-    const float *__restrict v166p = v166.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v149p[i0 * 64 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v167p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v166p[i0 * 64 + i1];
-        const float s5 = (s4 - s3);
-        v170p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
+  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
+  support::View v178 = arena_.view(2351104, 2048);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan23.run(v176.data(), v147.data(), v178.data(), 1.0f, 0.0f);
 }
 
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // performer.mesh:137:10 einsum
-  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v170 = arena_.view(131072, 8192);
-  support::View v7(param1_causal_lm_unembed); // updated in place
-  support::View v171 = arena_.view(163840, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v170.data(), v7.data(), v171.data(), 1.0f, 0.0f);
-
-  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
-  MESHRT_TRACE("gemm", "performer.mesh:137:10", "backward");
-  support::View v147 = arena_.view(344064, 4096);
-  support::View v172 = arena_.view(2351104, 2048);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v170.data(), v147.data(), v172.data(), 1.0f, 0.0f);
-
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
   MESHRT_TRACE("sum", "performer.mesh:29:40", "backward");
-  support::View v173 = arena_.view(2370304, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 128};
-  static const support::Shape shape2_5 = {4096, 32};
-  support::reduce(v173.data(), shape2_1, v171.data(), shape2_3, shape2_4, shape2_5,
+  support::View v177 = arena_.view(131072, 4096);
+  support::View v179 = arena_.view(2370304, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 128};
+  static const support::Shape shape0_5 = {4096, 32};
+  support::reduce(v179.data(), shape0_1, v177.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v145 = arena_.view(327680, 4096);
-  support::View v175 = arena_.view(131072, 4096);
+  support::View v181 = arena_.view(147456, 4096);
   {
-    float *__restrict v175p = v175.data();
-    const float *__restrict v171p = v171.data();
+    float *__restrict v181p = v181.data();
+    const float *__restrict v177p = v177.data();
     const float *__restrict v145p = v145.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v171p[i0];
+      const float s0 = v177p[i0];
       const float s1 = v145p[i0];
       const float s2 = (s0 * s1);
-      v175p[i0] = s2;
+      v181p[i0] = s2;
     }
   }
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   MESHRT_TRACE("sum", "performer.mesh:29:33", "backward");
-  support::View v176 = arena_.view(2370432, 32);
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {1, 128};
-  static const support::Shape shape4_5 = {4096, 32};
-  support::reduce(v176.data(), shape4_1, v175.data(), shape4_3, shape4_4, shape4_5,
+  support::View v182 = arena_.view(2370432, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 128};
+  static const support::Shape shape2_5 = {4096, 32};
+  support::reduce(v182.data(), shape2_1, v181.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
   support::View v142 = arena_.view(311296, 4096);
-  support::View v177 = arena_.view(147456, 128);
-  static const support::Shape shape5_1 = {1, 128};
-  static const support::Shape shape5_3 = {4096, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v177.data(), shape5_1, v142.data(), shape5_3, shape5_4, shape5_5,
+  support::View v183 = arena_.view(163840, 128);
+  static const support::Shape shape3_1 = {1, 128};
+  static const support::Shape shape3_3 = {4096, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v183.data(), shape3_1, v142.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 square
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v179 = arena_.view(131072, 4096);
+  support::View v185 = arena_.view(147456, 4096);
   {
-    float *__restrict v179p = v179.data();
+    float *__restrict v185p = v185.data();
     const float *__restrict v142p = v142.data();
-    const float *__restrict v177p = v177.data();
+    const float *__restrict v183p = v183.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v142p[i0 * 32 + i1];
-        const float s1 = v177p[i0];
+        const float s1 = v183p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v179p[i0 * 32 + i1] = s3;
+        v185p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v180 = arena_.view(147456, 128);
-  static const support::Shape shape7_1 = {1, 128};
-  static const support::Shape shape7_3 = {4096, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v180.data(), shape7_1, v179.data(), shape7_3, shape7_4, shape7_5,
+  support::View v186 = arena_.view(163840, 128);
+  static const support::Shape shape5_1 = {1, 128};
+  static const support::Shape shape5_3 = {4096, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v186.data(), shape5_1, v185.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
   // performer.mesh:29:10 rsqrt
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v183 = arena_.view(180224, 128);
+  support::View v189 = arena_.view(180224, 128);
   {
-    float *__restrict v183p = v183.data();
-    const float *__restrict v180p = v180.data();
+    float *__restrict v189p = v189.data();
+    const float *__restrict v186p = v186.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v180p[i0];
+      const float s0 = v186p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v183p[i0] = s3;
+      v189p[i0] = s3;
     }
   }
 
@@ -2994,45 +2981,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:33", "backward");
   support::View v143(param24_causal_lm_norm_gain); // updated in place
-  support::View v174 = arena_.view(131072, 4096);
-  support::View v184 = arena_.view(147456, 4096);
+  support::View v180 = arena_.view(147456, 4096);
+  support::View v190 = arena_.view(163840, 4096);
   {
-    float *__restrict v174p = v174.data();
-    float *__restrict v184p = v184.data();
-    const float *__restrict v171p = v171.data();
+    float *__restrict v180p = v180.data();
+    float *__restrict v190p = v190.data();
+    const float *__restrict v177p = v177.data();
     const float *__restrict v143p = v143.data();
     const float *__restrict v145p = v145.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v171p[i0 * 32 + i1];
+        const float s0 = v177p[i0 * 32 + i1];
         const float s1 = v143p[i1];
         const float s2 = (s0 * s1);
         const float s3 = v145p[i0 * 32 + i1];
         const float s4 = (s2 * s3);
-        v174p[i0 * 32 + i1] = s2;
-        v184p[i0 * 32 + i1] = s4;
+        v180p[i0 * 32 + i1] = s2;
+        v190p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v185 = arena_.view(163840, 128);
-  static const support::Shape shape10_1 = {1, 128};
-  static const support::Shape shape10_3 = {4096, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v185.data(), shape10_1, v184.data(), shape10_3, shape10_4, shape10_5,
+  support::View v191 = arena_.view(131072, 128);
+  static const support::Shape shape8_1 = {1, 128};
+  static const support::Shape shape8_3 = {4096, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v191.data(), shape8_1, v190.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   MESHRT_TRACE("mean", "performer.mesh:29:10", "backward");
-  support::View v187 = arena_.view(147456, 128);
-  static const support::Shape shape11_1 = {1, 128};
-  static const support::Shape shape11_3 = {4096, 32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v187.data(), shape11_1, v174.data(), shape11_3, shape11_4, shape11_5,
+  support::View v193 = arena_.view(131584, 128);
+  static const support::Shape shape9_1 = {1, 128};
+  static const support::Shape shape9_3 = {4096, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v193.data(), shape9_1, v180.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -3040,26 +3027,26 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:29:10 sub
   // performer.mesh:29:10 mul
   MESHRT_TRACE("loop", "performer.mesh:29:10", "backward");
-  support::View v190 = arena_.view(229376, 4096);
+  support::View v196 = arena_.view(229376, 4096);
   {
-    float *__restrict v190p = v190.data();
+    float *__restrict v196p = v196.data();
     const float *__restrict v145p = v145.data();
-    const float *__restrict v185p = v185.data();
-    const float *__restrict v174p = v174.data();
-    const float *__restrict v187p = v187.data();
-    const float *__restrict v183p = v183.data();
+    const float *__restrict v191p = v191.data();
+    const float *__restrict v180p = v180.data();
+    const float *__restrict v193p = v193.data();
+    const float *__restrict v189p = v189.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v145p[i0 * 32 + i1];
-        const float s1 = v185p[i0];
+        const float s1 = v191p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v174p[i0 * 32 + i1];
-        const float s4 = v187p[i0];
+        const float s3 = v180p[i0 * 32 + i1];
+        const float s4 = v193p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v183p[i0];
+        const float s7 = v189p[i0];
         const float s8 = (s6 * s7);
-        v190p[i0 * 32 + i1] = s8;
+        v196p[i0 * 32 + i1] = s8;
       }
     }
   }
@@ -3067,226 +3054,227 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // 60 statements from performer.mesh:96:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v191 = arena_.view(131072, 16384);
+  support::View v197 = arena_.view(131072, 16384);
   support::View v140 = arena_.view(65536, 16384);
   support::View v139 = arena_.view(0, 16384);
-  support::View v214 = arena_.view(65536, 16384);
+  support::View v220 = arena_.view(65536, 16384);
   support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v215 = arena_.view(0, 4096);
+  support::View v221 = arena_.view(0, 4096);
   support::View v136 = arena_.view(294912, 4096);
   support::View v134 = arena_.view(278528, 4096);
-  support::View v219 = arena_.view(16384, 4096);
-  support::View v221 = arena_.view(32768, 128);
+  support::View v225 = arena_.view(16384, 4096);
+  support::View v227 = arena_.view(32768, 128);
   support::View v131 = arena_.view(262144, 4096);
-  support::View v223 = arena_.view(16384, 4096);
-  support::View v224 = arena_.view(32768, 128);
-  support::View v226 = arena_.view(49152, 128);
+  support::View v229 = arena_.view(16384, 4096);
+  support::View v230 = arena_.view(32768, 128);
+  support::View v232 = arena_.view(49152, 128);
   support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v218 = arena_.view(16384, 4096);
-  support::View v227 = arena_.view(32768, 4096);
-  support::View v228 = arena_.view(0, 128);
-  support::View v230 = arena_.view(512, 128);
-  support::View v234 = arena_.view(2277376, 4096);
+  support::View v224 = arena_.view(16384, 4096);
+  support::View v233 = arena_.view(32768, 4096);
+  support::View v234 = arena_.view(0, 128);
+  support::View v236 = arena_.view(512, 128);
+  support::View v240 = arena_.view(2277376, 4096);
   support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v235 = arena_.view(0, 2048);
+  support::View v241 = arena_.view(0, 2048);
   support::View v127 = arena_.view(360448, 2048);
   support::View v126 = arena_.view(368640, 128);
-  support::View v237 = arena_.view(2359296, 2048);
-  support::View v240 = arena_.view(8192, 2048);
-  support::View v241 = arena_.view(32768, 128);
+  support::View v243 = arena_.view(2359296, 2048);
+  support::View v246 = arena_.view(8192, 2048);
+  support::View v247 = arena_.view(32768, 128);
   support::View v125 = arena_.view(196608, 8192);
-  support::View v242 = arena_.view(1998848, 8192);
+  support::View v248 = arena_.view(1998848, 8192);
   support::View v103 = arena_.view(1900544, 8192);
-  support::View v243 = arena_.view(0, 8192);
-  support::View v244 = arena_.view(2370048, 64);
-  support::View v246 = arena_.view(2031616, 8192);
+  support::View v249 = arena_.view(0, 8192);
+  support::View v250 = arena_.view(2370048, 64);
+  support::View v252 = arena_.view(2031616, 8192);
   support::View v123 = arena_.view(1048576, 131072);
-  support::View v248 = arena_.view(2064384, 8192);
-  support::View v250 = arena_.view(0, 131072);
-  support::View v251 = arena_.view(1900544, 1024);
-  support::View v253 = arena_.view(1048576, 131072);
-  support::View v254 = arena_.view(0, 131072);
+  support::View v254 = arena_.view(2064384, 8192);
+  support::View v256 = arena_.view(0, 131072);
+  support::View v257 = arena_.view(1900544, 1024);
+  support::View v259 = arena_.view(1048576, 131072);
+  support::View v260 = arena_.view(0, 131072);
   support::View v121 = arena_.view(2342912, 2048);
-  support::View v255 = arena_.view(1048576, 8192);
+  support::View v261 = arena_.view(1048576, 8192);
   support::View v119 = arena_.view(1966080, 8192);
-  support::View v257 = arena_.view(1081344, 2048);
+  support::View v263 = arena_.view(1081344, 2048);
   support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v258 = arena_.view(65536, 4096);
+  support::View v264 = arena_.view(65536, 4096);
   support::View v87 = arena_.view(2228224, 4096);
   support::View v117 = arena_.view(1933312, 8192);
-  support::View v261 = arena_.view(0, 8192);
-  support::View v262 = arena_.view(32768, 8192);
-  support::View v263 = arena_.view(81920, 128);
+  support::View v267 = arena_.view(0, 8192);
+  support::View v268 = arena_.view(32768, 8192);
+  support::View v269 = arena_.view(81920, 128);
   const support::Buffer &v82 = param13_causal_lm_decoder_layer_1_random_features;
-  support::View v269 = arena_.view(32768, 2048);
+  support::View v275 = arena_.view(32768, 2048);
   support::View v105 = arena_.view(2334720, 2048);
-  support::View v271 = arena_.view(0, 2048);
+  support::View v277 = arena_.view(0, 2048);
   support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v272 = arena_.view(81920, 4096);
+  support::View v278 = arena_.view(81920, 4096);
   support::View v101 = arena_.view(1867776, 8192);
-  support::View v276 = arena_.view(0, 8192);
-  support::View v277 = arena_.view(32768, 8192);
-  support::View v278 = arena_.view(98304, 128);
-  support::View v283 = arena_.view(32768, 2048);
+  support::View v282 = arena_.view(0, 8192);
+  support::View v283 = arena_.view(32768, 8192);
+  support::View v284 = arena_.view(98304, 128);
+  support::View v289 = arena_.view(32768, 2048);
   support::View v89 = arena_.view(2326528, 2048);
-  support::View v285 = arena_.view(40960, 2048);
+  support::View v291 = arena_.view(40960, 2048);
   support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v286 = arena_.view(0, 4096);
-  support::View v287 = arena_.view(16384, 4096);
-  support::View v85 = arena_.view(2211840, 4096);
   support::View v292 = arena_.view(0, 4096);
-  support::View v294 = arena_.view(32768, 128);
+  support::View v293 = arena_.view(16384, 4096);
+  support::View v85 = arena_.view(2211840, 4096);
+  support::View v298 = arena_.view(0, 4096);
+  support::View v300 = arena_.view(32768, 128);
   support::View v81 = arena_.view(2195456, 4096);
-  support::View v296 = arena_.view(0, 4096);
-  support::View v297 = arena_.view(32768, 128);
-  support::View v299 = arena_.view(49152, 128);
+  support::View v302 = arena_.view(0, 4096);
+  support::View v303 = arena_.view(32768, 128);
+  support::View v305 = arena_.view(49152, 128);
   support::View v83(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v291 = arena_.view(0, 4096);
-  support::View v300 = arena_.view(32768, 4096);
-  support::View v301 = arena_.view(16384, 128);
-  support::View v303 = arena_.view(16896, 128);
-  support::View v192 = arena_.view(2244608, 4096);
-  support::View v216 = arena_.view(2260992, 4096);
-  support::View v217 = arena_.view(2370560, 32);
-  support::View v220 = arena_.view(2370688, 32);
-  support::View v236 = arena_.view(2367488, 512);
-  support::View v259 = arena_.view(1204224, 512);
-  support::View v274 = arena_.view(1206272, 512);
-  support::View v288 = arena_.view(1208320, 512);
-  support::View v290 = arena_.view(1212672, 32);
-  support::View v293 = arena_.view(1212800, 32);
-  support::View v307 = arena_.view(131072, 4096);
-  repeated0(v190, v138, v191, v140, v192, v139, v214, v137, v215, v136, v216, v217, v134, v219,
-            v220, v221, v131, v223, v224, v226, v132, v218, v227, v228, v230, v234, v128, v235,
-            v127, v236, v126, v237, v240, v241, v125, v242, v103, v243, v244, v246, v123, v248,
-            v250, v251, v253, v254, v121, v255, v119, v257, v120, v258, v87, v259, v117, v261, v262,
-            v263, v82, v269, v105, v271, v104, v272, v274, v101, v276, v277, v278, v283, v89, v285,
-            v88, v286, v287, v288, v290, v85, v292, v293, v294, v81, v296, v297, v299, v83, v291,
-            v300, v301, v303, v307);
+  support::View v297 = arena_.view(0, 4096);
+  support::View v306 = arena_.view(32768, 4096);
+  support::View v307 = arena_.view(16384, 128);
+  support::View v309 = arena_.view(16896, 128);
+  support::View v198 = arena_.view(2244608, 4096);
+  support::View v222 = arena_.view(2260992, 4096);
+  support::View v223 = arena_.view(2370560, 32);
+  support::View v226 = arena_.view(2370688, 32);
+  support::View v242 = arena_.view(2367488, 512);
+  support::View v265 = arena_.view(1204224, 512);
+  support::View v280 = arena_.view(1206272, 512);
+  support::View v294 = arena_.view(1208320, 512);
+  support::View v296 = arena_.view(1212672, 32);
+  support::View v299 = arena_.view(1212800, 32);
+  support::View v313 = arena_.view(131072, 4096);
+  repeated0(v196, v138, v197, v140, v198, v139, v220, v137, v221, v136, v222, v223, v134, v225,
+            v226, v227, v131, v229, v230, v232, v132, v224, v233, v234, v236, v240, v128, v241,
+            v127, v242, v126, v243, v246, v247, v125, v248, v103, v249, v250, v252, v123, v254,
+            v256, v257, v259, v260, v121, v261, v119, v263, v120, v264, v87, v265, v117, v267, v268,
+            v269, v82, v275, v105, v277, v104, v278, v280, v101, v282, v283, v284, v289, v89, v291,
+            v88, v292, v293, v294, v296, v85, v298, v299, v300, v81, v302, v303, v305, v83, v297,
+            v306, v307, v309, v313);
 
   // 60 statements from performer.mesh:96:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:96:10");
   support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v308 = arena_.view(0, 16384);
+  support::View v314 = arena_.view(0, 16384);
   support::View v79 = arena_.view(1638400, 16384);
   support::View v78 = arena_.view(1572864, 16384);
-  support::View v326 = arena_.view(65536, 16384);
+  support::View v332 = arena_.view(65536, 16384);
   support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v327 = arena_.view(0, 4096);
+  support::View v333 = arena_.view(0, 4096);
   support::View v75 = arena_.view(2179072, 4096);
   support::View v73 = arena_.view(2162688, 4096);
-  support::View v331 = arena_.view(16384, 4096);
-  support::View v333 = arena_.view(32768, 128);
+  support::View v337 = arena_.view(16384, 4096);
+  support::View v339 = arena_.view(32768, 128);
   support::View v70 = arena_.view(2146304, 4096);
-  support::View v335 = arena_.view(16384, 4096);
-  support::View v336 = arena_.view(32768, 128);
-  support::View v338 = arena_.view(49152, 128);
+  support::View v341 = arena_.view(16384, 4096);
+  support::View v342 = arena_.view(32768, 128);
+  support::View v344 = arena_.view(49152, 128);
   support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v330 = arena_.view(16384, 4096);
-  support::View v339 = arena_.view(32768, 4096);
-  support::View v340 = arena_.view(0, 128);
-  support::View v342 = arena_.view(512, 128);
-  support::View v346 = arena_.view(1179648, 4096);
+  support::View v336 = arena_.view(16384, 4096);
+  support::View v345 = arena_.view(32768, 4096);
+  support::View v346 = arena_.view(0, 128);
+  support::View v348 = arena_.view(512, 128);
+  support::View v352 = arena_.view(1179648, 4096);
   support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v347 = arena_.view(0, 2048);
+  support::View v353 = arena_.view(0, 2048);
   support::View v66 = arena_.view(2318336, 2048);
   support::View v65 = arena_.view(2369536, 128);
-  support::View v349 = arena_.view(1196032, 2048);
-  support::View v352 = arena_.view(8192, 2048);
-  support::View v353 = arena_.view(32768, 128);
+  support::View v355 = arena_.view(1196032, 2048);
+  support::View v358 = arena_.view(8192, 2048);
+  support::View v359 = arena_.view(32768, 128);
   support::View v64 = arena_.view(1835008, 8192);
-  support::View v354 = arena_.view(1048576, 8192);
+  support::View v360 = arena_.view(1048576, 8192);
   support::View v42 = arena_.view(1736704, 8192);
-  support::View v355 = arena_.view(0, 8192);
-  support::View v356 = arena_.view(1212416, 64);
-  support::View v358 = arena_.view(1081344, 8192);
+  support::View v361 = arena_.view(0, 8192);
+  support::View v362 = arena_.view(1212416, 64);
+  support::View v364 = arena_.view(1081344, 8192);
   support::View v62 = arena_.view(524288, 131072);
-  support::View v360 = arena_.view(1114112, 8192);
-  support::View v362 = arena_.view(0, 131072);
-  support::View v363 = arena_.view(1196032, 1024);
-  support::View v365 = arena_.view(524288, 131072);
-  support::View v366 = arena_.view(0, 131072);
+  support::View v366 = arena_.view(1114112, 8192);
+  support::View v368 = arena_.view(0, 131072);
+  support::View v369 = arena_.view(1196032, 1024);
+  support::View v371 = arena_.view(524288, 131072);
+  support::View v372 = arena_.view(0, 131072);
   support::View v60 = arena_.view(2310144, 2048);
-  support::View v367 = arena_.view(524288, 8192);
+  support::View v373 = arena_.view(524288, 8192);
   support::View v58 = arena_.view(1802240, 8192);
-  support::View v369 = arena_.view(557056, 2048);
+  support::View v375 = arena_.view(557056, 2048);
   support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v370 = arena_.view(65536, 4096);
+  support::View v376 = arena_.view(65536, 4096);
   support::View v26 = arena_.view(2129920, 4096);
   support::View v56 = arena_.view(1769472, 8192);
-  support::View v373 = arena_.view(0, 8192);
-  support::View v374 = arena_.view(32768, 8192);
-  support::View v375 = arena_.view(81920, 128);
+  support::View v379 = arena_.view(0, 8192);
+  support::View v380 = arena_.view(32768, 8192);
+  support::View v381 = arena_.view(81920, 128);
   const support::Buffer &v21 = param2_causal_lm_decoder_layer_0_random_features;
-  support::View v380 = arena_.view(32768, 2048);
+  support::View v386 = arena_.view(32768, 2048);
   support::View v44 = arena_.view(2301952, 2048);
-  support::View v382 = arena_.view(0, 2048);
+  support::View v388 = arena_.view(0, 2048);
   support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v383 = arena_.view(81920, 4096);
+  support::View v389 = arena_.view(81920, 4096);
   support::View v40 = arena_.view(1703936, 8192);
-  support::View v387 = arena_.view(0, 8192);
-  support::View v388 = arena_.view(32768, 8192);
-  support::View v389 = arena_.view(102400, 128);
-  support::View v394 = arena_.view(32768, 2048);
+  support::View v393 = arena_.view(0, 8192);
+  support::View v394 = arena_.view(32768, 8192);
+  support::View v395 = arena_.view(102400, 128);
+  support::View v400 = arena_.view(32768, 2048);
   support::View v28 = arena_.view(2293760, 2048);
-  support::View v396 = arena_.view(40960, 2048);
+  support::View v402 = arena_.view(40960, 2048);
   support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v397 = arena_.view(0, 4096);
-  support::View v398 = arena_.view(16384, 4096);
-  support::View v24 = arena_.view(2113536, 4096);
   support::View v403 = arena_.view(0, 4096);
-  support::View v405 = arena_.view(32768, 128);
+  support::View v404 = arena_.view(16384, 4096);
+  support::View v24 = arena_.view(2113536, 4096);
+  support::View v409 = arena_.view(0, 4096);
+  support::View v411 = arena_.view(32768, 128);
   support::View v20 = arena_.view(2097152, 4096);
-  support::View v407 = arena_.view(0, 4096);
-  support::View v408 = arena_.view(32768, 128);
-  support::View v410 = arena_.view(49152, 128);
+  support::View v413 = arena_.view(0, 4096);
+  support::View v414 = arena_.view(32768, 128);
+  support::View v416 = arena_.view(49152, 128);
   support::View v22(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
-  support::View v402 = arena_.view(0, 4096);
-  support::View v411 = arena_.view(32768, 4096);
-  support::View v412 = arena_.view(16384, 128);
-  support::View v414 = arena_.view(16896, 128);
-  support::View v309 = arena_.view(1146880, 4096);
-  support::View v328 = arena_.view(1163264, 4096);
-  support::View v329 = arena_.view(1212928, 32);
-  support::View v332 = arena_.view(1213056, 32);
-  support::View v348 = arena_.view(1210368, 512);
-  support::View v371 = arena_.view(98304, 512);
-  support::View v385 = arena_.view(100352, 512);
-  support::View v399 = arena_.view(57344, 512);
-  support::View v401 = arena_.view(59392, 32);
-  support::View v404 = arena_.view(59520, 32);
-  support::View v418 = arena_.view(32768, 4096);
-  repeated0(v307, v77, v308, v79, v309, v78, v326, v76, v327, v75, v328, v329, v73, v331, v332,
-            v333, v70, v335, v336, v338, v71, v330, v339, v340, v342, v346, v67, v347, v66, v348,
-            v65, v349, v352, v353, v64, v354, v42, v355, v356, v358, v62, v360, v362, v363, v365,
-            v366, v60, v367, v58, v369, v59, v370, v26, v371, v56, v373, v374, v375, v21, v380, v44,
-            v382, v43, v383, v385, v40, v387, v388, v389, v394, v28, v396, v27, v397, v398, v399,
-            v401, v24, v403, v404, v405, v20, v407, v408, v410, v22, v402, v411, v412, v414, v418);
+  support::View v408 = arena_.view(0, 4096);
+  support::View v417 = arena_.view(32768, 4096);
+  support::View v418 = arena_.view(16384, 128);
+  support::View v420 = arena_.view(16896, 128);
+  support::View v315 = arena_.view(1146880, 4096);
+  support::View v334 = arena_.view(1163264, 4096);
+  support::View v335 = arena_.view(1212928, 32);
+  support::View v338 = arena_.view(1213056, 32);
+  support::View v354 = arena_.view(1210368, 512);
+  support::View v377 = arena_.view(98304, 512);
+  support::View v391 = arena_.view(100352, 512);
+  support::View v405 = arena_.view(57344, 512);
+  support::View v407 = arena_.view(59392, 32);
+  support::View v410 = arena_.view(59520, 32);
+  support::View v424 = arena_.view(32768, 4096);
+  repeated0(v313, v77, v314, v79, v315, v78, v332, v76, v333, v75, v334, v335, v73, v337, v338,
+            v339, v70, v341, v342, v344, v71, v336, v345, v346, v348, v352, v67, v353, v66, v354,
+            v65, v355, v358, v359, v64, v360, v42, v361, v362, v364, v62, v366, v368, v369, v371,
+            v372, v60, v373, v58, v375, v59, v376, v26, v377, v56, v379, v380, v381, v21, v386, v44,
+            v388, v43, v389, v391, v40, v393, v394, v395, v400, v28, v402, v27, v403, v404, v405,
+            v407, v24, v409, v410, v411, v20, v413, v414, v416, v22, v408, v417, v418, v420, v424);
 
   // performer.mesh:133:37 one_hot
   MESHRT_TRACE("one_hot", "performer.mesh:133:37", "backward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v419 = arena_.view(0, 8192);
-  static const support::Shape shape15_1 = {1, 128, 64};
-  static const support::Shape shape15_3 = {128, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v419.data(), shape15_1, v0.data(), shape15_3, shape15_4, 0);
+  support::View v425 = arena_.view(0, 8192);
+  static const support::Shape shape13_1 = {1, 128, 64};
+  static const support::Shape shape13_3 = {128, 1, 0};
+  static const support::Shape shape13_4 = {0, 0, 1};
+  support::oneHot(v425.data(), shape13_1, v0.data(), shape13_3, shape13_4, 0);
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
   MESHRT_TRACE("gemm", "performer.mesh:133:37", "backward");
-  support::View v420 = arena_.view(49152, 2048);
+  support::View v426 = arena_.view(49152, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan16.run(v419.data(), v418.data(), v420.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v425.data(), v424.data(), v426.data(), 1.0f, 0.0f);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
   // resolved together, 97.2 KiB in one buffer)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
+  support::View v178 = arena_.view(2351104, 2048);
   auto request2 = support::startAllReduce(
-      group_data, {v172, v173, v176, v192, v216, v217, v220, v236, v259, v274, v288, v290,
-                   v293, v309, v328, v329, v332, v348, v371, v385, v399, v401, v404, v420},
+      group_data, {v178, v179, v182, v198, v222, v223, v226, v242, v265, v280, v294, v296,
+                   v299, v315, v334, v335, v338, v354, v377, v391, v405, v407, v410, v426},
       meshrt::ReduceOp::Sum);
 
   // performer.mesh:151:3 step
@@ -3305,14 +3293,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 pow
   // performer.mesh:151:3 sub
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v436 = arena_.view(0, 1);
-  support::View v452 = arena_.view(64, 1);
-  support::View v454 = arena_.view(128, 1);
+  support::View v442 = arena_.view(0, 1);
+  support::View v458 = arena_.view(64, 1);
+  support::View v460 = arena_.view(128, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v436p = v436.data();
-    float *__restrict v452p = v452.data();
-    float *__restrict v454p = v454.data();
+    float *__restrict v442p = v442.data();
+    float *__restrict v458p = v458.data();
+    float *__restrict v460p = v460.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3336,9 +3324,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
     const float s20 = support::fpow(s19, s2);
     const float s21 = 1.0f;
     const float s22 = (s21 - s20);
-    v436p[0] = s14;
-    v452p[0] = s18;
-    v454p[0] = s22;
+    v442p[0] = s14;
+    v458p[0] = s18;
+    v460p[0] = s22;
   }
 
   MESHRT_TRACE_SITE("performer.mesh:151:3");
@@ -3362,50 +3350,50 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 sub -> next/causal_lm/embedding
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
   support::View v6(param0_causal_lm_embedding);      // updated in place
-  support::View v438(param27_causal_lm_embedding_v); // updated in place
-  support::View v437(param26_causal_lm_embedding_m); // updated in place
+  support::View v444(param27_causal_lm_embedding_v); // updated in place
+  support::View v443(param26_causal_lm_embedding_m); // updated in place
   {
-    float *__restrict v438p = v438.data();
-    float *__restrict v437p = v437.data();
+    float *__restrict v444p = v444.data();
+    float *__restrict v443p = v443.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v454p = v454.data();
-    const float *__restrict v452p = v452.data();
-    const float *__restrict v436p = v436.data();
+    const float *__restrict v426p = v426.data();
+    const float *__restrict v460p = v460.data();
+    const float *__restrict v458p = v458.data();
+    const float *__restrict v442p = v442.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v420p[i0];
+      const float s3 = v426p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v438p[i0];
+      const float s7 = v444p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v454p[0];
+      const float s11 = v460p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v420p[i0];
+      const float s16 = v426p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v437p[i0];
+      const float s19 = v443p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v452p[0];
+      const float s23 = v458p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v436p[0];
+      const float s27 = v442p[0];
       const float s28 = (s26 * s27);
       const float s29 = v6p[i0];
       const float s30 = (s29 - s28);
-      v438p[i0] = s10;
-      v437p[i0] = s22;
+      v444p[i0] = s10;
+      v443p[i0] = s22;
       v6p[i0] = s30;
     }
   }
@@ -3427,166 +3415,123 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/unembed
   MESHRT_TRACE("loop", "performer.mesh:151:3", "update");
-  support::View v466(param29_causal_lm_unembed_v); // updated in place
-  support::View v465(param28_causal_lm_unembed_m); // updated in place
+  support::View v7(param1_causal_lm_unembed);      // updated in place
+  support::View v472(param29_causal_lm_unembed_v); // updated in place
+  support::View v471(param28_causal_lm_unembed_m); // updated in place
   {
-    float *__restrict v466p = v466.data();
-    float *__restrict v465p = v465.data();
+    float *__restrict v472p = v472.data();
+    float *__restrict v471p = v471.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v172p = v172.data();
-    const float *__restrict v454p = v454.data();
-    const float *__restrict v452p = v452.data();
-    const float *__restrict v436p = v436.data();
+    const float *__restrict v178p = v178.data();
+    const float *__restrict v460p = v460.data();
+    const float *__restrict v458p = v458.data();
+    const float *__restrict v442p = v442.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v172p[i0];
+      const float s3 = v178p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v466p[i0];
+      const float s7 = v472p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v454p[0];
+      const float s11 = v460p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v172p[i0];
+      const float s16 = v178p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v465p[i0];
+      const float s19 = v471p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v452p[0];
+      const float s23 = v458p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v436p[0];
+      const float s27 = v442p[0];
       const float s28 = (s26 * s27);
       const float s29 = v7p[i0];
       const float s30 = (s29 - s28);
-      v466p[i0] = s10;
-      v465p[i0] = s22;
+      v472p[i0] = s10;
+      v471p[i0] = s22;
       v7p[i0] = s30;
     }
   }
 
   // 1 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v487(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
-  support::View v486(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  repeated3(v22, v404, v487, v454, v486, v452, v436);
+  support::View v493(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v492(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  repeated3(v22, v410, v493, v460, v492, v458, v442);
 
   // 1 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
   support::View v23(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
-  support::View v508(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v507(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
-  repeated3(v23, v401, v508, v454, v507, v452, v436);
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v514(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v513(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v23, v407, v514, v460, v513, v458, v442);
 
   // 10 statements from performer.mesh:151:3 mul (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v27(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v399 = arena_.view(57344, 512);
-  support::View v529(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
-  support::View v454 = arena_.view(128, 1);
-  support::View v528(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
-  support::View v452 = arena_.view(64, 1);
-  support::View v436 = arena_.view(0, 1);
-  support::View v43(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v385 = arena_.view(100352, 512);
-  support::View v550(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v549(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
-  support::View v59(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
-  support::View v371 = arena_.view(98304, 512);
-  support::View v571(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v570(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
-  support::View v67(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
-  support::View v348 = arena_.view(1210368, 512);
-  support::View v592(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
-  support::View v591(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
-  support::View v71(param9_causal_lm_decoder_layer_0_norm_1_gain);     // updated in place
-  support::View v332 = arena_.view(1213056, 32);
-  support::View v613(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v612(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);    // updated in place
-  support::View v329 = arena_.view(1212928, 32);
-  support::View v634(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v633(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v76(param11_causal_lm_decoder_layer_0_ffn_w_in);       // updated in place
-  support::View v328 = arena_.view(1163264, 4096);
-  support::View v655(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v654(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v77(param12_causal_lm_decoder_layer_0_ffn_w_out);   // updated in place
-  support::View v309 = arena_.view(1146880, 4096);
-  support::View v676(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v675(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v83(param14_causal_lm_decoder_layer_1_norm_gain);    // updated in place
-  support::View v293 = arena_.view(1212800, 32);
-  support::View v697(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
-  support::View v696(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
-  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);    // updated in place
-  support::View v290 = arena_.view(1212672, 32);
-  support::View v718(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
-  support::View v717(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
-  repeated1(v27, v399, v529, v454, v528, v452, v436, v43, v385, v550, v549, v59, v371, v571, v570,
-            v67, v348, v592, v591, v71, v332, v613, v612, v72, v329, v634, v633, v76, v328, v655,
-            v654, v77, v309, v676, v675, v83, v293, v697, v696, v84, v290, v718, v717);
+  support::View v535(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
+  support::View v534(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
+  support::View v556(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v555(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v577(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v576(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v598(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
+  support::View v597(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
+  support::View v619(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
+  support::View v618(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
+  support::View v72(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
+  support::View v640(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
+  support::View v639(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
+  support::View v661(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
+  support::View v660(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
+  support::View v682(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v681(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v703(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
+  support::View v702(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
+  support::View v84(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
+  support::View v724(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
+  support::View v723(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
+  repeated1(v27, v405, v535, v460, v534, v458, v442, v43, v391, v556, v555, v59, v377, v577, v576,
+            v67, v354, v598, v597, v71, v338, v619, v618, v72, v335, v640, v639, v76, v334, v661,
+            v660, v77, v315, v682, v681, v83, v299, v703, v702, v84, v296, v724, v723);
 
   // 10 statements from performer.mesh:151:3 mul (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:151:3");
-  support::View v88(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v288 = arena_.view(1208320, 512);
-  support::View v739(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
-  support::View v738(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
-  support::View v104(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v274 = arena_.view(1206272, 512);
-  support::View v760(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v759(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  support::View v120(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
-  support::View v259 = arena_.view(1204224, 512);
-  support::View v781(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v780(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  support::View v128(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
-  support::View v236 = arena_.view(2367488, 512);
-  support::View v802(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
-  support::View v801(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
-  support::View v132(param20_causal_lm_decoder_layer_1_norm_1_gain);   // updated in place
-  support::View v220 = arena_.view(2370688, 32);
-  support::View v823(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v822(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias);   // updated in place
-  support::View v217 = arena_.view(2370560, 32);
-  support::View v844(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v843(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v137(param22_causal_lm_decoder_layer_1_ffn_w_in);      // updated in place
-  support::View v216 = arena_.view(2260992, 4096);
-  support::View v865(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v864(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v138(param23_causal_lm_decoder_layer_1_ffn_w_out);  // updated in place
-  support::View v192 = arena_.view(2244608, 4096);
-  support::View v886(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v885(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v143(param24_causal_lm_norm_gain);                   // updated in place
-  support::View v176 = arena_.view(2370432, 32);
-  support::View v907(param71_causal_lm_norm_gain_v); // updated in place
-  support::View v906(param70_causal_lm_norm_gain_m); // updated in place
-  support::View v144(param25_causal_lm_norm_bias);   // updated in place
-  support::View v173 = arena_.view(2370304, 32);
-  support::View v928(param73_causal_lm_norm_bias_v); // updated in place
-  support::View v927(param72_causal_lm_norm_bias_m); // updated in place
-  repeated1(v88, v288, v739, v454, v738, v452, v436, v104, v274, v760, v759, v120, v259, v781, v780,
-            v128, v236, v802, v801, v132, v220, v823, v822, v133, v217, v844, v843, v137, v216,
-            v865, v864, v138, v192, v886, v885, v143, v176, v907, v906, v144, v173, v928, v927);
+  support::View v745(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
+  support::View v744(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
+  support::View v766(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v765(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v787(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v786(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v808(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
+  support::View v807(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
+  support::View v829(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
+  support::View v828(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
+  support::View v133(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
+  support::View v850(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
+  support::View v849(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
+  support::View v871(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
+  support::View v870(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
+  support::View v892(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v891(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
+  support::View v913(param71_causal_lm_norm_gain_v);                    // updated in place
+  support::View v912(param70_causal_lm_norm_gain_m);                    // updated in place
+  support::View v144(param25_causal_lm_norm_bias);                      // updated in place
+  support::View v934(param73_causal_lm_norm_bias_v);                    // updated in place
+  support::View v933(param72_causal_lm_norm_bias_m);                    // updated in place
+  repeated1(v88, v294, v745, v460, v744, v458, v442, v104, v280, v766, v765, v120, v265, v787, v786,
+            v128, v242, v808, v807, v132, v226, v829, v828, v133, v223, v850, v849, v137, v222,
+            v871, v870, v138, v198, v892, v891, v143, v182, v913, v912, v144, v179, v934, v933);
 }
 
 void LmTrain::repeated0(
@@ -4221,7 +4166,7 @@ void LmTrain::repeated0(
     }
   }
 
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %289 over model for sum at
   // 29:40)
   MESHRT_TRACE_SITE("performer.mesh:29:40");
   auto request0 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);

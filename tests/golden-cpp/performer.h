@@ -345,9 +345,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 2370880;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 8487200;
+  static constexpr size_t kTemporaryBytes = 8453920;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 27136;
+  static constexpr size_t kPersistentBytes = 27200;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -396,7 +396,6 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,

@@ -1275,7 +1275,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 139584 bytes for 493088 bytes of temporaries (placed by liveness).
+  // Arena: 139584 bytes for 488864 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1759,15 +1759,27 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:70:14 broadcast
   // roberta.mesh:70:29 mul
   // roberta.mesh:67:20 neg
+  // roberta.mesh:66:14 lt
+  // roberta.mesh:66:14 ge
+  // roberta.mesh:66:14 mul
+  // roberta.mesh:66:14 cast
+  // roberta.mesh:66:14 mul
+  // roberta.mesh:66:14 exp
+  // roberta.mesh:66:14 mul
   // roberta.mesh:67:21 broadcast
   // roberta.mesh:67:30 mul
+  // roberta.mesh:66:14 sub
   MESHRT_TRACE("loop", "roberta.mesh:70:39", "backward");
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v121 = arena_.view(110592, 1024);
   support::View v122 = arena_.view(114688, 1024);
-  support::View v140 = arena_.view(118784, 1024);
+  support::View v150 = arena_.view(118784, 1024);
   {
-    float *__restrict v140p = v140.data();
+    float *__restrict v150p = v150.data();
     const float *__restrict v132p = v132.data();
     const float *__restrict v18p = v18.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v121p = v121.data();
     const float *__restrict v122p = v122.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -1778,84 +1790,59 @@ void MlmTrain::runPart1(const Inputs &inputs) {
         const float s4 = v18p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
-        const float s7 = s6;
-        const float s8 = v122p[i0 * 32 + i1];
-        const float s9 = (s7 * s8);
-        v140p[i0 * 32 + i1] = s9;
-      }
-    }
-  }
-
-  // roberta.mesh:66:14 sum
-  MESHRT_TRACE("sum", "roberta.mesh:66:14", "backward");
-  support::View v141 = arena_.view(139264, 32);
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v141.data(), shape7_1, v140.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // roberta.mesh:66:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at 66:14)
-  MESHRT_TRACE_SITE("roberta.mesh:66:14");
-  group_model.allReduce(v141.data(), v141.size(), meshrt::ReduceOp::Sum);
-
-  // roberta.mesh:66:14 exp
-  // roberta.mesh:66:14 mul
-  // roberta.mesh:66:14 sub
-  MESHRT_TRACE("loop", "roberta.mesh:66:14", "backward");
-  support::View v121 = arena_.view(110592, 1024);
-  support::View v145 = arena_.view(114688, 1024);
-  {
-    float *__restrict v145p = v145.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v141p = v141.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v121p[i0 * 32 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v141p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v140p[i0 * 32 + i1];
-        const float s5 = (s4 - s3);
-        v145p[i0 * 32 + i1] = s5;
+        const float s7 = v0p[i0];
+        const float s8 = support::wrapI32(64.0);
+        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+        const float s10 = v0p[i0];
+        const float s11 = support::wrapI32(0.0);
+        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+        const float s14 = s13;
+        const float s15 = (s6 * s14);
+        const float s16 = v121p[i0 * 32 + i1];
+        const float s17 = support::fexp(s16);
+        const float s18 = (s17 * s15);
+        const float s19 = s6;
+        const float s20 = v122p[i0 * 32 + i1];
+        const float s21 = (s19 * s20);
+        const float s22 = (s21 - s18);
+        v150p[i0 * 32 + i1] = s22;
       }
     }
   }
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
   MESHRT_TRACE("sum", "roberta.mesh:47:57", "backward");
-  support::View v146 = arena_.view(118784, 32);
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {512, 32};
-  support::reduce(v146.data(), shape10_1, v145.data(), shape10_3, shape10_4, shape10_5,
+  support::View v151 = arena_.view(114688, 32);
+  static const support::Shape shape7_1 = {32};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 16};
+  static const support::Shape shape7_5 = {512, 32};
+  support::reduce(v151.data(), shape7_1, v150.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
   support::View v108 = arena_.view(90112, 1024);
-  support::View v147 = arena_.view(110592, 1024);
+  support::View v152 = arena_.view(110592, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v145.data(), v108.data(), v147.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v150.data(), v108.data(), v152.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %140 over model for sum at
+  // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %146 over model for sum at
   // 19:53)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
-  auto request1 = support::startAllReduce(group_model, {v147}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {v152}, meshrt::ReduceOp::Sum);
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "backward");
   support::View v118 = arena_.view(106496, 1024);
-  support::View v148 = arena_.view(90112, 1024);
+  support::View v153 = arena_.view(90112, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan13.run(v145.data(), v118.data(), v148.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v150.data(), v118.data(), v153.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
@@ -1863,21 +1850,21 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v116 = arena_.view(94208, 1024);
-  support::View v152 = arena_.view(106496, 1024);
-  support::View v154 = arena_.view(114944, 32);
+  support::View v157 = arena_.view(106496, 1024);
+  support::View v159 = arena_.view(115072, 32);
   support::View v112 = arena_.view(102400, 1024);
-  support::View v156 = arena_.view(106496, 1024);
-  support::View v157 = arena_.view(102400, 32);
-  support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
-  support::View v151 = arena_.view(102400, 1024);
   support::View v161 = arena_.view(106496, 1024);
-  support::View v150 = arena_.view(114688, 32);
-  support::View v153 = arena_.view(114816, 32);
-  support::View v160 = arena_.view(114944, 32);
-  support::View v162 = arena_.view(110592, 32);
-  support::View v164 = arena_.view(110720, 32);
-  repeated4(v150, v147, v116, v152, v153, v154, v112, v156, v157, v160, v114, v151, v161, v162,
-            v164);
+  support::View v162 = arena_.view(102400, 32);
+  support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
+  support::View v156 = arena_.view(102400, 1024);
+  support::View v166 = arena_.view(106496, 1024);
+  support::View v155 = arena_.view(114816, 32);
+  support::View v158 = arena_.view(114944, 32);
+  support::View v165 = arena_.view(115072, 32);
+  support::View v167 = arena_.view(110592, 32);
+  support::View v169 = arena_.view(110720, 32);
+  repeated4(v155, v152, v116, v157, v158, v159, v112, v161, v162, v165, v114, v156, v166, v167,
+            v169);
 
   // roberta.mesh:46:18 square
   // roberta.mesh:46:18 mul
@@ -1902,15 +1889,15 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:46:18 mul
   MESHRT_TRACE("loop", "roberta.mesh:46:18", "backward");
   support::View v111 = arena_.view(98304, 1024);
-  support::View v190 = arena_.view(106496, 1024);
+  support::View v195 = arena_.view(106496, 1024);
   {
-    float *__restrict v190p = v190.data();
+    float *__restrict v195p = v195.data();
     const float *__restrict v111p = v111.data();
     const float *__restrict v116p = v116.data();
-    const float *__restrict v162p = v162.data();
-    const float *__restrict v151p = v151.data();
-    const float *__restrict v164p = v164.data();
-    const float *__restrict v160p = v160.data();
+    const float *__restrict v167p = v167.data();
+    const float *__restrict v156p = v156.data();
+    const float *__restrict v169p = v169.data();
+    const float *__restrict v165p = v165.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v111p[i0 * 32 + i1];
@@ -1942,92 +1929,92 @@ void MlmTrain::runPart1(const Inputs &inputs) {
         const float s26 = (s24 * s25);
         const float s27 = (s14 + s26);
         const float s28 = v116p[i0 * 32 + i1];
-        const float s29 = v162p[i0];
+        const float s29 = v167p[i0];
         const float s30 = (s28 * s29);
-        const float s31 = v151p[i0 * 32 + i1];
-        const float s32 = v164p[i0];
+        const float s31 = v156p[i0 * 32 + i1];
+        const float s32 = v169p[i0];
         const float s33 = (s31 - s32);
         const float s34 = (s33 - s30);
-        const float s35 = v160p[i0];
+        const float s35 = v165p[i0];
         const float s36 = (s34 * s35);
         const float s37 = (s36 * s27);
-        v190p[i0 * 32 + i1] = s37;
+        v195p[i0 * 32 + i1] = s37;
       }
     }
   }
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
   MESHRT_TRACE("sum", "roberta.mesh:46:64", "backward");
-  support::View v191 = arena_.view(102400, 32);
-  static const support::Shape shape17_1 = {32};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 16};
-  static const support::Shape shape17_5 = {512, 32};
-  support::reduce(v191.data(), shape17_1, v190.data(), shape17_3, shape17_4, shape17_5,
+  support::View v196 = arena_.view(102400, 32);
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {2, 16};
+  static const support::Shape shape14_5 = {512, 32};
+  support::reduce(v196.data(), shape14_1, v195.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v106(param28_roberta_lm_head_dense); // updated in place
-  support::View v192 = arena_.view(94208, 1024);
+  support::View v197 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v190.data(), v106.data(), v192.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v195.data(), v106.data(), v197.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
   MESHRT_TRACE("gemm", "roberta.mesh:46:23", "backward");
   support::View v105 = arena_.view(86016, 1024);
-  support::View v193 = arena_.view(98304, 1024);
+  support::View v198 = arena_.view(98304, 1024);
   // dims: batch, length, d_out, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan19.run(v190.data(), v105.data(), v193.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v195.data(), v105.data(), v198.data(), 1.0f, 0.0f);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   support::View v103 = arena_.view(69632, 1024);
-  support::View v197 = arena_.view(86016, 1024);
-  support::View v199 = arena_.view(102784, 32);
-  support::View v100 = arena_.view(81920, 1024);
-  support::View v201 = arena_.view(86016, 1024);
-  support::View v202 = arena_.view(81920, 32);
-  support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v196 = arena_.view(81920, 1024);
-  support::View v205 = arena_.view(86016, 1024);
-  support::View v195 = arena_.view(102528, 32);
-  support::View v198 = arena_.view(102656, 32);
+  support::View v202 = arena_.view(86016, 1024);
   support::View v204 = arena_.view(102784, 32);
-  support::View v206 = arena_.view(94208, 32);
-  support::View v208 = arena_.view(94336, 32);
-  repeated4(v195, v192, v103, v197, v198, v199, v100, v201, v202, v204, v101, v196, v205, v206,
-            v208);
+  support::View v100 = arena_.view(81920, 1024);
+  support::View v206 = arena_.view(86016, 1024);
+  support::View v207 = arena_.view(81920, 32);
+  support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v201 = arena_.view(81920, 1024);
+  support::View v210 = arena_.view(86016, 1024);
+  support::View v200 = arena_.view(102528, 32);
+  support::View v203 = arena_.view(102656, 32);
+  support::View v209 = arena_.view(102784, 32);
+  support::View v211 = arena_.view(94208, 32);
+  support::View v213 = arena_.view(94336, 32);
+  repeated4(v200, v197, v103, v202, v203, v204, v100, v206, v207, v209, v101, v201, v210, v211,
+            v213);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   MESHRT_TRACE("loop", "encoder_layers.mesh:19:10", "backward");
-  support::View v211 = arena_.view(86016, 1024);
+  support::View v216 = arena_.view(86016, 1024);
   {
-    float *__restrict v211p = v211.data();
+    float *__restrict v216p = v216.data();
     const float *__restrict v103p = v103.data();
-    const float *__restrict v206p = v206.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v208p = v208.data();
-    const float *__restrict v204p = v204.data();
+    const float *__restrict v211p = v211.data();
+    const float *__restrict v201p = v201.data();
+    const float *__restrict v213p = v213.data();
+    const float *__restrict v209p = v209.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v103p[i0 * 32 + i1];
-        const float s1 = v206p[i0];
+        const float s1 = v211p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v196p[i0 * 32 + i1];
-        const float s4 = v208p[i0];
+        const float s3 = v201p[i0 * 32 + i1];
+        const float s4 = v213p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v204p[i0];
+        const float s7 = v209p[i0];
         const float s8 = (s6 * s7);
-        v211p[i0 * 32 + i1] = s8;
+        v216p[i0 * 32 + i1] = s8;
       }
     }
   }
@@ -2036,192 +2023,192 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v213 = arena_.view(69632, 1024);
+  support::View v218 = arena_.view(69632, 1024);
   support::View v96 = arena_.view(77824, 1024);
   support::View v95 = arena_.view(73728, 1024);
-  support::View v231 = arena_.view(77824, 1024);
+  support::View v236 = arena_.view(77824, 1024);
   support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v233 = arena_.view(69632, 1024);
-  support::View v235 = arena_.view(73728, 1024);
+  support::View v238 = arena_.view(69632, 1024);
+  support::View v240 = arena_.view(73728, 1024);
   support::View v89 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(53248, 1024);
-  support::View v239 = arena_.view(65536, 1024);
-  support::View v241 = arena_.view(77824, 32);
-  support::View v84 = arena_.view(61440, 1024);
-  support::View v243 = arena_.view(65536, 1024);
-  support::View v244 = arena_.view(61440, 32);
+  support::View v244 = arena_.view(65536, 1024);
   support::View v246 = arena_.view(77824, 32);
+  support::View v84 = arena_.view(61440, 1024);
+  support::View v248 = arena_.view(65536, 1024);
+  support::View v249 = arena_.view(61440, 32);
+  support::View v251 = arena_.view(77824, 32);
   support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
-  support::View v238 = arena_.view(61440, 1024);
-  support::View v247 = arena_.view(65536, 1024);
-  support::View v248 = arena_.view(73728, 32);
-  support::View v250 = arena_.view(73856, 32);
-  support::View v253 = arena_.view(65536, 1024);
+  support::View v243 = arena_.view(61440, 1024);
+  support::View v252 = arena_.view(65536, 1024);
+  support::View v253 = arena_.view(73728, 32);
+  support::View v255 = arena_.view(73856, 32);
+  support::View v258 = arena_.view(65536, 1024);
   support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v254 = arena_.view(61440, 512);
+  support::View v259 = arena_.view(61440, 512);
   support::View v81 = arena_.view(137216, 512);
   support::View v75 = arena_.view(135168, 512);
-  support::View v256 = arena_.view(53248, 1024);
+  support::View v261 = arena_.view(53248, 1024);
   support::View v80 = arena_.view(57344, 1024);
-  support::View v257 = arena_.view(73728, 512);
-  support::View v258 = arena_.view(61440, 1024);
-  support::View v259 = arena_.view(75776, 64);
-  support::View v262 = arena_.view(61440, 1024);
+  support::View v262 = arena_.view(73728, 512);
+  support::View v263 = arena_.view(61440, 1024);
+  support::View v264 = arena_.view(75776, 64);
+  support::View v267 = arena_.view(61440, 1024);
   support::View v73 = arena_.view(133120, 512);
-  support::View v263 = arena_.view(79872, 512);
+  support::View v268 = arena_.view(79872, 512);
   support::View v72 = arena_.view(131072, 512);
-  support::View v264 = arena_.view(75776, 512);
+  support::View v269 = arena_.view(75776, 512);
   support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v266 = arena_.view(53248, 1024);
+  support::View v271 = arena_.view(53248, 1024);
   support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v271 = arena_.view(57344, 1024);
+  support::View v276 = arena_.view(57344, 1024);
   support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v275 = arena_.view(61440, 1024);
+  support::View v280 = arena_.view(61440, 1024);
   support::View v67 = arena_.view(49152, 1024);
-  support::View v277 = arena_.view(73728, 1024);
+  support::View v282 = arena_.view(73728, 1024);
   support::View v65 = arena_.view(32768, 1024);
-  support::View v281 = arena_.view(49152, 1024);
-  support::View v283 = arena_.view(55552, 32);
-  support::View v62 = arena_.view(45056, 1024);
-  support::View v285 = arena_.view(49152, 1024);
-  support::View v286 = arena_.view(45056, 32);
+  support::View v286 = arena_.view(49152, 1024);
   support::View v288 = arena_.view(55552, 32);
+  support::View v62 = arena_.view(45056, 1024);
+  support::View v290 = arena_.view(49152, 1024);
+  support::View v291 = arena_.view(45056, 32);
+  support::View v293 = arena_.view(55552, 32);
   support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v280 = arena_.view(45056, 1024);
-  support::View v289 = arena_.view(49152, 1024);
-  support::View v290 = arena_.view(55680, 32);
-  support::View v292 = arena_.view(55808, 32);
-  support::View v212 = arena_.view(94208, 32);
-  support::View v214 = arena_.view(81920, 1024);
-  support::View v232 = arena_.view(94336, 32);
-  support::View v236 = arena_.view(69632, 1024);
-  support::View v237 = arena_.view(94464, 32);
-  support::View v240 = arena_.view(94592, 32);
-  support::View v255 = arena_.view(77824, 512);
-  support::View v269 = arena_.view(86016, 512);
-  support::View v274 = arena_.view(88064, 512);
-  support::View v278 = arena_.view(53248, 512);
-  support::View v279 = arena_.view(55296, 32);
-  support::View v282 = arena_.view(55424, 32);
-  support::View v295 = arena_.view(49152, 1024);
-  repeated1(v212, v211, v92, v213, v96, v214, v95, v231, v232, v90, v233, v235, v89, v236, v237,
-            v87, v239, v240, v241, v84, v243, v244, v246, v85, v238, v247, v248, v250, v253, v71,
-            v254, v81, v255, v75, v256, v80, v257, v258, v259, v262, v73, v263, v72, v264, v70,
-            v266, v69, v271, v68, v275, v67, v269, v274, v277, v278, v279, v65, v281, v282, v283,
-            v62, v285, v286, v288, v63, v280, v289, v290, v292, v295);
+  support::View v285 = arena_.view(45056, 1024);
+  support::View v294 = arena_.view(49152, 1024);
+  support::View v295 = arena_.view(55680, 32);
+  support::View v297 = arena_.view(55808, 32);
+  support::View v217 = arena_.view(94208, 32);
+  support::View v219 = arena_.view(81920, 1024);
+  support::View v237 = arena_.view(94336, 32);
+  support::View v241 = arena_.view(69632, 1024);
+  support::View v242 = arena_.view(94464, 32);
+  support::View v245 = arena_.view(94592, 32);
+  support::View v260 = arena_.view(77824, 512);
+  support::View v274 = arena_.view(86016, 512);
+  support::View v279 = arena_.view(88064, 512);
+  support::View v283 = arena_.view(53248, 512);
+  support::View v284 = arena_.view(55296, 32);
+  support::View v287 = arena_.view(55424, 32);
+  support::View v300 = arena_.view(49152, 1024);
+  repeated1(v217, v216, v92, v218, v96, v219, v95, v236, v237, v90, v238, v240, v89, v241, v242,
+            v87, v244, v245, v246, v84, v248, v249, v251, v85, v243, v252, v253, v255, v258, v71,
+            v259, v81, v260, v75, v261, v80, v262, v263, v264, v267, v73, v268, v72, v269, v70,
+            v271, v69, v276, v68, v280, v67, v274, v279, v282, v283, v284, v65, v286, v287, v288,
+            v62, v290, v291, v293, v63, v285, v294, v295, v297, v300);
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
   support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v297 = arena_.view(32768, 1024);
+  support::View v302 = arena_.view(32768, 1024);
   support::View v58 = arena_.view(40960, 1024);
   support::View v57 = arena_.view(36864, 1024);
-  support::View v315 = arena_.view(40960, 1024);
+  support::View v320 = arena_.view(40960, 1024);
   support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v317 = arena_.view(32768, 1024);
-  support::View v319 = arena_.view(36864, 1024);
+  support::View v322 = arena_.view(32768, 1024);
+  support::View v324 = arena_.view(36864, 1024);
   support::View v51 = arena_.view(28672, 1024);
   support::View v49 = arena_.view(16384, 1024);
-  support::View v323 = arena_.view(28672, 1024);
-  support::View v325 = arena_.view(40960, 32);
-  support::View v46 = arena_.view(24576, 1024);
-  support::View v327 = arena_.view(28672, 1024);
-  support::View v328 = arena_.view(24576, 32);
+  support::View v328 = arena_.view(28672, 1024);
   support::View v330 = arena_.view(40960, 32);
+  support::View v46 = arena_.view(24576, 1024);
+  support::View v332 = arena_.view(28672, 1024);
+  support::View v333 = arena_.view(24576, 32);
+  support::View v335 = arena_.view(40960, 32);
   support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
-  support::View v322 = arena_.view(24576, 1024);
-  support::View v331 = arena_.view(28672, 1024);
-  support::View v332 = arena_.view(36864, 32);
-  support::View v334 = arena_.view(36992, 32);
-  support::View v337 = arena_.view(28672, 1024);
+  support::View v327 = arena_.view(24576, 1024);
+  support::View v336 = arena_.view(28672, 1024);
+  support::View v337 = arena_.view(36864, 32);
+  support::View v339 = arena_.view(36992, 32);
+  support::View v342 = arena_.view(28672, 1024);
   support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v338 = arena_.view(24576, 512);
+  support::View v343 = arena_.view(24576, 512);
   support::View v43 = arena_.view(129024, 512);
   support::View v37 = arena_.view(126976, 512);
-  support::View v340 = arena_.view(16384, 1024);
+  support::View v345 = arena_.view(16384, 1024);
   support::View v42 = arena_.view(20480, 1024);
-  support::View v341 = arena_.view(36864, 512);
-  support::View v342 = arena_.view(24576, 1024);
-  support::View v343 = arena_.view(38912, 64);
-  support::View v346 = arena_.view(24576, 1024);
+  support::View v346 = arena_.view(36864, 512);
+  support::View v347 = arena_.view(24576, 1024);
+  support::View v348 = arena_.view(38912, 64);
+  support::View v351 = arena_.view(24576, 1024);
   support::View v35 = arena_.view(124928, 512);
-  support::View v347 = arena_.view(43008, 512);
+  support::View v352 = arena_.view(43008, 512);
   support::View v34 = arena_.view(122880, 512);
-  support::View v348 = arena_.view(38912, 512);
+  support::View v353 = arena_.view(38912, 512);
   support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v350 = arena_.view(16384, 1024);
+  support::View v355 = arena_.view(16384, 1024);
   support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v355 = arena_.view(20480, 1024);
+  support::View v360 = arena_.view(20480, 1024);
   support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v359 = arena_.view(24576, 1024);
+  support::View v364 = arena_.view(24576, 1024);
   support::View v29 = arena_.view(12288, 1024);
-  support::View v361 = arena_.view(36864, 1024);
+  support::View v366 = arena_.view(36864, 1024);
   support::View v27 = arena_.view(4096, 1024);
-  support::View v365 = arena_.view(12288, 1024);
-  support::View v367 = arena_.view(18688, 32);
-  support::View v24 = arena_.view(8192, 1024);
-  support::View v369 = arena_.view(12288, 1024);
-  support::View v370 = arena_.view(8192, 32);
+  support::View v370 = arena_.view(12288, 1024);
   support::View v372 = arena_.view(18688, 32);
+  support::View v24 = arena_.view(8192, 1024);
+  support::View v374 = arena_.view(12288, 1024);
+  support::View v375 = arena_.view(8192, 32);
+  support::View v377 = arena_.view(18688, 32);
   support::View v25(param2_roberta_norm_gain); // updated in place
-  support::View v364 = arena_.view(8192, 1024);
-  support::View v373 = arena_.view(12288, 1024);
-  support::View v374 = arena_.view(18816, 32);
-  support::View v376 = arena_.view(18944, 32);
-  support::View v296 = arena_.view(55552, 32);
-  support::View v298 = arena_.view(45056, 1024);
-  support::View v316 = arena_.view(55680, 32);
-  support::View v320 = arena_.view(32768, 1024);
-  support::View v321 = arena_.view(55808, 32);
-  support::View v324 = arena_.view(55936, 32);
-  support::View v339 = arena_.view(40960, 512);
-  support::View v353 = arena_.view(49152, 512);
-  support::View v358 = arena_.view(51200, 512);
-  support::View v362 = arena_.view(16384, 512);
-  support::View v363 = arena_.view(18432, 32);
-  support::View v366 = arena_.view(18560, 32);
-  support::View v379 = arena_.view(12288, 1024);
-  repeated1(v296, v295, v54, v297, v58, v298, v57, v315, v316, v52, v317, v319, v51, v320, v321,
-            v49, v323, v324, v325, v46, v327, v328, v330, v47, v322, v331, v332, v334, v337, v33,
-            v338, v43, v339, v37, v340, v42, v341, v342, v343, v346, v35, v347, v34, v348, v32,
-            v350, v31, v355, v30, v359, v29, v353, v358, v361, v362, v363, v27, v365, v366, v367,
-            v24, v369, v370, v372, v25, v364, v373, v374, v376, v379);
+  support::View v369 = arena_.view(8192, 1024);
+  support::View v378 = arena_.view(12288, 1024);
+  support::View v379 = arena_.view(18816, 32);
+  support::View v381 = arena_.view(18944, 32);
+  support::View v301 = arena_.view(55552, 32);
+  support::View v303 = arena_.view(45056, 1024);
+  support::View v321 = arena_.view(55680, 32);
+  support::View v325 = arena_.view(32768, 1024);
+  support::View v326 = arena_.view(55808, 32);
+  support::View v329 = arena_.view(55936, 32);
+  support::View v344 = arena_.view(40960, 512);
+  support::View v358 = arena_.view(49152, 512);
+  support::View v363 = arena_.view(51200, 512);
+  support::View v367 = arena_.view(16384, 512);
+  support::View v368 = arena_.view(18432, 32);
+  support::View v371 = arena_.view(18560, 32);
+  support::View v384 = arena_.view(12288, 1024);
+  repeated1(v301, v300, v54, v302, v58, v303, v57, v320, v321, v52, v322, v324, v51, v325, v326,
+            v49, v328, v329, v330, v46, v332, v333, v335, v47, v327, v336, v337, v339, v342, v33,
+            v343, v43, v344, v37, v345, v42, v346, v347, v348, v351, v35, v352, v34, v353, v32,
+            v355, v31, v360, v30, v364, v29, v358, v363, v366, v367, v368, v27, v370, v371, v372,
+            v24, v374, v375, v377, v25, v369, v378, v379, v381, v384);
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
   MESHRT_TRACE("sum", "roberta.mesh:32:40", "backward");
-  support::View v380 = arena_.view(8192, 512);
-  static const support::Shape shape24_1 = {16, 32};
-  static const support::Shape shape24_3 = {32, 1};
-  static const support::Shape shape24_4 = {2};
-  static const support::Shape shape24_5 = {512};
-  support::reduce(v380.data(), shape24_1, v379.data(), shape24_3, shape24_4, shape24_5,
+  support::View v385 = arena_.view(8192, 512);
+  static const support::Shape shape21_1 = {16, 32};
+  static const support::Shape shape21_3 = {32, 1};
+  static const support::Shape shape21_4 = {2};
+  static const support::Shape shape21_5 = {512};
+  support::reduce(v385.data(), shape21_1, v384.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:31:40", "backward");
   support::View v21 = arena_.view(0, 1024);
-  support::View v381 = arena_.view(4096, 1024);
+  support::View v386 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan25.run(v379.data(), v21.data(), v381.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v384.data(), v21.data(), v386.data(), 1.0f, 0.0f);
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "backward");
-  support::View v382 = arena_.view(0, 1024);
+  support::View v387 = arena_.view(0, 1024);
   {
-    float *__restrict v382p = v382.data();
-    const float *__restrict v148p = v148.data();
-    const float *__restrict v381p = v381.data();
+    float *__restrict v387p = v387.data();
+    const float *__restrict v153p = v153.data();
+    const float *__restrict v386p = v386.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v148p[i0 + i1 * 32];
+        const float s0 = v153p[i0 + i1 * 32];
         const float s1 = s0;
-        const float s2 = v381p[i0 * 32 + i1];
+        const float s2 = v386p[i0 * 32 + i1];
         const float s3 = (s1 + s2);
-        v382p[i0 * 32 + i1] = s3;
+        v387p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -2231,9 +2218,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // grad/roberta/lm_head/norm/gain, ...) over data resolved together, 44.2 KiB in one buffer)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
   auto request4 = support::startAllReduce(
-      group_data, {v146, v150, v153, v191, v193, v195, v198, v212, v214, v232, v236,
-                   v237, v240, v255, v269, v274, v278, v279, v282, v296, v298, v316,
-                   v320, v321, v324, v339, v353, v358, v362, v363, v366, v380, v382},
+      group_data, {v151, v155, v158, v196, v198, v200, v203, v217, v219, v237, v241,
+                   v242, v245, v260, v274, v279, v283, v284, v287, v301, v303, v321,
+                   v325, v326, v329, v344, v358, v363, v367, v368, v371, v385, v387},
       meshrt::ReduceOp::Sum);
 
   // roberta.mesh:71:3 step
@@ -2253,14 +2240,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 pow
   // roberta.mesh:71:3 sub
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v399 = arena_.view(4096, 1);
-  support::View v415 = arena_.view(4160, 1);
-  support::View v417 = arena_.view(4224, 1);
+  support::View v404 = arena_.view(4096, 1);
+  support::View v420 = arena_.view(4160, 1);
+  support::View v422 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v399p = v399.data();
-    float *__restrict v415p = v415.data();
-    float *__restrict v417p = v417.data();
+    float *__restrict v404p = v404.data();
+    float *__restrict v420p = v420.data();
+    float *__restrict v422p = v422.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2289,9 +2276,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v399p[0] = s19;
-    v415p[0] = s23;
-    v417p[0] = s27;
+    v404p[0] = s19;
+    v420p[0] = s23;
+    v422p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
@@ -2315,50 +2302,50 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/embedding
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v19(param0_embedding);     // updated in place
-  support::View v401(param34_embedding_v); // updated in place
-  support::View v400(param33_embedding_m); // updated in place
+  support::View v406(param34_embedding_v); // updated in place
+  support::View v405(param33_embedding_m); // updated in place
   {
-    float *__restrict v401p = v401.data();
-    float *__restrict v400p = v400.data();
+    float *__restrict v406p = v406.data();
+    float *__restrict v405p = v405.data();
     float *__restrict v19p = v19.data();
-    const float *__restrict v382p = v382.data();
-    const float *__restrict v417p = v417.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v399p = v399.data();
+    const float *__restrict v387p = v387.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v404p = v404.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v19p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v382p[i0];
+      const float s3 = v387p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v401p[i0];
+      const float s7 = v406p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v417p[0];
+      const float s11 = v422p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v382p[i0];
+      const float s16 = v387p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v400p[i0];
+      const float s19 = v405p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v415p[0];
+      const float s23 = v420p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v399p[0];
+      const float s27 = v404p[0];
       const float s28 = (s26 * s27);
       const float s29 = v19p[i0];
       const float s30 = (s29 - s28);
-      v401p[i0] = s10;
-      v400p[i0] = s22;
+      v406p[i0] = s10;
+      v405p[i0] = s22;
       v19p[i0] = s30;
     }
   }
@@ -2381,132 +2368,132 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/roberta/positions
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v20(param1_roberta_positions);     // updated in place
-  support::View v430(param36_roberta_positions_v); // updated in place
-  support::View v429(param35_roberta_positions_m); // updated in place
+  support::View v435(param36_roberta_positions_v); // updated in place
+  support::View v434(param35_roberta_positions_m); // updated in place
   {
-    float *__restrict v430p = v430.data();
-    float *__restrict v429p = v429.data();
+    float *__restrict v435p = v435.data();
+    float *__restrict v434p = v434.data();
     float *__restrict v20p = v20.data();
-    const float *__restrict v380p = v380.data();
-    const float *__restrict v417p = v417.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v399p = v399.data();
+    const float *__restrict v385p = v385.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v404p = v404.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = v20p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v380p[i0];
+      const float s3 = v385p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v430p[i0];
+      const float s7 = v435p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v417p[0];
+      const float s11 = v422p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v380p[i0];
+      const float s16 = v385p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v429p[i0];
+      const float s19 = v434p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v415p[0];
+      const float s23 = v420p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v399p[0];
+      const float s27 = v404p[0];
       const float s28 = (s26 * s27);
       const float s29 = v20p[i0];
       const float s30 = (s29 - s28);
-      v430p[i0] = s10;
-      v429p[i0] = s22;
+      v435p[i0] = s10;
+      v434p[i0] = s22;
       v20p[i0] = s30;
     }
   }
 
   // 2 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v451(param38_roberta_norm_gain_v); // updated in place
-  support::View v450(param37_roberta_norm_gain_m); // updated in place
+  support::View v456(param38_roberta_norm_gain_v); // updated in place
+  support::View v455(param37_roberta_norm_gain_m); // updated in place
   support::View v26(param3_roberta_norm_bias);     // updated in place
-  support::View v472(param40_roberta_norm_bias_v); // updated in place
-  support::View v471(param39_roberta_norm_bias_m); // updated in place
-  repeated3(v25, v366, v451, v417, v450, v415, v399, v26, v363, v472, v471);
+  support::View v477(param40_roberta_norm_bias_v); // updated in place
+  support::View v476(param39_roberta_norm_bias_m); // updated in place
+  repeated3(v25, v371, v456, v422, v455, v420, v404, v26, v368, v477, v476);
 
   // 12 statements from roberta.mesh:71:3 mul (1 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v493(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
-  support::View v492(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
-  support::View v514(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
-  support::View v513(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
-  support::View v535(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
-  support::View v534(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
-  support::View v556(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
-  support::View v555(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
-  support::View v577(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
-  support::View v576(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
+  support::View v498(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
+  support::View v497(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
+  support::View v519(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
+  support::View v518(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
+  support::View v540(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
+  support::View v539(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
+  support::View v561(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
+  support::View v560(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
+  support::View v582(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
+  support::View v581(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
   support::View v48(param9_roberta_encoder_layer_0_norm_bias);               // updated in place
-  support::View v598(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
-  support::View v597(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
-  support::View v619(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v618(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v603(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
+  support::View v602(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
+  support::View v624(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v623(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v53(param11_roberta_encoder_layer_0_dense_relu_dense_bi);    // updated in place
-  support::View v640(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
-  support::View v639(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
-  support::View v661(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v660(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v645(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
+  support::View v644(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v666(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v665(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v55(param13_roberta_encoder_layer_0_dense_relu_dense_bo);    // updated in place
-  support::View v682(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
-  support::View v681(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
-  support::View v703(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
-  support::View v702(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
+  support::View v687(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
+  support::View v686(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v708(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
+  support::View v707(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
   support::View v64(param15_roberta_encoder_layer_0_norm_1_bias);            // updated in place
-  support::View v724(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
-  support::View v723(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
-  repeated0(v30, v362, v493, v417, v492, v415, v399, v31, v358, v514, v513, v32, v353, v535, v534,
-            v33, v339, v556, v555, v47, v324, v577, v576, v48, v321, v598, v597, v52, v320, v619,
-            v618, v53, v316, v640, v639, v54, v298, v661, v660, v55, v296, v682, v681, v63, v282,
-            v703, v702, v64, v279, v724, v723);
+  support::View v729(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
+  support::View v728(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
+  repeated0(v30, v367, v498, v422, v497, v420, v404, v31, v363, v519, v518, v32, v358, v540, v539,
+            v33, v344, v561, v560, v47, v329, v582, v581, v48, v326, v603, v602, v52, v325, v624,
+            v623, v53, v321, v645, v644, v54, v303, v666, v665, v55, v301, v687, v686, v63, v287,
+            v708, v707, v64, v284, v729, v728);
 
   // 12 statements from roberta.mesh:71:3 mul (2 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v745(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
-  support::View v744(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
-  support::View v766(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
-  support::View v765(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
-  support::View v787(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
-  support::View v786(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
-  support::View v808(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
-  support::View v807(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
-  support::View v829(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
-  support::View v828(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
+  support::View v750(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
+  support::View v749(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
+  support::View v771(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
+  support::View v770(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
+  support::View v792(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
+  support::View v791(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
+  support::View v813(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
+  support::View v812(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
+  support::View v834(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
+  support::View v833(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
   support::View v86(param21_roberta_encoder_layer_1_norm_bias);              // updated in place
-  support::View v850(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
-  support::View v849(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
-  support::View v871(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v870(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v855(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
+  support::View v854(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
+  support::View v876(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v875(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v91(param23_roberta_encoder_layer_1_dense_relu_dense_bi);    // updated in place
-  support::View v892(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
-  support::View v891(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
-  support::View v913(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v912(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v897(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
+  support::View v896(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v918(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v917(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v93(param25_roberta_encoder_layer_1_dense_relu_dense_bo);    // updated in place
-  support::View v934(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
-  support::View v933(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
-  support::View v955(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
-  support::View v954(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
+  support::View v939(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
+  support::View v938(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v960(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
+  support::View v959(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
   support::View v102(param27_roberta_encoder_layer_1_norm_1_bias);           // updated in place
-  support::View v976(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
-  support::View v975(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
-  repeated0(v68, v278, v745, v417, v744, v415, v399, v69, v274, v766, v765, v70, v269, v787, v786,
-            v71, v255, v808, v807, v85, v240, v829, v828, v86, v237, v850, v849, v90, v236, v871,
-            v870, v91, v232, v892, v891, v92, v214, v913, v912, v93, v212, v934, v933, v101, v198,
-            v955, v954, v102, v195, v976, v975);
+  support::View v981(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
+  support::View v980(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
+  repeated0(v68, v283, v750, v422, v749, v420, v404, v69, v279, v771, v770, v70, v274, v792, v791,
+            v71, v260, v813, v812, v85, v245, v834, v833, v86, v242, v855, v854, v90, v241, v876,
+            v875, v91, v237, v897, v896, v92, v219, v918, v917, v93, v217, v939, v938, v101, v203,
+            v960, v959, v102, v200, v981, v980);
 
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 square
@@ -2525,50 +2512,50 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 mul
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
-  support::View v997(param90_roberta_lm_head_dense_v); // updated in place
-  support::View v996(param89_roberta_lm_head_dense_m); // updated in place
+  support::View v1002(param90_roberta_lm_head_dense_v); // updated in place
+  support::View v1001(param89_roberta_lm_head_dense_m); // updated in place
   {
-    float *__restrict v997p = v997.data();
-    float *__restrict v996p = v996.data();
+    float *__restrict v1002p = v1002.data();
+    float *__restrict v1001p = v1001.data();
     float *__restrict v106p = v106.data();
-    const float *__restrict v193p = v193.data();
-    const float *__restrict v417p = v417.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v399p = v399.data();
+    const float *__restrict v198p = v198.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v404p = v404.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v106p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v193p[i0];
+      const float s3 = v198p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v997p[i0];
+      const float s7 = v1002p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v417p[0];
+      const float s11 = v422p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v193p[i0];
+      const float s16 = v198p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v996p[i0];
+      const float s19 = v1001p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v415p[0];
+      const float s23 = v420p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v399p[0];
+      const float s27 = v404p[0];
       const float s28 = (s26 * s27);
       const float s29 = v106p[i0];
       const float s30 = (s29 - s28);
-      v997p[i0] = s10;
-      v996p[i0] = s22;
+      v1002p[i0] = s10;
+      v1001p[i0] = s22;
       v106p[i0] = s30;
     }
   }
@@ -2591,50 +2578,50 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense_bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
-  support::View v1018(param92_roberta_lm_head_dense_bias_v); // updated in place
-  support::View v1017(param91_roberta_lm_head_dense_bias_m); // updated in place
+  support::View v1023(param92_roberta_lm_head_dense_bias_v); // updated in place
+  support::View v1022(param91_roberta_lm_head_dense_bias_m); // updated in place
   {
-    float *__restrict v1018p = v1018.data();
-    float *__restrict v1017p = v1017.data();
+    float *__restrict v1023p = v1023.data();
+    float *__restrict v1022p = v1022.data();
     float *__restrict v107p = v107.data();
-    const float *__restrict v191p = v191.data();
-    const float *__restrict v417p = v417.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v399p = v399.data();
+    const float *__restrict v196p = v196.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v404p = v404.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v107p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v191p[i0];
+      const float s3 = v196p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v1018p[i0];
+      const float s7 = v1023p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v417p[0];
+      const float s11 = v422p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v191p[i0];
+      const float s16 = v196p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1017p[i0];
+      const float s19 = v1022p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v415p[0];
+      const float s23 = v420p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v399p[0];
+      const float s27 = v404p[0];
       const float s28 = (s26 * s27);
       const float s29 = v107p[i0];
       const float s30 = (s29 - s28);
-      v1018p[i0] = s10;
-      v1017p[i0] = s22;
+      v1023p[i0] = s10;
+      v1022p[i0] = s22;
       v107p[i0] = s30;
     }
   }
@@ -2657,62 +2644,62 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // roberta.mesh:71:3 sub -> next/roberta/lm_head/output_bias
   MESHRT_TRACE("loop", "roberta.mesh:71:3", "update");
   support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
-  support::View v1039(param94_roberta_lm_head_output_bias_v); // updated in place
-  support::View v1038(param93_roberta_lm_head_output_bias_m); // updated in place
+  support::View v1044(param94_roberta_lm_head_output_bias_v); // updated in place
+  support::View v1043(param93_roberta_lm_head_output_bias_m); // updated in place
   {
-    float *__restrict v1039p = v1039.data();
-    float *__restrict v1038p = v1038.data();
+    float *__restrict v1044p = v1044.data();
+    float *__restrict v1043p = v1043.data();
     float *__restrict v109p = v109.data();
-    const float *__restrict v146p = v146.data();
-    const float *__restrict v417p = v417.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v399p = v399.data();
+    const float *__restrict v151p = v151.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v404p = v404.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v109p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v146p[i0];
+      const float s3 = v151p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v1039p[i0];
+      const float s7 = v1044p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v417p[0];
+      const float s11 = v422p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v146p[i0];
+      const float s16 = v151p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1038p[i0];
+      const float s19 = v1043p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v415p[0];
+      const float s23 = v420p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v399p[0];
+      const float s27 = v404p[0];
       const float s28 = (s26 * s27);
       const float s29 = v109p[i0];
       const float s30 = (s29 - s28);
-      v1039p[i0] = s10;
-      v1038p[i0] = s22;
+      v1044p[i0] = s10;
+      v1043p[i0] = s22;
       v109p[i0] = s30;
     }
   }
 
   // 2 statements from roberta.mesh:71:3 mul (2 of 2)
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
-  support::View v1060(param96_roberta_lm_head_norm_gain_v); // updated in place
-  support::View v1059(param95_roberta_lm_head_norm_gain_m); // updated in place
+  support::View v1065(param96_roberta_lm_head_norm_gain_v); // updated in place
+  support::View v1064(param95_roberta_lm_head_norm_gain_m); // updated in place
   support::View v115(param32_roberta_lm_head_norm_bias);    // updated in place
-  support::View v1081(param98_roberta_lm_head_norm_bias_v); // updated in place
-  support::View v1080(param97_roberta_lm_head_norm_bias_m); // updated in place
-  repeated3(v114, v153, v1060, v417, v1059, v415, v399, v115, v150, v1081, v1080);
+  support::View v1086(param98_roberta_lm_head_norm_bias_v); // updated in place
+  support::View v1085(param97_roberta_lm_head_norm_bias_m); // updated in place
+  repeated3(v114, v158, v1065, v422, v1064, v420, v404, v115, v155, v1086, v1085);
 
   MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data_model.wait(request0);
@@ -3607,7 +3594,7 @@ void MlmTrain::repeated1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %225 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %231 over model for add at
   // 45:16)
   MESHRT_TRACE_SITE("encoder_layers.mesh:45:16");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Sum);
@@ -3893,8 +3880,8 @@ void MlmTrain::repeated1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan31.run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %257 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%272, %276): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %263 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%277, %281): 12.0 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   auto request2 = support::startAllReduce(group_model, {a45, a47, a49}, meshrt::ReduceOp::Sum);

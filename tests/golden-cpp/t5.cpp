@@ -3695,13 +3695,13 @@ void T5Train::computeInvariants() {
   // t5.mesh:68:66 iota
   // t5.mesh:68:82 iota
   // t5.mesh:117:36 iota
-  support::View v124 = persistent_.view(21312, 8);
+  support::View v124 = persistent_.view(18944, 8);
   static const support::Shape shape19_1 = {8};
   static const support::Shape shape19_2 = {1};
   support::iota(v124.data(), shape19_1, shape19_2, 0);
 
   // t5.mesh:114:35 ge
-  support::View v126 = persistent_.view(21376, 64);
+  support::View v126 = persistent_.view(19008, 64);
   {
     float *__restrict v126p = v126.data();
     const float *__restrict v124p = v124.data();
@@ -3716,7 +3716,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:114:16 cast -> causal
-  support::View v127 = persistent_.view(21632, 64);
+  support::View v127 = persistent_.view(19264, 64);
   {
     float *__restrict v127p = v127.data();
     const float *__restrict v126p = v126.data();
@@ -3728,7 +3728,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:68:80 sub
-  support::View v130 = persistent_.view(21888, 64);
+  support::View v130 = persistent_.view(19520, 64);
   {
     float *__restrict v130p = v130.data();
     const float *__restrict v124p = v124.data();
@@ -3743,7 +3743,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:68:58 maximum
-  support::View v132 = persistent_.view(22144, 64);
+  support::View v132 = persistent_.view(19776, 64);
   {
     float *__restrict v132p = v132.data();
     const float *__restrict v130p = v130.data();
@@ -3756,7 +3756,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:47:18 maximum
-  support::View v134 = persistent_.view(22400, 64);
+  support::View v134 = persistent_.view(20032, 64);
   {
     float *__restrict v134p = v134.data();
     const float *__restrict v132p = v132.data();
@@ -3769,7 +3769,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:47:13 cast
-  support::View v135 = persistent_.view(22656, 64);
+  support::View v135 = persistent_.view(20288, 64);
   {
     float *__restrict v135p = v135.data();
     const float *__restrict v134p = v134.data();
@@ -3781,7 +3781,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:47:48 div -> far
-  support::View v137 = persistent_.view(22976, 64);
+  support::View v137 = persistent_.view(20608, 64);
   {
     float *__restrict v137p = v137.data();
     const float *__restrict v135p = v135.data();
@@ -3794,7 +3794,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:48:22 log
-  support::View v138 = persistent_.view(23232, 64);
+  support::View v138 = persistent_.view(20864, 64);
   {
     float *__restrict v138p = v138.data();
     const float *__restrict v137p = v137.data();
@@ -3806,7 +3806,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:48:31 div
-  support::View v140 = persistent_.view(23552, 64);
+  support::View v140 = persistent_.view(21184, 64);
   {
     float *__restrict v140p = v140.data();
     const float *__restrict v138p = v138.data();
@@ -3819,7 +3819,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:48:57 mul
-  support::View v142 = persistent_.view(23808, 64);
+  support::View v142 = persistent_.view(21440, 64);
   {
     float *__restrict v142p = v142.data();
     const float *__restrict v140p = v140.data();
@@ -3832,7 +3832,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:48:16 floor -> spread
-  support::View v143 = persistent_.view(24064, 64);
+  support::View v143 = persistent_.view(21696, 64);
   {
     float *__restrict v143p = v143.data();
     const float *__restrict v142p = v142.data();
@@ -3844,7 +3844,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:49:25 cast
-  support::View v144 = persistent_.view(24320, 64);
+  support::View v144 = persistent_.view(21952, 64);
   {
     float *__restrict v144p = v144.data();
     const float *__restrict v143p = v143.data();
@@ -3856,7 +3856,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:49:43 add
-  support::View v146 = persistent_.view(24576, 64);
+  support::View v146 = persistent_.view(22208, 64);
   {
     float *__restrict v146p = v146.data();
     const float *__restrict v144p = v144.data();
@@ -3869,7 +3869,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:49:20 maximum
-  support::View v148 = persistent_.view(24832, 64);
+  support::View v148 = persistent_.view(22464, 64);
   {
     float *__restrict v148p = v148.data();
     const float *__restrict v146p = v146.data();
@@ -3882,7 +3882,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:49:20 minimum -> log_spaced
-  support::View v150 = persistent_.view(25152, 64);
+  support::View v150 = persistent_.view(22784, 64);
   {
     float *__restrict v150p = v150.data();
     const float *__restrict v148p = v148.data();
@@ -3895,7 +3895,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:50:18 lt
-  support::View v152 = persistent_.view(25408, 64);
+  support::View v152 = persistent_.view(23040, 64);
   {
     float *__restrict v152p = v152.data();
     const float *__restrict v132p = v132.data();
@@ -3908,7 +3908,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:50:10 where
-  support::View v153 = persistent_.view(25664, 64);
+  support::View v153 = persistent_.view(23296, 64);
   {
     float *__restrict v153p = v153.data();
     const float *__restrict v152p = v152.data();
@@ -3924,7 +3924,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:115:62 sub
-  support::View v158 = persistent_.view(25920, 64);
+  support::View v158 = persistent_.view(23616, 64);
   {
     float *__restrict v158p = v158.data();
     const float *__restrict v127p = v127.data();
@@ -3937,7 +3937,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:115:69 mul
-  support::View v160 = persistent_.view(26240, 64);
+  support::View v160 = persistent_.view(23936, 64);
   {
     float *__restrict v160p = v160.data();
     const float *__restrict v158p = v158.data();
@@ -3950,13 +3950,13 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:117:22 iota
-  support::View v162 = persistent_.view(26496, 2);
+  support::View v162 = persistent_.view(24192, 2);
   static const support::Shape shape39_1 = {2};
   static const support::Shape shape39_2 = {1};
   support::iota(v162.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
 
   // t5.mesh:117:34 add
-  support::View v164 = persistent_.view(26560, 16);
+  support::View v164 = persistent_.view(24256, 16);
   {
     float *__restrict v164p = v164.data();
     const float *__restrict v162p = v162.data();
@@ -3972,7 +3972,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:117:50 add
-  support::View v166 = persistent_.view(26624, 256);
+  support::View v166 = persistent_.view(24320, 256);
   {
     float *__restrict v166p = v166.data();
     const float *__restrict v164p = v164.data();
@@ -3988,7 +3988,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:117:17 cast
-  support::View v167 = persistent_.view(27648, 256);
+  support::View v167 = persistent_.view(25344, 256);
   {
     float *__restrict v167p = v167.data();
     const float *__restrict v166p = v166.data();
@@ -4000,7 +4000,7 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:117:71 mul -> no_bias
-  support::View v169 = persistent_.view(28736, 256);
+  support::View v169 = persistent_.view(26432, 256);
   {
     float *__restrict v169p = v169.data();
     const float *__restrict v167p = v167.data();
@@ -4013,23 +4013,23 @@ void T5Train::computeInvariants() {
   }
 
   // t5.mesh:56:10 one_hot
-  support::View v544 = persistent_.view(29888, 512);
+  support::View v549 = persistent_.view(29952, 512);
   static const support::Shape shape44_1 = {8, 8, 8};
   static const support::Shape shape44_3 = {8, 1, 0};
   static const support::Shape shape44_4 = {0, 0, 1};
-  support::oneHot(v544.data(), shape44_1, v153.data(), shape44_3, shape44_4, 0);
+  support::oneHot(v549.data(), shape44_1, v153.data(), shape44_3, shape44_4, 0);
 
   // t5.mesh:56:10 one_hot
-  support::View v688 = persistent_.view(31936, 2048);
+  support::View v693 = persistent_.view(32000, 2048);
   static const support::Shape shape45_1 = {16, 16, 8};
   static const support::Shape shape45_3 = {16, 1, 0};
   static const support::Shape shape45_4 = {0, 0, 1};
-  support::oneHot(v688.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
+  support::oneHot(v693.data(), shape45_1, v31.data(), shape45_3, shape45_4, 0);
 }
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 194624 bytes for 1134660 bytes of temporaries (placed by liveness).
+  // Arena: 194624 bytes for 1132548 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -4038,7 +4038,6 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  runPart6(inputs);
   support::View v315 = arena_.view(194560, 1);
   support::View v313 = arena_.view(194496, 1);
 
@@ -4123,236 +4122,203 @@ void T5Train::runPart0(const Inputs &inputs) {
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan6.run(v171.data(), v35.data(), v172.data(), 1.0f, 0.0f);
 
-  // t5.mesh:149:53 one_hot
-  MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
-  support::View v308 = arena_.view(94208, 512);
-  static const support::Shape shape7_1 = {2, 8, 32};
-  static const support::Shape shape7_3 = {8, 1, 0};
-  static const support::Shape shape7_4 = {0, 0, 1};
-  support::oneHot(v308.data(), shape7_1, v1.data(), shape7_3, shape7_4,
-                  support::shardStart(world_, {"model"}, 32));
-
-  // t5.mesh:149:51 mul
-  MESHRT_TRACE("loop", "t5.mesh:149:51", "backward");
-  support::View v322 = arena_.view(96256, 512);
-  {
-    float *__restrict v322p = v322.data();
-    const float *__restrict v308p = v308.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = -0.03125f;
-      const float s1 = v308p[i0];
-      const float s2 = (s0 * s1);
-      v322p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:149:24 sum
-  MESHRT_TRACE("sum", "t5.mesh:149:24", "backward");
-  support::View v323 = arena_.view(190464, 16);
-  static const support::Shape shape9_1 = {2, 8};
-  static const support::Shape shape9_3 = {256, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v323.data(), shape9_1, v322.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v740 = arena_.view(8192, 16);
+  support::View v745 = arena_.view(8192, 16);
   {
-    float *__restrict v740p = v740.data();
+    float *__restrict v745p = v745.data();
     const float *__restrict v32p = v32.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v32p[i0];
       const float s1 = s0 * s0;
-      v740p[i0] = s1;
+      v745p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v741 = arena_.view(192256, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {8, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(v741.data(), shape11_1, v740.data(), shape11_3, shape11_4, shape11_5,
+  support::View v746 = arena_.view(192256, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {8, 2};
+  static const support::Shape shape8_5 = {2, 1};
+  support::reduce(v746.data(), shape8_1, v745.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v778 = arena_.view(8192, 1024);
+  support::View v783 = arena_.view(8192, 1024);
   {
-    float *__restrict v778p = v778.data();
+    float *__restrict v783p = v783.data();
     const float *__restrict v35p = v35.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v35p[i0];
       const float s1 = s0 * s0;
-      v778p[i0] = s1;
+      v783p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v779 = arena_.view(192320, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32, 32};
-  static const support::Shape shape13_5 = {32, 1};
-  support::reduce(v779.data(), shape13_1, v778.data(), shape13_3, shape13_4, shape13_5,
+  support::View v784 = arena_.view(192320, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32, 32};
+  static const support::Shape shape10_5 = {32, 1};
+  support::reduce(v784.data(), shape10_1, v783.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v839 = arena_.view(8192, 512);
+  support::View v844 = arena_.view(8192, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v877 = arena_.view(8192, 512);
+  support::View v882 = arena_.view(8192, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v915 = arena_.view(8192, 512);
+  support::View v920 = arena_.view(8192, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v951 = arena_.view(8192, 512);
+  support::View v956 = arena_.view(8192, 512);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1011 = arena_.view(8192, 1024);
+  support::View v1016 = arena_.view(8192, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1049 = arena_.view(8192, 1024);
-  support::View v840 = arena_.view(192384, 1);
-  support::View v878 = arena_.view(192448, 1);
-  support::View v916 = arena_.view(192512, 1);
-  support::View v952 = arena_.view(192576, 1);
-  support::View v1012 = arena_.view(192640, 1);
-  support::View v1050 = arena_.view(192704, 1);
-  repeated15(v47, v839, v840, v48, v877, v878, v49, v915, v916, v50, v951, v952, v70, v1011, v1012,
-             v71, v1049, v1050);
+  support::View v1054 = arena_.view(8192, 1024);
+  support::View v845 = arena_.view(192384, 1);
+  support::View v883 = arena_.view(192448, 1);
+  support::View v921 = arena_.view(192512, 1);
+  support::View v957 = arena_.view(192576, 1);
+  support::View v1017 = arena_.view(192640, 1);
+  support::View v1055 = arena_.view(192704, 1);
+  repeated15(v47, v844, v845, v48, v882, v883, v49, v920, v921, v50, v956, v957, v70, v1016, v1017,
+             v71, v1054, v1055);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1110 = arena_.view(8192, 512);
+  support::View v1115 = arena_.view(8192, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1148 = arena_.view(8192, 512);
+  support::View v1153 = arena_.view(8192, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1186 = arena_.view(8192, 512);
+  support::View v1191 = arena_.view(8192, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v1222 = arena_.view(8192, 512);
+  support::View v1227 = arena_.view(8192, 512);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1282 = arena_.view(8192, 1024);
+  support::View v1287 = arena_.view(8192, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v1320 = arena_.view(8192, 1024);
-  support::View v1111 = arena_.view(192768, 1);
-  support::View v1149 = arena_.view(192832, 1);
-  support::View v1187 = arena_.view(192896, 1);
-  support::View v1223 = arena_.view(192960, 1);
-  support::View v1283 = arena_.view(193024, 1);
-  support::View v1321 = arena_.view(193088, 1);
-  repeated15(v85, v1110, v1111, v86, v1148, v1149, v87, v1186, v1187, v88, v1222, v1223, v108,
-             v1282, v1283, v109, v1320, v1321);
+  support::View v1325 = arena_.view(8192, 1024);
+  support::View v1116 = arena_.view(192768, 1);
+  support::View v1154 = arena_.view(192832, 1);
+  support::View v1192 = arena_.view(192896, 1);
+  support::View v1228 = arena_.view(192960, 1);
+  support::View v1288 = arena_.view(193024, 1);
+  support::View v1326 = arena_.view(193088, 1);
+  repeated15(v85, v1115, v1116, v86, v1153, v1154, v87, v1191, v1192, v88, v1227, v1228, v108,
+             v1287, v1288, v109, v1325, v1326);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  support::View v1380 = arena_.view(8192, 16);
+  support::View v1385 = arena_.view(8192, 16);
   {
-    float *__restrict v1380p = v1380.data();
+    float *__restrict v1385p = v1385.data();
     const float *__restrict v154p = v154.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v154p[i0];
       const float s1 = s0 * s0;
-      v1380p[i0] = s1;
+      v1385p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1381 = arena_.view(193152, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {8, 2};
-  static const support::Shape shape17_5 = {2, 1};
-  support::reduce(v1381.data(), shape17_1, v1380.data(), shape17_3, shape17_4, shape17_5,
+  support::View v1386 = arena_.view(193152, 1);
+  static const support::Shape shape14_1 = {};
+  static const support::Shape shape14_3 = {};
+  static const support::Shape shape14_4 = {8, 2};
+  static const support::Shape shape14_5 = {2, 1};
+  support::reduce(v1386.data(), shape14_1, v1385.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1441 = arena_.view(8192, 512);
+  support::View v1446 = arena_.view(8192, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1479 = arena_.view(8192, 512);
+  support::View v1484 = arena_.view(8192, 512);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1517 = arena_.view(8192, 512);
+  support::View v1522 = arena_.view(8192, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v1553 = arena_.view(8192, 512);
+  support::View v1558 = arena_.view(8192, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1614 = arena_.view(8192, 512);
+  support::View v1619 = arena_.view(8192, 512);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1652 = arena_.view(8192, 512);
+  support::View v1657 = arena_.view(8192, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1690 = arena_.view(8192, 512);
+  support::View v1695 = arena_.view(8192, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v1726 = arena_.view(8192, 512);
+  support::View v1731 = arena_.view(8192, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1786 = arena_.view(8192, 1024);
+  support::View v1791 = arena_.view(8192, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1824 = arena_.view(8192, 1024);
-  support::View v1442 = arena_.view(193216, 1);
-  support::View v1480 = arena_.view(193280, 1);
-  support::View v1518 = arena_.view(193344, 1);
-  support::View v1554 = arena_.view(193408, 1);
-  support::View v1615 = arena_.view(193472, 1);
-  support::View v1653 = arena_.view(193536, 1);
-  support::View v1691 = arena_.view(193600, 1);
-  support::View v1727 = arena_.view(193664, 1);
-  support::View v1787 = arena_.view(193728, 1);
-  support::View v1825 = arena_.view(193792, 1);
-  repeated11(v182, v1441, v1442, v183, v1479, v1480, v184, v1517, v1518, v185, v1553, v1554, v205,
-             v1614, v1615, v206, v1652, v1653, v207, v1690, v1691, v208, v1726, v1727, v228, v1786,
-             v1787, v229, v1824, v1825);
+  support::View v1829 = arena_.view(8192, 1024);
+  support::View v1447 = arena_.view(193216, 1);
+  support::View v1485 = arena_.view(193280, 1);
+  support::View v1523 = arena_.view(193344, 1);
+  support::View v1559 = arena_.view(193408, 1);
+  support::View v1620 = arena_.view(193472, 1);
+  support::View v1658 = arena_.view(193536, 1);
+  support::View v1696 = arena_.view(193600, 1);
+  support::View v1732 = arena_.view(193664, 1);
+  support::View v1792 = arena_.view(193728, 1);
+  support::View v1830 = arena_.view(193792, 1);
+  repeated11(v182, v1446, v1447, v183, v1484, v1485, v184, v1522, v1523, v185, v1558, v1559, v205,
+             v1619, v1620, v206, v1657, v1658, v207, v1695, v1696, v208, v1731, v1732, v228, v1791,
+             v1792, v229, v1829, v1830);
 
   // 20 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1885 = arena_.view(8192, 512);
+  support::View v1890 = arena_.view(8192, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1923 = arena_.view(8192, 512);
+  support::View v1928 = arena_.view(8192, 512);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1961 = arena_.view(8192, 512);
+  support::View v1966 = arena_.view(8192, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v1997 = arena_.view(8192, 512);
+  support::View v2002 = arena_.view(8192, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2058 = arena_.view(8192, 512);
+  support::View v2063 = arena_.view(8192, 512);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2096 = arena_.view(8192, 512);
+  support::View v2101 = arena_.view(8192, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2134 = arena_.view(8192, 512);
+  support::View v2139 = arena_.view(8192, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v2170 = arena_.view(8192, 512);
+  support::View v2175 = arena_.view(8192, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2230 = arena_.view(8192, 1024);
+  support::View v2235 = arena_.view(8192, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v2268 = arena_.view(8192, 1024);
-  support::View v1886 = arena_.view(193856, 1);
-  support::View v1924 = arena_.view(193920, 1);
-  support::View v1962 = arena_.view(193984, 1);
-  support::View v1998 = arena_.view(194048, 1);
-  support::View v2059 = arena_.view(194112, 1);
-  support::View v2097 = arena_.view(194176, 1);
-  support::View v2135 = arena_.view(194240, 1);
-  support::View v2171 = arena_.view(194304, 1);
-  support::View v2231 = arena_.view(194368, 1);
-  support::View v2269 = arena_.view(194432, 1);
-  repeated11(v243, v1885, v1886, v244, v1923, v1924, v245, v1961, v1962, v246, v1997, v1998, v266,
-             v2058, v2059, v267, v2096, v2097, v268, v2134, v2135, v269, v2170, v2171, v289, v2230,
-             v2231, v290, v2268, v2269);
+  support::View v2273 = arena_.view(8192, 1024);
+  support::View v1891 = arena_.view(193856, 1);
+  support::View v1929 = arena_.view(193920, 1);
+  support::View v1967 = arena_.view(193984, 1);
+  support::View v2003 = arena_.view(194048, 1);
+  support::View v2064 = arena_.view(194112, 1);
+  support::View v2102 = arena_.view(194176, 1);
+  support::View v2140 = arena_.view(194240, 1);
+  support::View v2176 = arena_.view(194304, 1);
+  support::View v2236 = arena_.view(194368, 1);
+  support::View v2274 = arena_.view(194432, 1);
+  repeated11(v243, v1890, v1891, v244, v1928, v1929, v245, v1966, v1967, v246, v2002, v2003, v266,
+             v2063, v2064, v267, v2101, v2102, v268, v2139, v2140, v269, v2175, v2176, v289, v2235,
+             v2236, v290, v2273, v2274);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 37 more partial sums over model (x, %325, %742, ...): 6.2 KiB in one
+  // at 40:25; merged with 36 more partial sums over model (x, %747, %785, ...): 6.1 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model,
-                           {v37,   v172,  v323,  v741,  v779,  v840,  v878,  v916,  v952,  v1012,
-                            v1050, v1111, v1149, v1187, v1223, v1283, v1321, v1381, v1442, v1480,
-                            v1518, v1554, v1615, v1653, v1691, v1727, v1787, v1825, v1886, v1924,
-                            v1962, v1998, v2059, v2097, v2135, v2171, v2231, v2269});
+                           {v37,   v172,  v746,  v784,  v845,  v883,  v921,  v957,  v1017, v1055,
+                            v1116, v1154, v1192, v1228, v1288, v1326, v1386, v1447, v1485, v1523,
+                            v1559, v1620, v1658, v1696, v1732, v1792, v1830, v1891, v1929, v1967,
+                            v2003, v2064, v2102, v2140, v2176, v2236, v2274});
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
@@ -4370,11 +4336,11 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v41 = arena_.view(12288, 32);
-  static const support::Shape shape22_1 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v41.data(), shape22_1, v40.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape19_1 = {2, 16};
+  static const support::Shape shape19_3 = {512, 32};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v41.data(), shape19_1, v40.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
@@ -4392,17 +4358,10 @@ void T5Train::runPart0(const Inputs &inputs) {
       v44p[i0] = s3;
     }
   }
-}
-
-void T5Train::runPart1(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul -> n
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  support::View v37 = arena_.view(4096, 1024);
-  support::View v44 = arena_.view(190976, 32);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
   support::View v45 = arena_.view(8192, 1024);
   support::View v46 = arena_.view(12288, 1024);
@@ -4427,35 +4386,35 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
-  support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v51 = arena_.view(135168, 512);
-  support::View v48(param4_encoder_attention_0_k); // updated in place
   support::View v52 = arena_.view(137216, 512);
-  support::View v49(param5_encoder_attention_0_v); // updated in place
   support::View v54 = arena_.view(139264, 512);
   support::View v56 = arena_.view(16384, 1024);
-  support::View v34 = arena_.view(61440, 512);
   support::View v57 = arena_.view(20480, 1024);
   support::View v58 = arena_.view(16384, 1024);
-  support::View v50(param6_encoder_attention_0_o); // updated in place
   support::View v59 = arena_.view(20480, 1024);
   repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
-  support::View v154(param19_decoder_relative_bias_table); // updated in place
-  support::View v153 = persistent_.view(25664, 64);
+  support::View v153 = persistent_.view(23296, 64);
   support::View v155 = arena_.view(24576, 128);
-  static const support::Shape shape2_1 = {8, 8, 2};
-  static const support::Shape shape2_3 = {0, 0, 1};
-  static const support::Shape shape2_5 = {8, 1, 0};
-  support::gather(v155.data(), shape2_1, v154.data(), shape2_3, v153.data(), shape2_5, 8, 2, 0);
+  static const support::Shape shape23_1 = {8, 8, 2};
+  static const support::Shape shape23_3 = {0, 0, 1};
+  static const support::Shape shape23_5 = {8, 1, 0};
+  support::gather(v155.data(), shape23_1, v154.data(), shape23_3, v153.data(), shape23_5, 8, 2, 0);
+}
+
+void T5Train::runPart1(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:56:10 transpose
   // t5.mesh:115:52 add -> self_bias
   MESHRT_TRACE("loop", "t5.mesh:56:10", "forward");
-  support::View v160 = persistent_.view(26240, 64);
-  support::View v161 = arena_.view(102400, 128);
+  support::View v155 = arena_.view(24576, 128);
+  support::View v160 = persistent_.view(23936, 64);
+  support::View v161 = arena_.view(98304, 128);
   {
     float *__restrict v161p = v161.data();
     const float *__restrict v155p = v155.data();
@@ -4488,11 +4447,11 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
   support::View v176 = arena_.view(26624, 16);
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {256, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v176.data(), shape5_1, v175.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape2_1 = {2, 8};
+  static const support::Shape shape2_3 = {256, 32};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v176.data(), shape2_1, v175.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
@@ -4526,17 +4485,19 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v193 = arena_.view(187392, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   support::View v180 = arena_.view(141312, 512);
-  support::View v194 = arena_.view(98304, 512);
+  support::View v194 = arena_.view(94208, 512);
   repeated14(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
              v193, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
+  support::View v59 = arena_.view(20480, 1024);
   support::allReduceBucket(group_model, {v59, v194});
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
+  support::View v37 = arena_.view(4096, 1024);
   support::View v61 = arena_.view(24576, 1024);
   support::View v63 = arena_.view(28672, 1024);
   support::View v64 = arena_.view(20480, 32);
@@ -4568,6 +4529,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v87(param13_encoder_attention_1_v); // updated in place
   support::View v92 = arena_.view(149504, 512);
   support::View v94 = arena_.view(53248, 1024);
+  support::View v34 = arena_.view(61440, 512);
   support::View v95 = arena_.view(57344, 1024);
   support::View v96 = arena_.view(53248, 1024);
   support::View v88(param14_encoder_attention_1_o); // updated in place
@@ -4621,8 +4583,8 @@ void T5Train::runPart1(const Inputs &inputs) {
   // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v196 = arena_.view(151552, 512);
-  support::View v198 = arena_.view(100352, 512);
-  support::View v199 = arena_.view(98304, 16);
+  support::View v198 = arena_.view(96256, 512);
+  support::View v199 = arena_.view(94208, 16);
   support::View v202 = arena_.view(192064, 16);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
   support::View v204 = arena_.view(155648, 512);
@@ -4632,15 +4594,15 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v210 = arena_.view(118784, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v212 = arena_.view(120832, 512);
-  support::View v214 = arena_.view(98304, 512);
-  support::View v169 = persistent_.view(28736, 256);
-  support::View v215 = arena_.view(100352, 512);
+  support::View v214 = arena_.view(94208, 512);
+  support::View v169 = persistent_.view(26432, 256);
+  support::View v215 = arena_.view(96256, 512);
   support::View v216 = arena_.view(122880, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v217 = arena_.view(98304, 512);
+  support::View v217 = arena_.view(94208, 512);
   support::View v219 = arena_.view(124928, 512);
-  support::View v221 = arena_.view(100352, 512);
-  support::View v222 = arena_.view(98304, 16);
+  support::View v221 = arena_.view(96256, 512);
+  support::View v222 = arena_.view(94208, 16);
   support::View v225 = arena_.view(192128, 16);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
   support::View v227 = arena_.view(129024, 512);
@@ -4648,9 +4610,9 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v230 = arena_.view(114688, 512);
   support::View v231 = arena_.view(116736, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v232 = arena_.view(98304, 512);
-  support::View v236 = arena_.view(100352, 512);
-  support::View v237 = arena_.view(98304, 16);
+  support::View v232 = arena_.view(94208, 512);
+  support::View v236 = arena_.view(96256, 512);
+  support::View v237 = arena_.view(94208, 16);
   support::View v203 = arena_.view(153600, 512);
   support::View v226 = arena_.view(126976, 512);
   support::View v234 = arena_.view(110592, 512);
@@ -4664,17 +4626,17 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
   support::View v242 = arena_.view(157696, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v247 = arena_.view(180224, 256);
+  support::View v247 = arena_.view(178176, 256);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v248 = arena_.view(181248, 256);
+  support::View v248 = arena_.view(179200, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v250 = arena_.view(182272, 256);
-  support::View v252 = arena_.view(98304, 256);
-  support::View v253 = arena_.view(99328, 256);
-  support::View v254 = arena_.view(183296, 256);
+  support::View v250 = arena_.view(180224, 256);
+  support::View v252 = arena_.view(94208, 256);
+  support::View v253 = arena_.view(95232, 256);
+  support::View v254 = arena_.view(181248, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
   support::View v241 = arena_.view(112640, 512);
-  support::View v255 = arena_.view(98304, 512);
+  support::View v255 = arena_.view(94208, 512);
   repeated14(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
              v254, v246, v255);
 
@@ -4685,39 +4647,39 @@ void T5Train::runPart1(const Inputs &inputs) {
   // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v257 = arena_.view(159744, 512);
-  support::View v259 = arena_.view(100352, 512);
-  support::View v260 = arena_.view(98304, 16);
-  support::View v263 = arena_.view(190528, 16);
+  support::View v259 = arena_.view(96256, 512);
+  support::View v260 = arena_.view(94208, 16);
+  support::View v263 = arena_.view(189440, 16);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
   support::View v265 = arena_.view(163840, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v270 = arena_.view(189440, 256);
+  support::View v270 = arena_.view(182272, 256);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
   support::View v271 = arena_.view(102400, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
   support::View v273 = arena_.view(104448, 512);
-  support::View v275 = arena_.view(98304, 512);
-  support::View v276 = arena_.view(100352, 512);
+  support::View v275 = arena_.view(94208, 512);
+  support::View v276 = arena_.view(96256, 512);
   support::View v277 = arena_.view(106496, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v278 = arena_.view(98304, 512);
+  support::View v278 = arena_.view(94208, 512);
   support::View v280 = arena_.view(108544, 512);
-  support::View v282 = arena_.view(100352, 512);
-  support::View v283 = arena_.view(98304, 16);
-  support::View v286 = arena_.view(190592, 16);
+  support::View v282 = arena_.view(96256, 512);
+  support::View v283 = arena_.view(94208, 16);
+  support::View v286 = arena_.view(183296, 16);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
   support::View v288 = arena_.view(167936, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
   support::View v291 = arena_.view(98304, 512);
   support::View v292 = arena_.view(100352, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v293 = arena_.view(169984, 512);
-  support::View v297 = arena_.view(174080, 512);
-  support::View v298 = arena_.view(169984, 16);
+  support::View v293 = arena_.view(94208, 512);
+  support::View v297 = arena_.view(169984, 512);
+  support::View v298 = arena_.view(94208, 16);
   support::View v264 = arena_.view(161792, 512);
   support::View v287 = arena_.view(165888, 512);
-  support::View v295 = arena_.view(172032, 512);
-  support::View v301 = arena_.view(190656, 16);
+  support::View v295 = arena_.view(96256, 512);
+  support::View v301 = arena_.view(183360, 16);
   repeated8(v234, v255, v257, v259, v260, v263, v258, v264, v265, v266, v270, v122, v267, v271,
             v268, v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v287,
             v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
@@ -4727,8 +4689,8 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v302 = arena_.view(169984, 512);
-  support::View v305 = arena_.view(174080, 512);
+  support::View v302 = arena_.view(94208, 512);
+  support::View v305 = arena_.view(169984, 512);
   {
     float *__restrict v302p = v302.data();
     float *__restrict v305p = v305.data();
@@ -4752,27 +4714,36 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
-  support::View v306 = arena_.view(176128, 512);
+  support::View v306 = arena_.view(172032, 512);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v305.data(), v123.data(), v306.data(), 1.0f, 0.0f);
 
   // t5.mesh:149:24 log_softmax
   MESHRT_TRACE("log_softmax", "t5.mesh:149:24", "forward");
-  support::View v307 = arena_.view(178176, 512);
-  static const support::Shape shape20_2 = {2, 8};
-  static const support::Shape shape20_3 = {256, 32};
-  static const support::Shape shape20_4 = {256, 32};
-  static const support::Shape shape20_5 = {32};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v307.data(), v306.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v307 = arena_.view(174080, 512);
+  static const support::Shape shape17_2 = {2, 8};
+  static const support::Shape shape17_3 = {256, 32};
+  static const support::Shape shape17_4 = {256, 32};
+  static const support::Shape shape17_5 = {32};
+  static const support::Shape shape17_6 = {1};
+  static const support::Shape shape17_7 = {1};
+  support::along(v307.data(), v306.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
+                 shape17_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+
+  // t5.mesh:149:53 one_hot
+  MESHRT_TRACE("one_hot", "t5.mesh:149:53", "forward");
+  const support::Buffer &v1 = inputs.target_ids.data;
+  support::View v308 = arena_.view(172032, 512);
+  static const support::Shape shape18_1 = {2, 8, 32};
+  static const support::Shape shape18_3 = {8, 1, 0};
+  static const support::Shape shape18_4 = {0, 0, 1};
+  support::oneHot(v308.data(), shape18_1, v1.data(), shape18_3, shape18_4,
+                  support::shardStart(world_, {"model"}, 32));
 
   // t5.mesh:149:51 mul
   MESHRT_TRACE("loop", "t5.mesh:149:51", "forward");
-  support::View v308 = arena_.view(94208, 512);
   support::View v309 = arena_.view(176128, 512);
   {
     float *__restrict v309p = v309.data();
@@ -4788,63 +4759,76 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:149:20 sum -> token_logp
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
-  support::View v310 = arena_.view(190720, 16);
-  static const support::Shape shape22_1 = {2, 8};
-  static const support::Shape shape22_3 = {256, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v310.data(), shape22_1, v309.data(), shape22_3, shape22_4, shape22_5,
+  support::View v310 = arena_.view(183424, 16);
+  static const support::Shape shape20_1 = {2, 8};
+  static const support::Shape shape20_3 = {256, 32};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v310.data(), shape20_1, v309.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
+  // t5.mesh:149:24 lt
+  // t5.mesh:149:24 ge
+  // t5.mesh:149:24 mul
+  // t5.mesh:149:24 cast
+  // t5.mesh:149:24 mul
   // t5.mesh:149:24 exp
   // t5.mesh:149:24 mul
+  // t5.mesh:149:51 mul
   // t5.mesh:149:24 sub
   MESHRT_TRACE("loop", "t5.mesh:149:24", "backward");
-  support::View v323 = arena_.view(190464, 16);
-  support::View v322 = arena_.view(96256, 512);
-  support::View v327 = arena_.view(94208, 512);
+  support::View v332 = arena_.view(176128, 512);
   {
-    float *__restrict v327p = v327.data();
+    float *__restrict v332p = v332.data();
+    const float *__restrict v1p = v1.data();
     const float *__restrict v307p = v307.data();
-    const float *__restrict v323p = v323.data();
-    const float *__restrict v322p = v322.data();
+    const float *__restrict v308p = v308.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v307p[i0 * 32 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v323p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v322p[i0 * 32 + i1];
-        const float s5 = (s4 - s3);
-        v327p[i0 * 32 + i1] = s5;
+        const float s0 = v1p[i0];
+        const float s1 = support::wrapI32(64.0);
+        const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+        const float s3 = v1p[i0];
+        const float s4 = support::wrapI32(0.0);
+        const float s5 = (s3 >= s4 ? 1.0f : 0.0f);
+        const float s6 = support::wrapI32(double((double(s5) * double(s2))));
+        const float s7 = s6;
+        const float s8 = -0.03125f;
+        const float s9 = (s8 * s7);
+        const float s10 = v307p[i0 * 32 + i1];
+        const float s11 = support::fexp(s10);
+        const float s12 = (s11 * s9);
+        const float s13 = -0.03125f;
+        const float s14 = v308p[i0 * 32 + i1];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 - s12);
+        v332p[i0 * 32 + i1] = s16;
       }
     }
   }
+
+  // t5.mesh:125:10 einsum
+  // t5.mesh:125:29 mul
+  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
+  support::View v333 = arena_.view(172032, 512);
+  // dims: batch, targets, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan22.run(v332.data(), v123.data(), v333.data(), 0.17677669f, 0.0f);
+
+  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %322 over model for mul at
+  // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::allReduceBucket(group_model, {v333, v310});
 }
 
 void T5Train::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:125:10 einsum
-  // t5.mesh:125:29 mul
-  MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v327 = arena_.view(94208, 512);
-  support::View v123 = arena_.view(90112, 1024);
-  support::View v328 = arena_.view(96256, 512);
-  // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v327.data(), v123.data(), v328.data(), 0.17677669f, 0.0f);
-
-  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %316 over model for mul at
-  // 40:53; merged with 1 more partial sum over model (token_logp): 2.1 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v310 = arena_.view(190720, 16);
-  support::allReduceBucket(group_model, {v328, v310});
-
   // t5.mesh:150:29 exp
   MESHRT_TRACE("loop", "t5.mesh:150:29", "forward");
+  support::View v310 = arena_.view(183424, 16);
   support::View v312 = arena_.view(90112, 16);
   {
     float *__restrict v312p = v312.data();
@@ -4859,21 +4843,21 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
   support::View v313 = arena_.view(194496, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {2, 8};
-  static const support::Shape shape3_5 = {8, 1};
-  support::reduce(v313.data(), shape3_1, v312.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {2, 8};
+  static const support::Shape shape1_5 = {8, 1};
+  support::reduce(v313.data(), shape1_1, v312.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:15 mean
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
   support::View v314 = arena_.view(90112, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {2, 8};
-  static const support::Shape shape4_5 = {8, 1};
-  support::reduce(v314.data(), shape4_1, v310.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {2, 8};
+  static const support::Shape shape2_5 = {8, 1};
+  support::reduce(v314.data(), shape2_1, v310.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:151:14 neg -> loss
@@ -4889,37 +4873,39 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:125:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "backward");
-  support::View v305 = arena_.view(174080, 512);
-  support::View v329 = arena_.view(90112, 1024);
+  support::View v332 = arena_.view(176128, 512);
+  support::View v305 = arena_.view(169984, 512);
+  support::View v334 = arena_.view(90112, 1024);
   // dims: batch, targets, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v327.data(), v305.data(), v329.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v332.data(), v305.data(), v334.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  support::View v302 = arena_.view(169984, 512);
-  support::View v333 = arena_.view(94208, 512);
+  support::View v333 = arena_.view(172032, 512);
+  support::View v302 = arena_.view(94208, 512);
+  support::View v338 = arena_.view(169984, 512);
   {
-    float *__restrict v333p = v333.data();
-    const float *__restrict v328p = v328.data();
+    float *__restrict v338p = v338.data();
+    const float *__restrict v333p = v333.data();
     const float *__restrict v302p = v302.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v328p[i0];
+      const float s0 = v333p[i0];
       const float s1 = v302p[i0];
       const float s2 = (s0 * s1);
-      v333p[i0] = s2;
+      v338p[i0] = s2;
     }
   }
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v334 = arena_.view(191616, 32);
-  static const support::Shape shape8_1 = {32};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2, 8};
-  static const support::Shape shape8_5 = {256, 32};
-  support::reduce(v334.data(), shape8_1, v333.data(), shape8_3, shape8_4, shape8_5,
+  support::View v339 = arena_.view(191616, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 8};
+  static const support::Shape shape6_5 = {256, 32};
+  support::reduce(v339.data(), shape6_1, v338.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -4927,109 +4913,109 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v301 = arena_.view(190656, 16);
-  support::View v295 = arena_.view(172032, 512);
-  support::View v335 = arena_.view(94208, 512);
-  support::View v336 = arena_.view(169984, 512);
+  support::View v301 = arena_.view(183360, 16);
+  support::View v295 = arena_.view(96256, 512);
+  support::View v340 = arena_.view(94208, 512);
+  support::View v341 = arena_.view(169984, 512);
   {
-    float *__restrict v335p = v335.data();
-    float *__restrict v336p = v336.data();
-    const float *__restrict v328p = v328.data();
+    float *__restrict v340p = v340.data();
+    float *__restrict v341p = v341.data();
+    const float *__restrict v333p = v333.data();
     const float *__restrict v296p = v296.data();
     const float *__restrict v301p = v301.data();
     const float *__restrict v295p = v295.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v328p[i0 * 32 + i1];
+        const float s0 = v333p[i0 * 32 + i1];
         const float s1 = v296p[i1];
         const float s2 = (s0 * s1);
         const float s3 = v301p[i0];
         const float s4 = (s2 * s3);
         const float s5 = v295p[i0 * 32 + i1];
         const float s6 = (s2 * s5);
-        v335p[i0 * 32 + i1] = s4;
-        v336p[i0 * 32 + i1] = s6;
+        v340p[i0 * 32 + i1] = s4;
+        v341p[i0 * 32 + i1] = s6;
       }
     }
   }
 
   // 25 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v337 = arena_.view(96256, 16);
-  support::View v348 = arena_.view(169984, 512);
+  support::View v342 = arena_.view(172032, 16);
+  support::View v353 = arena_.view(169984, 512);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v349 = arena_.view(172032, 512);
+  support::View v354 = arena_.view(172032, 512);
   support::View v292 = arena_.view(100352, 512);
   support::View v291 = arena_.view(98304, 512);
-  support::View v353 = arena_.view(174080, 512);
+  support::View v358 = arena_.view(174080, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v354 = arena_.view(172032, 512);
+  support::View v359 = arena_.view(172032, 512);
   support::View v288 = arena_.view(167936, 512);
   support::View v287 = arena_.view(165888, 512);
-  support::View v358 = arena_.view(167936, 512);
+  support::View v363 = arena_.view(167936, 512);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v286 = arena_.view(190592, 16);
+  support::View v286 = arena_.view(183296, 16);
   support::View v280 = arena_.view(108544, 512);
-  support::View v361 = arena_.view(165888, 512);
-  support::View v362 = arena_.view(167936, 512);
-  support::View v363 = arena_.view(169984, 16);
-  support::View v372 = arena_.view(167936, 512);
+  support::View v366 = arena_.view(165888, 512);
+  support::View v367 = arena_.view(167936, 512);
+  support::View v368 = arena_.view(169984, 16);
+  support::View v377 = arena_.view(167936, 512);
   support::View v273 = arena_.view(104448, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v373 = arena_.view(108544, 512);
+  support::View v378 = arena_.view(108544, 512);
   support::View v277 = arena_.view(106496, 512);
-  support::View v374 = arena_.view(165888, 512);
-  support::View v376 = arena_.view(104448, 512);
-  support::View v377 = arena_.view(172032, 32);
-  support::View v379 = arena_.view(104448, 512);
+  support::View v379 = arena_.view(165888, 512);
+  support::View v381 = arena_.view(104448, 512);
+  support::View v382 = arena_.view(172032, 32);
+  support::View v384 = arena_.view(104448, 512);
   support::View v271 = arena_.view(102400, 512);
-  support::View v270 = arena_.view(189440, 256);
-  support::View v381 = arena_.view(172032, 512);
+  support::View v270 = arena_.view(182272, 256);
+  support::View v386 = arena_.view(172032, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
   support::View v122 = arena_.view(86016, 1024);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v350 = arena_.view(94208, 1024);
-  support::View v355 = arena_.view(98304, 1024);
-  support::View v359 = arena_.view(191744, 32);
-  support::View v375 = arena_.view(169984, 512);
-  support::View v380 = arena_.view(178176, 256);
-  support::View v383 = arena_.view(102400, 1024);
-  support::View v384 = arena_.view(174080, 512);
-  support::View v386 = arena_.view(106496, 1024);
-  repeated4(v337, v336, v295, v301, v335, v348, v290, v349, v292, v350, v291, v353, v289, v354,
-            v288, v355, v287, v358, v359, v281, v286, v280, v361, v362, v363, v372, v273, v269,
-            v373, v277, v374, v375, v376, v377, v379, v271, v380, v270, v381, v268, v383, v122,
-            v384, v267, v386);
+  support::View v355 = arena_.view(94208, 1024);
+  support::View v360 = arena_.view(98304, 1024);
+  support::View v364 = arena_.view(191744, 32);
+  support::View v380 = arena_.view(169984, 512);
+  support::View v385 = arena_.view(183296, 256);
+  support::View v388 = arena_.view(102400, 1024);
+  support::View v389 = arena_.view(174080, 512);
+  support::View v391 = arena_.view(106496, 1024);
+  repeated4(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
+            v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v273, v269,
+            v378, v277, v379, v380, v381, v382, v384, v271, v385, v270, v386, v268, v388, v122,
+            v389, v267, v391);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v388 = arena_.view(165888, 512);
+  support::View v393 = arena_.view(165888, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan11.run(v381.data(), v122.data(), v388.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v386.data(), v122.data(), v393.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v389 = arena_.view(172032, 512);
+  support::View v394 = arena_.view(172032, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan12.run(v380.data(), v266.data(), v389.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v385.data(), v266.data(), v394.data(), 1.0f, 0.0f);
 
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %379 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request1 = support::startAllReduce(group_model, {v389}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {v394}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   support::View v265 = arena_.view(163840, 512);
-  support::View v390 = arena_.view(176128, 512);
+  support::View v395 = arena_.view(176128, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v380.data(), v265.data(), v390.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v385.data(), v265.data(), v395.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
@@ -5037,54 +5023,54 @@ void T5Train::runPart2(const Inputs &inputs) {
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v264 = arena_.view(161792, 512);
-  support::View v393 = arena_.view(163840, 512);
+  support::View v398 = arena_.view(163840, 512);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v263 = arena_.view(190528, 16);
+  support::View v263 = arena_.view(189440, 16);
   support::View v257 = arena_.view(159744, 512);
-  support::View v396 = arena_.view(161792, 512);
-  support::View v397 = arena_.view(163840, 512);
-  support::View v398 = arena_.view(167936, 16);
-  support::View v407 = arena_.view(163840, 512);
-  support::View v250 = arena_.view(182272, 256);
+  support::View v401 = arena_.view(161792, 512);
+  support::View v402 = arena_.view(163840, 512);
+  support::View v403 = arena_.view(167936, 16);
+  support::View v412 = arena_.view(163840, 512);
+  support::View v250 = arena_.view(180224, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v408 = arena_.view(161792, 256);
-  support::View v254 = arena_.view(183296, 256);
-  support::View v409 = arena_.view(172032, 256);
-  support::View v411 = arena_.view(162816, 256);
-  support::View v412 = arena_.view(167936, 32);
-  support::View v414 = arena_.view(162816, 256);
-  support::View v248 = arena_.view(181248, 256);
-  support::View v416 = arena_.view(189440, 256);
-  support::View v247 = arena_.view(180224, 256);
-  support::View v417 = arena_.view(181248, 256);
+  support::View v413 = arena_.view(161792, 256);
+  support::View v254 = arena_.view(181248, 256);
+  support::View v414 = arena_.view(172032, 256);
+  support::View v416 = arena_.view(162816, 256);
+  support::View v417 = arena_.view(167936, 32);
+  support::View v419 = arena_.view(162816, 256);
+  support::View v248 = arena_.view(179200, 256);
+  support::View v421 = arena_.view(189440, 256);
+  support::View v247 = arena_.view(178176, 256);
+  support::View v422 = arena_.view(180224, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v419 = arena_.view(161792, 512);
+  support::View v424 = arena_.view(161792, 512);
   support::View v242 = arena_.view(157696, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v422 = arena_.view(172032, 512);
+  support::View v427 = arena_.view(172032, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v425 = arena_.view(180224, 512);
-  support::View v394 = arena_.view(191872, 32);
-  support::View v410 = arena_.view(159744, 512);
-  support::View v415 = arena_.view(190464, 128);
-  support::View v420 = arena_.view(167936, 512);
-  support::View v424 = arena_.view(178176, 512);
-  support::View v426 = arena_.view(182272, 512);
-  repeated7(v389, v264, v393, v394, v258, v263, v372, v257, v396, v397, v398, v407, v250, v246,
-            v408, v254, v409, v410, v411, v412, v414, v415, v248, v416, v247, v417, v245, v419,
-            v242, v420, v244, v422, v424, v243, v425, v426);
+  support::View v430 = arena_.view(180224, 512);
+  support::View v399 = arena_.view(191872, 32);
+  support::View v415 = arena_.view(159744, 512);
+  support::View v420 = arena_.view(190464, 128);
+  support::View v425 = arena_.view(167936, 512);
+  support::View v429 = arena_.view(178176, 512);
+  support::View v431 = arena_.view(182272, 512);
+  repeated7(v394, v264, v398, v399, v258, v263, v377, v257, v401, v402, v403, v412, v250, v246,
+            v413, v254, v414, v415, v416, v417, v419, v420, v248, v421, v247, v422, v245, v424,
+            v242, v425, v244, v427, v429, v243, v430, v431);
 
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %409 over model for mul at 40:53)
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %415 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request2 = support::startAllReduce(group_model, {v426}, meshrt::ReduceOp::Sum);
+  auto request2 = support::startAllReduce(group_model, {v431}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v427 = arena_.view(161792, 512);
+  support::View v432 = arena_.view(161792, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v416.data(), v242.data(), v427.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v421.data(), v242.data(), v432.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
@@ -5092,214 +5078,214 @@ void T5Train::runPart2(const Inputs &inputs) {
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v241 = arena_.view(112640, 512);
-  support::View v430 = arena_.view(157696, 512);
+  support::View v435 = arena_.view(157696, 512);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
   support::View v240 = arena_.view(192192, 16);
   support::View v234 = arena_.view(110592, 512);
-  support::View v431 = arena_.view(189440, 32);
-  support::View v433 = arena_.view(112640, 512);
-  support::View v434 = arena_.view(157696, 512);
-  repeated19(v426, v241, v430, v431, v235, v240, v407, v234, v433, v434);
+  support::View v436 = arena_.view(189440, 32);
+  support::View v438 = arena_.view(112640, 512);
+  support::View v439 = arena_.view(157696, 512);
+  repeated19(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
-  support::View v435 = arena_.view(163840, 16);
-  support::View v444 = arena_.view(157696, 512);
+  support::View v440 = arena_.view(163840, 16);
+  support::View v449 = arena_.view(157696, 512);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v445 = arena_.view(163840, 512);
+  support::View v450 = arena_.view(163840, 512);
   support::View v231 = arena_.view(116736, 512);
   support::View v230 = arena_.view(114688, 512);
-  support::View v448 = arena_.view(172032, 512);
+  support::View v453 = arena_.view(172032, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v449 = arena_.view(163840, 512);
+  support::View v454 = arena_.view(163840, 512);
   support::View v227 = arena_.view(129024, 512);
   support::View v226 = arena_.view(126976, 512);
-  support::View v453 = arena_.view(129024, 512);
+  support::View v458 = arena_.view(129024, 512);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
   support::View v225 = arena_.view(192128, 16);
   support::View v219 = arena_.view(124928, 512);
-  support::View v456 = arena_.view(126976, 512);
-  support::View v457 = arena_.view(129024, 512);
-  support::View v458 = arena_.view(163840, 16);
-  support::View v467 = arena_.view(157696, 512);
+  support::View v461 = arena_.view(126976, 512);
+  support::View v462 = arena_.view(129024, 512);
+  support::View v463 = arena_.view(163840, 16);
+  support::View v472 = arena_.view(157696, 512);
   support::View v212 = arena_.view(120832, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v468 = arena_.view(124928, 512);
+  support::View v473 = arena_.view(124928, 512);
   support::View v216 = arena_.view(122880, 512);
-  support::View v469 = arena_.view(126976, 512);
-  support::View v471 = arena_.view(120832, 512);
-  support::View v472 = arena_.view(129024, 32);
-  support::View v474 = arena_.view(120832, 512);
+  support::View v474 = arena_.view(126976, 512);
+  support::View v476 = arena_.view(120832, 512);
+  support::View v477 = arena_.view(129024, 32);
+  support::View v479 = arena_.view(120832, 512);
   support::View v210 = arena_.view(118784, 512);
   support::View v209 = arena_.view(188416, 256);
-  support::View v476 = arena_.view(172032, 512);
+  support::View v481 = arena_.view(172032, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v446 = arena_.view(110592, 1024);
-  support::View v450 = arena_.view(114688, 1024);
-  support::View v454 = arena_.view(183296, 32);
-  support::View v470 = arena_.view(163840, 512);
-  support::View v475 = arena_.view(182272, 256);
-  support::View v478 = arena_.view(118784, 1024);
-  support::View v480 = arena_.view(180224, 512);
-  support::View v482 = arena_.view(122880, 1024);
-  repeated4(v435, v434, v234, v240, v433, v444, v229, v445, v231, v446, v230, v448, v228, v449,
-            v227, v450, v226, v453, v454, v220, v225, v219, v456, v457, v458, v467, v212, v208,
-            v468, v216, v469, v470, v471, v472, v474, v210, v475, v209, v476, v207, v478, v122,
-            v480, v206, v482);
+  support::View v451 = arena_.view(110592, 1024);
+  support::View v455 = arena_.view(114688, 1024);
+  support::View v459 = arena_.view(183296, 32);
+  support::View v475 = arena_.view(163840, 512);
+  support::View v480 = arena_.view(182272, 256);
+  support::View v483 = arena_.view(118784, 1024);
+  support::View v485 = arena_.view(180224, 512);
+  support::View v487 = arena_.view(122880, 1024);
+  repeated4(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
+            v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v212, v208,
+            v473, v216, v474, v475, v476, v477, v479, v210, v480, v209, v481, v207, v483, v122,
+            v485, v206, v487);
 
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
   // t5.mesh:81:21 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
-  support::View v483 = arena_.view(126976, 1024);
+  support::View v488 = arena_.view(126976, 1024);
   {
-    float *__restrict v483p = v483.data();
-    const float *__restrict v383p = v383.data();
-    const float *__restrict v386p = v386.data();
-    const float *__restrict v478p = v478.data();
-    const float *__restrict v482p = v482.data();
+    float *__restrict v488p = v488.data();
+    const float *__restrict v388p = v388.data();
+    const float *__restrict v391p = v391.data();
+    const float *__restrict v483p = v483.data();
+    const float *__restrict v487p = v487.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v383p[i0];
-      const float s1 = v386p[i0];
+      const float s0 = v388p[i0];
+      const float s1 = v391p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v478p[i0];
+      const float s3 = v483p[i0];
       const float s4 = (s2 + s3);
-      const float s5 = v482p[i0];
+      const float s5 = v487p[i0];
       const float s6 = (s4 + s5);
-      v483p[i0] = s6;
+      v488p[i0] = s6;
     }
   }
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  support::View v484 = arena_.view(118784, 512);
+  support::View v489 = arena_.view(118784, 512);
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v476.data(), v122.data(), v484.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v481.data(), v122.data(), v489.data(), 1.0f, 0.0f);
+
+  // t5.mesh:80:17 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
+  support::View v205(param26_decoder_attention_1_0_q); // updated in place
+  support::View v490 = arena_.view(86016, 512);
+  // dims: batch, targets, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan22.run(v480.data(), v205.data(), v490.data(), 1.0f, 0.0f);
+
+  // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%470, %472) over model resolved
+  // together, 6.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  auto request4 = support::startAllReduce(group_model, {v488, v490}, meshrt::ReduceOp::Sum);
+
+  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
+  support::View v204 = arena_.view(155648, 512);
+  support::View v491 = arena_.view(120832, 512);
+  // dims: batch, targets, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan24.run(v480.data(), v204.data(), v491.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  group_model.wait(request4);
 }
 
 void T5Train::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:80:17 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v475 = arena_.view(182272, 256);
-  support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v485 = arena_.view(86016, 512);
-  // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v475.data(), v205.data(), v485.data(), 1.0f, 0.0f);
-
-  // t5.mesh:40:53 bucketed_all_reduce_sum (2 partial sums (%464, %466) over model resolved
-  // together, 6.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::View v483 = arena_.view(126976, 1024);
-  auto request4 = support::startAllReduce(group_model, {v483, v485}, meshrt::ReduceOp::Sum);
-
-  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v204 = arena_.view(155648, 512);
-  support::View v486 = arena_.view(120832, 512);
-  // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan2.run(v475.data(), v204.data(), v486.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request4);
-
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
+  support::View v490 = arena_.view(86016, 512);
   support::View v203 = arena_.view(153600, 512);
-  support::View v489 = arena_.view(88064, 512);
+  support::View v494 = arena_.view(88064, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
   support::View v202 = arena_.view(192064, 16);
-  support::View v467 = arena_.view(157696, 512);
+  support::View v472 = arena_.view(157696, 512);
   support::View v196 = arena_.view(151552, 512);
-  support::View v492 = arena_.view(88064, 512);
-  support::View v493 = arena_.view(102400, 512);
-  support::View v494 = arena_.view(86016, 16);
-  support::View v503 = arena_.view(106496, 512);
+  support::View v497 = arena_.view(88064, 512);
+  support::View v498 = arena_.view(102400, 512);
+  support::View v499 = arena_.view(86016, 16);
+  support::View v508 = arena_.view(106496, 512);
   support::View v189 = arena_.view(186368, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v504 = arena_.view(86016, 256);
+  support::View v509 = arena_.view(86016, 256);
   support::View v193 = arena_.view(187392, 256);
-  support::View v505 = arena_.view(88064, 256);
-  support::View v507 = arena_.view(87040, 256);
-  support::View v508 = arena_.view(89088, 32);
-  support::View v510 = arena_.view(87040, 256);
+  support::View v510 = arena_.view(88064, 256);
+  support::View v512 = arena_.view(87040, 256);
+  support::View v513 = arena_.view(89088, 32);
+  support::View v515 = arena_.view(87040, 256);
   support::View v187 = arena_.view(185344, 256);
-  support::View v513 = arena_.view(104448, 256);
+  support::View v518 = arena_.view(104448, 256);
   support::View v186 = arena_.view(184320, 256);
-  support::View v514 = arena_.view(102400, 256);
+  support::View v519 = arena_.view(102400, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v516 = arena_.view(86016, 512);
+  support::View v521 = arena_.view(86016, 512);
   support::View v181 = arena_.view(143360, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v519 = arena_.view(88064, 512);
+  support::View v524 = arena_.view(88064, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v522 = arena_.view(102400, 512);
-  support::View v490 = arena_.view(156160, 32);
-  support::View v506 = arena_.view(122880, 512);
-  support::View v511 = arena_.view(155648, 128);
-  support::View v517 = arena_.view(124928, 512);
-  support::View v521 = arena_.view(151552, 512);
-  support::View v523 = arena_.view(108544, 512);
-  repeated7(v485, v203, v489, v490, v197, v202, v467, v196, v492, v493, v494, v503, v189, v185,
-            v504, v193, v505, v506, v507, v508, v510, v511, v187, v513, v186, v514, v184, v516,
-            v181, v517, v183, v519, v521, v182, v522, v523);
+  support::View v527 = arena_.view(102400, 512);
+  support::View v495 = arena_.view(156160, 32);
+  support::View v511 = arena_.view(122880, 512);
+  support::View v516 = arena_.view(155648, 128);
+  support::View v522 = arena_.view(124928, 512);
+  support::View v526 = arena_.view(151552, 512);
+  support::View v528 = arena_.view(108544, 512);
+  repeated7(v490, v203, v494, v495, v197, v202, v472, v196, v497, v498, v499, v508, v189, v185,
+            v509, v193, v510, v511, v512, v513, v515, v516, v187, v518, v186, v519, v184, v521,
+            v181, v522, v183, v524, v526, v182, v527, v528);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
-  support::View v524 = arena_.view(153600, 512);
+  support::View v529 = arena_.view(153600, 512);
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v513.data(), v181.data(), v524.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v518.data(), v181.data(), v529.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   // t5.mesh:40:12 mul
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  support::View v488 = arena_.view(126976, 1024);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
   support::View v120 = arena_.view(191488, 32);
   support::View v114 = arena_.view(81920, 1024);
-  support::View v552 = arena_.view(86016, 1024);
-  support::View v553 = arena_.view(102400, 1024);
+  support::View v557 = arena_.view(86016, 1024);
+  support::View v558 = arena_.view(102400, 1024);
   {
-    float *__restrict v552p = v552.data();
-    float *__restrict v553p = v553.data();
-    const float *__restrict v483p = v483.data();
+    float *__restrict v557p = v557.data();
+    float *__restrict v558p = v558.data();
+    const float *__restrict v488p = v488.data();
     const float *__restrict v115p = v115.data();
     const float *__restrict v120p = v120.data();
     const float *__restrict v114p = v114.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v483p[i0 * 32 + i1];
+        const float s0 = v488p[i0 * 32 + i1];
         const float s1 = v115p[i1];
         const float s2 = (s0 * s1);
         const float s3 = v120p[i0];
         const float s4 = (s2 * s3);
         const float s5 = v114p[i0 * 32 + i1];
         const float s6 = (s2 * s5);
-        v552p[i0 * 32 + i1] = s4;
-        v553p[i0 * 32 + i1] = s6;
+        v557p[i0 * 32 + i1] = s4;
+        v558p[i0 * 32 + i1] = s6;
       }
     }
   }
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v554 = arena_.view(143360, 32);
-  static const support::Shape shape7_1 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v554.data(), shape7_1, v553.data(), shape7_3, shape7_4, shape7_5,
+  support::View v559 = arena_.view(143360, 32);
+  static const support::Shape shape3_1 = {2, 16};
+  static const support::Shape shape3_3 = {512, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v559.data(), shape3_1, v558.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5312,13 +5298,13 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v563 = arena_.view(102400, 1024);
+  support::View v568 = arena_.view(102400, 1024);
   {
-    float *__restrict v563p = v563.data();
+    float *__restrict v568p = v568.data();
     const float *__restrict v114p = v114.data();
     const float *__restrict v120p = v120.data();
-    const float *__restrict v554p = v554.data();
-    const float *__restrict v552p = v552.data();
+    const float *__restrict v559p = v559.data();
+    const float *__restrict v557p = v557.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v114p[i0 * 32 + i1];
@@ -5330,15 +5316,15 @@ void T5Train::runPart3(const Inputs &inputs) {
         const float s6 = (s5 * s4);
         const float s7 = -0.5f;
         const float s8 = (s6 * s7);
-        const float s9 = v554p[i0];
+        const float s9 = v559p[i0];
         const float s10 = (s9 * s8);
         const float s11 = 0.03125f;
         const float s12 = (s10 * s11);
         const float s13 = s12;
         const float s14 = (s13 * s2);
-        const float s15 = v552p[i0 * 32 + i1];
+        const float s15 = v557p[i0 * 32 + i1];
         const float s16 = (s15 + s14);
-        v563p[i0 * 32 + i1] = s16;
+        v568p[i0 * 32 + i1] = s16;
       }
     }
   }
@@ -5346,66 +5332,66 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v564 = arena_.view(81920, 1024);
+  support::View v569 = arena_.view(81920, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v563.data(), v109.data(), v564.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v568.data(), v109.data(), v569.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v110 = arena_.view(69632, 1024);
-  support::View v567 = arena_.view(86016, 1024);
+  support::View v572 = arena_.view(86016, 1024);
   {
-    float *__restrict v567p = v567.data();
+    float *__restrict v572p = v572.data();
     const float *__restrict v110p = v110.data();
-    const float *__restrict v564p = v564.data();
+    const float *__restrict v569p = v569.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v110p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v564p[i0];
+      const float s3 = v569p[i0];
       const float s4 = 0.0f;
       const float s5 = (s2 != 0 ? s3 : s4);
-      v567p[i0] = s5;
+      v572p[i0] = s5;
     }
   }
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v568 = arena_.view(69632, 1024);
+  support::View v573 = arena_.view(69632, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v567.data(), v108.data(), v568.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v572.data(), v108.data(), v573.data(), 1.0f, 0.0f);
 
-  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %546 over model for mul at
-  // 40:53; merged with 1 more partial sum over model (%525): 6.0 KiB in one buffer)
+  // t5.mesh:40:53 bucketed_all_reduce_sum (resolve the partial sum of %552 over model for mul at
+  // 40:53; merged with 1 more partial sum over model (%530): 6.0 KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  support::allReduceBucket(group_model, {v568, v523});
+  support::allReduceBucket(group_model, {v573, v528});
 
   // 3 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v180 = arena_.view(141312, 512);
-  support::View v527 = arena_.view(81920, 512);
+  support::View v532 = arena_.view(81920, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
   support::View v179 = arena_.view(192000, 16);
   support::View v172 = arena_.view(133120, 512);
-  support::View v528 = arena_.view(141312, 32);
-  support::View v530 = arena_.view(81920, 512);
-  support::View v531 = arena_.view(83968, 512);
-  repeated19(v523, v180, v527, v528, v173, v179, v503, v172, v530, v531);
+  support::View v533 = arena_.view(141312, 32);
+  support::View v535 = arena_.view(81920, 512);
+  support::View v536 = arena_.view(83968, 512);
+  repeated19(v528, v180, v532, v533, v173, v179, v508, v172, v535, v536);
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  support::View v532 = arena_.view(108544, 16);
-  static const support::Shape shape14_1 = {2, 8};
-  static const support::Shape shape14_3 = {256, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v532.data(), shape14_1, v531.data(), shape14_3, shape14_4, shape14_5,
+  support::View v537 = arena_.view(108544, 16);
+  static const support::Shape shape10_1 = {2, 8};
+  static const support::Shape shape10_3 = {256, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v537.data(), shape10_1, v536.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -5418,13 +5404,13 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:40:25 mul
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  support::View v541 = arena_.view(106496, 512);
+  support::View v546 = arena_.view(106496, 512);
   {
-    float *__restrict v541p = v541.data();
+    float *__restrict v546p = v546.data();
     const float *__restrict v172p = v172.data();
     const float *__restrict v179p = v179.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v530p = v530.data();
+    const float *__restrict v537p = v537.data();
+    const float *__restrict v535p = v535.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v172p[i0 * 32 + i1];
@@ -5436,15 +5422,15 @@ void T5Train::runPart3(const Inputs &inputs) {
         const float s6 = (s5 * s4);
         const float s7 = -0.5f;
         const float s8 = (s6 * s7);
-        const float s9 = v532p[i0];
+        const float s9 = v537p[i0];
         const float s10 = (s9 * s8);
         const float s11 = 0.03125f;
         const float s12 = (s10 * s11);
         const float s13 = s12;
         const float s14 = (s13 * s2);
-        const float s15 = v530p[i0 * 32 + i1];
+        const float s15 = v535p[i0 * 32 + i1];
         const float s16 = (s15 + s14);
-        v541p[i0 * 32 + i1] = s16;
+        v546p[i0 * 32 + i1] = s16;
       }
     }
   }
@@ -5452,202 +5438,203 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v171 = arena_.view(131072, 512);
-  support::View v542 = arena_.view(81920, 1024);
+  support::View v547 = arena_.view(81920, 1024);
   // dims: batch, targets, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v541.data(), v171.data(), v542.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v546.data(), v171.data(), v547.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v415 = arena_.view(190464, 128);
-  support::View v543 = arena_.view(106496, 128);
+  support::View v420 = arena_.view(190464, 128);
+  support::View v548 = arena_.view(106496, 128);
   {
-    float *__restrict v543p = v543.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v511p = v511.data();
+    float *__restrict v548p = v548.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v516p = v516.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v415p[i0 + i1 * 64];
-        const float s1 = v511p[i0 + i1 * 64];
+        const float s0 = v420p[i0 + i1 * 64];
+        const float s1 = v516p[i0 + i1 * 64];
         const float s2 = (s0 + s1);
         const float s3 = s2;
-        v543p[i0 * 2 + i1] = s3;
+        v548p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
   MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v544 = persistent_.view(29888, 512);
-  support::View v545 = arena_.view(131072, 16);
+  support::View v549 = persistent_.view(29952, 512);
+  support::View v550 = arena_.view(131072, 16);
   // dims: targets, targets_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{8, 8, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan18.run(v544.data(), v543.data(), v545.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v549.data(), v548.data(), v550.data(), 1.0f, 0.0f);
 
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v121 = arena_.view(77824, 1024);
-  support::View v550 = arena_.view(106496, 1024);
+  support::View v555 = arena_.view(106496, 1024);
   {
-    float *__restrict v550p = v550.data();
-    const float *__restrict v483p = v483.data();
+    float *__restrict v555p = v555.data();
+    const float *__restrict v488p = v488.data();
     const float *__restrict v121p = v121.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v483p[i0];
+      const float s0 = v488p[i0];
       const float s1 = v121p[i0];
       const float s2 = (s0 * s1);
-      v550p[i0] = s2;
+      v555p[i0] = s2;
     }
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v551 = arena_.view(126976, 32);
-  static const support::Shape shape20_1 = {32};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 16};
-  static const support::Shape shape20_5 = {512, 32};
-  support::reduce(v551.data(), shape20_1, v550.data(), shape20_3, shape20_4, shape20_5,
+  support::View v556 = arena_.view(126976, 32);
+  static const support::Shape shape16_1 = {32};
+  static const support::Shape shape16_3 = {1};
+  static const support::Shape shape16_4 = {2, 16};
+  static const support::Shape shape16_5 = {512, 32};
+  support::reduce(v556.data(), shape16_1, v555.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v111 = arena_.view(73728, 1024);
-  support::View v565 = arena_.view(77824, 1024);
+  support::View v570 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan21.run(v563.data(), v111.data(), v565.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v568.data(), v111.data(), v570.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v107 = arena_.view(65536, 1024);
-  support::View v569 = arena_.view(73728, 1024);
+  support::View v574 = arena_.view(73728, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan22.run(v567.data(), v107.data(), v569.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v572.data(), v107.data(), v574.data(), 1.0f, 0.0f);
 
   // 28 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v106 = arena_.view(57344, 1024);
-  support::View v572 = arena_.view(65536, 1024);
+  support::View v577 = arena_.view(65536, 1024);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
   support::View v105 = arena_.view(191360, 32);
   support::View v99 = arena_.view(61440, 1024);
-  support::View v575 = arena_.view(57344, 1024);
-  support::View v576 = arena_.view(65536, 1024);
-  support::View v577 = arena_.view(69632, 32);
-  support::View v586 = arena_.view(65536, 1024);
+  support::View v580 = arena_.view(57344, 1024);
+  support::View v581 = arena_.view(65536, 1024);
+  support::View v582 = arena_.view(69632, 32);
+  support::View v591 = arena_.view(65536, 1024);
   support::View v92 = arena_.view(149504, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v587 = arena_.view(57344, 1024);
+  support::View v592 = arena_.view(57344, 1024);
   support::View v96 = arena_.view(53248, 1024);
-  support::View v588 = arena_.view(69632, 512);
-  support::View v590 = arena_.view(61440, 1024);
-  support::View v591 = arena_.view(71680, 64);
-  support::View v593 = arena_.view(61440, 1024);
+  support::View v593 = arena_.view(69632, 512);
+  support::View v595 = arena_.view(61440, 1024);
+  support::View v596 = arena_.view(71680, 64);
+  support::View v598 = arena_.view(61440, 1024);
   support::View v90 = arena_.view(147456, 512);
-  support::View v595 = arena_.view(102400, 512);
+  support::View v600 = arena_.view(102400, 512);
   support::View v89 = arena_.view(145408, 512);
-  support::View v596 = arena_.view(71680, 512);
+  support::View v601 = arena_.view(71680, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v598 = arena_.view(53248, 1024);
+  support::View v603 = arena_.view(53248, 1024);
   support::View v84 = arena_.view(49152, 1024);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v601 = arena_.view(57344, 1024);
+  support::View v606 = arena_.view(57344, 1024);
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v604 = arena_.view(61440, 1024);
-  support::View v605 = arena_.view(69632, 1024);
+  support::View v609 = arena_.view(61440, 1024);
+  support::View v610 = arena_.view(69632, 1024);
   support::View v83 = arena_.view(40960, 1024);
-  support::View v609 = arena_.view(49152, 1024);
+  support::View v614 = arena_.view(49152, 1024);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
   support::View v82 = arena_.view(191232, 32);
   support::View v76 = arena_.view(45056, 1024);
-  support::View v612 = arena_.view(40960, 1024);
-  support::View v613 = arena_.view(49152, 1024);
-  support::View v614 = arena_.view(55296, 32);
-  support::View v573 = arena_.view(108544, 32);
-  support::View v589 = arena_.view(86016, 512);
-  support::View v594 = arena_.view(88064, 512);
-  support::View v599 = arena_.view(104448, 512);
-  support::View v603 = arena_.view(106496, 512);
-  support::View v606 = arena_.view(53248, 512);
-  support::View v610 = arena_.view(102400, 32);
-  support::View v623 = arena_.view(49152, 1024);
-  repeated3(v568, v106, v572, v573, v100, v105, v563, v99, v575, v576, v577, v586, v92, v88, v587,
-            v96, v588, v589, v590, v591, v593, v594, v90, v595, v89, v596, v87, v598, v84, v599,
-            v86, v601, v603, v85, v604, v605, v606, v83, v609, v610, v77, v82, v76, v612, v613,
-            v614, v623);
-}
-
-void T5Train::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v617 = arena_.view(40960, 1024);
+  support::View v618 = arena_.view(49152, 1024);
+  support::View v619 = arena_.view(55296, 32);
+  support::View v578 = arena_.view(108544, 32);
+  support::View v594 = arena_.view(86016, 512);
+  support::View v599 = arena_.view(88064, 512);
+  support::View v604 = arena_.view(104448, 512);
+  support::View v608 = arena_.view(106496, 512);
+  support::View v611 = arena_.view(53248, 512);
+  support::View v615 = arena_.view(102400, 32);
+  support::View v628 = arena_.view(49152, 1024);
+  repeated3(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v92, v88, v592,
+            v96, v593, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87, v603, v84, v604,
+            v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76, v617, v618,
+            v619, v628);
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  support::View v623 = arena_.view(49152, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v624 = arena_.view(40960, 1024);
+  support::View v629 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v623.data(), v71.data(), v624.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v628.data(), v71.data(), v629.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
   support::View v73 = arena_.view(36864, 1024);
-  support::View v625 = arena_.view(45056, 1024);
+  support::View v630 = arena_.view(45056, 1024);
   // dims: batch, inputs, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v623.data(), v73.data(), v625.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v628.data(), v73.data(), v630.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 gt
   // t5.mesh:91:17 where
   MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
   support::View v72 = arena_.view(32768, 1024);
-  support::View v627 = arena_.view(36864, 1024);
+  support::View v632 = arena_.view(36864, 1024);
   {
-    float *__restrict v627p = v627.data();
+    float *__restrict v632p = v632.data();
     const float *__restrict v72p = v72.data();
-    const float *__restrict v624p = v624.data();
+    const float *__restrict v629p = v629.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v72p[i0];
       const float s1 = 0.0f;
       const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v624p[i0];
+      const float s3 = v629p[i0];
       const float s4 = 0.0f;
       const float s5 = (s2 != 0 ? s3 : s4);
-      v627p[i0] = s5;
+      v632p[i0] = s5;
     }
   }
 
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v628 = arena_.view(32768, 1024);
+  support::View v633 = arena_.view(32768, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v627.data(), v70.data(), v628.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v632.data(), v70.data(), v633.data(), 1.0f, 0.0f);
+}
 
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
+void T5Train::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %610 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request6 = support::startAllReduce(group_model, {v628}, meshrt::ReduceOp::Sum);
+  support::View v633 = arena_.view(32768, 1024);
+  auto request6 = support::startAllReduce(group_model, {v633}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
+  support::View v632 = arena_.view(36864, 1024);
   support::View v69 = arena_.view(28672, 1024);
-  support::View v629 = arena_.view(40960, 1024);
+  support::View v634 = arena_.view(40960, 1024);
   // dims: batch, inputs, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v627.data(), v69.data(), v629.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v632.data(), v69.data(), v634.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
@@ -5655,85 +5642,86 @@ void T5Train::runPart4(const Inputs &inputs) {
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v68 = arena_.view(20480, 1024);
-  support::View v632 = arena_.view(28672, 1024);
+  support::View v637 = arena_.view(28672, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
   support::View v67 = arena_.view(191104, 32);
+  support::View v628 = arena_.view(49152, 1024);
   support::View v61 = arena_.view(24576, 1024);
-  support::View v635 = arena_.view(20480, 1024);
-  support::View v636 = arena_.view(28672, 1024);
-  support::View v637 = arena_.view(32768, 32);
-  support::View v646 = arena_.view(28672, 1024);
+  support::View v640 = arena_.view(20480, 1024);
+  support::View v641 = arena_.view(28672, 1024);
+  support::View v642 = arena_.view(32768, 32);
+  support::View v651 = arena_.view(28672, 1024);
   support::View v54 = arena_.view(139264, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v647 = arena_.view(20480, 1024);
+  support::View v652 = arena_.view(20480, 1024);
   support::View v58 = arena_.view(16384, 1024);
-  support::View v648 = arena_.view(32768, 512);
-  support::View v650 = arena_.view(24576, 1024);
-  support::View v651 = arena_.view(34816, 64);
-  support::View v653 = arena_.view(24576, 1024);
+  support::View v653 = arena_.view(32768, 512);
+  support::View v655 = arena_.view(24576, 1024);
+  support::View v656 = arena_.view(34816, 64);
+  support::View v658 = arena_.view(24576, 1024);
   support::View v52 = arena_.view(137216, 512);
-  support::View v656 = arena_.view(49152, 512);
+  support::View v661 = arena_.view(49152, 512);
   support::View v51 = arena_.view(135168, 512);
-  support::View v657 = arena_.view(34816, 512);
+  support::View v662 = arena_.view(34816, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v659 = arena_.view(16384, 1024);
+  support::View v664 = arena_.view(16384, 1024);
   support::View v46 = arena_.view(12288, 1024);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v662 = arena_.view(20480, 1024);
+  support::View v667 = arena_.view(20480, 1024);
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v665 = arena_.view(24576, 1024);
-  support::View v666 = arena_.view(32768, 1024);
+  support::View v670 = arena_.view(24576, 1024);
+  support::View v671 = arena_.view(32768, 1024);
   support::View v45 = arena_.view(8192, 1024);
-  support::View v670 = arena_.view(12288, 1024);
+  support::View v675 = arena_.view(12288, 1024);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
   support::View v44 = arena_.view(190976, 32);
   support::View v37 = arena_.view(4096, 1024);
-  support::View v673 = arena_.view(8192, 1024);
-  support::View v674 = arena_.view(12288, 1024);
-  support::View v675 = arena_.view(16384, 32);
-  support::View v633 = arena_.view(102528, 32);
-  support::View v649 = arena_.view(36864, 512);
-  support::View v654 = arena_.view(38912, 512);
-  support::View v660 = arena_.view(51200, 512);
-  support::View v664 = arena_.view(55296, 512);
-  support::View v667 = arena_.view(57344, 512);
-  support::View v671 = arena_.view(102656, 32);
-  support::View v684 = arena_.view(12288, 1024);
-  repeated3(v628, v68, v632, v633, v62, v67, v623, v61, v635, v636, v637, v646, v54, v50, v647, v58,
-            v648, v649, v650, v651, v653, v654, v52, v656, v51, v657, v49, v659, v46, v660, v48,
-            v662, v664, v47, v665, v666, v667, v45, v670, v671, v38, v44, v37, v673, v674, v675,
-            v684);
+  support::View v678 = arena_.view(8192, 1024);
+  support::View v679 = arena_.view(12288, 1024);
+  support::View v680 = arena_.view(16384, 32);
+  support::View v638 = arena_.view(102528, 32);
+  support::View v654 = arena_.view(36864, 512);
+  support::View v659 = arena_.view(38912, 512);
+  support::View v665 = arena_.view(51200, 512);
+  support::View v669 = arena_.view(55296, 512);
+  support::View v672 = arena_.view(57344, 512);
+  support::View v676 = arena_.view(102656, 32);
+  support::View v689 = arena_.view(12288, 1024);
+  repeated3(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v54, v50, v652, v58,
+            v653, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664, v46, v665, v48,
+            v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678, v679, v680,
+            v689);
 
   // t5.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:96:10", "backward");
   support::View v36 = arena_.view(0, 1024);
-  support::View v685 = arena_.view(4096, 1024);
+  support::View v690 = arena_.view(4096, 1024);
   // dims: batch, inputs, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v684.data(), v36.data(), v685.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v689.data(), v36.data(), v690.data(), 1.0f, 0.0f);
 
   // t5.mesh:113:9 transpose
   // t5.mesh:113:9 add
   // t5.mesh:96:10 add -> grad/shared/embedding
   MESHRT_TRACE("loop", "t5.mesh:113:9", "backward");
-  support::View v329 = arena_.view(90112, 1024);
-  support::View v542 = arena_.view(81920, 1024);
-  support::View v686 = arena_.view(0, 1024);
+  support::View v334 = arena_.view(90112, 1024);
+  support::View v547 = arena_.view(81920, 1024);
+  support::View v691 = arena_.view(0, 1024);
   {
-    float *__restrict v686p = v686.data();
-    const float *__restrict v329p = v329.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v685p = v685.data();
+    float *__restrict v691p = v691.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v547p = v547.data();
+    const float *__restrict v690p = v690.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v329p[i0 + i1 * 32];
+        const float s0 = v334p[i0 + i1 * 32];
         const float s1 = s0;
-        const float s2 = v542p[i0 * 32 + i1];
+        const float s2 = v547p[i0 * 32 + i1];
         const float s3 = (s2 + s1);
-        const float s4 = v685p[i0 * 32 + i1];
+        const float s4 = v690p[i0 * 32 + i1];
         const float s5 = (s3 + s4);
-        v686p[i0 * 32 + i1] = s5;
+        v691p[i0 * 32 + i1] = s5;
       }
     }
   }
@@ -5741,31 +5729,31 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v594 = arena_.view(88064, 512);
-  support::View v687 = arena_.view(4096, 512);
+  support::View v599 = arena_.view(88064, 512);
+  support::View v692 = arena_.view(4096, 512);
   {
-    float *__restrict v687p = v687.data();
-    const float *__restrict v594p = v594.data();
-    const float *__restrict v654p = v654.data();
+    float *__restrict v692p = v692.data();
+    const float *__restrict v599p = v599.data();
+    const float *__restrict v659p = v659.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v594p[i0 + i1 * 256];
-        const float s1 = v654p[i0 + i1 * 256];
+        const float s0 = v599p[i0 + i1 * 256];
+        const float s1 = v659p[i0 + i1 * 256];
         const float s2 = (s0 + s1);
         const float s3 = s2;
-        v687p[i0 * 2 + i1] = s3;
+        v692p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
   MESHRT_TRACE("gemm", "t5.mesh:56:10", "backward");
-  support::View v688 = persistent_.view(31936, 2048);
-  support::View v689 = arena_.view(24832, 16);
+  support::View v693 = persistent_.view(32000, 2048);
+  support::View v694 = arena_.view(24832, 16);
   // dims: inputs, inputs_keys, buckets, heads
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{16, 16, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan11.run(v688.data(), v687.data(), v689.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v693.data(), v692.data(), v694.data(), 1.0f, 0.0f);
 
   // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (49 partial sums
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
@@ -5773,73 +5761,74 @@ void T5Train::runPart4(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v313 = arena_.view(194496, 1);
   support::View v315 = arena_.view(194560, 1);
-  support::View v334 = arena_.view(191616, 32);
-  support::View v350 = arena_.view(94208, 1024);
-  support::View v355 = arena_.view(98304, 1024);
-  support::View v359 = arena_.view(191744, 32);
-  support::View v375 = arena_.view(169984, 512);
-  support::View v384 = arena_.view(174080, 512);
-  support::View v388 = arena_.view(165888, 512);
-  support::View v390 = arena_.view(176128, 512);
-  support::View v394 = arena_.view(191872, 32);
-  support::View v410 = arena_.view(159744, 512);
-  support::View v420 = arena_.view(167936, 512);
-  support::View v424 = arena_.view(178176, 512);
-  support::View v427 = arena_.view(161792, 512);
-  support::View v431 = arena_.view(189440, 32);
-  support::View v446 = arena_.view(110592, 1024);
-  support::View v450 = arena_.view(114688, 1024);
-  support::View v454 = arena_.view(183296, 32);
-  support::View v470 = arena_.view(163840, 512);
-  support::View v480 = arena_.view(180224, 512);
-  support::View v484 = arena_.view(118784, 512);
-  support::View v486 = arena_.view(120832, 512);
-  support::View v490 = arena_.view(156160, 32);
-  support::View v506 = arena_.view(122880, 512);
-  support::View v517 = arena_.view(124928, 512);
-  support::View v521 = arena_.view(151552, 512);
-  support::View v524 = arena_.view(153600, 512);
-  support::View v528 = arena_.view(141312, 32);
-  support::View v545 = arena_.view(131072, 16);
-  support::View v551 = arena_.view(126976, 32);
-  support::View v565 = arena_.view(77824, 1024);
-  support::View v569 = arena_.view(73728, 1024);
-  support::View v573 = arena_.view(108544, 32);
-  support::View v589 = arena_.view(86016, 512);
-  support::View v599 = arena_.view(104448, 512);
-  support::View v603 = arena_.view(106496, 512);
-  support::View v606 = arena_.view(53248, 512);
-  support::View v610 = arena_.view(102400, 32);
-  support::allReduceBucket(group_data, {v313, v315, v334, v350, v355, v359, v375, v384, v388, v390,
-                                        v394, v410, v420, v424, v427, v431, v446, v450, v454, v470,
-                                        v480, v484, v486, v490, v506, v517, v521, v524, v528, v545,
-                                        v551, v565, v569, v573, v589, v599, v603, v606, v610, v625,
-                                        v629, v633, v649, v660, v664, v667, v671, v686, v689});
+  support::View v339 = arena_.view(191616, 32);
+  support::View v355 = arena_.view(94208, 1024);
+  support::View v360 = arena_.view(98304, 1024);
+  support::View v364 = arena_.view(191744, 32);
+  support::View v380 = arena_.view(169984, 512);
+  support::View v389 = arena_.view(174080, 512);
+  support::View v393 = arena_.view(165888, 512);
+  support::View v395 = arena_.view(176128, 512);
+  support::View v399 = arena_.view(191872, 32);
+  support::View v415 = arena_.view(159744, 512);
+  support::View v425 = arena_.view(167936, 512);
+  support::View v429 = arena_.view(178176, 512);
+  support::View v432 = arena_.view(161792, 512);
+  support::View v436 = arena_.view(189440, 32);
+  support::View v451 = arena_.view(110592, 1024);
+  support::View v455 = arena_.view(114688, 1024);
+  support::View v459 = arena_.view(183296, 32);
+  support::View v475 = arena_.view(163840, 512);
+  support::View v485 = arena_.view(180224, 512);
+  support::View v489 = arena_.view(118784, 512);
+  support::View v491 = arena_.view(120832, 512);
+  support::View v495 = arena_.view(156160, 32);
+  support::View v511 = arena_.view(122880, 512);
+  support::View v522 = arena_.view(124928, 512);
+  support::View v526 = arena_.view(151552, 512);
+  support::View v529 = arena_.view(153600, 512);
+  support::View v533 = arena_.view(141312, 32);
+  support::View v550 = arena_.view(131072, 16);
+  support::View v556 = arena_.view(126976, 32);
+  support::View v570 = arena_.view(77824, 1024);
+  support::View v574 = arena_.view(73728, 1024);
+  support::View v578 = arena_.view(108544, 32);
+  support::View v594 = arena_.view(86016, 512);
+  support::View v604 = arena_.view(104448, 512);
+  support::View v608 = arena_.view(106496, 512);
+  support::View v611 = arena_.view(53248, 512);
+  support::View v615 = arena_.view(102400, 32);
+  support::View v630 = arena_.view(45056, 1024);
+  support::allReduceBucket(group_data, {v313, v315, v339, v355, v360, v364, v380, v389, v393, v395,
+                                        v399, v415, v425, v429, v432, v436, v451, v455, v459, v475,
+                                        v485, v489, v491, v495, v511, v522, v526, v529, v533, v550,
+                                        v556, v570, v574, v578, v594, v604, v608, v611, v615, v630,
+                                        v634, v638, v654, v665, v669, v672, v676, v691, v694});
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v712 = arena_.view(24896, 16);
+  support::View v717 = arena_.view(24896, 16);
   {
-    float *__restrict v712p = v712.data();
-    const float *__restrict v689p = v689.data();
+    float *__restrict v717p = v717.data();
+    const float *__restrict v694p = v694.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v689p[i0];
+      const float s0 = v694p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v712p[i0] = s3;
+      v717p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v715 = arena_.view(24960, 8);
-  static const support::Shape shape14_1 = {8};
-  static const support::Shape shape14_3 = {2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v715.data(), shape14_1, v712.data(), shape14_3, shape14_4, shape14_5,
+  support::View v720 = arena_.view(24960, 8);
+  static const support::Shape shape10_1 = {8};
+  static const support::Shape shape10_3 = {2};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v720.data(), shape10_1, v717.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 step
@@ -5938,14 +5927,14 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v705 = arena_.view(90624, 1);
-  support::View v708 = arena_.view(90688, 1);
-  support::View v716 = arena_.view(90752, 1);
+  support::View v710 = arena_.view(90624, 1);
+  support::View v713 = arena_.view(90688, 1);
+  support::View v721 = arena_.view(90752, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v705p = v705.data();
-    float *__restrict v708p = v708.data();
-    float *__restrict v716p = v716.data();
+    float *__restrict v710p = v710.data();
+    float *__restrict v713p = v713.data();
+    float *__restrict v721p = v721.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -5967,413 +5956,371 @@ void T5Train::runPart4(const Inputs &inputs) {
     const float s18 = (s17 - s16);
     const float s19 = 1.0f;
     const float s20 = (s19 - s18);
-    v705p[0] = s14;
-    v708p[0] = s18;
-    v716p[0] = s20;
+    v710p[0] = s14;
+    v713p[0] = s18;
+    v721p[0] = s20;
   }
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v750 = arena_.view(4096, 1024);
+  support::View v755 = arena_.view(4096, 1024);
   {
-    float *__restrict v750p = v750.data();
-    const float *__restrict v686p = v686.data();
+    float *__restrict v755p = v755.data();
+    const float *__restrict v691p = v691.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v686p[i0];
+      const float s0 = v691p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v750p[i0] = s3;
+      v755p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v758 = arena_.view(24576, 32);
-  static const support::Shape shape17_1 = {32};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {32};
-  support::reduce(v758.data(), shape17_1, v750.data(), shape17_3, shape17_4, shape17_5,
+  support::View v763 = arena_.view(24576, 32);
+  static const support::Shape shape13_1 = {32};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {32};
+  support::reduce(v763.data(), shape13_1, v755.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v753 = arena_.view(8192, 32);
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {32};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v753.data(), shape18_1, v750.data(), shape18_3, shape18_4, shape18_5,
+  support::View v758 = arena_.view(8192, 32);
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v758.data(), shape14_1, v755.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v751(param49_shared_embedding_vr); // updated in place
+  support::View v756(param49_shared_embedding_vr); // updated in place
   {
-    float *__restrict v751p = v751.data();
-    const float *__restrict v753p = v753.data();
-    const float *__restrict v716p = v716.data();
-    const float *__restrict v708p = v708.data();
+    float *__restrict v756p = v756.data();
+    const float *__restrict v758p = v758.data();
+    const float *__restrict v721p = v721.data();
+    const float *__restrict v713p = v713.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v753p[i0];
-      const float s1 = v716p[0];
+      const float s0 = v758p[i0];
+      const float s1 = v721p[0];
       const float s2 = (s0 * s1);
-      const float s3 = v751p[i0];
-      const float s4 = v708p[0];
+      const float s3 = v756p[i0];
+      const float s4 = v713p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      v751p[i0] = s6;
+      v756p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v764 = arena_.view(25024, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v764.data(), shape20_1, v751.data(), shape20_3, shape20_4, shape20_5,
+  support::View v769 = arena_.view(25024, 1);
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v769.data(), shape16_1, v756.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // 31 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v811 = arena_.view(4096, 512);
-  support::View v814 = arena_.view(6144, 64);
-  support::View v812(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v849 = arena_.view(4096, 512);
-  support::View v852 = arena_.view(6144, 64);
-  support::View v850(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v887 = arena_.view(4096, 512);
-  support::View v890 = arena_.view(6144, 64);
-  support::View v888(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v925 = arena_.view(4096, 512);
-  support::View v928 = arena_.view(6144, 16);
-  support::View v926(param58_encoder_attention_0_o_vr); // updated in place
-  support::View v933 = arena_.view(6144, 64);
-  support::View v938 = arena_.view(4096, 2);
-  support::View v940 = arena_.view(6656, 16);
-  support::View v927(param59_encoder_attention_0_o_vc); // updated in place
-  support::View v941 = arena_.view(6400, 64);
-  support::View v944 = arena_.view(4096, 512);
-  support::View v984 = arena_.view(4096, 1024);
-  support::View v1021 = arena_.view(8192, 1024);
-  support::View v1024 = arena_.view(12288, 32);
-  support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v819 = arena_.view(28672, 256);
-  support::View v825 = arena_.view(69632, 32);
-  support::View v857 = arena_.view(29696, 256);
-  support::View v863 = arena_.view(71680, 32);
-  support::View v895 = arena_.view(30720, 256);
-  support::View v901 = arena_.view(71808, 32);
-  support::View v943 = arena_.view(49152, 512);
-  support::View v945 = arena_.view(90816, 1);
-  support::View v987 = arena_.view(71936, 32);
-  support::View v1029 = arena_.view(72064, 32);
-  support::View v1035 = arena_.view(73472, 1);
-  repeated5(v667, v811, v819, v814, v716, v812, v708, v825, v664, v849, v857, v852, v850, v863,
-            v660, v887, v895, v890, v888, v901, v649, v925, v928, v926, v933, v938, v940, v927,
-            v941, v943, v944, v945, v629, v984, v987, v625, v1021, v1029, v1024, v1022, v1035);
+  support::View v816 = arena_.view(4096, 512);
+  support::View v819 = arena_.view(6144, 64);
+  support::View v817(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v854 = arena_.view(4096, 512);
+  support::View v857 = arena_.view(6144, 64);
+  support::View v855(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v892 = arena_.view(4096, 512);
+  support::View v895 = arena_.view(6144, 64);
+  support::View v893(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v930 = arena_.view(4096, 512);
+  support::View v933 = arena_.view(6144, 16);
+  support::View v931(param58_encoder_attention_0_o_vr); // updated in place
+  support::View v938 = arena_.view(6144, 64);
+  support::View v943 = arena_.view(4096, 2);
+  support::View v945 = arena_.view(6656, 16);
+  support::View v932(param59_encoder_attention_0_o_vc); // updated in place
+  support::View v946 = arena_.view(6400, 64);
+  support::View v949 = arena_.view(4096, 512);
+  support::View v989 = arena_.view(4096, 1024);
+  support::View v1026 = arena_.view(8192, 1024);
+  support::View v1029 = arena_.view(12288, 32);
+  support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v824 = arena_.view(28672, 256);
+  support::View v830 = arena_.view(69632, 32);
+  support::View v862 = arena_.view(29696, 256);
+  support::View v868 = arena_.view(71680, 32);
+  support::View v900 = arena_.view(30720, 256);
+  support::View v906 = arena_.view(71808, 32);
+  support::View v948 = arena_.view(49152, 512);
+  support::View v950 = arena_.view(90816, 1);
+  support::View v992 = arena_.view(71936, 32);
+  support::View v1034 = arena_.view(72064, 32);
+  support::View v1040 = arena_.view(73472, 1);
+  repeated5(v672, v816, v824, v819, v721, v817, v713, v830, v669, v854, v862, v857, v855, v868,
+            v665, v892, v900, v895, v893, v906, v654, v930, v933, v931, v938, v943, v945, v932,
+            v946, v948, v949, v950, v634, v989, v992, v630, v1026, v1034, v1029, v1027, v1040);
 
   // 31 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1082 = arena_.view(8192, 512);
-  support::View v1085 = arena_.view(10240, 64);
-  support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1120 = arena_.view(8192, 512);
-  support::View v1123 = arena_.view(10240, 64);
-  support::View v1121(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1158 = arena_.view(8192, 512);
-  support::View v1161 = arena_.view(10240, 64);
-  support::View v1159(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1196 = arena_.view(8192, 512);
-  support::View v1199 = arena_.view(10240, 16);
-  support::View v1197(param72_encoder_attention_1_o_vr); // updated in place
-  support::View v1204 = arena_.view(10240, 64);
-  support::View v1209 = arena_.view(8192, 2);
-  support::View v1211 = arena_.view(10752, 16);
-  support::View v1198(param73_encoder_attention_1_o_vc); // updated in place
-  support::View v1212 = arena_.view(10496, 64);
-  support::View v1215 = arena_.view(8192, 512);
-  support::View v1255 = arena_.view(8192, 1024);
-  support::View v1292 = arena_.view(12288, 1024);
-  support::View v1295 = arena_.view(16384, 32);
-  support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1090 = arena_.view(31744, 256);
-  support::View v1096 = arena_.view(72192, 32);
-  support::View v1128 = arena_.view(32768, 256);
-  support::View v1134 = arena_.view(72320, 32);
-  support::View v1166 = arena_.view(33792, 256);
-  support::View v1172 = arena_.view(72448, 32);
-  support::View v1214 = arena_.view(59392, 512);
-  support::View v1216 = arena_.view(90880, 1);
-  support::View v1258 = arena_.view(72576, 32);
-  support::View v1300 = arena_.view(72704, 32);
-  support::View v1306 = arena_.view(73536, 1);
-  repeated5(v606, v1082, v1090, v1085, v716, v1083, v708, v1096, v603, v1120, v1128, v1123, v1121,
-            v1134, v599, v1158, v1166, v1161, v1159, v1172, v589, v1196, v1199, v1197, v1204, v1209,
-            v1211, v1198, v1212, v1214, v1215, v1216, v569, v1255, v1258, v565, v1292, v1300, v1295,
-            v1293, v1306);
+  support::View v1087 = arena_.view(8192, 512);
+  support::View v1090 = arena_.view(10240, 64);
+  support::View v1088(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1125 = arena_.view(8192, 512);
+  support::View v1128 = arena_.view(10240, 64);
+  support::View v1126(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1163 = arena_.view(8192, 512);
+  support::View v1166 = arena_.view(10240, 64);
+  support::View v1164(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1201 = arena_.view(8192, 512);
+  support::View v1204 = arena_.view(10240, 16);
+  support::View v1202(param72_encoder_attention_1_o_vr); // updated in place
+  support::View v1209 = arena_.view(10240, 64);
+  support::View v1214 = arena_.view(8192, 2);
+  support::View v1216 = arena_.view(10752, 16);
+  support::View v1203(param73_encoder_attention_1_o_vc); // updated in place
+  support::View v1217 = arena_.view(10496, 64);
+  support::View v1220 = arena_.view(8192, 512);
+  support::View v1260 = arena_.view(8192, 1024);
+  support::View v1297 = arena_.view(12288, 1024);
+  support::View v1300 = arena_.view(16384, 32);
+  support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1095 = arena_.view(31744, 256);
+  support::View v1101 = arena_.view(72192, 32);
+  support::View v1133 = arena_.view(32768, 256);
+  support::View v1139 = arena_.view(72320, 32);
+  support::View v1171 = arena_.view(33792, 256);
+  support::View v1177 = arena_.view(72448, 32);
+  support::View v1219 = arena_.view(59392, 512);
+  support::View v1221 = arena_.view(90880, 1);
+  support::View v1263 = arena_.view(72576, 32);
+  support::View v1305 = arena_.view(72704, 32);
+  support::View v1311 = arena_.view(73536, 1);
+  repeated5(v611, v1087, v1095, v1090, v721, v1088, v713, v1101, v608, v1125, v1133, v1128, v1126,
+            v1139, v604, v1163, v1171, v1166, v1164, v1177, v594, v1201, v1204, v1202, v1209, v1214,
+            v1216, v1203, v1217, v1219, v1220, v1221, v574, v1260, v1263, v570, v1297, v1305, v1300,
+            v1298, v1311);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v1353 = arena_.view(73344, 16);
+  support::View v1358 = arena_.view(73344, 16);
   {
-    float *__restrict v1353p = v1353.data();
-    const float *__restrict v545p = v545.data();
+    float *__restrict v1358p = v1358.data();
+    const float *__restrict v550p = v550.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v545p[i0];
+      const float s0 = v550p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v1353p[i0] = s3;
+      v1358p[i0] = s3;
     }
   }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::View v1361 = arena_.view(73408, 8);
+  static const support::Shape shape20_1 = {8};
+  static const support::Shape shape20_3 = {2};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v1361.data(), shape20_1, v1358.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.25);
+
+  // 55 statements from t5.mesh:152:3 square (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1418 = arena_.view(12288, 512);
+  support::View v1421 = arena_.view(14336, 64);
+  support::View v1419(param83_decoder_attention_0_q_vr); // updated in place
+  support::View v1456 = arena_.view(12288, 512);
+  support::View v1459 = arena_.view(14336, 64);
+  support::View v1457(param85_decoder_attention_0_k_vr); // updated in place
+  support::View v1494 = arena_.view(12288, 512);
+  support::View v1497 = arena_.view(14336, 64);
+  support::View v1495(param87_decoder_attention_0_v_vr); // updated in place
+  support::View v1532 = arena_.view(12288, 512);
+  support::View v1535 = arena_.view(14336, 16);
+  support::View v1533(param89_decoder_attention_0_o_vr); // updated in place
+  support::View v1540 = arena_.view(14336, 64);
+  support::View v1545 = arena_.view(12288, 2);
+  support::View v1547 = arena_.view(14848, 16);
+  support::View v1534(param90_decoder_attention_0_o_vc); // updated in place
+  support::View v1548 = arena_.view(14592, 64);
+  support::View v1551 = arena_.view(12288, 512);
+  support::View v1591 = arena_.view(12288, 512);
+  support::View v1594 = arena_.view(14336, 64);
+  support::View v1592(param92_decoder_attention_1_0_q_vr); // updated in place
+  support::View v1629 = arena_.view(12288, 512);
+  support::View v1632 = arena_.view(14336, 64);
+  support::View v1630(param94_decoder_attention_1_0_k_vr); // updated in place
+  support::View v1667 = arena_.view(12288, 512);
+  support::View v1670 = arena_.view(14336, 64);
+  support::View v1668(param96_decoder_attention_1_0_v_vr); // updated in place
+  support::View v1705 = arena_.view(12288, 512);
+  support::View v1708 = arena_.view(14336, 16);
+  support::View v1706(param98_decoder_attention_1_0_o_vr); // updated in place
+  support::View v1713 = arena_.view(14336, 64);
+  support::View v1718 = arena_.view(12288, 2);
+  support::View v1720 = arena_.view(14848, 16);
+  support::View v1707(param99_decoder_attention_1_0_o_vc); // updated in place
+  support::View v1721 = arena_.view(14592, 64);
+  support::View v1724 = arena_.view(12288, 512);
+  support::View v1764 = arena_.view(12288, 1024);
+  support::View v1801 = arena_.view(16384, 1024);
+  support::View v1804 = arena_.view(20480, 32);
+  support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1426 = arena_.view(34816, 256);
+  support::View v1432 = arena_.view(72832, 32);
+  support::View v1464 = arena_.view(35840, 256);
+  support::View v1470 = arena_.view(72960, 32);
+  support::View v1502 = arena_.view(36864, 256);
+  support::View v1508 = arena_.view(73088, 32);
+  support::View v1550 = arena_.view(61440, 512);
+  support::View v1552 = arena_.view(90944, 1);
+  support::View v1599 = arena_.view(37888, 256);
+  support::View v1605 = arena_.view(73216, 32);
+  support::View v1637 = arena_.view(38912, 256);
+  support::View v1643 = arena_.view(87040, 32);
+  support::View v1675 = arena_.view(39936, 256);
+  support::View v1681 = arena_.view(87168, 32);
+  support::View v1723 = arena_.view(63488, 512);
+  support::View v1725 = arena_.view(91008, 1);
+  support::View v1767 = arena_.view(87296, 32);
+  support::View v1809 = arena_.view(87424, 32);
+  support::View v1815 = arena_.view(89344, 1);
+  repeated1(v529, v1418, v1426, v1421, v721, v1419, v713, v1432, v526, v1456, v1464, v1459, v1457,
+            v1470, v522, v1494, v1502, v1497, v1495, v1508, v511, v1532, v1535, v1533, v1540, v1545,
+            v1547, v1534, v1548, v1550, v1551, v1552, v491, v1591, v1599, v1594, v1592, v1605, v489,
+            v1629, v1637, v1632, v1630, v1643, v485, v1667, v1675, v1670, v1668, v1681, v475, v1705,
+            v1708, v1706, v1713, v1718, v1720, v1707, v1721, v1723, v1724, v1725, v455, v1764,
+            v1767, v451, v1801, v1809, v1804, v1802, v1815);
+
+  // 55 statements from t5.mesh:152:3 square (2 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1862 = arena_.view(16384, 512);
+  support::View v1865 = arena_.view(18432, 64);
+  support::View v1863(param106_decoder_attention_1_q_vr); // updated in place
+  support::View v1900 = arena_.view(16384, 512);
+  support::View v1903 = arena_.view(18432, 64);
+  support::View v1901(param108_decoder_attention_1_k_vr); // updated in place
+  support::View v1938 = arena_.view(16384, 512);
+  support::View v1941 = arena_.view(18432, 64);
+  support::View v1939(param110_decoder_attention_1_v_vr); // updated in place
+  support::View v1976 = arena_.view(16384, 512);
+  support::View v1979 = arena_.view(18432, 16);
+  support::View v1977(param112_decoder_attention_1_o_vr); // updated in place
+  support::View v1984 = arena_.view(18432, 64);
+  support::View v1989 = arena_.view(16384, 2);
+  support::View v1991 = arena_.view(18944, 16);
+  support::View v1978(param113_decoder_attention_1_o_vc); // updated in place
+  support::View v1992 = arena_.view(18688, 64);
+  support::View v1995 = arena_.view(16384, 512);
+  support::View v2035 = arena_.view(16384, 512);
+  support::View v2038 = arena_.view(18432, 64);
+  support::View v2036(param115_decoder_attention_1_1_q_vr); // updated in place
+  support::View v2073 = arena_.view(16384, 512);
+  support::View v2076 = arena_.view(18432, 64);
+  support::View v2074(param117_decoder_attention_1_1_k_vr); // updated in place
+  support::View v2111 = arena_.view(16384, 512);
+  support::View v2114 = arena_.view(18432, 64);
+  support::View v2112(param119_decoder_attention_1_1_v_vr); // updated in place
+  support::View v2149 = arena_.view(16384, 512);
+  support::View v2152 = arena_.view(18432, 16);
+  support::View v2150(param121_decoder_attention_1_1_o_vr); // updated in place
+  support::View v2157 = arena_.view(18432, 64);
+  support::View v2162 = arena_.view(16384, 2);
+  support::View v2164 = arena_.view(18944, 16);
+  support::View v2151(param122_decoder_attention_1_1_o_vc); // updated in place
+  support::View v2165 = arena_.view(18688, 64);
+  support::View v2168 = arena_.view(16384, 512);
+  support::View v2208 = arena_.view(16384, 1024);
+  support::View v2245 = arena_.view(20480, 1024);
+  support::View v2248 = arena_.view(24704, 32);
+  support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1870 = arena_.view(81920, 256);
+  support::View v1876 = arena_.view(87552, 32);
+  support::View v1908 = arena_.view(82944, 256);
+  support::View v1914 = arena_.view(87680, 32);
+  support::View v1946 = arena_.view(83968, 256);
+  support::View v1952 = arena_.view(87808, 32);
+  support::View v1994 = arena_.view(65536, 512);
+  support::View v1996 = arena_.view(91072, 1);
+  support::View v2043 = arena_.view(84992, 256);
+  support::View v2049 = arena_.view(87936, 32);
+  support::View v2081 = arena_.view(86016, 256);
+  support::View v2087 = arena_.view(89088, 32);
+  support::View v2119 = arena_.view(88064, 256);
+  support::View v2125 = arena_.view(89216, 32);
+  support::View v2167 = arena_.view(67584, 512);
+  support::View v2169 = arena_.view(91136, 1);
+  support::View v2211 = arena_.view(90112, 32);
+  support::View v2253 = arena_.view(90240, 32);
+  support::View v2259 = arena_.view(90368, 1);
+  repeated1(v432, v1862, v1870, v1865, v721, v1863, v713, v1876, v429, v1900, v1908, v1903, v1901,
+            v1914, v425, v1938, v1946, v1941, v1939, v1952, v415, v1976, v1979, v1977, v1984, v1989,
+            v1991, v1978, v1992, v1994, v1995, v1996, v395, v2035, v2043, v2038, v2036, v2049, v393,
+            v2073, v2081, v2076, v2074, v2087, v389, v2111, v2119, v2114, v2112, v2125, v380, v2149,
+            v2152, v2150, v2157, v2162, v2164, v2151, v2165, v2167, v2168, v2169, v360, v2208,
+            v2211, v355, v2245, v2253, v2248, v2246, v2259);
+
+  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %788 over model for mul at
+  // 152:3; merged with 57 more partial sums over model (%722, %765, %770, ...): 21.5 KiB in one
+  // buffer)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::allReduceBucket(group_model,
+                           {v824,  v720,  v763,  v769,  v830,  v862,  v868,  v900,  v906,  v950,
+                            v992,  v1034, v1040, v1095, v1101, v1133, v1139, v1171, v1177, v1221,
+                            v1263, v1305, v1311, v1361, v1426, v1432, v1464, v1470, v1502, v1508,
+                            v1552, v1599, v1605, v1637, v1643, v1675, v1681, v1725, v1767, v1809,
+                            v1815, v1870, v1876, v1908, v1914, v1946, v1952, v1996, v2043, v2049,
+                            v2081, v2087, v2119, v2125, v2169, v2211, v2253, v2259});
 }
 
 void T5Train::runPart5(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v1353 = arena_.view(73344, 16);
-  support::View v1356 = arena_.view(73408, 8);
-  static const support::Shape shape0_1 = {8};
-  static const support::Shape shape0_3 = {2};
-  static const support::Shape shape0_4 = {2};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v1356.data(), shape0_1, v1353.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.25);
-
-  // 55 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v524 = arena_.view(153600, 512);
-  support::View v1413 = arena_.view(12288, 512);
-  support::View v1416 = arena_.view(14336, 64);
-  support::View v716 = arena_.view(90752, 1);
-  support::View v1414(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v708 = arena_.view(90688, 1);
-  support::View v521 = arena_.view(151552, 512);
-  support::View v1451 = arena_.view(12288, 512);
-  support::View v1454 = arena_.view(14336, 64);
-  support::View v1452(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v517 = arena_.view(124928, 512);
-  support::View v1489 = arena_.view(12288, 512);
-  support::View v1492 = arena_.view(14336, 64);
-  support::View v1490(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v506 = arena_.view(122880, 512);
-  support::View v1527 = arena_.view(12288, 512);
-  support::View v1530 = arena_.view(14336, 16);
-  support::View v1528(param89_decoder_attention_0_o_vr); // updated in place
-  support::View v1535 = arena_.view(14336, 64);
-  support::View v1540 = arena_.view(12288, 2);
-  support::View v1542 = arena_.view(14848, 16);
-  support::View v1529(param90_decoder_attention_0_o_vc); // updated in place
-  support::View v1543 = arena_.view(14592, 64);
-  support::View v1546 = arena_.view(12288, 512);
-  support::View v486 = arena_.view(120832, 512);
-  support::View v1586 = arena_.view(12288, 512);
-  support::View v1589 = arena_.view(14336, 64);
-  support::View v1587(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v484 = arena_.view(118784, 512);
-  support::View v1624 = arena_.view(12288, 512);
-  support::View v1627 = arena_.view(14336, 64);
-  support::View v1625(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v480 = arena_.view(180224, 512);
-  support::View v1662 = arena_.view(12288, 512);
-  support::View v1665 = arena_.view(14336, 64);
-  support::View v1663(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v470 = arena_.view(163840, 512);
-  support::View v1700 = arena_.view(12288, 512);
-  support::View v1703 = arena_.view(14336, 16);
-  support::View v1701(param98_decoder_attention_1_0_o_vr); // updated in place
-  support::View v1708 = arena_.view(14336, 64);
-  support::View v1713 = arena_.view(12288, 2);
-  support::View v1715 = arena_.view(14848, 16);
-  support::View v1702(param99_decoder_attention_1_0_o_vc); // updated in place
-  support::View v1716 = arena_.view(14592, 64);
-  support::View v1719 = arena_.view(12288, 512);
-  support::View v450 = arena_.view(114688, 1024);
-  support::View v1759 = arena_.view(12288, 1024);
-  support::View v446 = arena_.view(110592, 1024);
-  support::View v1796 = arena_.view(16384, 1024);
-  support::View v1799 = arena_.view(20480, 32);
-  support::View v1797(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1421 = arena_.view(34816, 256);
-  support::View v1427 = arena_.view(72832, 32);
-  support::View v1459 = arena_.view(35840, 256);
-  support::View v1465 = arena_.view(72960, 32);
-  support::View v1497 = arena_.view(36864, 256);
-  support::View v1503 = arena_.view(73088, 32);
-  support::View v1545 = arena_.view(61440, 512);
-  support::View v1547 = arena_.view(90944, 1);
-  support::View v1594 = arena_.view(37888, 256);
-  support::View v1600 = arena_.view(73216, 32);
-  support::View v1632 = arena_.view(38912, 256);
-  support::View v1638 = arena_.view(87040, 32);
-  support::View v1670 = arena_.view(39936, 256);
-  support::View v1676 = arena_.view(87168, 32);
-  support::View v1718 = arena_.view(63488, 512);
-  support::View v1720 = arena_.view(91008, 1);
-  support::View v1762 = arena_.view(87296, 32);
-  support::View v1804 = arena_.view(87424, 32);
-  support::View v1810 = arena_.view(89344, 1);
-  repeated1(v524, v1413, v1421, v1416, v716, v1414, v708, v1427, v521, v1451, v1459, v1454, v1452,
-            v1465, v517, v1489, v1497, v1492, v1490, v1503, v506, v1527, v1530, v1528, v1535, v1540,
-            v1542, v1529, v1543, v1545, v1546, v1547, v486, v1586, v1594, v1589, v1587, v1600, v484,
-            v1624, v1632, v1627, v1625, v1638, v480, v1662, v1670, v1665, v1663, v1676, v470, v1700,
-            v1703, v1701, v1708, v1713, v1715, v1702, v1716, v1718, v1719, v1720, v450, v1759,
-            v1762, v446, v1796, v1804, v1799, v1797, v1810);
-
-  // 55 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v427 = arena_.view(161792, 512);
-  support::View v1857 = arena_.view(16384, 512);
-  support::View v1860 = arena_.view(18432, 64);
-  support::View v1858(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v424 = arena_.view(178176, 512);
-  support::View v1895 = arena_.view(16384, 512);
-  support::View v1898 = arena_.view(18432, 64);
-  support::View v1896(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v420 = arena_.view(167936, 512);
-  support::View v1933 = arena_.view(16384, 512);
-  support::View v1936 = arena_.view(18432, 64);
-  support::View v1934(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v410 = arena_.view(159744, 512);
-  support::View v1971 = arena_.view(16384, 512);
-  support::View v1974 = arena_.view(18432, 16);
-  support::View v1972(param112_decoder_attention_1_o_vr); // updated in place
-  support::View v1979 = arena_.view(18432, 64);
-  support::View v1984 = arena_.view(16384, 2);
-  support::View v1986 = arena_.view(18944, 16);
-  support::View v1973(param113_decoder_attention_1_o_vc); // updated in place
-  support::View v1987 = arena_.view(18688, 64);
-  support::View v1990 = arena_.view(16384, 512);
-  support::View v390 = arena_.view(176128, 512);
-  support::View v2030 = arena_.view(16384, 512);
-  support::View v2033 = arena_.view(18432, 64);
-  support::View v2031(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v388 = arena_.view(165888, 512);
-  support::View v2068 = arena_.view(16384, 512);
-  support::View v2071 = arena_.view(18432, 64);
-  support::View v2069(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v384 = arena_.view(174080, 512);
-  support::View v2106 = arena_.view(16384, 512);
-  support::View v2109 = arena_.view(18432, 64);
-  support::View v2107(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v375 = arena_.view(169984, 512);
-  support::View v2144 = arena_.view(16384, 512);
-  support::View v2147 = arena_.view(18432, 16);
-  support::View v2145(param121_decoder_attention_1_1_o_vr); // updated in place
-  support::View v2152 = arena_.view(18432, 64);
-  support::View v2157 = arena_.view(16384, 2);
-  support::View v2159 = arena_.view(18944, 16);
-  support::View v2146(param122_decoder_attention_1_1_o_vc); // updated in place
-  support::View v2160 = arena_.view(18688, 64);
-  support::View v2163 = arena_.view(16384, 512);
-  support::View v355 = arena_.view(98304, 1024);
-  support::View v2203 = arena_.view(16384, 1024);
-  support::View v350 = arena_.view(94208, 1024);
-  support::View v2240 = arena_.view(20480, 1024);
-  support::View v2243 = arena_.view(24704, 32);
-  support::View v2241(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1865 = arena_.view(81920, 256);
-  support::View v1871 = arena_.view(87552, 32);
-  support::View v1903 = arena_.view(82944, 256);
-  support::View v1909 = arena_.view(87680, 32);
-  support::View v1941 = arena_.view(83968, 256);
-  support::View v1947 = arena_.view(87808, 32);
-  support::View v1989 = arena_.view(65536, 512);
-  support::View v1991 = arena_.view(91072, 1);
-  support::View v2038 = arena_.view(84992, 256);
-  support::View v2044 = arena_.view(87936, 32);
-  support::View v2076 = arena_.view(86016, 256);
-  support::View v2082 = arena_.view(89088, 32);
-  support::View v2114 = arena_.view(88064, 256);
-  support::View v2120 = arena_.view(89216, 32);
-  support::View v2162 = arena_.view(67584, 512);
-  support::View v2164 = arena_.view(91136, 1);
-  support::View v2206 = arena_.view(90112, 32);
-  support::View v2248 = arena_.view(90240, 32);
-  support::View v2254 = arena_.view(90368, 1);
-  repeated1(v427, v1857, v1865, v1860, v716, v1858, v708, v1871, v424, v1895, v1903, v1898, v1896,
-            v1909, v420, v1933, v1941, v1936, v1934, v1947, v410, v1971, v1974, v1972, v1979, v1984,
-            v1986, v1973, v1987, v1989, v1990, v1991, v390, v2030, v2038, v2033, v2031, v2044, v388,
-            v2068, v2076, v2071, v2069, v2082, v384, v2106, v2114, v2109, v2107, v2120, v375, v2144,
-            v2147, v2145, v2152, v2157, v2159, v2146, v2160, v2162, v2163, v2164, v355, v2203,
-            v2206, v350, v2240, v2248, v2243, v2241, v2254);
-
-  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
-  // 152:3; merged with 57 more partial sums over model (%717, %760, %765, ...): 21.5 KiB in one
-  // buffer)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v819 = arena_.view(28672, 256);
-  support::View v715 = arena_.view(24960, 8);
-  support::View v758 = arena_.view(24576, 32);
-  support::View v764 = arena_.view(25024, 1);
-  support::View v825 = arena_.view(69632, 32);
-  support::View v857 = arena_.view(29696, 256);
-  support::View v863 = arena_.view(71680, 32);
-  support::View v895 = arena_.view(30720, 256);
-  support::View v901 = arena_.view(71808, 32);
-  support::View v945 = arena_.view(90816, 1);
-  support::View v987 = arena_.view(71936, 32);
-  support::View v1029 = arena_.view(72064, 32);
-  support::View v1035 = arena_.view(73472, 1);
-  support::View v1090 = arena_.view(31744, 256);
-  support::View v1096 = arena_.view(72192, 32);
-  support::View v1128 = arena_.view(32768, 256);
-  support::View v1134 = arena_.view(72320, 32);
-  support::View v1166 = arena_.view(33792, 256);
-  support::View v1172 = arena_.view(72448, 32);
-  support::View v1216 = arena_.view(90880, 1);
-  support::View v1258 = arena_.view(72576, 32);
-  support::View v1300 = arena_.view(72704, 32);
-  support::View v1306 = arena_.view(73536, 1);
-  support::allReduceBucket(group_model,
-                           {v819,  v715,  v758,  v764,  v825,  v857,  v863,  v895,  v901,  v945,
-                            v987,  v1029, v1035, v1090, v1096, v1128, v1134, v1166, v1172, v1216,
-                            v1258, v1300, v1306, v1356, v1421, v1427, v1459, v1465, v1497, v1503,
-                            v1547, v1594, v1600, v1632, v1638, v1670, v1676, v1720, v1762, v1804,
-                            v1810, v1865, v1871, v1903, v1909, v1941, v1947, v1991, v2038, v2044,
-                            v2076, v2082, v2114, v2120, v2164, v2206, v2248, v2254});
-
   // 7 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v713(param47_encoder_relative_bias_table_vr); // updated in place
-  support::View v721 = arena_.view(20480, 2);
-  support::View v712 = arena_.view(24896, 16);
-  support::View v726 = arena_.view(20608, 1);
-  support::View v728 = arena_.view(20544, 8);
-  support::View v714(param48_encoder_relative_bias_table_vc); // updated in place
-  support::View v729 = arena_.view(20608, 2);
-  support::View v689 = arena_.view(24832, 16);
-  support::View v732 = arena_.view(20480, 16);
-  support::View v731 = arena_.view(90496, 16);
-  support::View v733 = arena_.view(91200, 1);
-  repeated16(v715, v716, v713, v708, v721, v712, v726, v728, v714, v729, v689, v731, v732, v733);
+  support::View v720 = arena_.view(24960, 8);
+  support::View v721 = arena_.view(90752, 1);
+  support::View v718(param47_encoder_relative_bias_table_vr); // updated in place
+  support::View v713 = arena_.view(90688, 1);
+  support::View v726 = arena_.view(20480, 2);
+  support::View v717 = arena_.view(24896, 16);
+  support::View v731 = arena_.view(20608, 1);
+  support::View v733 = arena_.view(20544, 8);
+  support::View v719(param48_encoder_relative_bias_table_vc); // updated in place
+  support::View v734 = arena_.view(20608, 2);
+  support::View v694 = arena_.view(24832, 16);
+  support::View v737 = arena_.view(20480, 16);
+  support::View v736 = arena_.view(90496, 16);
+  support::View v738 = arena_.view(91200, 1);
+  repeated16(v720, v721, v718, v713, v726, v717, v731, v733, v719, v734, v694, v736, v737, v738);
 
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v751(param49_shared_embedding_vr); // updated in place
-  support::View v767 = arena_.view(69760, 32);
+  support::View v756(param49_shared_embedding_vr); // updated in place
+  support::View v769 = arena_.view(25024, 1);
+  support::View v772 = arena_.view(69760, 32);
   {
-    float *__restrict v767p = v767.data();
-    const float *__restrict v751p = v751.data();
-    const float *__restrict v764p = v764.data();
+    float *__restrict v772p = v772.data();
+    const float *__restrict v756p = v756.data();
+    const float *__restrict v769p = v769.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v751p[i0];
-      const float s1 = v764p[0];
+      const float s0 = v756p[i0];
+      const float s1 = v769p[0];
       const float s2 = (s0 / s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v767p[i0] = s3;
+      v772p[i0] = s3;
     }
   }
 
@@ -6382,25 +6329,26 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v752(param50_shared_embedding_vc); // updated in place
-  support::View v768 = arena_.view(69888, 32);
+  support::View v763 = arena_.view(24576, 32);
+  support::View v757(param50_shared_embedding_vc); // updated in place
+  support::View v773 = arena_.view(69888, 32);
   {
-    float *__restrict v752p = v752.data();
-    float *__restrict v768p = v768.data();
-    const float *__restrict v758p = v758.data();
-    const float *__restrict v716p = v716.data();
-    const float *__restrict v708p = v708.data();
+    float *__restrict v757p = v757.data();
+    float *__restrict v773p = v773.data();
+    const float *__restrict v763p = v763.data();
+    const float *__restrict v721p = v721.data();
+    const float *__restrict v713p = v713.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v758p[i0];
-      const float s1 = v716p[0];
+      const float s0 = v763p[i0];
+      const float s1 = v721p[0];
       const float s2 = (s0 * s1);
-      const float s3 = v752p[i0];
-      const float s4 = v708p[0];
+      const float s3 = v757p[i0];
+      const float s4 = v713p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       const float s7 = 1.0f / support::fsqrt(s6);
-      v752p[i0] = s6;
-      v768p[i0] = s7;
+      v757p[i0] = s6;
+      v773p[i0] = s7;
     }
   }
 
@@ -6408,329 +6356,411 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v686 = arena_.view(0, 1024);
-  support::View v770 = arena_.view(20480, 1024);
-  support::View v771 = arena_.view(24576, 1024);
+  support::View v691 = arena_.view(0, 1024);
+  support::View v775 = arena_.view(20480, 1024);
+  support::View v776 = arena_.view(24576, 1024);
   {
-    float *__restrict v770p = v770.data();
-    float *__restrict v771p = v771.data();
-    const float *__restrict v686p = v686.data();
-    const float *__restrict v767p = v767.data();
-    const float *__restrict v768p = v768.data();
+    float *__restrict v775p = v775.data();
+    float *__restrict v776p = v776.data();
+    const float *__restrict v691p = v691.data();
+    const float *__restrict v772p = v772.data();
+    const float *__restrict v773p = v773.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v686p[i0 * 32 + i1];
-        const float s1 = v767p[i0];
+        const float s0 = v691p[i0 * 32 + i1];
+        const float s1 = v772p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v768p[i1];
+        const float s3 = v773p[i1];
         const float s4 = (s2 * s3);
         const float s5 = s4 * s4;
-        v770p[i0 * 32 + i1] = s4;
-        v771p[i0 * 32 + i1] = s5;
+        v775p[i0 * 32 + i1] = s4;
+        v776p[i0 * 32 + i1] = s5;
       }
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v772 = arena_.view(91264, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32, 32};
-  static const support::Shape shape8_5 = {32, 1};
-  support::reduce(v772.data(), shape8_1, v771.data(), shape8_3, shape8_4, shape8_5,
+  support::View v777 = arena_.view(91264, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32, 32};
+  static const support::Shape shape4_5 = {32, 1};
+  support::reduce(v777.data(), shape4_1, v776.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 23 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v812(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v828 = arena_.view(3072, 64);
-  support::View v813(param53_encoder_attention_0_q_vc); // updated in place
-  support::View v829 = arena_.view(2048, 256);
-  support::View v667 = arena_.view(57344, 512);
-  support::View v832 = arena_.view(0, 512);
-  support::View v850(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v866 = arena_.view(3072, 64);
-  support::View v851(param55_encoder_attention_0_k_vc); // updated in place
-  support::View v867 = arena_.view(2048, 256);
-  support::View v664 = arena_.view(55296, 512);
-  support::View v870 = arena_.view(0, 512);
-  support::View v888(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v904 = arena_.view(3072, 64);
-  support::View v889(param57_encoder_attention_0_v_vc); // updated in place
-  support::View v905 = arena_.view(2048, 256);
-  support::View v660 = arena_.view(51200, 512);
-  support::View v908 = arena_.view(0, 512);
-  support::View v985(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v993 = arena_.view(0, 32);
-  support::View v984 = arena_.view(4096, 1024);
-  support::View v998 = arena_.view(128, 1);
-  support::View v1000 = arena_.view(24576, 32);
-  support::View v986(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1001 = arena_.view(24704, 32);
-  support::View v629 = arena_.view(40960, 1024);
-  support::View v1004 = arena_.view(4096, 1024);
-  support::View v1022(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1038 = arena_.view(28672, 32);
-  support::View v1023(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1039 = arena_.view(28800, 32);
-  support::View v625 = arena_.view(45056, 1024);
-  support::View v1042 = arena_.view(24576, 1024);
-  support::View v831 = arena_.view(69632, 512);
-  support::View v833 = arena_.view(91328, 1);
-  support::View v869 = arena_.view(57344, 512);
-  support::View v871 = arena_.view(91392, 1);
-  support::View v907 = arena_.view(55296, 512);
-  support::View v909 = arena_.view(91456, 1);
-  support::View v1003 = arena_.view(0, 1024);
-  support::View v1005 = arena_.view(91520, 1);
-  support::View v1041 = arena_.view(4096, 1024);
-  support::View v1043 = arena_.view(91584, 1);
-  repeated6(v812, v825, v828, v819, v716, v813, v708, v829, v667, v831, v832, v833, v850, v863,
-            v866, v857, v851, v867, v664, v869, v870, v871, v888, v901, v904, v895, v889, v905,
-            v660, v907, v908, v909, v987, v985, v993, v984, v998, v1000, v986, v1001, v629, v1003,
-            v1004, v1005, v1022, v1035, v1038, v1029, v1023, v1039, v625, v1041, v1042, v1043);
+  support::View v817(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v830 = arena_.view(69632, 32);
+  support::View v833 = arena_.view(3072, 64);
+  support::View v824 = arena_.view(28672, 256);
+  support::View v818(param53_encoder_attention_0_q_vc); // updated in place
+  support::View v834 = arena_.view(2048, 256);
+  support::View v672 = arena_.view(57344, 512);
+  support::View v837 = arena_.view(0, 512);
+  support::View v855(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v868 = arena_.view(71680, 32);
+  support::View v871 = arena_.view(3072, 64);
+  support::View v862 = arena_.view(29696, 256);
+  support::View v856(param55_encoder_attention_0_k_vc); // updated in place
+  support::View v872 = arena_.view(2048, 256);
+  support::View v669 = arena_.view(55296, 512);
+  support::View v875 = arena_.view(0, 512);
+  support::View v893(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v906 = arena_.view(71808, 32);
+  support::View v909 = arena_.view(3072, 64);
+  support::View v900 = arena_.view(30720, 256);
+  support::View v894(param57_encoder_attention_0_v_vc); // updated in place
+  support::View v910 = arena_.view(2048, 256);
+  support::View v665 = arena_.view(51200, 512);
+  support::View v913 = arena_.view(0, 512);
+  support::View v992 = arena_.view(71936, 32);
+  support::View v990(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v998 = arena_.view(0, 32);
+  support::View v989 = arena_.view(4096, 1024);
+  support::View v1003 = arena_.view(128, 1);
+  support::View v1005 = arena_.view(24576, 32);
+  support::View v991(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1006 = arena_.view(24704, 32);
+  support::View v634 = arena_.view(40960, 1024);
+  support::View v1009 = arena_.view(4096, 1024);
+  support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1040 = arena_.view(73472, 1);
+  support::View v1043 = arena_.view(28672, 32);
+  support::View v1034 = arena_.view(72064, 32);
+  support::View v1028(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1044 = arena_.view(28800, 32);
+  support::View v630 = arena_.view(45056, 1024);
+  support::View v1047 = arena_.view(24576, 1024);
+  support::View v836 = arena_.view(69632, 512);
+  support::View v838 = arena_.view(91328, 1);
+  support::View v874 = arena_.view(57344, 512);
+  support::View v876 = arena_.view(91392, 1);
+  support::View v912 = arena_.view(55296, 512);
+  support::View v914 = arena_.view(91456, 1);
+  support::View v1008 = arena_.view(0, 1024);
+  support::View v1010 = arena_.view(91520, 1);
+  support::View v1046 = arena_.view(4096, 1024);
+  support::View v1048 = arena_.view(91584, 1);
+  repeated6(v817, v830, v833, v824, v721, v818, v713, v834, v672, v836, v837, v838, v855, v868,
+            v871, v862, v856, v872, v669, v874, v875, v876, v893, v906, v909, v900, v894, v910,
+            v665, v912, v913, v914, v992, v990, v998, v989, v1003, v1005, v991, v1006, v634, v1008,
+            v1009, v1010, v1027, v1040, v1043, v1034, v1028, v1044, v630, v1046, v1047, v1048);
 
   // 23 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1083(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1099 = arena_.view(27648, 64);
-  support::View v1084(param67_encoder_attention_1_q_vc); // updated in place
-  support::View v1100 = arena_.view(26624, 256);
-  support::View v606 = arena_.view(53248, 512);
-  support::View v1103 = arena_.view(24576, 512);
-  support::View v1121(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1137 = arena_.view(27648, 64);
-  support::View v1122(param69_encoder_attention_1_k_vc); // updated in place
-  support::View v1138 = arena_.view(26624, 256);
-  support::View v603 = arena_.view(106496, 512);
-  support::View v1141 = arena_.view(24576, 512);
-  support::View v1159(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1175 = arena_.view(27648, 64);
-  support::View v1160(param71_encoder_attention_1_v_vc); // updated in place
-  support::View v1176 = arena_.view(26624, 256);
-  support::View v599 = arena_.view(104448, 512);
-  support::View v1179 = arena_.view(24576, 512);
-  support::View v1256(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v1264 = arena_.view(24576, 32);
-  support::View v1255 = arena_.view(8192, 1024);
-  support::View v1269 = arena_.view(8192, 1);
-  support::View v1271 = arena_.view(28672, 32);
-  support::View v1257(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v1272 = arena_.view(28800, 32);
-  support::View v569 = arena_.view(73728, 1024);
-  support::View v1275 = arena_.view(24576, 1024);
-  support::View v1293(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1309 = arena_.view(32768, 32);
-  support::View v1294(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v1310 = arena_.view(32896, 32);
-  support::View v565 = arena_.view(77824, 1024);
-  support::View v1313 = arena_.view(28672, 1024);
-  support::View v1102 = arena_.view(40960, 512);
-  support::View v1104 = arena_.view(91648, 1);
-  support::View v1140 = arena_.view(43008, 512);
-  support::View v1142 = arena_.view(91712, 1);
-  support::View v1178 = arena_.view(45056, 512);
-  support::View v1180 = arena_.view(91776, 1);
-  support::View v1274 = arena_.view(8192, 1024);
-  support::View v1276 = arena_.view(91840, 1);
-  support::View v1312 = arena_.view(24576, 1024);
-  support::View v1314 = arena_.view(91904, 1);
-  repeated6(v1083, v1096, v1099, v1090, v716, v1084, v708, v1100, v606, v1102, v1103, v1104, v1121,
-            v1134, v1137, v1128, v1122, v1138, v603, v1140, v1141, v1142, v1159, v1172, v1175,
-            v1166, v1160, v1176, v599, v1178, v1179, v1180, v1258, v1256, v1264, v1255, v1269,
-            v1271, v1257, v1272, v569, v1274, v1275, v1276, v1293, v1306, v1309, v1300, v1294,
-            v1310, v565, v1312, v1313, v1314);
+  support::View v1088(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1101 = arena_.view(72192, 32);
+  support::View v1104 = arena_.view(27648, 64);
+  support::View v1095 = arena_.view(31744, 256);
+  support::View v1089(param67_encoder_attention_1_q_vc); // updated in place
+  support::View v1105 = arena_.view(26624, 256);
+  support::View v611 = arena_.view(53248, 512);
+  support::View v1108 = arena_.view(24576, 512);
+  support::View v1126(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1139 = arena_.view(72320, 32);
+  support::View v1142 = arena_.view(27648, 64);
+  support::View v1133 = arena_.view(32768, 256);
+  support::View v1127(param69_encoder_attention_1_k_vc); // updated in place
+  support::View v1143 = arena_.view(26624, 256);
+  support::View v608 = arena_.view(106496, 512);
+  support::View v1146 = arena_.view(24576, 512);
+  support::View v1164(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1177 = arena_.view(72448, 32);
+  support::View v1180 = arena_.view(27648, 64);
+  support::View v1171 = arena_.view(33792, 256);
+  support::View v1165(param71_encoder_attention_1_v_vc); // updated in place
+  support::View v1181 = arena_.view(26624, 256);
+  support::View v604 = arena_.view(104448, 512);
+  support::View v1184 = arena_.view(24576, 512);
+  support::View v1263 = arena_.view(72576, 32);
+  support::View v1261(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v1269 = arena_.view(24576, 32);
+  support::View v1260 = arena_.view(8192, 1024);
+  support::View v1274 = arena_.view(8192, 1);
+  support::View v1276 = arena_.view(28672, 32);
+  support::View v1262(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v1277 = arena_.view(28800, 32);
+  support::View v574 = arena_.view(73728, 1024);
+  support::View v1280 = arena_.view(24576, 1024);
+  support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1311 = arena_.view(73536, 1);
+  support::View v1314 = arena_.view(32768, 32);
+  support::View v1305 = arena_.view(72704, 32);
+  support::View v1299(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v1315 = arena_.view(32896, 32);
+  support::View v570 = arena_.view(77824, 1024);
+  support::View v1318 = arena_.view(28672, 1024);
+  support::View v1107 = arena_.view(40960, 512);
+  support::View v1109 = arena_.view(91648, 1);
+  support::View v1145 = arena_.view(43008, 512);
+  support::View v1147 = arena_.view(91712, 1);
+  support::View v1183 = arena_.view(45056, 512);
+  support::View v1185 = arena_.view(91776, 1);
+  support::View v1279 = arena_.view(8192, 1024);
+  support::View v1281 = arena_.view(91840, 1);
+  support::View v1317 = arena_.view(24576, 1024);
+  support::View v1319 = arena_.view(91904, 1);
+  repeated6(v1088, v1101, v1104, v1095, v721, v1089, v713, v1105, v611, v1107, v1108, v1109, v1126,
+            v1139, v1142, v1133, v1127, v1143, v608, v1145, v1146, v1147, v1164, v1177, v1180,
+            v1171, v1165, v1181, v604, v1183, v1184, v1185, v1263, v1261, v1269, v1260, v1274,
+            v1276, v1262, v1277, v574, v1279, v1280, v1281, v1298, v1311, v1314, v1305, v1299,
+            v1315, v570, v1317, v1318, v1319);
 
   // 7 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1354(param80_decoder_relative_bias_table_vr); // updated in place
-  support::View v1362 = arena_.view(28672, 2);
-  support::View v1367 = arena_.view(28800, 1);
-  support::View v1369 = arena_.view(28736, 8);
-  support::View v1355(param81_decoder_relative_bias_table_vc); // updated in place
-  support::View v1370 = arena_.view(28800, 2);
-  support::View v545 = arena_.view(131072, 16);
-  support::View v1373 = arena_.view(28672, 16);
-  support::View v1372 = arena_.view(90560, 16);
-  support::View v1374 = arena_.view(91968, 1);
-  repeated16(v1356, v716, v1354, v708, v1362, v1353, v1367, v1369, v1355, v1370, v545, v1372, v1373,
-             v1374);
+  support::View v1361 = arena_.view(73408, 8);
+  support::View v1359(param80_decoder_relative_bias_table_vr); // updated in place
+  support::View v1367 = arena_.view(28672, 2);
+  support::View v1358 = arena_.view(73344, 16);
+  support::View v1372 = arena_.view(28800, 1);
+  support::View v1374 = arena_.view(28736, 8);
+  support::View v1360(param81_decoder_relative_bias_table_vc); // updated in place
+  support::View v1375 = arena_.view(28800, 2);
+  support::View v550 = arena_.view(131072, 16);
+  support::View v1378 = arena_.view(28672, 16);
+  support::View v1377 = arena_.view(90560, 16);
+  support::View v1379 = arena_.view(91968, 1);
+  repeated16(v1361, v721, v1359, v713, v1367, v1358, v1372, v1374, v1360, v1375, v550, v1377, v1378,
+             v1379);
 
   // 35 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1430 = arena_.view(31744, 64);
-  support::View v1415(param84_decoder_attention_0_q_vc); // updated in place
-  support::View v1431 = arena_.view(30720, 256);
-  support::View v1434 = arena_.view(28672, 512);
-  support::View v1468 = arena_.view(31744, 64);
-  support::View v1453(param86_decoder_attention_0_k_vc); // updated in place
-  support::View v1469 = arena_.view(30720, 256);
-  support::View v1472 = arena_.view(28672, 512);
-  support::View v1506 = arena_.view(31744, 64);
-  support::View v1491(param88_decoder_attention_0_v_vc); // updated in place
-  support::View v1507 = arena_.view(30720, 256);
-  support::View v1510 = arena_.view(28672, 512);
-  support::View v1603 = arena_.view(31744, 64);
-  support::View v1588(param93_decoder_attention_1_0_q_vc); // updated in place
-  support::View v1604 = arena_.view(30720, 256);
-  support::View v1607 = arena_.view(28672, 512);
-  support::View v1641 = arena_.view(31744, 64);
-  support::View v1626(param95_decoder_attention_1_0_k_vc); // updated in place
-  support::View v1642 = arena_.view(30720, 256);
-  support::View v1645 = arena_.view(28672, 512);
-  support::View v1679 = arena_.view(31744, 64);
-  support::View v1664(param97_decoder_attention_1_0_v_vc); // updated in place
-  support::View v1680 = arena_.view(30720, 256);
-  support::View v1683 = arena_.view(28672, 512);
-  support::View v1760(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v1768 = arena_.view(28672, 32);
-  support::View v1773 = arena_.view(12288, 1);
-  support::View v1775 = arena_.view(32768, 32);
-  support::View v1761(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1776 = arena_.view(32896, 32);
-  support::View v1779 = arena_.view(28672, 1024);
-  support::View v1813 = arena_.view(36864, 32);
-  support::View v1798(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1814 = arena_.view(36992, 32);
-  support::View v1817 = arena_.view(32768, 1024);
-  support::View v1433 = arena_.view(47104, 512);
-  support::View v1435 = arena_.view(92032, 1);
-  support::View v1471 = arena_.view(51200, 512);
-  support::View v1473 = arena_.view(92096, 1);
-  support::View v1509 = arena_.view(53248, 512);
-  support::View v1511 = arena_.view(92160, 1);
-  support::View v1606 = arena_.view(71680, 512);
-  support::View v1608 = arena_.view(92224, 1);
-  support::View v1644 = arena_.view(73728, 512);
-  support::View v1646 = arena_.view(92288, 1);
-  support::View v1682 = arena_.view(75776, 512);
-  support::View v1684 = arena_.view(92352, 1);
-  support::View v1778 = arena_.view(12288, 1024);
-  support::View v1780 = arena_.view(92416, 1);
-  support::View v1816 = arena_.view(28672, 1024);
-  support::View v1818 = arena_.view(92480, 1);
-  repeated2(v1414, v1427, v1430, v1421, v716, v1415, v708, v1431, v524, v1433, v1434, v1435, v1452,
-            v1465, v1468, v1459, v1453, v1469, v521, v1471, v1472, v1473, v1490, v1503, v1506,
-            v1497, v1491, v1507, v517, v1509, v1510, v1511, v1587, v1600, v1603, v1594, v1588,
-            v1604, v486, v1606, v1607, v1608, v1625, v1638, v1641, v1632, v1626, v1642, v484, v1644,
-            v1645, v1646, v1663, v1676, v1679, v1670, v1664, v1680, v480, v1682, v1683, v1684,
-            v1762, v1760, v1768, v1759, v1773, v1775, v1761, v1776, v450, v1778, v1779, v1780,
-            v1797, v1810, v1813, v1804, v1798, v1814, v446, v1816, v1817, v1818);
+  support::View v1419(param83_decoder_attention_0_q_vr); // updated in place
+  support::View v1432 = arena_.view(72832, 32);
+  support::View v1435 = arena_.view(31744, 64);
+  support::View v1426 = arena_.view(34816, 256);
+  support::View v1420(param84_decoder_attention_0_q_vc); // updated in place
+  support::View v1436 = arena_.view(30720, 256);
+  support::View v529 = arena_.view(153600, 512);
+  support::View v1439 = arena_.view(28672, 512);
+  support::View v1457(param85_decoder_attention_0_k_vr); // updated in place
+  support::View v1470 = arena_.view(72960, 32);
+  support::View v1473 = arena_.view(31744, 64);
+  support::View v1464 = arena_.view(35840, 256);
+  support::View v1458(param86_decoder_attention_0_k_vc); // updated in place
+  support::View v1474 = arena_.view(30720, 256);
+  support::View v526 = arena_.view(151552, 512);
+  support::View v1477 = arena_.view(28672, 512);
+  support::View v1495(param87_decoder_attention_0_v_vr); // updated in place
+  support::View v1508 = arena_.view(73088, 32);
+  support::View v1511 = arena_.view(31744, 64);
+  support::View v1502 = arena_.view(36864, 256);
+  support::View v1496(param88_decoder_attention_0_v_vc); // updated in place
+  support::View v1512 = arena_.view(30720, 256);
+  support::View v522 = arena_.view(124928, 512);
+  support::View v1515 = arena_.view(28672, 512);
+  support::View v1592(param92_decoder_attention_1_0_q_vr); // updated in place
+  support::View v1605 = arena_.view(73216, 32);
+  support::View v1608 = arena_.view(31744, 64);
+  support::View v1599 = arena_.view(37888, 256);
+  support::View v1593(param93_decoder_attention_1_0_q_vc); // updated in place
+  support::View v1609 = arena_.view(30720, 256);
+  support::View v491 = arena_.view(120832, 512);
+  support::View v1612 = arena_.view(28672, 512);
+  support::View v1630(param94_decoder_attention_1_0_k_vr); // updated in place
+  support::View v1643 = arena_.view(87040, 32);
+  support::View v1646 = arena_.view(31744, 64);
+  support::View v1637 = arena_.view(38912, 256);
+  support::View v1631(param95_decoder_attention_1_0_k_vc); // updated in place
+  support::View v1647 = arena_.view(30720, 256);
+  support::View v489 = arena_.view(118784, 512);
+  support::View v1650 = arena_.view(28672, 512);
+  support::View v1668(param96_decoder_attention_1_0_v_vr); // updated in place
+  support::View v1681 = arena_.view(87168, 32);
+  support::View v1684 = arena_.view(31744, 64);
+  support::View v1675 = arena_.view(39936, 256);
+  support::View v1669(param97_decoder_attention_1_0_v_vc); // updated in place
+  support::View v1685 = arena_.view(30720, 256);
+  support::View v485 = arena_.view(180224, 512);
+  support::View v1688 = arena_.view(28672, 512);
+  support::View v1767 = arena_.view(87296, 32);
+  support::View v1765(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v1773 = arena_.view(28672, 32);
+  support::View v1764 = arena_.view(12288, 1024);
+  support::View v1778 = arena_.view(12288, 1);
+  support::View v1780 = arena_.view(32768, 32);
+  support::View v1766(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1781 = arena_.view(32896, 32);
+  support::View v455 = arena_.view(114688, 1024);
+  support::View v1784 = arena_.view(28672, 1024);
+  support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1815 = arena_.view(89344, 1);
+  support::View v1818 = arena_.view(36864, 32);
+  support::View v1809 = arena_.view(87424, 32);
+  support::View v1803(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1819 = arena_.view(36992, 32);
+  support::View v451 = arena_.view(110592, 1024);
+  support::View v1822 = arena_.view(32768, 1024);
+  support::View v1438 = arena_.view(47104, 512);
+  support::View v1440 = arena_.view(92032, 1);
+  support::View v1476 = arena_.view(51200, 512);
+  support::View v1478 = arena_.view(92096, 1);
+  support::View v1514 = arena_.view(53248, 512);
+  support::View v1516 = arena_.view(92160, 1);
+  support::View v1611 = arena_.view(71680, 512);
+  support::View v1613 = arena_.view(92224, 1);
+  support::View v1649 = arena_.view(73728, 512);
+  support::View v1651 = arena_.view(92288, 1);
+  support::View v1687 = arena_.view(75776, 512);
+  support::View v1689 = arena_.view(92352, 1);
+  support::View v1783 = arena_.view(12288, 1024);
+  support::View v1785 = arena_.view(92416, 1);
+  support::View v1821 = arena_.view(28672, 1024);
+  support::View v1823 = arena_.view(92480, 1);
+  repeated2(v1419, v1432, v1435, v1426, v721, v1420, v713, v1436, v529, v1438, v1439, v1440, v1457,
+            v1470, v1473, v1464, v1458, v1474, v526, v1476, v1477, v1478, v1495, v1508, v1511,
+            v1502, v1496, v1512, v522, v1514, v1515, v1516, v1592, v1605, v1608, v1599, v1593,
+            v1609, v491, v1611, v1612, v1613, v1630, v1643, v1646, v1637, v1631, v1647, v489, v1649,
+            v1650, v1651, v1668, v1681, v1684, v1675, v1669, v1685, v485, v1687, v1688, v1689,
+            v1767, v1765, v1773, v1764, v1778, v1780, v1766, v1781, v455, v1783, v1784, v1785,
+            v1802, v1815, v1818, v1809, v1803, v1819, v451, v1821, v1822, v1823);
 
   // 35 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1874 = arena_.view(35840, 64);
-  support::View v1859(param107_decoder_attention_1_q_vc); // updated in place
-  support::View v1875 = arena_.view(34816, 256);
-  support::View v1878 = arena_.view(32768, 512);
-  support::View v1912 = arena_.view(35840, 64);
-  support::View v1897(param109_decoder_attention_1_k_vc); // updated in place
-  support::View v1913 = arena_.view(34816, 256);
-  support::View v1916 = arena_.view(32768, 512);
-  support::View v1950 = arena_.view(35840, 64);
-  support::View v1935(param111_decoder_attention_1_v_vc); // updated in place
-  support::View v1951 = arena_.view(34816, 256);
-  support::View v1954 = arena_.view(32768, 512);
-  support::View v2047 = arena_.view(35840, 64);
-  support::View v2032(param116_decoder_attention_1_1_q_vc); // updated in place
-  support::View v2048 = arena_.view(34816, 256);
-  support::View v2051 = arena_.view(32768, 512);
-  support::View v2085 = arena_.view(35840, 64);
-  support::View v2070(param118_decoder_attention_1_1_k_vc); // updated in place
-  support::View v2086 = arena_.view(34816, 256);
-  support::View v2089 = arena_.view(32768, 512);
-  support::View v2123 = arena_.view(35840, 64);
-  support::View v2108(param120_decoder_attention_1_1_v_vc); // updated in place
-  support::View v2124 = arena_.view(34816, 256);
-  support::View v2127 = arena_.view(32768, 512);
-  support::View v2204(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v2212 = arena_.view(32768, 32);
-  support::View v2217 = arena_.view(16384, 1);
-  support::View v2219 = arena_.view(36864, 32);
-  support::View v2205(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v2220 = arena_.view(36992, 32);
-  support::View v2223 = arena_.view(32768, 1024);
-  support::View v2257 = arena_.view(90112, 32);
-  support::View v2242(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v2258 = arena_.view(90368, 32);
-  support::View v2261 = arena_.view(36864, 1024);
-  support::View v1877 = arena_.view(77824, 512);
-  support::View v1879 = arena_.view(92544, 1);
-  support::View v1915 = arena_.view(79872, 512);
-  support::View v1917 = arena_.view(92608, 1);
-  support::View v1953 = arena_.view(81920, 512);
-  support::View v1955 = arena_.view(92672, 1);
-  support::View v2050 = arena_.view(83968, 512);
-  support::View v2052 = arena_.view(92736, 1);
-  support::View v2088 = arena_.view(86016, 512);
-  support::View v2090 = arena_.view(92800, 1);
-  support::View v2126 = arena_.view(88064, 512);
-  support::View v2128 = arena_.view(92864, 1);
-  support::View v2222 = arena_.view(16384, 1024);
-  support::View v2224 = arena_.view(92928, 1);
-  support::View v2260 = arena_.view(32768, 1024);
-  support::View v2262 = arena_.view(90112, 1);
-  repeated2(v1858, v1871, v1874, v1865, v716, v1859, v708, v1875, v427, v1877, v1878, v1879, v1896,
-            v1909, v1912, v1903, v1897, v1913, v424, v1915, v1916, v1917, v1934, v1947, v1950,
-            v1941, v1935, v1951, v420, v1953, v1954, v1955, v2031, v2044, v2047, v2038, v2032,
-            v2048, v390, v2050, v2051, v2052, v2069, v2082, v2085, v2076, v2070, v2086, v388, v2088,
-            v2089, v2090, v2107, v2120, v2123, v2114, v2108, v2124, v384, v2126, v2127, v2128,
-            v2206, v2204, v2212, v2203, v2217, v2219, v2205, v2220, v355, v2222, v2223, v2224,
-            v2241, v2254, v2257, v2248, v2242, v2258, v350, v2260, v2261, v2262);
+  support::View v1863(param106_decoder_attention_1_q_vr); // updated in place
+  support::View v1876 = arena_.view(87552, 32);
+  support::View v1879 = arena_.view(35840, 64);
+  support::View v1870 = arena_.view(81920, 256);
+  support::View v1864(param107_decoder_attention_1_q_vc); // updated in place
+  support::View v1880 = arena_.view(34816, 256);
+  support::View v432 = arena_.view(161792, 512);
+  support::View v1883 = arena_.view(32768, 512);
+  support::View v1901(param108_decoder_attention_1_k_vr); // updated in place
+  support::View v1914 = arena_.view(87680, 32);
+  support::View v1917 = arena_.view(35840, 64);
+  support::View v1908 = arena_.view(82944, 256);
+  support::View v1902(param109_decoder_attention_1_k_vc); // updated in place
+  support::View v1918 = arena_.view(34816, 256);
+  support::View v429 = arena_.view(178176, 512);
+  support::View v1921 = arena_.view(32768, 512);
+  support::View v1939(param110_decoder_attention_1_v_vr); // updated in place
+  support::View v1952 = arena_.view(87808, 32);
+  support::View v1955 = arena_.view(35840, 64);
+  support::View v1946 = arena_.view(83968, 256);
+  support::View v1940(param111_decoder_attention_1_v_vc); // updated in place
+  support::View v1956 = arena_.view(34816, 256);
+  support::View v425 = arena_.view(167936, 512);
+  support::View v1959 = arena_.view(32768, 512);
+  support::View v2036(param115_decoder_attention_1_1_q_vr); // updated in place
+  support::View v2049 = arena_.view(87936, 32);
+  support::View v2052 = arena_.view(35840, 64);
+  support::View v2043 = arena_.view(84992, 256);
+  support::View v2037(param116_decoder_attention_1_1_q_vc); // updated in place
+  support::View v2053 = arena_.view(34816, 256);
+  support::View v395 = arena_.view(176128, 512);
+  support::View v2056 = arena_.view(32768, 512);
+  support::View v2074(param117_decoder_attention_1_1_k_vr); // updated in place
+  support::View v2087 = arena_.view(89088, 32);
+  support::View v2090 = arena_.view(35840, 64);
+  support::View v2081 = arena_.view(86016, 256);
+  support::View v2075(param118_decoder_attention_1_1_k_vc); // updated in place
+  support::View v2091 = arena_.view(34816, 256);
+  support::View v393 = arena_.view(165888, 512);
+  support::View v2094 = arena_.view(32768, 512);
+  support::View v2112(param119_decoder_attention_1_1_v_vr); // updated in place
+  support::View v2125 = arena_.view(89216, 32);
+  support::View v2128 = arena_.view(35840, 64);
+  support::View v2119 = arena_.view(88064, 256);
+  support::View v2113(param120_decoder_attention_1_1_v_vc); // updated in place
+  support::View v2129 = arena_.view(34816, 256);
+  support::View v389 = arena_.view(174080, 512);
+  support::View v2132 = arena_.view(32768, 512);
+  support::View v2211 = arena_.view(90112, 32);
+  support::View v2209(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v2217 = arena_.view(32768, 32);
+  support::View v2208 = arena_.view(16384, 1024);
+  support::View v2222 = arena_.view(16384, 1);
+  support::View v2224 = arena_.view(36864, 32);
+  support::View v2210(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v2225 = arena_.view(36992, 32);
+  support::View v360 = arena_.view(98304, 1024);
+  support::View v2228 = arena_.view(32768, 1024);
+  support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v2259 = arena_.view(90368, 1);
+  support::View v2262 = arena_.view(90112, 32);
+  support::View v2253 = arena_.view(90240, 32);
+  support::View v2247(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v2263 = arena_.view(90368, 32);
+  support::View v355 = arena_.view(94208, 1024);
+  support::View v2266 = arena_.view(36864, 1024);
+  support::View v1882 = arena_.view(77824, 512);
+  support::View v1884 = arena_.view(92544, 1);
+  support::View v1920 = arena_.view(79872, 512);
+  support::View v1922 = arena_.view(92608, 1);
+  support::View v1958 = arena_.view(81920, 512);
+  support::View v1960 = arena_.view(92672, 1);
+  support::View v2055 = arena_.view(83968, 512);
+  support::View v2057 = arena_.view(92736, 1);
+  support::View v2093 = arena_.view(86016, 512);
+  support::View v2095 = arena_.view(92800, 1);
+  support::View v2131 = arena_.view(88064, 512);
+  support::View v2133 = arena_.view(92864, 1);
+  support::View v2227 = arena_.view(16384, 1024);
+  support::View v2229 = arena_.view(92928, 1);
+  support::View v2265 = arena_.view(32768, 1024);
+  support::View v2267 = arena_.view(90112, 1);
+  repeated2(v1863, v1876, v1879, v1870, v721, v1864, v713, v1880, v432, v1882, v1883, v1884, v1901,
+            v1914, v1917, v1908, v1902, v1918, v429, v1920, v1921, v1922, v1939, v1952, v1955,
+            v1946, v1940, v1956, v425, v1958, v1959, v1960, v2036, v2049, v2052, v2043, v2037,
+            v2053, v395, v2055, v2056, v2057, v2074, v2087, v2090, v2081, v2075, v2091, v393, v2093,
+            v2094, v2095, v2112, v2125, v2128, v2119, v2113, v2129, v389, v2131, v2132, v2133,
+            v2211, v2209, v2217, v2208, v2222, v2224, v2210, v2225, v360, v2227, v2228, v2229,
+            v2246, v2259, v2262, v2253, v2247, v2263, v355, v2265, v2266, v2267);
 
-  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
-  // 152:3; merged with 28 more partial sums over model (%773, %834, %872, ...): 116 B in one
+  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %711 over model for sqrt at
+  // 152:3; merged with 28 more partial sums over model (%778, %839, %877, ...): 116 B in one
   // buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::allReduceBucket(group_model,
-                           {v733,  v772,  v833,  v871,  v909,  v1005, v1043, v1104, v1142, v1180,
-                            v1276, v1314, v1374, v1435, v1473, v1511, v1608, v1646, v1684, v1780,
-                            v1818, v1879, v1917, v1955, v2052, v2090, v2128, v2224, v2262});
+                           {v738,  v777,  v838,  v876,  v914,  v1010, v1048, v1109, v1147, v1185,
+                            v1281, v1319, v1379, v1440, v1478, v1516, v1613, v1651, v1689, v1785,
+                            v1823, v1884, v1922, v1960, v2057, v2095, v2133, v2229, v2267});
 
   // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v737 = arena_.view(36864, 1);
-  support::View v741 = arena_.view(192256, 1);
-  support::View v705 = arena_.view(90624, 1);
-  support::View v745 = arena_.view(36928, 1);
+  support::View v742 = arena_.view(36864, 1);
+  support::View v746 = arena_.view(192256, 1);
+  support::View v710 = arena_.view(90624, 1);
+  support::View v750 = arena_.view(36928, 1);
   support::View v32(param0_encoder_relative_bias_table); // updated in place
-  repeated18(v733, v737, v741, v705, v745, v731, v32);
+  repeated18(v738, v742, v746, v710, v750, v736, v32);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v776 = arena_.view(36864, 1);
+  support::View v781 = arena_.view(36864, 1);
   {
-    float *__restrict v776p = v776.data();
-    const float *__restrict v772p = v772.data();
-    const float s0 = v772p[0];
+    float *__restrict v781p = v781.data();
+    const float *__restrict v777p = v777.data();
+    const float s0 = v777p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v776p[0] = s5;
+    v781p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v779 = arena_.view(192320, 1);
-  support::View v783 = arena_.view(36928, 1);
+  support::View v784 = arena_.view(192320, 1);
+  support::View v788 = arena_.view(36928, 1);
   {
-    float *__restrict v783p = v783.data();
-    const float *__restrict v779p = v779.data();
-    const float *__restrict v705p = v705.data();
-    const float s0 = v779p[0];
+    float *__restrict v788p = v788.data();
+    const float *__restrict v784p = v784.data();
+    const float *__restrict v710p = v710.data();
+    const float s0 = v784p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
-    const float s4 = v705p[0];
+    const float s4 = v710p[0];
     const float s5 = (s3 * s4);
-    v783p[0] = s5;
+    v788p[0] = s5;
   }
 
   // t5.mesh:152:3 div
@@ -6740,14 +6770,14 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
-    const float *__restrict v770p = v770.data();
-    const float *__restrict v776p = v776.data();
-    const float *__restrict v783p = v783.data();
+    const float *__restrict v775p = v775.data();
+    const float *__restrict v781p = v781.data();
+    const float *__restrict v788p = v788.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v770p[i0];
-      const float s1 = v776p[0];
+      const float s0 = v775p[i0];
+      const float s1 = v781p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v783p[0];
+      const float s3 = v788p[0];
       const float s4 = (s2 * s3);
       const float s5 = v35p[i0];
       const float s6 = (s5 - s4);
@@ -6757,354 +6787,324 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 60 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v671 = arena_.view(102656, 32);
-  support::View v789(param51_encoder_rms_norm_0_scale_v); // updated in place
-  support::View v795 = arena_.view(20480, 32);
-  support::View v796 = arena_.view(20608, 32);
-  support::View v797 = arena_.view(20736, 1);
-  support::View v800 = arena_.view(20800, 1);
+  support::View v676 = arena_.view(102656, 32);
+  support::View v794(param51_encoder_rms_norm_0_scale_v); // updated in place
+  support::View v800 = arena_.view(20480, 32);
+  support::View v801 = arena_.view(20608, 32);
+  support::View v802 = arena_.view(20736, 1);
+  support::View v805 = arena_.view(20800, 1);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v802 = arena_.view(20608, 32);
-  support::View v803 = arena_.view(20736, 1);
-  support::View v806 = arena_.view(20608, 1);
-  support::View v837 = arena_.view(20480, 1);
-  support::View v840 = arena_.view(192384, 1);
-  support::View v844 = arena_.view(20544, 1);
+  support::View v807 = arena_.view(20608, 32);
+  support::View v808 = arena_.view(20736, 1);
+  support::View v811 = arena_.view(20608, 1);
+  support::View v842 = arena_.view(20480, 1);
+  support::View v845 = arena_.view(192384, 1);
+  support::View v849 = arena_.view(20544, 1);
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v875 = arena_.view(20480, 1);
-  support::View v878 = arena_.view(192448, 1);
-  support::View v882 = arena_.view(20544, 1);
+  support::View v880 = arena_.view(20480, 1);
+  support::View v883 = arena_.view(192448, 1);
+  support::View v887 = arena_.view(20544, 1);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v913 = arena_.view(20480, 1);
-  support::View v916 = arena_.view(192512, 1);
-  support::View v920 = arena_.view(20544, 1);
+  support::View v918 = arena_.view(20480, 1);
+  support::View v921 = arena_.view(192512, 1);
+  support::View v925 = arena_.view(20544, 1);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v949 = arena_.view(20480, 1);
-  support::View v952 = arena_.view(192576, 1);
-  support::View v956 = arena_.view(20544, 1);
-  support::View v943 = arena_.view(49152, 512);
+  support::View v950 = arena_.view(90816, 1);
+  support::View v954 = arena_.view(20480, 1);
+  support::View v957 = arena_.view(192576, 1);
+  support::View v961 = arena_.view(20544, 1);
+  support::View v948 = arena_.view(49152, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v633 = arena_.view(102528, 32);
-  support::View v962(param60_encoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v968 = arena_.view(20480, 32);
-  support::View v969 = arena_.view(20608, 32);
-  support::View v970 = arena_.view(20736, 1);
-  support::View v973 = arena_.view(20800, 1);
+  support::View v638 = arena_.view(102528, 32);
+  support::View v967(param60_encoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v973 = arena_.view(20480, 32);
+  support::View v974 = arena_.view(20608, 32);
+  support::View v975 = arena_.view(20736, 1);
+  support::View v978 = arena_.view(20800, 1);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v975 = arena_.view(20608, 32);
-  support::View v976 = arena_.view(20736, 1);
-  support::View v979 = arena_.view(20608, 1);
-  support::View v1009 = arena_.view(20480, 1);
-  support::View v1012 = arena_.view(192640, 1);
-  support::View v1016 = arena_.view(20544, 1);
+  support::View v980 = arena_.view(20608, 32);
+  support::View v981 = arena_.view(20736, 1);
+  support::View v984 = arena_.view(20608, 1);
+  support::View v1014 = arena_.view(20480, 1);
+  support::View v1017 = arena_.view(192640, 1);
+  support::View v1021 = arena_.view(20544, 1);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1047 = arena_.view(0, 1);
-  support::View v1050 = arena_.view(192704, 1);
-  support::View v1054 = arena_.view(64, 1);
+  support::View v1052 = arena_.view(0, 1);
+  support::View v1055 = arena_.view(192704, 1);
+  support::View v1059 = arena_.view(64, 1);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v610 = arena_.view(102400, 32);
-  support::View v1060(param65_encoder_rms_norm_1_scale_v); // updated in place
-  support::View v1066 = arena_.view(0, 32);
-  support::View v1067 = arena_.view(128, 32);
-  support::View v1068 = arena_.view(256, 1);
-  support::View v1071 = arena_.view(320, 1);
+  support::View v615 = arena_.view(102400, 32);
+  support::View v1065(param65_encoder_rms_norm_1_scale_v); // updated in place
+  support::View v1071 = arena_.view(0, 32);
+  support::View v1072 = arena_.view(128, 32);
+  support::View v1073 = arena_.view(256, 1);
+  support::View v1076 = arena_.view(320, 1);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v1073 = arena_.view(128, 32);
-  support::View v1074 = arena_.view(256, 1);
-  support::View v1077 = arena_.view(128, 1);
-  support::View v1108 = arena_.view(0, 1);
-  support::View v1111 = arena_.view(192768, 1);
-  support::View v1115 = arena_.view(64, 1);
+  support::View v1078 = arena_.view(128, 32);
+  support::View v1079 = arena_.view(256, 1);
+  support::View v1082 = arena_.view(128, 1);
+  support::View v1113 = arena_.view(0, 1);
+  support::View v1116 = arena_.view(192768, 1);
+  support::View v1120 = arena_.view(64, 1);
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1146 = arena_.view(0, 1);
-  support::View v1149 = arena_.view(192832, 1);
-  support::View v1153 = arena_.view(64, 1);
+  support::View v1151 = arena_.view(0, 1);
+  support::View v1154 = arena_.view(192832, 1);
+  support::View v1158 = arena_.view(64, 1);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1184 = arena_.view(0, 1);
-  support::View v1187 = arena_.view(192896, 1);
-  support::View v1191 = arena_.view(64, 1);
+  support::View v1189 = arena_.view(0, 1);
+  support::View v1192 = arena_.view(192896, 1);
+  support::View v1196 = arena_.view(64, 1);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1220 = arena_.view(0, 1);
-  support::View v1223 = arena_.view(192960, 1);
-  support::View v1227 = arena_.view(64, 1);
-  support::View v1214 = arena_.view(59392, 512);
+  support::View v1221 = arena_.view(90880, 1);
+  support::View v1225 = arena_.view(0, 1);
+  support::View v1228 = arena_.view(192960, 1);
+  support::View v1232 = arena_.view(64, 1);
+  support::View v1219 = arena_.view(59392, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v573 = arena_.view(108544, 32);
-  support::View v1233(param74_encoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v1239 = arena_.view(0, 32);
-  support::View v1240 = arena_.view(128, 32);
-  support::View v1241 = arena_.view(256, 1);
-  support::View v1244 = arena_.view(320, 1);
+  support::View v578 = arena_.view(108544, 32);
+  support::View v1238(param74_encoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v1244 = arena_.view(0, 32);
+  support::View v1245 = arena_.view(128, 32);
+  support::View v1246 = arena_.view(256, 1);
+  support::View v1249 = arena_.view(320, 1);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v1246 = arena_.view(128, 32);
-  support::View v1247 = arena_.view(256, 1);
-  support::View v1250 = arena_.view(128, 1);
-  support::View v1283 = arena_.view(193024, 1);
-  support::View v1280 = arena_.view(0, 1);
-  support::View v1287 = arena_.view(64, 1);
-  repeated0(v671, v716, v789, v708, v795, v796, v797, v800, v38, v802, v803, v705, v806, v833, v837,
-            v840, v844, v831, v47, v871, v875, v878, v882, v869, v48, v909, v913, v916, v920, v907,
-            v49, v945, v949, v952, v956, v943, v50, v633, v962, v968, v969, v970, v973, v62, v975,
-            v976, v979, v1005, v1009, v1012, v1016, v1003, v70, v1043, v1047, v1050, v1054, v1041,
-            v71, v610, v1060, v1066, v1067, v1068, v1071, v77, v1073, v1074, v1077, v1104, v1108,
-            v1111, v1115, v1102, v85, v1142, v1146, v1149, v1153, v1140, v86, v1180, v1184, v1187,
-            v1191, v1178, v87, v1216, v1220, v1223, v1227, v1214, v88, v573, v1233, v1239, v1240,
-            v1241, v1244, v100, v1246, v1247, v1250, v1276, v1280, v1283, v1287);
+  support::View v1251 = arena_.view(128, 32);
+  support::View v1252 = arena_.view(256, 1);
+  support::View v1255 = arena_.view(128, 1);
+  support::View v1288 = arena_.view(193024, 1);
+  support::View v1285 = arena_.view(0, 1);
+  support::View v1292 = arena_.view(64, 1);
+  repeated0(v676, v721, v794, v713, v800, v801, v802, v805, v38, v807, v808, v710, v811, v838, v842,
+            v845, v849, v836, v47, v876, v880, v883, v887, v874, v48, v914, v918, v921, v925, v912,
+            v49, v950, v954, v957, v961, v948, v50, v638, v967, v973, v974, v975, v978, v62, v980,
+            v981, v984, v1010, v1014, v1017, v1021, v1008, v70, v1048, v1052, v1055, v1059, v1046,
+            v71, v615, v1065, v1071, v1072, v1073, v1076, v77, v1078, v1079, v1082, v1109, v1113,
+            v1116, v1120, v1107, v85, v1147, v1151, v1154, v1158, v1145, v86, v1185, v1189, v1192,
+            v1196, v1183, v87, v1221, v1225, v1228, v1232, v1219, v88, v578, v1238, v1244, v1245,
+            v1246, v1249, v100, v1251, v1252, v1255, v1281, v1285, v1288, v1292);
 
   // 11 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1318 = arena_.view(0, 1);
-  support::View v1321 = arena_.view(193088, 1);
-  support::View v1325 = arena_.view(64, 1);
+  support::View v1323 = arena_.view(0, 1);
+  support::View v1326 = arena_.view(193088, 1);
+  support::View v1330 = arena_.view(64, 1);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v551 = arena_.view(126976, 32);
-  support::View v1331(param79_encoder_rms_norm_scale_v); // updated in place
-  support::View v1337 = arena_.view(0, 32);
-  support::View v1338 = arena_.view(128, 32);
-  support::View v1339 = arena_.view(256, 1);
-  support::View v1342 = arena_.view(320, 1);
+  support::View v556 = arena_.view(126976, 32);
+  support::View v1336(param79_encoder_rms_norm_scale_v); // updated in place
+  support::View v1342 = arena_.view(0, 32);
+  support::View v1343 = arena_.view(128, 32);
+  support::View v1344 = arena_.view(256, 1);
+  support::View v1347 = arena_.view(320, 1);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v1344 = arena_.view(128, 32);
-  support::View v1345 = arena_.view(256, 1);
-  support::View v1348 = arena_.view(128, 1);
-  repeated9(v1274, v1280, v1287, v108, v1314, v1318, v1321, v705, v1325, v1312, v109, v551, v716,
-            v1331, v708, v1337, v1338, v1339, v1342, v115, v1344, v1345, v1348);
+  support::View v1349 = arena_.view(128, 32);
+  support::View v1350 = arena_.view(256, 1);
+  support::View v1353 = arena_.view(128, 1);
+  repeated9(v1279, v1285, v1292, v108, v1319, v1323, v1326, v710, v1330, v1317, v109, v556, v721,
+            v1336, v713, v1342, v1343, v1344, v1347, v115, v1349, v1350, v1353);
 
   // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1378 = arena_.view(0, 1);
-  support::View v1381 = arena_.view(193152, 1);
-  support::View v1385 = arena_.view(64, 1);
+  support::View v1383 = arena_.view(0, 1);
+  support::View v1386 = arena_.view(193152, 1);
+  support::View v1390 = arena_.view(64, 1);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  repeated18(v1374, v1378, v1381, v705, v1385, v1372, v154);
+  repeated18(v1379, v1383, v1386, v710, v1390, v1377, v154);
 
   // 9 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v528 = arena_.view(141312, 32);
-  support::View v1391(param82_decoder_rms_norm_0_scale_v); // updated in place
-  support::View v1397 = arena_.view(0, 32);
-  support::View v1398 = arena_.view(128, 32);
-  support::View v1399 = arena_.view(256, 1);
-  support::View v1402 = arena_.view(320, 1);
+  support::View v533 = arena_.view(141312, 32);
+  support::View v1396(param82_decoder_rms_norm_0_scale_v); // updated in place
+  support::View v1402 = arena_.view(0, 32);
+  support::View v1403 = arena_.view(128, 32);
+  support::View v1404 = arena_.view(256, 1);
+  support::View v1407 = arena_.view(320, 1);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v1404 = arena_.view(128, 32);
-  support::View v1405 = arena_.view(256, 1);
-  support::View v1408 = arena_.view(128, 1);
-  support::View v1442 = arena_.view(193216, 1);
-  support::View v1439 = arena_.view(0, 1);
-  support::View v1446 = arena_.view(64, 1);
-  repeated12(v528, v716, v1391, v708, v1397, v1398, v1399, v1402, v173, v1404, v1405, v705, v1408,
-             v1435, v1439, v1442, v1446);
+  support::View v1409 = arena_.view(128, 32);
+  support::View v1410 = arena_.view(256, 1);
+  support::View v1413 = arena_.view(128, 1);
+  support::View v1447 = arena_.view(193216, 1);
+  support::View v1444 = arena_.view(0, 1);
+  support::View v1451 = arena_.view(64, 1);
+  repeated12(v533, v721, v1396, v713, v1402, v1403, v1404, v1407, v173, v1409, v1410, v710, v1413,
+             v1440, v1444, v1447, v1451);
 
   // 10 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1477 = arena_.view(0, 1);
-  support::View v1480 = arena_.view(193280, 1);
-  support::View v1484 = arena_.view(64, 1);
+  support::View v1482 = arena_.view(0, 1);
+  support::View v1485 = arena_.view(193280, 1);
+  support::View v1489 = arena_.view(64, 1);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1515 = arena_.view(0, 1);
-  support::View v1518 = arena_.view(193344, 1);
-  support::View v1522 = arena_.view(64, 1);
+  support::View v1520 = arena_.view(0, 1);
+  support::View v1523 = arena_.view(193344, 1);
+  support::View v1527 = arena_.view(64, 1);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1551 = arena_.view(0, 1);
-  support::View v1554 = arena_.view(193408, 1);
-  support::View v1558 = arena_.view(64, 1);
+  support::View v1552 = arena_.view(90944, 1);
+  support::View v1556 = arena_.view(0, 1);
+  support::View v1559 = arena_.view(193408, 1);
+  support::View v1563 = arena_.view(64, 1);
+  support::View v1550 = arena_.view(61440, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  repeated10(v1433, v1439, v1446, v182, v1473, v1477, v1480, v705, v1484, v1471, v183, v1511, v1515,
-             v1518, v1522, v1509, v184, v1547, v1551, v1554, v1558, v1545, v185);
-}
-
-void T5Train::runPart6(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  repeated10(v1438, v1444, v1451, v182, v1478, v1482, v1485, v710, v1489, v1476, v183, v1516, v1520,
+             v1523, v1527, v1514, v184, v1552, v1556, v1559, v1563, v1550, v185);
 
   // 60 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v490 = arena_.view(156160, 32);
-  support::View v716 = arena_.view(90752, 1);
-  support::View v1564(param91_decoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v708 = arena_.view(90688, 1);
-  support::View v1570 = arena_.view(0, 32);
-  support::View v1571 = arena_.view(128, 32);
-  support::View v1572 = arena_.view(256, 1);
-  support::View v1575 = arena_.view(320, 1);
+  support::View v495 = arena_.view(156160, 32);
+  support::View v1569(param91_decoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v1575 = arena_.view(0, 32);
+  support::View v1576 = arena_.view(128, 32);
+  support::View v1577 = arena_.view(256, 1);
+  support::View v1580 = arena_.view(320, 1);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v1577 = arena_.view(128, 32);
-  support::View v1578 = arena_.view(256, 1);
-  support::View v705 = arena_.view(90624, 1);
-  support::View v1581 = arena_.view(128, 1);
-  support::View v1608 = arena_.view(92224, 1);
-  support::View v1612 = arena_.view(0, 1);
-  support::View v1615 = arena_.view(193472, 1);
-  support::View v1619 = arena_.view(64, 1);
-  support::View v1606 = arena_.view(71680, 512);
+  support::View v1582 = arena_.view(128, 32);
+  support::View v1583 = arena_.view(256, 1);
+  support::View v1586 = arena_.view(128, 1);
+  support::View v1617 = arena_.view(0, 1);
+  support::View v1620 = arena_.view(193472, 1);
+  support::View v1624 = arena_.view(64, 1);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1646 = arena_.view(92288, 1);
-  support::View v1650 = arena_.view(0, 1);
-  support::View v1653 = arena_.view(193536, 1);
-  support::View v1657 = arena_.view(64, 1);
-  support::View v1644 = arena_.view(73728, 512);
+  support::View v1655 = arena_.view(0, 1);
+  support::View v1658 = arena_.view(193536, 1);
+  support::View v1662 = arena_.view(64, 1);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1684 = arena_.view(92352, 1);
-  support::View v1688 = arena_.view(0, 1);
-  support::View v1691 = arena_.view(193600, 1);
-  support::View v1695 = arena_.view(64, 1);
-  support::View v1682 = arena_.view(75776, 512);
+  support::View v1693 = arena_.view(0, 1);
+  support::View v1696 = arena_.view(193600, 1);
+  support::View v1700 = arena_.view(64, 1);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1720 = arena_.view(91008, 1);
-  support::View v1724 = arena_.view(0, 1);
-  support::View v1727 = arena_.view(193664, 1);
-  support::View v1731 = arena_.view(64, 1);
-  support::View v1718 = arena_.view(63488, 512);
+  support::View v1725 = arena_.view(91008, 1);
+  support::View v1729 = arena_.view(0, 1);
+  support::View v1732 = arena_.view(193664, 1);
+  support::View v1736 = arena_.view(64, 1);
+  support::View v1723 = arena_.view(63488, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v454 = arena_.view(183296, 32);
-  support::View v1737(param100_decoder_rms_norm_2_0_scale_v); // updated in place
-  support::View v1743 = arena_.view(0, 32);
-  support::View v1744 = arena_.view(128, 32);
-  support::View v1745 = arena_.view(256, 1);
-  support::View v1748 = arena_.view(320, 1);
+  support::View v459 = arena_.view(183296, 32);
+  support::View v1742(param100_decoder_rms_norm_2_0_scale_v); // updated in place
+  support::View v1748 = arena_.view(0, 32);
+  support::View v1749 = arena_.view(128, 32);
+  support::View v1750 = arena_.view(256, 1);
+  support::View v1753 = arena_.view(320, 1);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v1750 = arena_.view(128, 32);
-  support::View v1751 = arena_.view(256, 1);
-  support::View v1754 = arena_.view(128, 1);
-  support::View v1780 = arena_.view(92416, 1);
-  support::View v1784 = arena_.view(0, 1);
-  support::View v1787 = arena_.view(193728, 1);
-  support::View v1791 = arena_.view(64, 1);
-  support::View v1778 = arena_.view(12288, 1024);
+  support::View v1755 = arena_.view(128, 32);
+  support::View v1756 = arena_.view(256, 1);
+  support::View v1759 = arena_.view(128, 1);
+  support::View v1789 = arena_.view(0, 1);
+  support::View v1792 = arena_.view(193728, 1);
+  support::View v1796 = arena_.view(64, 1);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1818 = arena_.view(92480, 1);
-  support::View v1822 = arena_.view(0, 1);
-  support::View v1825 = arena_.view(193792, 1);
-  support::View v1829 = arena_.view(64, 1);
-  support::View v1816 = arena_.view(28672, 1024);
+  support::View v1827 = arena_.view(0, 1);
+  support::View v1830 = arena_.view(193792, 1);
+  support::View v1834 = arena_.view(64, 1);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v431 = arena_.view(189440, 32);
-  support::View v1835(param105_decoder_rms_norm_1_scale_v); // updated in place
-  support::View v1841 = arena_.view(0, 32);
-  support::View v1842 = arena_.view(128, 32);
-  support::View v1843 = arena_.view(256, 1);
-  support::View v1846 = arena_.view(320, 1);
+  support::View v436 = arena_.view(189440, 32);
+  support::View v1840(param105_decoder_rms_norm_1_scale_v); // updated in place
+  support::View v1846 = arena_.view(0, 32);
+  support::View v1847 = arena_.view(128, 32);
+  support::View v1848 = arena_.view(256, 1);
+  support::View v1851 = arena_.view(320, 1);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v1848 = arena_.view(128, 32);
-  support::View v1849 = arena_.view(256, 1);
-  support::View v1852 = arena_.view(128, 1);
-  support::View v1879 = arena_.view(92544, 1);
-  support::View v1883 = arena_.view(0, 1);
-  support::View v1886 = arena_.view(193856, 1);
-  support::View v1890 = arena_.view(64, 1);
-  support::View v1877 = arena_.view(77824, 512);
+  support::View v1853 = arena_.view(128, 32);
+  support::View v1854 = arena_.view(256, 1);
+  support::View v1857 = arena_.view(128, 1);
+  support::View v1888 = arena_.view(0, 1);
+  support::View v1891 = arena_.view(193856, 1);
+  support::View v1895 = arena_.view(64, 1);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1917 = arena_.view(92608, 1);
-  support::View v1921 = arena_.view(0, 1);
-  support::View v1924 = arena_.view(193920, 1);
-  support::View v1928 = arena_.view(64, 1);
-  support::View v1915 = arena_.view(79872, 512);
+  support::View v1926 = arena_.view(0, 1);
+  support::View v1929 = arena_.view(193920, 1);
+  support::View v1933 = arena_.view(64, 1);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1955 = arena_.view(92672, 1);
-  support::View v1959 = arena_.view(0, 1);
-  support::View v1962 = arena_.view(193984, 1);
-  support::View v1966 = arena_.view(64, 1);
-  support::View v1953 = arena_.view(81920, 512);
+  support::View v1964 = arena_.view(0, 1);
+  support::View v1967 = arena_.view(193984, 1);
+  support::View v1971 = arena_.view(64, 1);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1991 = arena_.view(91072, 1);
-  support::View v1995 = arena_.view(0, 1);
-  support::View v1998 = arena_.view(194048, 1);
-  support::View v2002 = arena_.view(64, 1);
-  support::View v1989 = arena_.view(65536, 512);
+  support::View v1996 = arena_.view(91072, 1);
+  support::View v2000 = arena_.view(0, 1);
+  support::View v2003 = arena_.view(194048, 1);
+  support::View v2007 = arena_.view(64, 1);
+  support::View v1994 = arena_.view(65536, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v394 = arena_.view(191872, 32);
-  support::View v2008(param114_decoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v2014 = arena_.view(0, 32);
-  support::View v2015 = arena_.view(128, 32);
-  support::View v2016 = arena_.view(256, 1);
-  support::View v2019 = arena_.view(320, 1);
+  support::View v399 = arena_.view(191872, 32);
+  support::View v2013(param114_decoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v2019 = arena_.view(0, 32);
+  support::View v2020 = arena_.view(128, 32);
+  support::View v2021 = arena_.view(256, 1);
+  support::View v2024 = arena_.view(320, 1);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v2021 = arena_.view(128, 32);
-  support::View v2022 = arena_.view(256, 1);
-  support::View v2025 = arena_.view(128, 1);
-  support::View v2052 = arena_.view(92736, 1);
-  support::View v2059 = arena_.view(194112, 1);
-  support::View v2056 = arena_.view(0, 1);
-  support::View v2063 = arena_.view(64, 1);
-  repeated0(v490, v716, v1564, v708, v1570, v1571, v1572, v1575, v197, v1577, v1578, v705, v1581,
-            v1608, v1612, v1615, v1619, v1606, v205, v1646, v1650, v1653, v1657, v1644, v206, v1684,
-            v1688, v1691, v1695, v1682, v207, v1720, v1724, v1727, v1731, v1718, v208, v454, v1737,
-            v1743, v1744, v1745, v1748, v220, v1750, v1751, v1754, v1780, v1784, v1787, v1791,
-            v1778, v228, v1818, v1822, v1825, v1829, v1816, v229, v431, v1835, v1841, v1842, v1843,
-            v1846, v235, v1848, v1849, v1852, v1879, v1883, v1886, v1890, v1877, v243, v1917, v1921,
-            v1924, v1928, v1915, v244, v1955, v1959, v1962, v1966, v1953, v245, v1991, v1995, v1998,
-            v2002, v1989, v246, v394, v2008, v2014, v2015, v2016, v2019, v258, v2021, v2022, v2025,
-            v2052, v2056, v2059, v2063);
+  support::View v2026 = arena_.view(128, 32);
+  support::View v2027 = arena_.view(256, 1);
+  support::View v2030 = arena_.view(128, 1);
+  support::View v2064 = arena_.view(194112, 1);
+  support::View v2061 = arena_.view(0, 1);
+  support::View v2068 = arena_.view(64, 1);
+  repeated0(v495, v721, v1569, v713, v1575, v1576, v1577, v1580, v197, v1582, v1583, v710, v1586,
+            v1613, v1617, v1620, v1624, v1611, v205, v1651, v1655, v1658, v1662, v1649, v206, v1689,
+            v1693, v1696, v1700, v1687, v207, v1725, v1729, v1732, v1736, v1723, v208, v459, v1742,
+            v1748, v1749, v1750, v1753, v220, v1755, v1756, v1759, v1785, v1789, v1792, v1796,
+            v1783, v228, v1823, v1827, v1830, v1834, v1821, v229, v436, v1840, v1846, v1847, v1848,
+            v1851, v235, v1853, v1854, v1857, v1884, v1888, v1891, v1895, v1882, v243, v1922, v1926,
+            v1929, v1933, v1920, v244, v1960, v1964, v1967, v1971, v1958, v245, v1996, v2000, v2003,
+            v2007, v1994, v246, v399, v2013, v2019, v2020, v2021, v2024, v258, v2026, v2027, v2030,
+            v2057, v2061, v2064, v2068);
 
   // 10 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2050 = arena_.view(83968, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2090 = arena_.view(92800, 1);
-  support::View v2094 = arena_.view(0, 1);
-  support::View v2097 = arena_.view(194176, 1);
-  support::View v2101 = arena_.view(64, 1);
-  support::View v2088 = arena_.view(86016, 512);
+  support::View v2099 = arena_.view(0, 1);
+  support::View v2102 = arena_.view(194176, 1);
+  support::View v2106 = arena_.view(64, 1);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2128 = arena_.view(92864, 1);
-  support::View v2132 = arena_.view(0, 1);
-  support::View v2135 = arena_.view(194240, 1);
-  support::View v2139 = arena_.view(64, 1);
-  support::View v2126 = arena_.view(88064, 512);
+  support::View v2137 = arena_.view(0, 1);
+  support::View v2140 = arena_.view(194240, 1);
+  support::View v2144 = arena_.view(64, 1);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2164 = arena_.view(91136, 1);
-  support::View v2168 = arena_.view(0, 1);
-  support::View v2171 = arena_.view(194304, 1);
-  support::View v2175 = arena_.view(64, 1);
-  support::View v2162 = arena_.view(67584, 512);
+  support::View v2169 = arena_.view(91136, 1);
+  support::View v2173 = arena_.view(0, 1);
+  support::View v2176 = arena_.view(194304, 1);
+  support::View v2180 = arena_.view(64, 1);
+  support::View v2167 = arena_.view(67584, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  repeated10(v2050, v2056, v2063, v266, v2090, v2094, v2097, v705, v2101, v2088, v267, v2128, v2132,
-             v2135, v2139, v2126, v268, v2164, v2168, v2171, v2175, v2162, v269);
+  repeated10(v2055, v2061, v2068, v266, v2095, v2099, v2102, v710, v2106, v2093, v267, v2133, v2137,
+             v2140, v2144, v2131, v268, v2169, v2173, v2176, v2180, v2167, v269);
 
   // 9 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v359 = arena_.view(191744, 32);
-  support::View v2181(param123_decoder_rms_norm_2_1_scale_v); // updated in place
-  support::View v2187 = arena_.view(0, 32);
-  support::View v2188 = arena_.view(128, 32);
-  support::View v2189 = arena_.view(256, 1);
-  support::View v2192 = arena_.view(320, 1);
+  support::View v364 = arena_.view(191744, 32);
+  support::View v2186(param123_decoder_rms_norm_2_1_scale_v); // updated in place
+  support::View v2192 = arena_.view(0, 32);
+  support::View v2193 = arena_.view(128, 32);
+  support::View v2194 = arena_.view(256, 1);
+  support::View v2197 = arena_.view(320, 1);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v2194 = arena_.view(128, 32);
-  support::View v2195 = arena_.view(256, 1);
-  support::View v2198 = arena_.view(128, 1);
-  support::View v2224 = arena_.view(92928, 1);
-  support::View v2231 = arena_.view(194368, 1);
-  support::View v2228 = arena_.view(0, 1);
-  support::View v2235 = arena_.view(64, 1);
-  repeated12(v359, v716, v2181, v708, v2187, v2188, v2189, v2192, v281, v2194, v2195, v705, v2198,
-             v2224, v2228, v2231, v2235);
+  support::View v2199 = arena_.view(128, 32);
+  support::View v2200 = arena_.view(256, 1);
+  support::View v2203 = arena_.view(128, 1);
+  support::View v2236 = arena_.view(194368, 1);
+  support::View v2233 = arena_.view(0, 1);
+  support::View v2240 = arena_.view(64, 1);
+  repeated12(v364, v721, v2186, v713, v2192, v2193, v2194, v2197, v281, v2199, v2200, v710, v2203,
+             v2229, v2233, v2236, v2240);
 
   // 11 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v2222 = arena_.view(16384, 1024);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2262 = arena_.view(90112, 1);
-  support::View v2266 = arena_.view(0, 1);
-  support::View v2269 = arena_.view(194432, 1);
-  support::View v2273 = arena_.view(64, 1);
-  support::View v2260 = arena_.view(32768, 1024);
+  support::View v2271 = arena_.view(0, 1);
+  support::View v2274 = arena_.view(194432, 1);
+  support::View v2278 = arena_.view(64, 1);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v334 = arena_.view(191616, 32);
-  support::View v2279(param128_decoder_rms_norm_scale_v); // updated in place
-  support::View v2285 = arena_.view(0, 32);
-  support::View v2286 = arena_.view(128, 32);
-  support::View v2287 = arena_.view(256, 1);
-  support::View v2290 = arena_.view(320, 1);
+  support::View v339 = arena_.view(191616, 32);
+  support::View v2284(param128_decoder_rms_norm_scale_v); // updated in place
+  support::View v2290 = arena_.view(0, 32);
+  support::View v2291 = arena_.view(128, 32);
+  support::View v2292 = arena_.view(256, 1);
+  support::View v2295 = arena_.view(320, 1);
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v2292 = arena_.view(128, 32);
-  support::View v2293 = arena_.view(256, 1);
-  support::View v2296 = arena_.view(128, 1);
-  repeated9(v2222, v2228, v2235, v289, v2262, v2266, v2269, v705, v2273, v2260, v290, v334, v716,
-            v2279, v708, v2285, v2286, v2287, v2290, v296, v2292, v2293, v2296);
+  support::View v2297 = arena_.view(128, 32);
+  support::View v2298 = arena_.view(256, 1);
+  support::View v2301 = arena_.view(128, 1);
+  repeated9(v2227, v2233, v2240, v289, v2267, v2271, v2274, v710, v2278, v2265, v290, v339, v721,
+            v2284, v713, v2290, v2291, v2292, v2295, v296, v2297, v2298, v2301);
 }
 
 void T5Train::repeated0(
@@ -9908,7 +9908,7 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %582 over model for mul at 40:53)
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %588 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request5 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
 
@@ -10130,7 +10130,7 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %339 over model for mul at 40:53)
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
 

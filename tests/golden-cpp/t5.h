@@ -331,9 +331,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 194624;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1134660;
+  static constexpr size_t kTemporaryBytes = 1132548;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 40576;
+  static constexpr size_t kPersistentBytes = 40640;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -392,7 +392,6 @@ public:
   void runPart3(const Inputs &inputs);
   void runPart4(const Inputs &inputs);
   void runPart5(const Inputs &inputs);
-  void runPart6(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void
   repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,

@@ -1275,12 +1275,11 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 553024 bytes for 2148884 bytes of temporaries (placed by liveness).
+  // Arena: 553024 bytes for 2136340 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  runPart3(inputs);
   support::View v124 = arena_.view(552960, 1);
 
   // The step's updates.
@@ -1553,7 +1552,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:59:21 sum
   MESHRT_TRACE("sum", "transformer.mesh:59:21", "forward");
-  support::View v116 = arena_.view(192512, 64);
+  support::View v116 = arena_.view(193024, 64);
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {1536, 48};
   static const support::Shape shape18_4 = {48};
@@ -1564,7 +1563,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
   MESHRT_TRACE("loop", "transformer.mesh:59:20", "forward");
-  support::View v118 = arena_.view(193024, 64);
+  support::View v118 = arena_.view(193280, 64);
   {
     float *__restrict v118p = v118.data();
     const float *__restrict v116p = v116.data();
@@ -1580,7 +1579,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:60:14 sum
   MESHRT_TRACE("sum", "transformer.mesh:60:14", "forward");
-  support::View v119 = arena_.view(192640, 1);
+  support::View v119 = arena_.view(193152, 1);
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {2, 32};
@@ -1590,13 +1589,13 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   MESHRT_TRACE("local_slice", "transformer.mesh:60:43", "forward");
-  support::View v120 = arena_.view(192512, 32);
+  support::View v120 = arena_.view(193024, 32);
   static const support::Shape shape21_2 = {2, 32};
   support::sliceDim(v120, v5, shape21_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:60:43", "forward");
-  support::View v121 = arena_.view(192704, 1);
+  support::View v121 = arena_.view(193216, 1);
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {2, 16};
@@ -1616,8 +1615,8 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // transformer.mesh:60:41 div -> loss
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "forward");
-  support::View v119 = arena_.view(192640, 1);
-  support::View v121 = arena_.view(192704, 1);
+  support::View v119 = arena_.view(193152, 1);
+  support::View v121 = arena_.view(193216, 1);
   support::View v124 = arena_.view(552960, 1);
   {
     float *__restrict v124p = v124.data();
@@ -1633,16 +1632,28 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:60:14 broadcast
   // transformer.mesh:60:29 mul
   // transformer.mesh:59:20 neg
+  // transformer.mesh:56:14 lt
+  // transformer.mesh:56:14 ge
+  // transformer.mesh:56:14 mul
+  // transformer.mesh:56:14 cast
+  // transformer.mesh:56:14 mul
+  // transformer.mesh:56:14 exp
+  // transformer.mesh:56:14 mul
   // transformer.mesh:59:21 broadcast
   // transformer.mesh:59:30 mul
+  // transformer.mesh:56:14 sub
   MESHRT_TRACE("loop", "transformer.mesh:60:41", "backward");
   support::View v5 = arena_.view(192768, 64);
+  support::View v1 = arena_.view(192512, 64);
+  support::View v113 = arena_.view(425984, 3072);
   support::View v114 = arena_.view(180224, 3072);
-  support::View v131 = arena_.view(454656, 3072);
+  support::View v141 = arena_.view(454656, 3072);
   {
-    float *__restrict v131p = v131.data();
+    float *__restrict v141p = v141.data();
     const float *__restrict v121p = v121.data();
     const float *__restrict v5p = v5.data();
+    const float *__restrict v1p = v1.data();
+    const float *__restrict v113p = v113.data();
     const float *__restrict v114p = v114.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 48; ++i1) {
@@ -1653,49 +1664,23 @@ void LmTrain::runPart1(const Inputs &inputs) {
         const float s4 = v5p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
-        const float s7 = s6;
-        const float s8 = v114p[i0 * 48 + i1];
-        const float s9 = (s7 * s8);
-        v131p[i0 * 48 + i1] = s9;
-      }
-    }
-  }
-
-  // transformer.mesh:56:14 sum
-  MESHRT_TRACE("sum", "transformer.mesh:56:14", "backward");
-  support::View v132 = arena_.view(180224, 64);
-  static const support::Shape shape2_1 = {2, 32};
-  static const support::Shape shape2_3 = {1536, 48};
-  static const support::Shape shape2_4 = {48};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v132.data(), shape2_1, v131.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
-  // 56:14)
-  MESHRT_TRACE_SITE("transformer.mesh:56:14");
-  group_model.allReduce(v132.data(), v132.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:56:14 exp
-  // transformer.mesh:56:14 mul
-  // transformer.mesh:56:14 sub
-  MESHRT_TRACE("loop", "transformer.mesh:56:14", "backward");
-  support::View v113 = arena_.view(425984, 3072);
-  support::View v136 = arena_.view(466944, 3072);
-  {
-    float *__restrict v136p = v136.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v132p = v132.data();
-    const float *__restrict v131p = v131.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 48; ++i1) {
-        const float s0 = v113p[i0 * 48 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v132p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v131p[i0 * 48 + i1];
-        const float s5 = (s4 - s3);
-        v136p[i0 * 48 + i1] = s5;
+        const float s7 = v1p[i0];
+        const float s8 = support::wrapI32(96.0);
+        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+        const float s10 = v1p[i0];
+        const float s11 = support::wrapI32(0.0);
+        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+        const float s14 = s13;
+        const float s15 = (s6 * s14);
+        const float s16 = v113p[i0 * 48 + i1];
+        const float s17 = support::fexp(s16);
+        const float s18 = (s17 * s15);
+        const float s19 = s6;
+        const float s20 = v114p[i0 * 48 + i1];
+        const float s21 = (s19 * s20);
+        const float s22 = (s21 - s18);
+        v141p[i0 * 48 + i1] = s22;
       }
     }
   }
@@ -1703,117 +1688,117 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // transformer.mesh:43:10 einsum
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v8(param2_decoder_unembed); // updated in place
-  support::View v137 = arena_.view(180224, 4096);
+  support::View v142 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v141.data(), v8.data(), v142.data(), 1.0f, 0.0f);
 
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %134 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
-  auto request0 = support::startAllReduce(group_model, {v137}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {v142}, meshrt::ReduceOp::Sum);
 
   // transformer.mesh:43:10 einsum -> grad/decoder/unembed
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "backward");
   support::View v111 = arena_.view(163840, 4096);
-  support::View v138 = arena_.view(454656, 3072);
+  support::View v143 = arena_.view(466944, 3072);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v141.data(), v111.data(), v143.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   MESHRT_TRACE("sum", "layers.mesh:24:40", "backward");
-  support::View v140 = arena_.view(467456, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 32};
-  static const support::Shape shape9_5 = {2048, 64};
-  support::reduce(v140.data(), shape9_1, v137.data(), shape9_3, shape9_4, shape9_5,
+  support::View v145 = arena_.view(455168, 64);
+  static const support::Shape shape6_1 = {64};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 32};
+  static const support::Shape shape6_5 = {2048, 64};
+  support::reduce(v145.data(), shape6_1, v142.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v109 = arena_.view(0, 4096);
-  support::View v142 = arena_.view(163840, 4096);
+  support::View v147 = arena_.view(163840, 4096);
   {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v137p = v137.data();
+    float *__restrict v147p = v147.data();
+    const float *__restrict v142p = v142.data();
     const float *__restrict v109p = v109.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v137p[i0];
+      const float s0 = v142p[i0];
       const float s1 = v109p[i0];
       const float s2 = (s0 * s1);
-      v142p[i0] = s2;
+      v147p[i0] = s2;
     }
   }
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   MESHRT_TRACE("sum", "layers.mesh:24:33", "backward");
-  support::View v143 = arena_.view(467712, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(v143.data(), shape11_1, v142.data(), shape11_3, shape11_4, shape11_5,
+  support::View v148 = arena_.view(455424, 64);
+  static const support::Shape shape8_1 = {64};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {2, 32};
+  static const support::Shape shape8_5 = {2048, 64};
+  support::reduce(v148.data(), shape8_1, v147.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
   support::View v106 = arena_.view(16384, 4096);
-  support::View v144 = arena_.view(425984, 64);
-  static const support::Shape shape12_1 = {2, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v144.data(), shape12_1, v106.data(), shape12_3, shape12_4, shape12_5,
+  support::View v149 = arena_.view(425984, 64);
+  static const support::Shape shape9_1 = {2, 32};
+  static const support::Shape shape9_3 = {2048, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v149.data(), shape9_1, v106.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v146 = arena_.view(163840, 4096);
+  support::View v151 = arena_.view(163840, 4096);
   {
-    float *__restrict v146p = v146.data();
+    float *__restrict v151p = v151.data();
     const float *__restrict v106p = v106.data();
-    const float *__restrict v144p = v144.data();
+    const float *__restrict v149p = v149.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = v106p[i0 * 64 + i1];
-        const float s1 = v144p[i0];
+        const float s1 = v149p[i0];
         const float s2 = (s0 - s1);
         const float s3 = s2 * s2;
-        v146p[i0 * 64 + i1] = s3;
+        v151p[i0 * 64 + i1] = s3;
       }
     }
   }
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v147 = arena_.view(16384, 64);
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v147.data(), shape14_1, v146.data(), shape14_3, shape14_4, shape14_5,
+  support::View v152 = arena_.view(16384, 64);
+  static const support::Shape shape11_1 = {2, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v152.data(), shape11_1, v151.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v150 = arena_.view(466944, 64);
+  support::View v155 = arena_.view(454656, 64);
   {
-    float *__restrict v150p = v150.data();
-    const float *__restrict v147p = v147.data();
+    float *__restrict v155p = v155.data();
+    const float *__restrict v152p = v152.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v147p[i0];
+      const float s0 = v152p[i0];
       const float s1 = 1e-05f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      v150p[i0] = s3;
+      v155p[i0] = s3;
     }
   }
 
@@ -1821,45 +1806,45 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:33", "backward");
   support::View v107(param27_decoder_norm_gain); // updated in place
-  support::View v141 = arena_.view(16384, 4096);
-  support::View v151 = arena_.view(163840, 4096);
+  support::View v146 = arena_.view(16384, 4096);
+  support::View v156 = arena_.view(163840, 4096);
   {
-    float *__restrict v141p = v141.data();
-    float *__restrict v151p = v151.data();
-    const float *__restrict v137p = v137.data();
+    float *__restrict v146p = v146.data();
+    float *__restrict v156p = v156.data();
+    const float *__restrict v142p = v142.data();
     const float *__restrict v107p = v107.data();
     const float *__restrict v109p = v109.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v137p[i0 * 64 + i1];
+        const float s0 = v142p[i0 * 64 + i1];
         const float s1 = v107p[i1];
         const float s2 = (s0 * s1);
         const float s3 = v109p[i0 * 64 + i1];
         const float s4 = (s2 * s3);
-        v141p[i0 * 64 + i1] = s2;
-        v151p[i0 * 64 + i1] = s4;
+        v146p[i0 * 64 + i1] = s2;
+        v156p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v152 = arena_.view(180224, 64);
-  static const support::Shape shape17_1 = {2, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v152.data(), shape17_1, v151.data(), shape17_3, shape17_4, shape17_5,
+  support::View v157 = arena_.view(180224, 64);
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v157.data(), shape14_1, v156.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   MESHRT_TRACE("mean", "layers.mesh:24:10", "backward");
-  support::View v154 = arena_.view(163840, 64);
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v154.data(), shape18_1, v141.data(), shape18_3, shape18_4, shape18_5,
+  support::View v159 = arena_.view(163840, 64);
+  static const support::Shape shape15_1 = {2, 32};
+  static const support::Shape shape15_3 = {2048, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v159.data(), shape15_1, v146.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -1867,26 +1852,26 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   MESHRT_TRACE("loop", "layers.mesh:24:10", "backward");
-  support::View v157 = arena_.view(425984, 4096);
+  support::View v162 = arena_.view(425984, 4096);
   {
-    float *__restrict v157p = v157.data();
+    float *__restrict v162p = v162.data();
     const float *__restrict v109p = v109.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v141p = v141.data();
-    const float *__restrict v154p = v154.data();
-    const float *__restrict v150p = v150.data();
+    const float *__restrict v157p = v157.data();
+    const float *__restrict v146p = v146.data();
+    const float *__restrict v159p = v159.data();
+    const float *__restrict v155p = v155.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         const float s0 = v109p[i0 * 64 + i1];
-        const float s1 = v152p[i0];
+        const float s1 = v157p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v141p[i0 * 64 + i1];
-        const float s4 = v154p[i0];
+        const float s3 = v146p[i0 * 64 + i1];
+        const float s4 = v159p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v150p[i0];
+        const float s7 = v155p[i0];
         const float s8 = (s6 * s7);
-        v157p[i0 * 64 + i1] = s8;
+        v162p[i0 * 64 + i1] = s8;
       }
     }
   }
@@ -1894,421 +1879,420 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v159 = arena_.view(0, 8192);
+  support::View v164 = arena_.view(0, 8192);
   support::View v102 = arena_.view(131072, 8192);
   support::View v100 = arena_.view(98304, 8192);
-  support::View v183 = arena_.view(131072, 8192);
+  support::View v188 = arena_.view(131072, 8192);
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v185 = arena_.view(98304, 4096);
+  support::View v190 = arena_.view(98304, 4096);
   support::View v94 = arena_.view(409600, 4096);
   support::View v92 = arena_.view(393216, 4096);
-  support::View v190 = arena_.view(114688, 4096);
-  support::View v192 = arena_.view(131072, 64);
+  support::View v195 = arena_.view(114688, 4096);
+  support::View v197 = arena_.view(131072, 64);
   support::View v89 = arena_.view(376832, 4096);
-  support::View v194 = arena_.view(114688, 4096);
-  support::View v195 = arena_.view(131072, 64);
-  support::View v197 = arena_.view(147456, 64);
+  support::View v199 = arena_.view(114688, 4096);
+  support::View v200 = arena_.view(131072, 64);
+  support::View v202 = arena_.view(147456, 64);
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v189 = arena_.view(114688, 4096);
-  support::View v198 = arena_.view(131072, 4096);
-  support::View v199 = arena_.view(147712, 64);
-  support::View v201 = arena_.view(131072, 64);
-  support::View v205 = arena_.view(98304, 4096);
+  support::View v194 = arena_.view(114688, 4096);
+  support::View v203 = arena_.view(131072, 4096);
+  support::View v204 = arena_.view(147712, 64);
+  support::View v206 = arena_.view(131072, 64);
+  support::View v210 = arena_.view(98304, 4096);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
-  support::View v206 = arena_.view(131072, 2048);
+  support::View v211 = arena_.view(131072, 2048);
   support::View v86 = arena_.view(544768, 2048);
   support::View v76 = arena_.view(536576, 2048);
-  support::View v208 = arena_.view(114688, 4096);
+  support::View v213 = arena_.view(114688, 4096);
   support::View v85 = arena_.view(360448, 4096);
-  support::View v209 = arena_.view(147456, 2048);
-  support::View v210 = arena_.view(131072, 4096);
-  support::View v211 = arena_.view(155648, 128);
+  support::View v214 = arena_.view(147456, 2048);
+  support::View v215 = arena_.view(131072, 4096);
+  support::View v216 = arena_.view(155648, 128);
   support::View v39 = arena_.view(503808, 2048);
-  support::View v216 = arena_.view(131072, 4096);
+  support::View v221 = arena_.view(131072, 4096);
   support::View v74 = arena_.view(528384, 2048);
-  support::View v217 = arena_.view(385024, 2048);
+  support::View v222 = arena_.view(385024, 2048);
   support::View v73 = arena_.view(520192, 2048);
-  support::View v218 = arena_.view(155648, 2048);
+  support::View v223 = arena_.view(155648, 2048);
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
-  support::View v220 = arena_.view(114688, 4096);
+  support::View v225 = arena_.view(114688, 4096);
   support::View v68 = arena_.view(344064, 4096);
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
-  support::View v223 = arena_.view(131072, 4096);
+  support::View v228 = arena_.view(131072, 4096);
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
-  support::View v226 = arena_.view(147456, 4096);
-  support::View v227 = arena_.view(360448, 4096);
+  support::View v231 = arena_.view(147456, 4096);
+  support::View v232 = arena_.view(360448, 4096);
   support::View v66 = arena_.view(327680, 4096);
-  support::View v232 = arena_.view(114688, 4096);
-  support::View v234 = arena_.view(131072, 64);
+  support::View v237 = arena_.view(114688, 4096);
+  support::View v239 = arena_.view(131072, 64);
   support::View v63 = arena_.view(311296, 4096);
-  support::View v236 = arena_.view(114688, 4096);
-  support::View v237 = arena_.view(131072, 64);
-  support::View v239 = arena_.view(147456, 64);
+  support::View v241 = arena_.view(114688, 4096);
+  support::View v242 = arena_.view(131072, 64);
+  support::View v244 = arena_.view(147456, 64);
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
-  support::View v231 = arena_.view(114688, 4096);
-  support::View v240 = arena_.view(131072, 4096);
-  support::View v241 = arena_.view(147712, 64);
-  support::View v243 = arena_.view(131072, 64);
-  support::View v158 = arena_.view(467968, 64);
-  support::View v160 = arena_.view(163840, 8192);
-  support::View v184 = arena_.view(466944, 128);
-  support::View v186 = arena_.view(0, 8192);
-  support::View v188 = arena_.view(417792, 64);
-  support::View v191 = arena_.view(418048, 64);
-  support::View v207 = arena_.view(376832, 2048);
-  support::View v221 = arena_.view(393216, 2048);
-  support::View v225 = arena_.view(401408, 2048);
-  support::View v228 = arena_.view(409600, 2048);
-  support::View v230 = arena_.view(344064, 64);
-  support::View v233 = arena_.view(344320, 64);
-  support::View v247 = arena_.view(311296, 4096);
-  repeated1(v158, v157, v97, v159, v102, v160, v100, v183, v184, v95, v185, v94, v186, v188, v92,
-            v190, v191, v192, v89, v194, v195, v197, v90, v189, v198, v199, v201, v205, v72, v206,
-            v86, v207, v76, v208, v85, v209, v210, v211, v39, v216, v74, v217, v73, v218, v71, v220,
-            v68, v221, v70, v223, v225, v69, v226, v227, v228, v230, v66, v232, v233, v234, v63,
-            v236, v237, v239, v64, v231, v240, v241, v243, v247,
+  support::View v236 = arena_.view(114688, 4096);
+  support::View v245 = arena_.view(131072, 4096);
+  support::View v246 = arena_.view(147712, 64);
+  support::View v248 = arena_.view(131072, 64);
+  support::View v163 = arena_.view(455680, 64);
+  support::View v165 = arena_.view(163840, 8192);
+  support::View v189 = arena_.view(454656, 128);
+  support::View v191 = arena_.view(0, 8192);
+  support::View v193 = arena_.view(417792, 64);
+  support::View v196 = arena_.view(418048, 64);
+  support::View v212 = arena_.view(376832, 2048);
+  support::View v226 = arena_.view(393216, 2048);
+  support::View v230 = arena_.view(401408, 2048);
+  support::View v233 = arena_.view(409600, 2048);
+  support::View v235 = arena_.view(344064, 64);
+  support::View v238 = arena_.view(344320, 64);
+  support::View v252 = arena_.view(311296, 4096);
+  repeated1(v163, v162, v97, v164, v102, v165, v100, v188, v189, v95, v190, v94, v191, v193, v92,
+            v195, v196, v197, v89, v199, v200, v202, v90, v194, v203, v204, v206, v210, v72, v211,
+            v86, v212, v76, v213, v85, v214, v215, v216, v39, v221, v74, v222, v73, v223, v71, v225,
+            v68, v226, v70, v228, v230, v69, v231, v232, v233, v235, v66, v237, v238, v239, v63,
+            v241, v242, v244, v64, v236, v245, v246, v248, v252,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v249 = arena_.view(98304, 8192);
+  support::View v254 = arena_.view(98304, 8192);
   support::View v59 = arena_.view(65536, 8192);
   support::View v57 = arena_.view(32768, 8192);
-  support::View v268 = arena_.view(65536, 8192);
+  support::View v273 = arena_.view(65536, 8192);
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v270 = arena_.view(98304, 4096);
+  support::View v275 = arena_.view(98304, 4096);
   support::View v51 = arena_.view(294912, 4096);
   support::View v49 = arena_.view(278528, 4096);
-  support::View v275 = arena_.view(65536, 4096);
-  support::View v277 = arena_.view(81920, 64);
+  support::View v280 = arena_.view(65536, 4096);
+  support::View v282 = arena_.view(81920, 64);
   support::View v46 = arena_.view(262144, 4096);
-  support::View v279 = arena_.view(65536, 4096);
-  support::View v280 = arena_.view(81920, 64);
-  support::View v282 = arena_.view(114688, 64);
+  support::View v284 = arena_.view(65536, 4096);
+  support::View v285 = arena_.view(81920, 64);
+  support::View v287 = arena_.view(114688, 64);
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v274 = arena_.view(65536, 4096);
-  support::View v283 = arena_.view(81920, 4096);
-  support::View v284 = arena_.view(98304, 64);
-  support::View v286 = arena_.view(98560, 64);
-  support::View v290 = arena_.view(81920, 4096);
+  support::View v279 = arena_.view(65536, 4096);
+  support::View v288 = arena_.view(81920, 4096);
+  support::View v289 = arena_.view(98304, 64);
+  support::View v291 = arena_.view(98560, 64);
+  support::View v295 = arena_.view(81920, 4096);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
-  support::View v291 = arena_.view(98304, 2048);
+  support::View v296 = arena_.view(98304, 2048);
   support::View v43 = arena_.view(512000, 2048);
   support::View v33 = arena_.view(495616, 2048);
-  support::View v293 = arena_.view(65536, 4096);
+  support::View v298 = arena_.view(65536, 4096);
   support::View v42 = arena_.view(245760, 4096);
-  support::View v294 = arena_.view(114688, 2048);
-  support::View v295 = arena_.view(98304, 4096);
-  support::View v296 = arena_.view(122880, 128);
+  support::View v299 = arena_.view(114688, 2048);
   support::View v300 = arena_.view(98304, 4096);
+  support::View v301 = arena_.view(122880, 128);
+  support::View v305 = arena_.view(98304, 4096);
   support::View v31 = arena_.view(487424, 2048);
-  support::View v301 = arena_.view(270336, 2048);
+  support::View v306 = arena_.view(270336, 2048);
   support::View v30 = arena_.view(479232, 2048);
-  support::View v302 = arena_.view(122880, 2048);
+  support::View v307 = arena_.view(122880, 2048);
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
-  support::View v304 = arena_.view(65536, 4096);
+  support::View v309 = arena_.view(65536, 4096);
   support::View v25 = arena_.view(229376, 4096);
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
-  support::View v307 = arena_.view(98304, 4096);
+  support::View v312 = arena_.view(98304, 4096);
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
-  support::View v310 = arena_.view(114688, 4096);
-  support::View v311 = arena_.view(245760, 4096);
+  support::View v315 = arena_.view(114688, 4096);
+  support::View v316 = arena_.view(245760, 4096);
   support::View v23 = arena_.view(212992, 4096);
-  support::View v316 = arena_.view(65536, 4096);
-  support::View v318 = arena_.view(98304, 64);
+  support::View v321 = arena_.view(65536, 4096);
+  support::View v323 = arena_.view(98304, 64);
   support::View v12 = arena_.view(196608, 4096);
-  support::View v320 = arena_.view(65536, 4096);
-  support::View v321 = arena_.view(98304, 64);
-  support::View v323 = arena_.view(114688, 64);
+  support::View v325 = arena_.view(65536, 4096);
+  support::View v326 = arena_.view(98304, 64);
+  support::View v328 = arena_.view(114688, 64);
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
-  support::View v315 = arena_.view(65536, 4096);
-  support::View v324 = arena_.view(98304, 4096);
-  support::View v325 = arena_.view(114944, 64);
-  support::View v327 = arena_.view(115200, 64);
-  support::View v248 = arena_.view(328192, 64);
-  support::View v250 = arena_.view(131072, 8192);
-  support::View v269 = arena_.view(327680, 128);
-  support::View v271 = arena_.view(32768, 8192);
-  support::View v273 = arena_.view(303104, 64);
-  support::View v276 = arena_.view(303360, 64);
-  support::View v292 = arena_.view(262144, 2048);
-  support::View v305 = arena_.view(278528, 2048);
-  support::View v309 = arena_.view(286720, 2048);
-  support::View v312 = arena_.view(294912, 2048);
-  support::View v314 = arena_.view(126976, 64);
-  support::View v317 = arena_.view(127232, 64);
-  support::View v331 = arena_.view(98304, 4096);
-  repeated1(v248, v247, v54, v249, v59, v250, v57, v268, v269, v52, v270, v51, v271, v273, v49,
-            v275, v276, v277, v46, v279, v280, v282, v47, v274, v283, v284, v286, v290, v29, v291,
-            v43, v292, v33, v293, v42, v294, v295, v296, v39, v300, v31, v301, v30, v302, v28, v304,
-            v25, v305, v27, v307, v309, v26, v310, v311, v312, v314, v23, v316, v317, v318, v12,
-            v320, v321, v323, v21, v315, v324, v325, v327, v331,
+  support::View v320 = arena_.view(65536, 4096);
+  support::View v329 = arena_.view(98304, 4096);
+  support::View v330 = arena_.view(114944, 64);
+  support::View v332 = arena_.view(115200, 64);
+  support::View v253 = arena_.view(328192, 64);
+  support::View v255 = arena_.view(131072, 8192);
+  support::View v274 = arena_.view(327680, 128);
+  support::View v276 = arena_.view(32768, 8192);
+  support::View v278 = arena_.view(303104, 64);
+  support::View v281 = arena_.view(303360, 64);
+  support::View v297 = arena_.view(262144, 2048);
+  support::View v310 = arena_.view(278528, 2048);
+  support::View v314 = arena_.view(286720, 2048);
+  support::View v317 = arena_.view(294912, 2048);
+  support::View v319 = arena_.view(126976, 64);
+  support::View v322 = arena_.view(127232, 64);
+  support::View v336 = arena_.view(98304, 4096);
+  repeated1(v253, v252, v54, v254, v59, v255, v57, v273, v274, v52, v275, v51, v276, v278, v49,
+            v280, v281, v282, v46, v284, v285, v287, v47, v279, v288, v289, v291, v295, v29, v296,
+            v43, v297, v33, v298, v42, v299, v300, v301, v39, v305, v31, v306, v30, v307, v28, v309,
+            v25, v310, v27, v312, v314, v26, v315, v316, v317, v319, v23, v321, v322, v323, v12,
+            v325, v326, v328, v21, v320, v329, v330, v332, v336,
             "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   MESHRT_TRACE("sum", "transformer.mesh:34:37", "backward");
-  support::View v332 = arena_.view(196608, 2048);
-  static const support::Shape shape22_1 = {32, 64};
-  static const support::Shape shape22_3 = {64, 1};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {2048};
-  support::reduce(v332.data(), shape22_1, v331.data(), shape22_3, shape22_4, shape22_5,
+  support::View v337 = arena_.view(196608, 2048);
+  static const support::Shape shape19_1 = {32, 64};
+  static const support::Shape shape19_3 = {64, 1};
+  static const support::Shape shape19_4 = {2};
+  static const support::Shape shape19_5 = {2048};
+  support::reduce(v337.data(), shape19_1, v336.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   MESHRT_TRACE("gemm", "transformer.mesh:33:37", "backward");
   support::View v9 = arena_.view(442368, 3072);
-  support::View v333 = arena_.view(114688, 3072);
+  support::View v338 = arena_.view(114688, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan23.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v336.data(), v9.data(), v338.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
+  // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
+  // together, 228.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("transformer.mesh:61:3");
+  support::allReduceBucket(group_data, {v143, v145, v148, v163, v165, v189, v191, v193, v196, v212,
+                                        v226, v230, v233, v235, v238, v253, v255, v274, v276, v278,
+                                        v281, v297, v310, v314, v317, v319, v322, v337, v338});
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  support::View v363 = arena_.view(65536, 3072);
+  {
+    float *__restrict v363p = v363.data();
+    const float *__restrict v338p = v338.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v338p[i0];
+      const float s1 = s0 * s0;
+      v363p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v364 = arena_.view(98304, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {48, 64};
+  static const support::Shape shape23_5 = {64, 1};
+  support::reduce(v364.data(), shape23_1, v363.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
 }
 
 void LmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
-  // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
-  // together, 228.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v138 = arena_.view(454656, 3072);
-  support::View v140 = arena_.view(467456, 64);
-  support::View v143 = arena_.view(467712, 64);
-  support::View v158 = arena_.view(467968, 64);
-  support::View v160 = arena_.view(163840, 8192);
-  support::View v184 = arena_.view(466944, 128);
-  support::View v186 = arena_.view(0, 8192);
-  support::View v188 = arena_.view(417792, 64);
-  support::View v191 = arena_.view(418048, 64);
-  support::View v207 = arena_.view(376832, 2048);
-  support::View v221 = arena_.view(393216, 2048);
-  support::View v225 = arena_.view(401408, 2048);
-  support::View v228 = arena_.view(409600, 2048);
-  support::View v230 = arena_.view(344064, 64);
-  support::View v233 = arena_.view(344320, 64);
-  support::View v248 = arena_.view(328192, 64);
-  support::View v250 = arena_.view(131072, 8192);
-  support::View v269 = arena_.view(327680, 128);
-  support::View v271 = arena_.view(32768, 8192);
-  support::View v273 = arena_.view(303104, 64);
-  support::View v276 = arena_.view(303360, 64);
-  support::View v292 = arena_.view(262144, 2048);
-  support::View v305 = arena_.view(278528, 2048);
-  support::View v309 = arena_.view(286720, 2048);
-  support::View v312 = arena_.view(294912, 2048);
-  support::View v314 = arena_.view(126976, 64);
-  support::View v317 = arena_.view(127232, 64);
-  support::View v332 = arena_.view(196608, 2048);
-  support::View v333 = arena_.view(114688, 3072);
-  support::allReduceBucket(group_data, {v138, v140, v143, v158, v160, v184, v186, v188, v191, v207,
-                                        v221, v225, v228, v230, v233, v248, v250, v269, v271, v273,
-                                        v276, v292, v305, v309, v312, v314, v317, v332, v333});
-
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v358 = arena_.view(65536, 3072);
-  {
-    float *__restrict v358p = v358.data();
-    const float *__restrict v333p = v333.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v333p[i0];
-      const float s1 = s0 * s0;
-      v358p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v359 = arena_.view(98304, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {48, 64};
-  static const support::Shape shape2_5 = {64, 1};
-  support::reduce(v359.data(), shape2_1, v358.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v361 = arena_.view(65536, 2048);
-  {
-    float *__restrict v361p = v361.data();
-    const float *__restrict v332p = v332.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v332p[i0];
-      const float s1 = s0 * s0;
-      v361p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %345 for sum at 61:3)
-  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v362 = arena_.view(73728, 1024);
-  static const support::Shape shape4_2 = {32, 64};
-  support::sliceDim(v362, v361, shape4_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
-  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v363 = arena_.view(98368, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {16, 64};
-  static const support::Shape shape5_5 = {64, 1};
-  support::reduce(v363.data(), shape5_1, v362.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v366 = arena_.view(65536, 3072);
+  support::View v337 = arena_.view(196608, 2048);
+  support::View v366 = arena_.view(65536, 2048);
   {
     float *__restrict v366p = v366.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-      const float s0 = v138p[i0];
+    const float *__restrict v337p = v337.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v337p[i0];
       const float s1 = s0 * s0;
       v366p[i0] = s1;
     }
   }
 
-  // transformer.mesh:61:3 sum
+  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
+  support::View v367 = arena_.view(73728, 1024);
+  static const support::Shape shape1_2 = {32, 64};
+  support::sliceDim(v367, v366, shape1_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v367 = arena_.view(98432, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {64, 48};
-  static const support::Shape shape7_5 = {48, 1};
-  support::reduce(v367.data(), shape7_1, v366.data(), shape7_3, shape7_4, shape7_5,
+  support::View v368 = arena_.view(98368, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {16, 64};
+  static const support::Shape shape2_5 = {64, 1};
+  support::reduce(v368.data(), shape2_1, v367.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v370 = arena_.view(65536, 64);
+  support::View v143 = arena_.view(466944, 3072);
+  support::View v371 = arena_.view(65536, 3072);
   {
-    float *__restrict v370p = v370.data();
-    const float *__restrict v317p = v317.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v317p[i0];
+    float *__restrict v371p = v371.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v143p[i0];
       const float s1 = s0 * s0;
-      v370p[i0] = s1;
+      v371p[i0] = s1;
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
-  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
-  support::View v371 = arena_.view(65792, 32);
-  static const support::Shape shape9_2 = {64};
-  support::sliceDim(v371, v370, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  // transformer.mesh:61:3 sum
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v372 = arena_.view(98496, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v372.data(), shape10_1, v371.data(), shape10_3, shape10_4, shape10_5,
+  support::View v372 = arena_.view(98432, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {64, 48};
+  static const support::Shape shape4_5 = {48, 1};
+  support::reduce(v372.data(), shape4_1, v371.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  support::View v322 = arena_.view(127232, 64);
   support::View v375 = arena_.view(65536, 64);
   {
     float *__restrict v375p = v375.data();
-    const float *__restrict v314p = v314.data();
+    const float *__restrict v322p = v322.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v314p[i0];
+      const float s0 = v322p[i0];
       const float s1 = s0 * s0;
       v375p[i0] = s1;
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %354 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %357 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   support::View v376 = arena_.view(65792, 32);
-  static const support::Shape shape12_2 = {64};
-  support::sliceDim(v376, v375, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape6_2 = {64};
+  support::sliceDim(v376, v375, shape6_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
-  support::View v377 = arena_.view(98560, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v377.data(), shape13_1, v376.data(), shape13_3, shape13_4, shape13_5,
+  support::View v377 = arena_.view(98496, 1);
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v377.data(), shape7_1, v376.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
+  support::View v319 = arena_.view(126976, 64);
+  support::View v380 = arena_.view(65536, 64);
+  {
+    float *__restrict v380p = v380.data();
+    const float *__restrict v319p = v319.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v319p[i0];
+      const float s1 = s0 * s0;
+      v380p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %360 for sum at 61:3)
+  MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
+  support::View v381 = arena_.view(65792, 32);
+  static const support::Shape shape9_2 = {64};
+  support::sliceDim(v381, v380, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  MESHRT_TRACE("sum", "transformer.mesh:61:3", "backward");
+  support::View v382 = arena_.view(98560, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v382.data(), shape10_1, v381.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // 29 statements from transformer.mesh:61:3 square (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v380 = arena_.view(65536, 2048);
-  support::View v384 = arena_.view(65536, 2048);
-  support::View v388 = arena_.view(65536, 2048);
-  support::View v392 = arena_.view(65536, 2048);
-  support::View v396 = arena_.view(65536, 64);
-  support::View v397 = arena_.view(65792, 32);
+  support::View v317 = arena_.view(294912, 2048);
+  support::View v385 = arena_.view(65536, 2048);
+  support::View v314 = arena_.view(286720, 2048);
+  support::View v389 = arena_.view(65536, 2048);
+  support::View v310 = arena_.view(278528, 2048);
+  support::View v393 = arena_.view(65536, 2048);
+  support::View v297 = arena_.view(262144, 2048);
+  support::View v397 = arena_.view(65536, 2048);
+  support::View v281 = arena_.view(303360, 64);
   support::View v401 = arena_.view(65536, 64);
   support::View v402 = arena_.view(65792, 32);
-  support::View v406 = arena_.view(65536, 8192);
-  support::View v410 = arena_.view(65536, 128);
-  support::View v414 = arena_.view(65536, 8192);
-  support::View v418 = arena_.view(65536, 64);
-  support::View v419 = arena_.view(65792, 32);
+  support::View v278 = arena_.view(303104, 64);
+  support::View v406 = arena_.view(65536, 64);
+  support::View v407 = arena_.view(65792, 32);
+  support::View v276 = arena_.view(32768, 8192);
+  support::View v411 = arena_.view(65536, 8192);
+  support::View v274 = arena_.view(327680, 128);
+  support::View v415 = arena_.view(65536, 128);
+  support::View v255 = arena_.view(131072, 8192);
+  support::View v419 = arena_.view(65536, 8192);
+  support::View v253 = arena_.view(328192, 64);
   support::View v423 = arena_.view(65536, 64);
   support::View v424 = arena_.view(65792, 32);
+  support::View v238 = arena_.view(344320, 64);
   support::View v428 = arena_.view(65536, 64);
   support::View v429 = arena_.view(65792, 32);
-  support::View v381 = arena_.view(98624, 1);
-  support::View v385 = arena_.view(98688, 1);
-  support::View v389 = arena_.view(98752, 1);
-  support::View v393 = arena_.view(98816, 1);
-  support::View v398 = arena_.view(98880, 1);
-  support::View v403 = arena_.view(98944, 1);
-  support::View v407 = arena_.view(99008, 1);
-  support::View v411 = arena_.view(99072, 1);
-  support::View v415 = arena_.view(99136, 1);
-  support::View v420 = arena_.view(99200, 1);
-  support::View v425 = arena_.view(99264, 1);
-  support::View v430 = arena_.view(99328, 1);
-  repeated2(v312, v380, v381, v309, v384, v385, v305, v388, v389, v292, v392, v393, v276, v396,
-            v397, v398, v273, v401, v402, v403, v271, v406, v407, v269, v410, v411, v250, v414,
-            v415, v248, v418, v419, v420, v233, v423, v424, v425, v230, v428, v429, v430);
+  support::View v235 = arena_.view(344064, 64);
+  support::View v433 = arena_.view(65536, 64);
+  support::View v434 = arena_.view(65792, 32);
+  support::View v386 = arena_.view(98624, 1);
+  support::View v390 = arena_.view(98688, 1);
+  support::View v394 = arena_.view(98752, 1);
+  support::View v398 = arena_.view(98816, 1);
+  support::View v403 = arena_.view(98880, 1);
+  support::View v408 = arena_.view(98944, 1);
+  support::View v412 = arena_.view(99008, 1);
+  support::View v416 = arena_.view(99072, 1);
+  support::View v420 = arena_.view(99136, 1);
+  support::View v425 = arena_.view(99200, 1);
+  support::View v430 = arena_.view(99264, 1);
+  support::View v435 = arena_.view(99328, 1);
+  repeated2(v317, v385, v386, v314, v389, v390, v310, v393, v394, v297, v397, v398, v281, v401,
+            v402, v403, v278, v406, v407, v408, v276, v411, v412, v274, v415, v416, v255, v419,
+            v420, v253, v423, v424, v425, v238, v428, v429, v430, v235, v433, v434, v435);
 
   // 29 statements from transformer.mesh:61:3 square (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v433 = arena_.view(65536, 2048);
-  support::View v437 = arena_.view(65536, 2048);
-  support::View v441 = arena_.view(65536, 2048);
-  support::View v445 = arena_.view(65536, 2048);
-  support::View v449 = arena_.view(65536, 64);
-  support::View v450 = arena_.view(65792, 32);
+  support::View v233 = arena_.view(409600, 2048);
+  support::View v438 = arena_.view(65536, 2048);
+  support::View v230 = arena_.view(401408, 2048);
+  support::View v442 = arena_.view(65536, 2048);
+  support::View v226 = arena_.view(393216, 2048);
+  support::View v446 = arena_.view(65536, 2048);
+  support::View v212 = arena_.view(376832, 2048);
+  support::View v450 = arena_.view(65536, 2048);
+  support::View v196 = arena_.view(418048, 64);
   support::View v454 = arena_.view(65536, 64);
   support::View v455 = arena_.view(65792, 32);
-  support::View v459 = arena_.view(65536, 8192);
-  support::View v463 = arena_.view(65536, 128);
-  support::View v467 = arena_.view(65536, 8192);
-  support::View v471 = arena_.view(65536, 64);
-  support::View v472 = arena_.view(65792, 32);
+  support::View v193 = arena_.view(417792, 64);
+  support::View v459 = arena_.view(65536, 64);
+  support::View v460 = arena_.view(65792, 32);
+  support::View v191 = arena_.view(0, 8192);
+  support::View v464 = arena_.view(65536, 8192);
+  support::View v189 = arena_.view(454656, 128);
+  support::View v468 = arena_.view(65536, 128);
+  support::View v165 = arena_.view(163840, 8192);
+  support::View v472 = arena_.view(65536, 8192);
+  support::View v163 = arena_.view(455680, 64);
   support::View v476 = arena_.view(65536, 64);
   support::View v477 = arena_.view(65792, 32);
+  support::View v148 = arena_.view(455424, 64);
   support::View v481 = arena_.view(65536, 64);
   support::View v482 = arena_.view(65792, 32);
-  support::View v434 = arena_.view(99392, 1);
-  support::View v438 = arena_.view(99456, 1);
-  support::View v442 = arena_.view(99520, 1);
-  support::View v446 = arena_.view(99584, 1);
-  support::View v451 = arena_.view(99648, 1);
-  support::View v456 = arena_.view(99712, 1);
-  support::View v460 = arena_.view(99776, 1);
-  support::View v464 = arena_.view(99840, 1);
-  support::View v468 = arena_.view(99904, 1);
-  support::View v473 = arena_.view(65920, 1);
-  support::View v478 = arena_.view(65984, 1);
-  support::View v483 = arena_.view(65536, 1);
-  repeated2(v228, v433, v434, v225, v437, v438, v221, v441, v442, v207, v445, v446, v191, v449,
-            v450, v451, v188, v454, v455, v456, v186, v459, v460, v184, v463, v464, v160, v467,
-            v468, v158, v471, v472, v473, v143, v476, v477, v478, v140, v481, v482, v483);
+  support::View v145 = arena_.view(455168, 64);
+  support::View v486 = arena_.view(65536, 64);
+  support::View v487 = arena_.view(65792, 32);
+  support::View v439 = arena_.view(99392, 1);
+  support::View v443 = arena_.view(99456, 1);
+  support::View v447 = arena_.view(99520, 1);
+  support::View v451 = arena_.view(99584, 1);
+  support::View v456 = arena_.view(99648, 1);
+  support::View v461 = arena_.view(99712, 1);
+  support::View v465 = arena_.view(99776, 1);
+  support::View v469 = arena_.view(99840, 1);
+  support::View v473 = arena_.view(99904, 1);
+  support::View v478 = arena_.view(65920, 1);
+  support::View v483 = arena_.view(65984, 1);
+  support::View v488 = arena_.view(65536, 1);
+  repeated2(v233, v438, v439, v230, v442, v443, v226, v446, v447, v212, v450, v451, v196, v454,
+            v455, v456, v193, v459, v460, v461, v191, v464, v465, v189, v468, v469, v165, v472,
+            v473, v163, v476, v477, v478, v148, v481, v482, v483, v145, v486, v487, v488);
 
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
@@ -2339,118 +2323,119 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 add
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v484 = arena_.view(65600, 1);
+  support::View v364 = arena_.view(98304, 1);
+  support::View v489 = arena_.view(65600, 1);
   {
-    float *__restrict v484p = v484.data();
-    const float *__restrict v359p = v359.data();
-    const float *__restrict v363p = v363.data();
-    const float *__restrict v367p = v367.data();
+    float *__restrict v489p = v489.data();
+    const float *__restrict v364p = v364.data();
+    const float *__restrict v368p = v368.data();
     const float *__restrict v372p = v372.data();
     const float *__restrict v377p = v377.data();
-    const float *__restrict v381p = v381.data();
-    const float *__restrict v385p = v385.data();
-    const float *__restrict v389p = v389.data();
-    const float *__restrict v393p = v393.data();
+    const float *__restrict v382p = v382.data();
+    const float *__restrict v386p = v386.data();
+    const float *__restrict v390p = v390.data();
+    const float *__restrict v394p = v394.data();
     const float *__restrict v398p = v398.data();
     const float *__restrict v403p = v403.data();
-    const float *__restrict v407p = v407.data();
-    const float *__restrict v411p = v411.data();
-    const float *__restrict v415p = v415.data();
+    const float *__restrict v408p = v408.data();
+    const float *__restrict v412p = v412.data();
+    const float *__restrict v416p = v416.data();
     const float *__restrict v420p = v420.data();
     const float *__restrict v425p = v425.data();
     const float *__restrict v430p = v430.data();
-    const float *__restrict v434p = v434.data();
-    const float *__restrict v438p = v438.data();
-    const float *__restrict v442p = v442.data();
-    const float *__restrict v446p = v446.data();
+    const float *__restrict v435p = v435.data();
+    const float *__restrict v439p = v439.data();
+    const float *__restrict v443p = v443.data();
+    const float *__restrict v447p = v447.data();
     const float *__restrict v451p = v451.data();
     const float *__restrict v456p = v456.data();
-    const float *__restrict v460p = v460.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v468p = v468.data();
+    const float *__restrict v461p = v461.data();
+    const float *__restrict v465p = v465.data();
+    const float *__restrict v469p = v469.data();
     const float *__restrict v473p = v473.data();
     const float *__restrict v478p = v478.data();
     const float *__restrict v483p = v483.data();
-    const float s0 = v359p[0];
-    const float s1 = v363p[0];
+    const float *__restrict v488p = v488.data();
+    const float s0 = v364p[0];
+    const float s1 = v368p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v367p[0];
+    const float s3 = v372p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v372p[0];
+    const float s5 = v377p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v377p[0];
+    const float s7 = v382p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v381p[0];
+    const float s9 = v386p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v385p[0];
+    const float s11 = v390p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v389p[0];
+    const float s13 = v394p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v393p[0];
+    const float s15 = v398p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v398p[0];
+    const float s17 = v403p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v403p[0];
+    const float s19 = v408p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v407p[0];
+    const float s21 = v412p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v411p[0];
+    const float s23 = v416p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v415p[0];
+    const float s25 = v420p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v420p[0];
+    const float s27 = v425p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v425p[0];
+    const float s29 = v430p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v430p[0];
+    const float s31 = v435p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v434p[0];
+    const float s33 = v439p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v438p[0];
+    const float s35 = v443p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v442p[0];
+    const float s37 = v447p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v446p[0];
+    const float s39 = v451p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v451p[0];
+    const float s41 = v456p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v456p[0];
+    const float s43 = v461p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v460p[0];
+    const float s45 = v465p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v464p[0];
+    const float s47 = v469p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v468p[0];
+    const float s49 = v473p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v473p[0];
+    const float s51 = v478p[0];
     const float s52 = (s50 + s51);
-    const float s53 = v478p[0];
+    const float s53 = v483p[0];
     const float s54 = (s52 + s53);
-    const float s55 = v483p[0];
+    const float s55 = v488p[0];
     const float s56 = (s54 + s55);
-    v484p[0] = s56;
+    v489p[0] = s56;
   }
 
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %428 over model for sqrt at
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %434 over model for sqrt at
   // 61:3)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  group_model.allReduce(v484.data(), v484.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v489.data(), v489.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:61:3 sqrt -> global_grad_norm
   // transformer.mesh:61:3 maximum
   // transformer.mesh:61:3 div
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "backward");
-  support::View v488 = arena_.view(65664, 1);
+  support::View v493 = arena_.view(65664, 1);
   {
-    float *__restrict v488p = v488.data();
-    const float *__restrict v484p = v484.data();
-    const float s0 = v484p[0];
+    float *__restrict v493p = v493.data();
+    const float *__restrict v489p = v489.data();
+    const float s0 = v489p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 1.0f;
     const float s5 = (s4 / s3);
-    v488p[0] = s5;
+    v493p[0] = s5;
   }
 
   // transformer.mesh:61:3 step
@@ -2473,14 +2458,14 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 pow
   // transformer.mesh:61:3 sub
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  support::View v356 = arena_.view(65536, 1);
-  support::View v532 = arena_.view(65600, 1);
-  support::View v534 = arena_.view(65728, 1);
+  support::View v361 = arena_.view(65536, 1);
+  support::View v537 = arena_.view(65600, 1);
+  support::View v539 = arena_.view(65728, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v356p = v356.data();
-    float *__restrict v532p = v532.data();
-    float *__restrict v534p = v534.data();
+    float *__restrict v361p = v361.data();
+    float *__restrict v537p = v537.data();
+    float *__restrict v539p = v539.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2514,9 +2499,9 @@ void LmTrain::runPart2(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v356p[0] = s24;
-    v532p[0] = s28;
-    v534p[0] = s32;
+    v361p[0] = s24;
+    v537p[0] = s28;
+    v539p[0] = s32;
   }
 
   // transformer.mesh:61:3 mul
@@ -2537,53 +2522,54 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/token_embedding
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
-  support::View v6(param0_decoder_token_embedding);      // updated in place
-  support::View v518(param29_decoder_token_embedding_m); // updated in place
-  support::View v519(param30_decoder_token_embedding_v); // updated in place
+  support::View v6(param0_decoder_token_embedding); // updated in place
+  support::View v338 = arena_.view(114688, 3072);
+  support::View v523(param29_decoder_token_embedding_m); // updated in place
+  support::View v524(param30_decoder_token_embedding_v); // updated in place
   {
-    float *__restrict v518p = v518.data();
-    float *__restrict v519p = v519.data();
+    float *__restrict v523p = v523.data();
+    float *__restrict v524p = v524.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v333p = v333.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    const float *__restrict v338p = v338.data();
+    const float *__restrict v493p = v493.data();
+    const float *__restrict v537p = v537.data();
+    const float *__restrict v539p = v539.data();
+    const float *__restrict v361p = v361.data();
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v333p[i0];
-      const float s4 = v488p[0];
+      const float s3 = v338p[i0];
+      const float s4 = v493p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v518p[i0];
+      const float s8 = v523p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v519p[i0];
+      const float s15 = v524p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = v537p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = v539p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = v361p[0];
       const float s29 = (s27 * s28);
       const float s30 = v6p[i0];
       const float s31 = (s30 - s29);
-      v518p[i0] = s11;
-      v519p[i0] = s18;
+      v523p[i0] = s11;
+      v524p[i0] = s18;
       v6p[i0] = s31;
     }
   }
@@ -2607,52 +2593,52 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/position_embedding
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v7(param1_decoder_position_embedding);      // updated in place
-  support::View v546(param31_decoder_position_embedding_m); // updated in place
-  support::View v547(param32_decoder_position_embedding_v); // updated in place
+  support::View v551(param31_decoder_position_embedding_m); // updated in place
+  support::View v552(param32_decoder_position_embedding_v); // updated in place
   {
-    float *__restrict v546p = v546.data();
-    float *__restrict v547p = v547.data();
+    float *__restrict v551p = v551.data();
+    float *__restrict v552p = v552.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v332p = v332.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v493p = v493.data();
+    const float *__restrict v537p = v537.data();
+    const float *__restrict v539p = v539.data();
+    const float *__restrict v361p = v361.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v332p[i0];
-      const float s4 = v488p[0];
+      const float s3 = v337p[i0];
+      const float s4 = v493p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v546p[i0];
+      const float s8 = v551p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v547p[i0];
+      const float s15 = v552p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = v537p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = v539p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = v361p[0];
       const float s29 = (s27 * s28);
       const float s30 = v7p[i0];
       const float s31 = (s30 - s29);
-      v546p[i0] = s11;
-      v547p[i0] = s18;
+      v551p[i0] = s11;
+      v552p[i0] = s18;
       v7p[i0] = s31;
     }
   }
@@ -2676,52 +2662,52 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/unembed
   MESHRT_TRACE("loop", "transformer.mesh:61:3", "update");
   support::View v8(param2_decoder_unembed);      // updated in place
-  support::View v566(param33_decoder_unembed_m); // updated in place
-  support::View v567(param34_decoder_unembed_v); // updated in place
+  support::View v571(param33_decoder_unembed_m); // updated in place
+  support::View v572(param34_decoder_unembed_v); // updated in place
   {
-    float *__restrict v566p = v566.data();
-    float *__restrict v567p = v567.data();
+    float *__restrict v571p = v571.data();
+    float *__restrict v572p = v572.data();
     float *__restrict v8p = v8.data();
-    const float *__restrict v138p = v138.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v493p = v493.data();
+    const float *__restrict v537p = v537.data();
+    const float *__restrict v539p = v539.data();
+    const float *__restrict v361p = v361.data();
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
       const float s0 = v8p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v138p[i0];
-      const float s4 = v488p[0];
+      const float s3 = v143p[i0];
+      const float s4 = v493p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v566p[i0];
+      const float s8 = v571p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v567p[i0];
+      const float s15 = v572p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = v537p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = v539p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = v361p[0];
       const float s29 = (s27 * s28);
       const float s30 = v8p[i0];
       const float s31 = (s30 - s29);
-      v566p[i0] = s11;
-      v567p[i0] = s18;
+      v571p[i0] = s11;
+      v572p[i0] = s18;
       v8p[i0] = s31;
     }
   }
@@ -2729,136 +2715,102 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // 1 statements from transformer.mesh:61:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
   support::View v21(param3_decoder_decoder_layer_0_norm_gain);     // updated in place
-  support::View v586(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
-  support::View v587(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
-  repeated4(v21, v317, v488, v586, v587, v532, v534, v356);
-}
-
-void LmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  support::View v591(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
+  support::View v592(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
+  repeated4(v21, v322, v493, v591, v592, v537, v539, v361);
 
   // 1 statements from transformer.mesh:61:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
-  support::View v314 = arena_.view(126976, 64);
-  support::View v488 = arena_.view(65664, 1);
-  support::View v606(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
-  support::View v607(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
-  support::View v532 = arena_.view(65600, 1);
-  support::View v534 = arena_.view(65728, 1);
-  support::View v356 = arena_.view(65536, 1);
-  repeated4(v22, v314, v488, v606, v607, v532, v534, v356);
+  support::View v22(param4_decoder_decoder_layer_0_norm_bias);     // updated in place
+  support::View v611(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
+  support::View v612(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
+  repeated4(v22, v319, v493, v611, v612, v537, v539, v361);
 
   // 12 statements from transformer.mesh:61:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
-  support::View v312 = arena_.view(294912, 2048);
-  support::View v626(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
-  support::View v627(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
+  support::View v26(param5_decoder_decoder_layer_0_attention_w_q);     // updated in place
+  support::View v631(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
+  support::View v632(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k);     // updated in place
-  support::View v309 = arena_.view(286720, 2048);
-  support::View v646(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
-  support::View v647(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
+  support::View v651(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
+  support::View v652(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v);     // updated in place
-  support::View v305 = arena_.view(278528, 2048);
-  support::View v666(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
-  support::View v667(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
+  support::View v671(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
+  support::View v672(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o);     // updated in place
-  support::View v292 = arena_.view(262144, 2048);
-  support::View v686(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
-  support::View v687(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
+  support::View v691(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
+  support::View v692(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain);       // updated in place
-  support::View v276 = arena_.view(303360, 64);
-  support::View v706(param47_decoder_decoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v707(param48_decoder_decoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias);    // updated in place
-  support::View v273 = arena_.view(303104, 64);
-  support::View v726(param49_decoder_decoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v727(param50_decoder_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in);       // updated in place
-  support::View v271 = arena_.view(32768, 8192);
-  support::View v746(param51_decoder_decoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v747(param52_decoder_decoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in);    // updated in place
-  support::View v269 = arena_.view(327680, 128);
-  support::View v766(param53_decoder_decoder_layer_0_ffn_b_in_m); // updated in place
-  support::View v767(param54_decoder_decoder_layer_0_ffn_b_in_v); // updated in place
-  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out);   // updated in place
-  support::View v250 = arena_.view(131072, 8192);
-  support::View v786(param55_decoder_decoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v787(param56_decoder_decoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out);    // updated in place
-  support::View v248 = arena_.view(328192, 64);
-  support::View v806(param57_decoder_decoder_layer_0_ffn_b_out_m); // updated in place
-  support::View v807(param58_decoder_decoder_layer_0_ffn_b_out_v); // updated in place
-  support::View v64(param15_decoder_decoder_layer_1_norm_gain);    // updated in place
-  support::View v233 = arena_.view(344320, 64);
-  support::View v826(param59_decoder_decoder_layer_1_norm_gain_m); // updated in place
-  support::View v827(param60_decoder_decoder_layer_1_norm_gain_v); // updated in place
-  support::View v65(param16_decoder_decoder_layer_1_norm_bias);    // updated in place
-  support::View v230 = arena_.view(344064, 64);
-  support::View v846(param61_decoder_decoder_layer_1_norm_bias_m); // updated in place
-  support::View v847(param62_decoder_decoder_layer_1_norm_bias_v); // updated in place
-  repeated0(v26, v312, v488, v626, v627, v532, v534, v356, v27, v309, v646, v647, v28, v305, v666,
-            v667, v29, v292, v686, v687, v47, v276, v706, v707, v48, v273, v726, v727, v52, v271,
-            v746, v747, v53, v269, v766, v767, v54, v250, v786, v787, v55, v248, v806, v807, v64,
-            v233, v826, v827, v65, v230, v846, v847);
+  support::View v711(param47_decoder_decoder_layer_0_norm_1_gain_m);   // updated in place
+  support::View v712(param48_decoder_decoder_layer_0_norm_1_gain_v);   // updated in place
+  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias);      // updated in place
+  support::View v731(param49_decoder_decoder_layer_0_norm_1_bias_m);   // updated in place
+  support::View v732(param50_decoder_decoder_layer_0_norm_1_bias_v);   // updated in place
+  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in);         // updated in place
+  support::View v751(param51_decoder_decoder_layer_0_ffn_w_in_m);      // updated in place
+  support::View v752(param52_decoder_decoder_layer_0_ffn_w_in_v);      // updated in place
+  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in);         // updated in place
+  support::View v771(param53_decoder_decoder_layer_0_ffn_b_in_m);      // updated in place
+  support::View v772(param54_decoder_decoder_layer_0_ffn_b_in_v);      // updated in place
+  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out);        // updated in place
+  support::View v791(param55_decoder_decoder_layer_0_ffn_w_out_m);     // updated in place
+  support::View v792(param56_decoder_decoder_layer_0_ffn_w_out_v);     // updated in place
+  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out);        // updated in place
+  support::View v811(param57_decoder_decoder_layer_0_ffn_b_out_m);     // updated in place
+  support::View v812(param58_decoder_decoder_layer_0_ffn_b_out_v);     // updated in place
+  support::View v64(param15_decoder_decoder_layer_1_norm_gain);        // updated in place
+  support::View v831(param59_decoder_decoder_layer_1_norm_gain_m);     // updated in place
+  support::View v832(param60_decoder_decoder_layer_1_norm_gain_v);     // updated in place
+  support::View v65(param16_decoder_decoder_layer_1_norm_bias);        // updated in place
+  support::View v851(param61_decoder_decoder_layer_1_norm_bias_m);     // updated in place
+  support::View v852(param62_decoder_decoder_layer_1_norm_bias_v);     // updated in place
+  repeated0(v26, v317, v493, v631, v632, v537, v539, v361, v27, v314, v651, v652, v28, v310, v671,
+            v672, v29, v297, v691, v692, v47, v281, v711, v712, v48, v278, v731, v732, v52, v276,
+            v751, v752, v53, v274, v771, v772, v54, v255, v791, v792, v55, v253, v811, v812, v64,
+            v238, v831, v832, v65, v235, v851, v852);
 
   // 12 statements from transformer.mesh:61:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer.mesh:61:3");
-  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
-  support::View v228 = arena_.view(409600, 2048);
-  support::View v866(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
-  support::View v867(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
+  support::View v69(param17_decoder_decoder_layer_1_attention_w_q);    // updated in place
+  support::View v871(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
+  support::View v872(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k);    // updated in place
-  support::View v225 = arena_.view(401408, 2048);
-  support::View v886(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
-  support::View v887(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
+  support::View v891(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
+  support::View v892(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v);    // updated in place
-  support::View v221 = arena_.view(393216, 2048);
-  support::View v906(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
-  support::View v907(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
+  support::View v911(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
+  support::View v912(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o);    // updated in place
-  support::View v207 = arena_.view(376832, 2048);
-  support::View v926(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
-  support::View v927(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
+  support::View v931(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
+  support::View v932(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain);      // updated in place
-  support::View v191 = arena_.view(418048, 64);
-  support::View v946(param71_decoder_decoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v947(param72_decoder_decoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias);    // updated in place
-  support::View v188 = arena_.view(417792, 64);
-  support::View v966(param73_decoder_decoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v967(param74_decoder_decoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in);       // updated in place
-  support::View v186 = arena_.view(0, 8192);
-  support::View v986(param75_decoder_decoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v987(param76_decoder_decoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in);    // updated in place
-  support::View v184 = arena_.view(466944, 128);
-  support::View v1006(param77_decoder_decoder_layer_1_ffn_b_in_m); // updated in place
-  support::View v1007(param78_decoder_decoder_layer_1_ffn_b_in_v); // updated in place
-  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out);    // updated in place
-  support::View v160 = arena_.view(163840, 8192);
-  support::View v1026(param79_decoder_decoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v1027(param80_decoder_decoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out);     // updated in place
-  support::View v158 = arena_.view(467968, 64);
-  support::View v1046(param81_decoder_decoder_layer_1_ffn_b_out_m); // updated in place
-  support::View v1047(param82_decoder_decoder_layer_1_ffn_b_out_v); // updated in place
-  support::View v107(param27_decoder_norm_gain);                    // updated in place
-  support::View v143 = arena_.view(467712, 64);
-  support::View v1066(param83_decoder_norm_gain_m); // updated in place
-  support::View v1067(param84_decoder_norm_gain_v); // updated in place
-  support::View v108(param28_decoder_norm_bias);    // updated in place
-  support::View v140 = arena_.view(467456, 64);
-  support::View v1086(param85_decoder_norm_bias_m); // updated in place
-  support::View v1087(param86_decoder_norm_bias_v); // updated in place
-  repeated0(v69, v228, v488, v866, v867, v532, v534, v356, v70, v225, v886, v887, v71, v221, v906,
-            v907, v72, v207, v926, v927, v90, v191, v946, v947, v91, v188, v966, v967, v95, v186,
-            v986, v987, v96, v184, v1006, v1007, v97, v160, v1026, v1027, v98, v158, v1046, v1047,
-            v107, v143, v1066, v1067, v108, v140, v1086, v1087);
+  support::View v951(param71_decoder_decoder_layer_1_norm_1_gain_m);   // updated in place
+  support::View v952(param72_decoder_decoder_layer_1_norm_1_gain_v);   // updated in place
+  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias);      // updated in place
+  support::View v971(param73_decoder_decoder_layer_1_norm_1_bias_m);   // updated in place
+  support::View v972(param74_decoder_decoder_layer_1_norm_1_bias_v);   // updated in place
+  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in);         // updated in place
+  support::View v991(param75_decoder_decoder_layer_1_ffn_w_in_m);      // updated in place
+  support::View v992(param76_decoder_decoder_layer_1_ffn_w_in_v);      // updated in place
+  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in);         // updated in place
+  support::View v1011(param77_decoder_decoder_layer_1_ffn_b_in_m);     // updated in place
+  support::View v1012(param78_decoder_decoder_layer_1_ffn_b_in_v);     // updated in place
+  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out);        // updated in place
+  support::View v1031(param79_decoder_decoder_layer_1_ffn_w_out_m);    // updated in place
+  support::View v1032(param80_decoder_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out);        // updated in place
+  support::View v1051(param81_decoder_decoder_layer_1_ffn_b_out_m);    // updated in place
+  support::View v1052(param82_decoder_decoder_layer_1_ffn_b_out_v);    // updated in place
+  support::View v107(param27_decoder_norm_gain);                       // updated in place
+  support::View v1071(param83_decoder_norm_gain_m);                    // updated in place
+  support::View v1072(param84_decoder_norm_gain_v);                    // updated in place
+  support::View v108(param28_decoder_norm_bias);                       // updated in place
+  support::View v1091(param85_decoder_norm_bias_m);                    // updated in place
+  support::View v1092(param86_decoder_norm_bias_v);                    // updated in place
+  repeated0(v69, v233, v493, v871, v872, v537, v539, v361, v70, v230, v891, v892, v71, v226, v911,
+            v912, v72, v212, v931, v932, v90, v196, v951, v952, v91, v193, v971, v972, v95, v191,
+            v991, v992, v96, v189, v1011, v1012, v97, v165, v1031, v1032, v98, v163, v1051, v1052,
+            v107, v148, v1071, v1072, v108, v145, v1091, v1092);
 }
 
 void LmTrain::repeated0(
@@ -3796,7 +3748,7 @@ void LmTrain::repeated1(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %181 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request1 = support::startAllReduce(group_model, {a10}, meshrt::ReduceOp::Sum);
 
@@ -4115,7 +4067,7 @@ void LmTrain::repeated1(
     }
   }
 
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %222 over model for sum at 24:40)
   MESHRT_TRACE_SITE("layers.mesh:24:40");
   auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
 
@@ -4394,7 +4346,7 @@ void LmTrain::repeated2(
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %375 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape9_2 = {64};
   support::sliceDim(a14, a13, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -4420,7 +4372,7 @@ void LmTrain::repeated2(
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %378 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape12_2 = {64};
   support::sliceDim(a18, a17, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -4509,7 +4461,7 @@ void LmTrain::repeated2(
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape21_2 = {64};
   support::sliceDim(a31, a30, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -4535,7 +4487,7 @@ void LmTrain::repeated2(
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %393 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape24_2 = {64};
   support::sliceDim(a35, a34, shape24_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -4561,7 +4513,7 @@ void LmTrain::repeated2(
     }
   }
 
-  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
+  // transformer.mesh:61:3 local_slice (reshard %396 for sum at 61:3)
   MESHRT_TRACE("local_slice", "transformer.mesh:61:3", "backward");
   static const support::Shape shape27_2 = {64};
   support::sliceDim(a39, a38, shape27_2, 0, support::blockIndex(world_, {"model"}), 2);

@@ -208,9 +208,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 553024;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 2148884;
+  static constexpr size_t kTemporaryBytes = 2136340;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 9728;
+  static constexpr size_t kPersistentBytes = 9792;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -260,7 +260,6 @@ public:
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
-  void runPart3(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
   void repeated0(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::View a4, support::ConstView a5, support::ConstView a6,

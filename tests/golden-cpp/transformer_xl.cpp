@@ -519,7 +519,7 @@ void XlTrain::computeInvariants() {
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 106816 bytes for 367664 bytes of temporaries (placed by liveness).
+  // Arena: 106816 bytes for 365552 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
@@ -544,7 +544,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:97:17 shift -> targets
   MESHRT_TRACE("shift", "transformer_xl.mesh:97:17", "forward");
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v1 = arena_.view(98304, 16);
+  support::View v1 = arena_.view(100352, 16);
   static const support::Shape shape0_2 = {2, 8};
   support::shift(v1, v0, shape0_2, 1, -1, nullptr);
 
@@ -566,7 +566,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:98:18 shift -> has_next
   MESHRT_TRACE("shift", "transformer_xl.mesh:98:18", "forward");
-  support::View v5 = arena_.view(100352, 16);
+  support::View v5 = arena_.view(100416, 16);
   static const support::Shape shape2_2 = {2, 8};
   support::shift(v5, v4, shape2_2, 1, -1, nullptr);
 
@@ -744,7 +744,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:19 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:19", "forward");
-  support::View v127 = arena_.view(100416, 16);
+  support::View v127 = arena_.view(100480, 16);
   static const support::Shape shape14_1 = {2, 8};
   static const support::Shape shape14_3 = {256, 32};
   static const support::Shape shape14_4 = {32};
@@ -797,7 +797,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:100:76 sum ('segment' sliced over model: partial over data, model as its
   // partner)
   MESHRT_TRACE("sum", "transformer_xl.mesh:100:76", "forward");
-  support::View v132 = arena_.view(100416, 1);
+  support::View v132 = arena_.view(100480, 1);
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {2, 4};
@@ -827,14 +827,24 @@ void XlTrain::runPart0(const Inputs &inputs) {
   // transformer_xl.mesh:100:14 neg
   // transformer_xl.mesh:100:15 broadcast
   // transformer_xl.mesh:100:62 mul
+  // transformer_xl.mesh:99:14 lt
+  // transformer_xl.mesh:99:14 ge
+  // transformer_xl.mesh:99:14 mul
+  // transformer_xl.mesh:99:14 cast
+  // transformer_xl.mesh:99:14 mul
+  // transformer_xl.mesh:99:14 exp
+  // transformer_xl.mesh:99:14 mul
   // transformer_xl.mesh:100:19 broadcast
   // transformer_xl.mesh:100:28 mul
+  // transformer_xl.mesh:99:14 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "backward");
-  support::View v142 = arena_.view(98304, 512);
+  support::View v152 = arena_.view(98304, 512);
   {
-    float *__restrict v142p = v142.data();
+    float *__restrict v152p = v152.data();
     const float *__restrict v132p = v132.data();
     const float *__restrict v5p = v5.data();
+    const float *__restrict v1p = v1.data();
+    const float *__restrict v124p = v124.data();
     const float *__restrict v125p = v125.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
@@ -845,82 +855,55 @@ void XlTrain::runPart0(const Inputs &inputs) {
         const float s4 = s3;
         const float s5 = v5p[i0];
         const float s6 = (s4 * s5);
-        const float s7 = s6;
-        const float s8 = v125p[i0 * 32 + i1];
-        const float s9 = (s7 * s8);
-        v142p[i0 * 32 + i1] = s9;
+        const float s7 = v1p[i0];
+        const float s8 = support::wrapI32(64.0);
+        const float s9 = (s7 < s8 ? 1.0f : 0.0f);
+        const float s10 = v1p[i0];
+        const float s11 = support::wrapI32(0.0);
+        const float s12 = (s10 >= s11 ? 1.0f : 0.0f);
+        const float s13 = support::wrapI32(double((double(s12) * double(s9))));
+        const float s14 = s13;
+        const float s15 = (s6 * s14);
+        const float s16 = v124p[i0 * 32 + i1];
+        const float s17 = support::fexp(s16);
+        const float s18 = (s17 * s15);
+        const float s19 = s6;
+        const float s20 = v125p[i0 * 32 + i1];
+        const float s21 = (s19 * s20);
+        const float s22 = (s21 - s18);
+        v152p[i0 * 32 + i1] = s22;
       }
     }
   }
 
-  // transformer_xl.mesh:99:14 sum
-  MESHRT_TRACE("sum", "transformer_xl.mesh:99:14", "backward");
-  support::View v143 = arena_.view(40960, 16);
-  static const support::Shape shape23_1 = {2, 8};
-  static const support::Shape shape23_3 = {256, 32};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v143.data(), shape23_1, v142.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
+  // transformer_xl.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
+  support::View v153 = arena_.view(100352, 512);
+  // dims: batch, segment, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan23.run(v152.data(), v6.data(), v153.data(), 1.0f, 0.0f);
 }
 
 void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // transformer_xl.mesh:99:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at
-  // 99:14)
-  MESHRT_TRACE_SITE("transformer_xl.mesh:99:14");
-  support::View v143 = arena_.view(40960, 16);
-  group_model.allReduce(v143.data(), v143.size(), meshrt::ReduceOp::Sum);
-
-  // transformer_xl.mesh:99:14 exp
-  // transformer_xl.mesh:99:14 mul
-  // transformer_xl.mesh:99:14 sub
-  MESHRT_TRACE("loop", "transformer_xl.mesh:99:14", "backward");
-  support::View v124 = arena_.view(43008, 512);
-  support::View v142 = arena_.view(98304, 512);
-  support::View v147 = arena_.view(100352, 512);
-  {
-    float *__restrict v147p = v147.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v142p = v142.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v124p[i0 * 32 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v143p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v142p[i0 * 32 + i1];
-        const float s5 = (s4 - s3);
-        v147p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
-
-  // transformer_xl.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
-  support::View v6(param0_decoder_embedding); // updated in place
-  support::View v148 = arena_.view(98304, 512);
-  // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(v147.data(), v6.data(), v148.data(), 1.0f, 0.0f);
-
-  // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %139 over model for sum at
+  // transformer_xl.mesh:32:40 all_reduce_sum (resolve the partial sum of %145 over model for sum at
   // 32:40)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
-  auto request0 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
+  support::View v153 = arena_.view(100352, 512);
+  auto request0 = support::startAllReduce(group_model, {v153}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "backward");
+  support::View v152 = arena_.view(98304, 512);
   support::View v122 = arena_.view(96256, 512);
-  support::View v149 = arena_.view(40960, 1024);
+  support::View v154 = arena_.view(40960, 1024);
   // dims: batch, segment, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan4.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v152.data(), v122.data(), v154.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request0);
@@ -929,197 +912,197 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v120 = arena_.view(47104, 512);
-  support::View v153 = arena_.view(96256, 512);
-  support::View v155 = arena_.view(100352, 16);
+  support::View v158 = arena_.view(96256, 512);
+  support::View v160 = arena_.view(98304, 16);
   support::View v117 = arena_.view(45056, 512);
-  support::View v157 = arena_.view(96256, 512);
-  support::View v158 = arena_.view(45056, 16);
-  support::View v161 = arena_.view(100352, 16);
-  support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
-  support::View v152 = arena_.view(45056, 512);
   support::View v162 = arena_.view(96256, 512);
-  support::View v163 = arena_.view(98304, 16);
-  support::View v165 = arena_.view(98368, 16);
-  support::View v168 = arena_.view(96256, 512);
+  support::View v163 = arena_.view(45056, 16);
+  support::View v166 = arena_.view(98304, 16);
+  support::View v118(param27_decoder_xl_layer_1_norm_1_gain); // updated in place
+  support::View v157 = arena_.view(45056, 512);
+  support::View v167 = arena_.view(96256, 512);
+  support::View v168 = arena_.view(98368, 16);
+  support::View v170 = arena_.view(98432, 16);
+  support::View v173 = arena_.view(96256, 512);
   support::View v112(param26_decoder_xl_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v169 = arena_.view(98304, 512);
+  support::View v174 = arena_.view(98304, 512);
   support::View v114 = arena_.view(51200, 512);
   support::View v113 = arena_.view(49152, 512);
-  support::View v173 = arena_.view(100352, 512);
+  support::View v178 = arena_.view(100352, 512);
   support::View v111(param25_decoder_xl_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v174 = arena_.view(49152, 512);
-  support::View v176 = arena_.view(98304, 512);
+  support::View v179 = arena_.view(49152, 512);
+  support::View v181 = arena_.view(98304, 512);
   support::View v110 = arena_.view(94208, 512);
   support::View v108 = arena_.view(92160, 512);
-  support::View v180 = arena_.view(94208, 512);
-  support::View v182 = arena_.view(96256, 16);
-  support::View v105 = arena_.view(90112, 512);
-  support::View v184 = arena_.view(94208, 512);
-  support::View v185 = arena_.view(90112, 16);
+  support::View v185 = arena_.view(94208, 512);
   support::View v187 = arena_.view(96256, 16);
+  support::View v105 = arena_.view(90112, 512);
+  support::View v189 = arena_.view(94208, 512);
+  support::View v190 = arena_.view(90112, 16);
+  support::View v192 = arena_.view(96256, 16);
   support::View v106(param23_decoder_xl_layer_1_norm_gain); // updated in place
-  support::View v179 = arena_.view(90112, 512);
-  support::View v188 = arena_.view(94208, 512);
-  support::View v189 = arena_.view(96320, 16);
-  support::View v191 = arena_.view(96384, 16);
-  support::View v194 = arena_.view(94208, 512);
+  support::View v184 = arena_.view(90112, 512);
+  support::View v193 = arena_.view(94208, 512);
+  support::View v194 = arena_.view(96320, 16);
+  support::View v196 = arena_.view(96384, 16);
+  support::View v199 = arena_.view(94208, 512);
   support::View v86 = arena_.view(55296, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
-  support::View v195 = arena_.view(90112, 512);
+  support::View v200 = arena_.view(90112, 512);
   support::View v102 = arena_.view(88064, 512);
-  support::View v196 = arena_.view(92160, 512);
-  support::View v198 = arena_.view(55296, 512);
-  support::View v199 = arena_.view(98304, 32);
-  support::View v50 = persistent_.view(26240, 128);
+  support::View v201 = arena_.view(92160, 512);
   support::View v203 = arena_.view(55296, 512);
+  support::View v204 = arena_.view(98304, 32);
+  support::View v50 = persistent_.view(26240, 128);
+  support::View v208 = arena_.view(55296, 512);
   support::View v87 = arena_.view(24576, 2048);
-  support::View v204 = arena_.view(90112, 256);
+  support::View v209 = arena_.view(90112, 256);
   support::View v90 = arena_.view(105472, 256);
-  support::View v205 = arena_.view(24576, 2048);
+  support::View v210 = arena_.view(24576, 2048);
   support::View v85 = arena_.view(53248, 512);
-  support::View v207 = arena_.view(91136, 256);
+  support::View v212 = arena_.view(91136, 256);
   support::View v88 = arena_.view(104448, 256);
-  support::View v208 = arena_.view(88064, 512);
-  support::View v209 = arena_.view(100352, 256);
+  support::View v213 = arena_.view(88064, 512);
+  support::View v214 = arena_.view(100352, 256);
   support::View v21 = arena_.view(0, 4096);
   support::View v78(param18_decoder_xl_layer_1_relative_attention_v); // updated in place
-  support::View v212 = arena_.view(24576, 1024);
+  support::View v217 = arena_.view(24576, 1024);
   support::View v83 = arena_.view(36864, 1024);
   support::View v77(param17_decoder_xl_layer_1_relative_attention_k); // updated in place
-  support::View v214 = arena_.view(28672, 1024);
-  support::View v215 = arena_.view(53248, 1024);
+  support::View v219 = arena_.view(28672, 1024);
+  support::View v220 = arena_.view(53248, 1024);
   support::View v76(param16_decoder_xl_layer_1_relative_attention_q); // updated in place
-  support::View v217 = arena_.view(24576, 512);
-  support::View v221 = arena_.view(26624, 512);
+  support::View v222 = arena_.view(24576, 512);
+  support::View v226 = arena_.view(26624, 512);
   support::View v73 = arena_.view(83968, 512);
-  support::View v151 = arena_.view(106496, 32);
-  support::View v154 = arena_.view(106624, 32);
-  support::View v170 = arena_.view(45056, 1024);
-  support::View v177 = arena_.view(49152, 1024);
-  support::View v178 = arena_.view(101376, 32);
-  support::View v181 = arena_.view(101504, 32);
-  support::View v197 = arena_.view(96256, 512);
-  support::View v206 = arena_.view(101632, 16);
-  support::View v210 = arena_.view(101696, 16);
-  support::View v211 = arena_.view(90112, 512);
-  support::View v213 = arena_.view(98304, 512);
-  support::View v216 = arena_.view(92160, 512);
-  support::View v220 = arena_.view(36864, 512);
-  support::View v223 = arena_.view(28672, 512);
-  repeated1(v151, v148, v120, v153, v154, v155, v117, v157, v158, v161, v118, v152, v162, v163,
-            v165, v168, v112, v169, v114, v170, v113, v173, v111, v174, v176, v110, v177, v178,
-            v108, v180, v181, v182, v105, v184, v185, v187, v106, v179, v188, v189, v191, v194, v86,
-            v80, v195, v102, v196, v197, v198, v199, v50, v203, v87, v204, v90, v205, v206, v85,
-            v207, v88, v208, v209, v210, v21, v211, v78, v212, v83, v213, v77, v214, v215, v216,
-            v76, v217, v221, v73, v220, v223);
+  support::View v156 = arena_.view(106496, 32);
+  support::View v159 = arena_.view(106624, 32);
+  support::View v175 = arena_.view(45056, 1024);
+  support::View v182 = arena_.view(49152, 1024);
+  support::View v183 = arena_.view(101376, 32);
+  support::View v186 = arena_.view(101504, 32);
+  support::View v202 = arena_.view(96256, 512);
+  support::View v211 = arena_.view(101632, 16);
+  support::View v215 = arena_.view(101696, 16);
+  support::View v216 = arena_.view(90112, 512);
+  support::View v218 = arena_.view(98304, 512);
+  support::View v221 = arena_.view(92160, 512);
+  support::View v225 = arena_.view(36864, 512);
+  support::View v228 = arena_.view(28672, 512);
+  repeated1(v156, v153, v120, v158, v159, v160, v117, v162, v163, v166, v118, v157, v167, v168,
+            v170, v173, v112, v174, v114, v175, v113, v178, v111, v179, v181, v110, v182, v183,
+            v108, v185, v186, v187, v105, v189, v190, v192, v106, v184, v193, v194, v196, v199, v86,
+            v80, v200, v102, v201, v202, v203, v204, v50, v208, v87, v209, v90, v210, v211, v85,
+            v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77, v219, v220, v221,
+            v76, v222, v226, v73, v225, v228);
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(81920, 512);
-  support::View v226 = arena_.view(24576, 512);
-  support::View v228 = arena_.view(26624, 16);
+  support::View v231 = arena_.view(24576, 512);
+  support::View v233 = arena_.view(26624, 16);
   support::View v68 = arena_.view(79872, 512);
-  support::View v230 = arena_.view(24576, 512);
-  support::View v231 = arena_.view(26624, 16);
-  support::View v233 = arena_.view(30720, 16);
+  support::View v235 = arena_.view(24576, 512);
+  support::View v236 = arena_.view(26624, 16);
+  support::View v238 = arena_.view(30720, 16);
   support::View v69(param13_decoder_xl_layer_0_norm_1_gain); // updated in place
-  support::View v225 = arena_.view(24576, 512);
-  support::View v234 = arena_.view(26624, 512);
-  support::View v235 = arena_.view(30784, 16);
-  support::View v237 = arena_.view(26624, 16);
-  support::View v240 = arena_.view(28672, 512);
+  support::View v230 = arena_.view(24576, 512);
+  support::View v239 = arena_.view(26624, 512);
+  support::View v240 = arena_.view(30784, 16);
+  support::View v242 = arena_.view(26624, 16);
+  support::View v245 = arena_.view(28672, 512);
   support::View v63(param12_decoder_xl_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v241 = arena_.view(30720, 512);
+  support::View v246 = arena_.view(30720, 512);
   support::View v65 = arena_.view(77824, 512);
   support::View v64 = arena_.view(75776, 512);
-  support::View v244 = arena_.view(38912, 512);
+  support::View v249 = arena_.view(38912, 512);
   support::View v62(param11_decoder_xl_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v245 = arena_.view(30720, 512);
-  support::View v247 = arena_.view(53248, 512);
+  support::View v250 = arena_.view(30720, 512);
+  support::View v252 = arena_.view(53248, 512);
   support::View v61 = arena_.view(73728, 512);
   support::View v59 = arena_.view(71680, 512);
-  support::View v251 = arena_.view(38912, 512);
-  support::View v253 = arena_.view(55296, 16);
+  support::View v256 = arena_.view(38912, 512);
+  support::View v258 = arena_.view(55296, 16);
   support::View v56 = arena_.view(69632, 512);
-  support::View v255 = arena_.view(38912, 512);
-  support::View v256 = arena_.view(55296, 16);
-  support::View v258 = arena_.view(69632, 16);
+  support::View v260 = arena_.view(38912, 512);
+  support::View v261 = arena_.view(55296, 16);
+  support::View v263 = arena_.view(69632, 16);
   support::View v57(param9_decoder_xl_layer_0_norm_gain); // updated in place
-  support::View v250 = arena_.view(38912, 512);
-  support::View v259 = arena_.view(55296, 512);
-  support::View v260 = arena_.view(69696, 16);
-  support::View v262 = arena_.view(55296, 16);
-  support::View v265 = arena_.view(53248, 512);
+  support::View v255 = arena_.view(38912, 512);
+  support::View v264 = arena_.view(55296, 512);
+  support::View v265 = arena_.view(69696, 16);
+  support::View v267 = arena_.view(55296, 16);
+  support::View v270 = arena_.view(53248, 512);
   support::View v37 = arena_.view(65536, 512);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
-  support::View v266 = arena_.view(38912, 512);
+  support::View v271 = arena_.view(38912, 512);
   support::View v53 = arena_.view(67584, 512);
-  support::View v267 = arena_.view(55296, 512);
-  support::View v269 = arena_.view(65536, 512);
-  support::View v270 = arena_.view(71680, 32);
+  support::View v272 = arena_.view(55296, 512);
   support::View v274 = arena_.view(65536, 512);
+  support::View v275 = arena_.view(71680, 32);
+  support::View v279 = arena_.view(65536, 512);
   support::View v38 = arena_.view(16384, 2048);
-  support::View v275 = arena_.view(67584, 256);
+  support::View v280 = arena_.view(67584, 256);
   support::View v41 = arena_.view(103424, 256);
-  support::View v276 = arena_.view(16384, 2048);
+  support::View v281 = arena_.view(16384, 2048);
   support::View v36 = arena_.view(63488, 512);
-  support::View v278 = arena_.view(68608, 256);
+  support::View v283 = arena_.view(68608, 256);
   support::View v39 = arena_.view(102400, 256);
-  support::View v279 = arena_.view(38912, 512);
-  support::View v280 = arena_.view(65536, 256);
+  support::View v284 = arena_.view(38912, 512);
+  support::View v285 = arena_.view(65536, 256);
   support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
-  support::View v283 = arena_.view(0, 1024);
+  support::View v288 = arena_.view(0, 1024);
   support::View v34 = arena_.view(32768, 1024);
   support::View v28(param3_decoder_xl_layer_0_relative_attention_k); // updated in place
-  support::View v285 = arena_.view(4096, 1024);
-  support::View v286 = arena_.view(8192, 1024);
+  support::View v290 = arena_.view(4096, 1024);
+  support::View v291 = arena_.view(8192, 1024);
   support::View v27(param2_decoder_xl_layer_0_relative_attention_q); // updated in place
-  support::View v288 = arena_.view(0, 512);
-  support::View v292 = arena_.view(2048, 512);
+  support::View v293 = arena_.view(0, 512);
+  support::View v297 = arena_.view(2048, 512);
   support::View v23 = arena_.view(59392, 512);
-  support::View v224 = arena_.view(83968, 32);
-  support::View v227 = arena_.view(84096, 32);
-  support::View v242 = arena_.view(24576, 1024);
-  support::View v248 = arena_.view(28672, 1024);
-  support::View v249 = arena_.view(73728, 32);
-  support::View v252 = arena_.view(73856, 32);
-  support::View v268 = arena_.view(69632, 512);
-  support::View v277 = arena_.view(71680, 16);
-  support::View v281 = arena_.view(66560, 16);
-  support::View v282 = arena_.view(63488, 512);
-  support::View v284 = arena_.view(12288, 512);
-  support::View v287 = arena_.view(14336, 512);
-  support::View v291 = arena_.view(8192, 512);
-  support::View v294 = arena_.view(4096, 512);
-  repeated1(v224, v223, v71, v226, v227, v228, v68, v230, v231, v233, v69, v225, v234, v235, v237,
-            v240, v63, v241, v65, v242, v64, v244, v62, v245, v247, v61, v248, v249, v59, v251,
-            v252, v253, v56, v255, v256, v258, v57, v250, v259, v260, v262, v265, v37, v31, v266,
-            v53, v267, v268, v269, v270, v50, v274, v38, v275, v41, v276, v277, v36, v278, v39,
-            v279, v280, v281, v21, v282, v29, v283, v34, v284, v28, v285, v286, v287, v27, v288,
-            v292, v23, v291, v294);
+  support::View v229 = arena_.view(83968, 32);
+  support::View v232 = arena_.view(84096, 32);
+  support::View v247 = arena_.view(24576, 1024);
+  support::View v253 = arena_.view(28672, 1024);
+  support::View v254 = arena_.view(73728, 32);
+  support::View v257 = arena_.view(73856, 32);
+  support::View v273 = arena_.view(69632, 512);
+  support::View v282 = arena_.view(71680, 16);
+  support::View v286 = arena_.view(66560, 16);
+  support::View v287 = arena_.view(63488, 512);
+  support::View v289 = arena_.view(12288, 512);
+  support::View v292 = arena_.view(14336, 512);
+  support::View v296 = arena_.view(8192, 512);
+  support::View v299 = arena_.view(4096, 512);
+  repeated1(v229, v228, v71, v231, v232, v233, v68, v235, v236, v238, v69, v230, v239, v240, v242,
+            v245, v63, v246, v65, v247, v64, v249, v62, v250, v252, v61, v253, v254, v59, v256,
+            v257, v258, v56, v260, v261, v263, v57, v255, v264, v265, v267, v270, v37, v31, v271,
+            v53, v272, v273, v274, v275, v50, v279, v38, v280, v41, v281, v282, v36, v283, v39,
+            v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292, v27, v293,
+            v297, v23, v296, v299);
 
   // transformer_xl.mesh:87:11 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:87:11", "backward");
   support::View v22 = arena_.view(57344, 512);
-  support::View v295 = arena_.view(0, 1024);
+  support::View v300 = arena_.view(0, 1024);
   // dims: batch, segment, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v294.data(), v22.data(), v295.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v299.data(), v22.data(), v300.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:87:11 add -> grad/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:87:11", "backward");
-  support::View v296 = arena_.view(4096, 1024);
+  support::View v301 = arena_.view(4096, 1024);
   {
-    float *__restrict v296p = v296.data();
-    const float *__restrict v149p = v149.data();
-    const float *__restrict v295p = v295.data();
+    float *__restrict v301p = v301.data();
+    const float *__restrict v154p = v154.data();
+    const float *__restrict v300p = v300.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v149p[i0];
-      const float s1 = v295p[i0];
+      const float s0 = v154p[i0];
+      const float s1 = v300p[i0];
       const float s2 = (s0 + s1);
-      v296p[i0] = s2;
+      v301p[i0] = s2;
     }
   }
 
@@ -1128,106 +1111,106 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // grad/decoder/xl_layer[1]/dense_relu_dense/wo, ...) over data resolved together, 41.2 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::allReduceBucket(group_data, {v151, v154, v170, v177, v178, v181, v197, v206, v210,
-                                        v211, v213, v216, v220, v224, v227, v242, v248, v249,
-                                        v252, v268, v277, v281, v282, v284, v287, v291, v296});
+  support::allReduceBucket(group_data, {v156, v159, v175, v182, v183, v186, v202, v211, v215,
+                                        v216, v218, v221, v225, v229, v232, v247, v253, v254,
+                                        v257, v273, v282, v286, v287, v289, v292, v296, v301});
 
   // transformer_xl.mesh:101:3 square
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v321 = arena_.view(0, 1024);
+  support::View v326 = arena_.view(0, 1024);
   {
-    float *__restrict v321p = v321.data();
-    const float *__restrict v296p = v296.data();
+    float *__restrict v326p = v326.data();
+    const float *__restrict v301p = v301.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v296p[i0];
+      const float s0 = v301p[i0];
       const float s1 = s0 * s0;
-      v321p[i0] = s1;
+      v326p[i0] = s1;
     }
   }
 
   // transformer_xl.mesh:101:3 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:101:3", "backward");
-  support::View v322 = arena_.view(10240, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {32, 32};
-  static const support::Shape shape12_5 = {32, 1};
-  support::reduce(v322.data(), shape12_1, v321.data(), shape12_3, shape12_4, shape12_5,
+  support::View v327 = arena_.view(10240, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {32, 32};
+  static const support::Shape shape9_5 = {32, 1};
+  support::reduce(v327.data(), shape9_1, v326.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // 30 statements from transformer_xl.mesh:101:3 square (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v324 = arena_.view(0, 512);
-  support::View v328 = arena_.view(0, 512);
-  support::View v332 = arena_.view(0, 512);
-  support::View v336 = arena_.view(0, 512);
-  support::View v340 = arena_.view(0, 512);
-  support::View v344 = arena_.view(0, 16);
-  support::View v348 = arena_.view(0, 16);
-  support::View v352 = arena_.view(0, 32);
-  support::View v353 = arena_.view(128, 16);
+  support::View v329 = arena_.view(0, 512);
+  support::View v333 = arena_.view(0, 512);
+  support::View v337 = arena_.view(0, 512);
+  support::View v341 = arena_.view(0, 512);
+  support::View v345 = arena_.view(0, 512);
+  support::View v349 = arena_.view(0, 16);
+  support::View v353 = arena_.view(0, 16);
   support::View v357 = arena_.view(0, 32);
   support::View v358 = arena_.view(128, 16);
-  support::View v362 = arena_.view(0, 1024);
-  support::View v366 = arena_.view(0, 1024);
-  support::View v370 = arena_.view(0, 32);
-  support::View v371 = arena_.view(128, 16);
+  support::View v362 = arena_.view(0, 32);
+  support::View v363 = arena_.view(128, 16);
+  support::View v367 = arena_.view(0, 1024);
+  support::View v371 = arena_.view(0, 1024);
   support::View v375 = arena_.view(0, 32);
   support::View v376 = arena_.view(128, 16);
-  support::View v325 = arena_.view(10304, 1);
-  support::View v329 = arena_.view(10368, 1);
-  support::View v333 = arena_.view(10432, 1);
-  support::View v337 = arena_.view(10496, 1);
-  support::View v341 = arena_.view(10560, 1);
-  support::View v345 = arena_.view(10624, 1);
-  support::View v349 = arena_.view(10688, 1);
-  support::View v354 = arena_.view(10752, 1);
-  support::View v359 = arena_.view(10816, 1);
-  support::View v363 = arena_.view(10880, 1);
-  support::View v367 = arena_.view(10944, 1);
-  support::View v372 = arena_.view(11008, 1);
-  support::View v377 = arena_.view(11072, 1);
-  repeated3(v291, v324, v325, v287, v328, v329, v284, v332, v333, v282, v336, v337, v268, v340,
-            v341, v281, v344, v345, v277, v348, v349, v252, v352, v353, v354, v249, v357, v358,
-            v359, v248, v362, v363, v242, v366, v367, v227, v370, v371, v372, v224, v375, v376,
-            v377);
+  support::View v380 = arena_.view(0, 32);
+  support::View v381 = arena_.view(128, 16);
+  support::View v330 = arena_.view(10304, 1);
+  support::View v334 = arena_.view(10368, 1);
+  support::View v338 = arena_.view(10432, 1);
+  support::View v342 = arena_.view(10496, 1);
+  support::View v346 = arena_.view(10560, 1);
+  support::View v350 = arena_.view(10624, 1);
+  support::View v354 = arena_.view(10688, 1);
+  support::View v359 = arena_.view(10752, 1);
+  support::View v364 = arena_.view(10816, 1);
+  support::View v368 = arena_.view(10880, 1);
+  support::View v372 = arena_.view(10944, 1);
+  support::View v377 = arena_.view(11008, 1);
+  support::View v382 = arena_.view(11072, 1);
+  repeated3(v296, v329, v330, v292, v333, v334, v289, v337, v338, v287, v341, v342, v273, v345,
+            v346, v286, v349, v350, v282, v353, v354, v257, v357, v358, v359, v254, v362, v363,
+            v364, v253, v367, v368, v247, v371, v372, v232, v375, v376, v377, v229, v380, v381,
+            v382);
 
   // 30 statements from transformer_xl.mesh:101:3 square (2 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v380 = arena_.view(0, 512);
-  support::View v384 = arena_.view(0, 512);
-  support::View v388 = arena_.view(0, 512);
-  support::View v392 = arena_.view(0, 512);
-  support::View v396 = arena_.view(0, 512);
-  support::View v400 = arena_.view(0, 16);
-  support::View v404 = arena_.view(0, 16);
-  support::View v408 = arena_.view(0, 32);
-  support::View v409 = arena_.view(128, 16);
+  support::View v385 = arena_.view(0, 512);
+  support::View v389 = arena_.view(0, 512);
+  support::View v393 = arena_.view(0, 512);
+  support::View v397 = arena_.view(0, 512);
+  support::View v401 = arena_.view(0, 512);
+  support::View v405 = arena_.view(0, 16);
+  support::View v409 = arena_.view(0, 16);
   support::View v413 = arena_.view(0, 32);
   support::View v414 = arena_.view(128, 16);
-  support::View v418 = arena_.view(0, 1024);
-  support::View v422 = arena_.view(0, 1024);
-  support::View v426 = arena_.view(0, 32);
-  support::View v427 = arena_.view(128, 16);
+  support::View v418 = arena_.view(0, 32);
+  support::View v419 = arena_.view(128, 16);
+  support::View v423 = arena_.view(0, 1024);
+  support::View v427 = arena_.view(0, 1024);
   support::View v431 = arena_.view(0, 32);
   support::View v432 = arena_.view(128, 16);
-  support::View v381 = arena_.view(11136, 1);
-  support::View v385 = arena_.view(11200, 1);
-  support::View v389 = arena_.view(11264, 1);
-  support::View v393 = arena_.view(11328, 1);
-  support::View v397 = arena_.view(11392, 1);
-  support::View v401 = arena_.view(11456, 1);
-  support::View v405 = arena_.view(11520, 1);
-  support::View v410 = arena_.view(11584, 1);
-  support::View v415 = arena_.view(11648, 1);
-  support::View v419 = arena_.view(11712, 1);
-  support::View v423 = arena_.view(11776, 1);
-  support::View v428 = arena_.view(192, 1);
-  support::View v433 = arena_.view(0, 1);
-  repeated3(v220, v380, v381, v216, v384, v385, v213, v388, v389, v211, v392, v393, v197, v396,
-            v397, v210, v400, v401, v206, v404, v405, v181, v408, v409, v410, v178, v413, v414,
-            v415, v177, v418, v419, v170, v422, v423, v154, v426, v427, v428, v151, v431, v432,
-            v433);
+  support::View v436 = arena_.view(0, 32);
+  support::View v437 = arena_.view(128, 16);
+  support::View v386 = arena_.view(11136, 1);
+  support::View v390 = arena_.view(11200, 1);
+  support::View v394 = arena_.view(11264, 1);
+  support::View v398 = arena_.view(11328, 1);
+  support::View v402 = arena_.view(11392, 1);
+  support::View v406 = arena_.view(11456, 1);
+  support::View v410 = arena_.view(11520, 1);
+  support::View v415 = arena_.view(11584, 1);
+  support::View v420 = arena_.view(11648, 1);
+  support::View v424 = arena_.view(11712, 1);
+  support::View v428 = arena_.view(11776, 1);
+  support::View v433 = arena_.view(192, 1);
+  support::View v438 = arena_.view(0, 1);
+  repeated3(v225, v385, v386, v221, v389, v390, v218, v393, v394, v216, v397, v398, v202, v401,
+            v402, v215, v405, v406, v211, v409, v410, v186, v413, v414, v415, v183, v418, v419,
+            v420, v182, v423, v424, v175, v427, v428, v159, v431, v432, v433, v156, v436, v437,
+            v438);
 
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
@@ -1256,112 +1239,112 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 add
   // transformer_xl.mesh:101:3 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v434 = arena_.view(64, 1);
+  support::View v439 = arena_.view(64, 1);
   {
-    float *__restrict v434p = v434.data();
-    const float *__restrict v322p = v322.data();
-    const float *__restrict v325p = v325.data();
-    const float *__restrict v329p = v329.data();
-    const float *__restrict v333p = v333.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v341p = v341.data();
-    const float *__restrict v345p = v345.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict v439p = v439.data();
+    const float *__restrict v327p = v327.data();
+    const float *__restrict v330p = v330.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v338p = v338.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v346p = v346.data();
+    const float *__restrict v350p = v350.data();
     const float *__restrict v354p = v354.data();
     const float *__restrict v359p = v359.data();
-    const float *__restrict v363p = v363.data();
-    const float *__restrict v367p = v367.data();
+    const float *__restrict v364p = v364.data();
+    const float *__restrict v368p = v368.data();
     const float *__restrict v372p = v372.data();
     const float *__restrict v377p = v377.data();
-    const float *__restrict v381p = v381.data();
-    const float *__restrict v385p = v385.data();
-    const float *__restrict v389p = v389.data();
-    const float *__restrict v393p = v393.data();
-    const float *__restrict v397p = v397.data();
-    const float *__restrict v401p = v401.data();
-    const float *__restrict v405p = v405.data();
+    const float *__restrict v382p = v382.data();
+    const float *__restrict v386p = v386.data();
+    const float *__restrict v390p = v390.data();
+    const float *__restrict v394p = v394.data();
+    const float *__restrict v398p = v398.data();
+    const float *__restrict v402p = v402.data();
+    const float *__restrict v406p = v406.data();
     const float *__restrict v410p = v410.data();
     const float *__restrict v415p = v415.data();
-    const float *__restrict v419p = v419.data();
-    const float *__restrict v423p = v423.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v424p = v424.data();
     const float *__restrict v428p = v428.data();
     const float *__restrict v433p = v433.data();
-    const float s0 = v322p[0];
-    const float s1 = v325p[0];
+    const float *__restrict v438p = v438.data();
+    const float s0 = v327p[0];
+    const float s1 = v330p[0];
     const float s2 = (s0 + s1);
-    const float s3 = v329p[0];
+    const float s3 = v334p[0];
     const float s4 = (s2 + s3);
-    const float s5 = v333p[0];
+    const float s5 = v338p[0];
     const float s6 = (s4 + s5);
-    const float s7 = v337p[0];
+    const float s7 = v342p[0];
     const float s8 = (s6 + s7);
-    const float s9 = v341p[0];
+    const float s9 = v346p[0];
     const float s10 = (s8 + s9);
-    const float s11 = v345p[0];
+    const float s11 = v350p[0];
     const float s12 = (s10 + s11);
-    const float s13 = v349p[0];
+    const float s13 = v354p[0];
     const float s14 = (s12 + s13);
-    const float s15 = v354p[0];
+    const float s15 = v359p[0];
     const float s16 = (s14 + s15);
-    const float s17 = v359p[0];
+    const float s17 = v364p[0];
     const float s18 = (s16 + s17);
-    const float s19 = v363p[0];
+    const float s19 = v368p[0];
     const float s20 = (s18 + s19);
-    const float s21 = v367p[0];
+    const float s21 = v372p[0];
     const float s22 = (s20 + s21);
-    const float s23 = v372p[0];
+    const float s23 = v377p[0];
     const float s24 = (s22 + s23);
-    const float s25 = v377p[0];
+    const float s25 = v382p[0];
     const float s26 = (s24 + s25);
-    const float s27 = v381p[0];
+    const float s27 = v386p[0];
     const float s28 = (s26 + s27);
-    const float s29 = v385p[0];
+    const float s29 = v390p[0];
     const float s30 = (s28 + s29);
-    const float s31 = v389p[0];
+    const float s31 = v394p[0];
     const float s32 = (s30 + s31);
-    const float s33 = v393p[0];
+    const float s33 = v398p[0];
     const float s34 = (s32 + s33);
-    const float s35 = v397p[0];
+    const float s35 = v402p[0];
     const float s36 = (s34 + s35);
-    const float s37 = v401p[0];
+    const float s37 = v406p[0];
     const float s38 = (s36 + s37);
-    const float s39 = v405p[0];
+    const float s39 = v410p[0];
     const float s40 = (s38 + s39);
-    const float s41 = v410p[0];
+    const float s41 = v415p[0];
     const float s42 = (s40 + s41);
-    const float s43 = v415p[0];
+    const float s43 = v420p[0];
     const float s44 = (s42 + s43);
-    const float s45 = v419p[0];
+    const float s45 = v424p[0];
     const float s46 = (s44 + s45);
-    const float s47 = v423p[0];
+    const float s47 = v428p[0];
     const float s48 = (s46 + s47);
-    const float s49 = v428p[0];
+    const float s49 = v433p[0];
     const float s50 = (s48 + s49);
-    const float s51 = v433p[0];
+    const float s51 = v438p[0];
     const float s52 = (s50 + s51);
-    v434p[0] = s52;
+    v439p[0] = s52;
   }
 
-  // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %383 over model for sqrt
+  // transformer_xl.mesh:101:3 all_reduce_sum (resolve the partial sum of %389 over model for sqrt
   // at 101:3)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  group_model.allReduce(v434.data(), v434.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v439.data(), v439.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:101:3 sqrt -> global_grad_norm
   // transformer_xl.mesh:101:3 maximum
   // transformer_xl.mesh:101:3 div
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "backward");
-  support::View v439 = arena_.view(128, 1);
+  support::View v444 = arena_.view(128, 1);
   {
-    float *__restrict v439p = v439.data();
-    const float *__restrict v434p = v434.data();
-    const float s0 = v434p[0];
+    float *__restrict v444p = v444.data();
+    const float *__restrict v439p = v439.data();
+    const float s0 = v439p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.25f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.25f;
     const float s5 = (s4 / s3);
-    v439p[0] = s5;
+    v444p[0] = s5;
   }
 
   // transformer_xl.mesh:101:3 step
@@ -1384,14 +1367,14 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 pow
   // transformer_xl.mesh:101:3 sub
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  support::View v319 = arena_.view(0, 1);
-  support::View v481 = arena_.view(64, 1);
-  support::View v483 = arena_.view(192, 1);
+  support::View v324 = arena_.view(0, 1);
+  support::View v486 = arena_.view(64, 1);
+  support::View v488 = arena_.view(192, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v319p = v319.data();
-    float *__restrict v481p = v481.data();
-    float *__restrict v483p = v483.data();
+    float *__restrict v324p = v324.data();
+    float *__restrict v486p = v486.data();
+    float *__restrict v488p = v488.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -1425,9 +1408,9 @@ void XlTrain::runPart1(const Inputs &inputs) {
     const float s30 = support::fpow(s29, s2);
     const float s31 = 1.0f;
     const float s32 = (s31 - s30);
-    v319p[0] = s24;
-    v481p[0] = s28;
-    v483p[0] = s32;
+    v324p[0] = s24;
+    v486p[0] = s28;
+    v488p[0] = s32;
   }
 
   // transformer_xl.mesh:101:3 mul
@@ -1448,140 +1431,141 @@ void XlTrain::runPart1(const Inputs &inputs) {
   // transformer_xl.mesh:101:3 mul
   // transformer_xl.mesh:101:3 sub -> next/decoder/embedding
   MESHRT_TRACE("loop", "transformer_xl.mesh:101:3", "update");
-  support::View v467(param29_decoder_embedding_m); // updated in place
-  support::View v468(param30_decoder_embedding_v); // updated in place
+  support::View v6(param0_decoder_embedding);      // updated in place
+  support::View v472(param29_decoder_embedding_m); // updated in place
+  support::View v473(param30_decoder_embedding_v); // updated in place
   {
-    float *__restrict v467p = v467.data();
-    float *__restrict v468p = v468.data();
+    float *__restrict v472p = v472.data();
+    float *__restrict v473p = v473.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v439p = v439.data();
-    const float *__restrict v481p = v481.data();
-    const float *__restrict v483p = v483.data();
-    const float *__restrict v319p = v319.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v444p = v444.data();
+    const float *__restrict v486p = v486.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v324p = v324.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v296p[i0];
-      const float s4 = v439p[0];
+      const float s3 = v301p[i0];
+      const float s4 = v444p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v467p[i0];
+      const float s8 = v472p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v468p[i0];
+      const float s15 = v473p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v481p[0];
+      const float s19 = v486p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v483p[0];
+      const float s21 = v488p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v319p[0];
+      const float s28 = v324p[0];
       const float s29 = (s27 * s28);
       const float s30 = v6p[i0];
       const float s31 = (s30 - s29);
-      v467p[i0] = s11;
-      v468p[i0] = s18;
+      v472p[i0] = s11;
+      v473p[i0] = s18;
       v6p[i0] = s31;
     }
   }
 
   // 13 statements from transformer_xl.mesh:101:3 mul (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v495(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
-  support::View v496(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
-  support::View v515(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
-  support::View v516(param34_decoder_xl_layer_0_relative_attention_k_v);        // updated in place
-  support::View v535(param35_decoder_xl_layer_0_relative_attention_v_m);        // updated in place
-  support::View v536(param36_decoder_xl_layer_0_relative_attention_v_v);        // updated in place
+  support::View v500(param31_decoder_xl_layer_0_relative_attention_q_m);        // updated in place
+  support::View v501(param32_decoder_xl_layer_0_relative_attention_q_v);        // updated in place
+  support::View v520(param33_decoder_xl_layer_0_relative_attention_k_m);        // updated in place
+  support::View v521(param34_decoder_xl_layer_0_relative_attention_k_v);        // updated in place
+  support::View v540(param35_decoder_xl_layer_0_relative_attention_v_m);        // updated in place
+  support::View v541(param36_decoder_xl_layer_0_relative_attention_v_v);        // updated in place
   support::View v30(param5_decoder_xl_layer_0_relative_attention_r);            // updated in place
-  support::View v555(param37_decoder_xl_layer_0_relative_attention_r_m);        // updated in place
-  support::View v556(param38_decoder_xl_layer_0_relative_attention_r_v);        // updated in place
-  support::View v575(param39_decoder_xl_layer_0_relative_attention_o_m);        // updated in place
-  support::View v576(param40_decoder_xl_layer_0_relative_attention_o_v);        // updated in place
+  support::View v560(param37_decoder_xl_layer_0_relative_attention_r_m);        // updated in place
+  support::View v561(param38_decoder_xl_layer_0_relative_attention_r_v);        // updated in place
+  support::View v580(param39_decoder_xl_layer_0_relative_attention_o_m);        // updated in place
+  support::View v581(param40_decoder_xl_layer_0_relative_attention_o_v);        // updated in place
   support::View v32(param7_decoder_xl_layer_0_relative_attention_content_bias); // updated in place
-  support::View v595(
+  support::View v600(
       param41_decoder_xl_layer_0_relative_attention_content_bias_m); // updated in place
-  support::View v596(
+  support::View v601(
       param42_decoder_xl_layer_0_relative_attention_content_bias_v);             // updated in place
   support::View v33(param8_decoder_xl_layer_0_relative_attention_position_bias); // updated in place
-  support::View v615(
+  support::View v620(
       param43_decoder_xl_layer_0_relative_attention_position_bias_m); // updated in place
-  support::View v616(
+  support::View v621(
       param44_decoder_xl_layer_0_relative_attention_position_bias_v);   // updated in place
-  support::View v635(param45_decoder_xl_layer_0_norm_gain_m);           // updated in place
-  support::View v636(param46_decoder_xl_layer_0_norm_gain_v);           // updated in place
+  support::View v640(param45_decoder_xl_layer_0_norm_gain_m);           // updated in place
+  support::View v641(param46_decoder_xl_layer_0_norm_gain_v);           // updated in place
   support::View v58(param10_decoder_xl_layer_0_norm_bias);              // updated in place
-  support::View v655(param47_decoder_xl_layer_0_norm_bias_m);           // updated in place
-  support::View v656(param48_decoder_xl_layer_0_norm_bias_v);           // updated in place
-  support::View v675(param49_decoder_xl_layer_0_dense_relu_dense_wi_m); // updated in place
-  support::View v676(param50_decoder_xl_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v695(param51_decoder_xl_layer_0_dense_relu_dense_wo_m); // updated in place
-  support::View v696(param52_decoder_xl_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v715(param53_decoder_xl_layer_0_norm_1_gain_m);         // updated in place
-  support::View v716(param54_decoder_xl_layer_0_norm_1_gain_v);         // updated in place
+  support::View v660(param47_decoder_xl_layer_0_norm_bias_m);           // updated in place
+  support::View v661(param48_decoder_xl_layer_0_norm_bias_v);           // updated in place
+  support::View v680(param49_decoder_xl_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v681(param50_decoder_xl_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v700(param51_decoder_xl_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v701(param52_decoder_xl_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v720(param53_decoder_xl_layer_0_norm_1_gain_m);         // updated in place
+  support::View v721(param54_decoder_xl_layer_0_norm_1_gain_v);         // updated in place
   support::View v70(param14_decoder_xl_layer_0_norm_1_bias);            // updated in place
-  support::View v735(param55_decoder_xl_layer_0_norm_1_bias_m);         // updated in place
-  support::View v736(param56_decoder_xl_layer_0_norm_1_bias_v);         // updated in place
-  repeated0(v27, v291, v439, v495, v496, v481, v483, v319, v28, v287, v515, v516, v29, v284, v535,
-            v536, v30, v282, v555, v556, v31, v268, v575, v576, v32, v281, v595, v596, v33, v277,
-            v615, v616, v57, v252, v635, v636, v58, v249, v655, v656, v62, v248, v675, v676, v63,
-            v242, v695, v696, v69, v227, v715, v716, v70, v224, v735, v736);
+  support::View v740(param55_decoder_xl_layer_0_norm_1_bias_m);         // updated in place
+  support::View v741(param56_decoder_xl_layer_0_norm_1_bias_v);         // updated in place
+  repeated0(v27, v296, v444, v500, v501, v486, v488, v324, v28, v292, v520, v521, v29, v289, v540,
+            v541, v30, v287, v560, v561, v31, v273, v580, v581, v32, v286, v600, v601, v33, v282,
+            v620, v621, v57, v257, v640, v641, v58, v254, v660, v661, v62, v253, v680, v681, v63,
+            v247, v700, v701, v69, v232, v720, v721, v70, v229, v740, v741);
 
   // 13 statements from transformer_xl.mesh:101:3 mul (2 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:101:3");
-  support::View v755(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
-  support::View v756(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
-  support::View v775(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
-  support::View v776(param60_decoder_xl_layer_1_relative_attention_k_v);         // updated in place
-  support::View v795(param61_decoder_xl_layer_1_relative_attention_v_m);         // updated in place
-  support::View v796(param62_decoder_xl_layer_1_relative_attention_v_v);         // updated in place
+  support::View v760(param57_decoder_xl_layer_1_relative_attention_q_m);         // updated in place
+  support::View v761(param58_decoder_xl_layer_1_relative_attention_q_v);         // updated in place
+  support::View v780(param59_decoder_xl_layer_1_relative_attention_k_m);         // updated in place
+  support::View v781(param60_decoder_xl_layer_1_relative_attention_k_v);         // updated in place
+  support::View v800(param61_decoder_xl_layer_1_relative_attention_v_m);         // updated in place
+  support::View v801(param62_decoder_xl_layer_1_relative_attention_v_v);         // updated in place
   support::View v79(param19_decoder_xl_layer_1_relative_attention_r);            // updated in place
-  support::View v815(param63_decoder_xl_layer_1_relative_attention_r_m);         // updated in place
-  support::View v816(param64_decoder_xl_layer_1_relative_attention_r_v);         // updated in place
-  support::View v835(param65_decoder_xl_layer_1_relative_attention_o_m);         // updated in place
-  support::View v836(param66_decoder_xl_layer_1_relative_attention_o_v);         // updated in place
+  support::View v820(param63_decoder_xl_layer_1_relative_attention_r_m);         // updated in place
+  support::View v821(param64_decoder_xl_layer_1_relative_attention_r_v);         // updated in place
+  support::View v840(param65_decoder_xl_layer_1_relative_attention_o_m);         // updated in place
+  support::View v841(param66_decoder_xl_layer_1_relative_attention_o_v);         // updated in place
   support::View v81(param21_decoder_xl_layer_1_relative_attention_content_bias); // updated in place
-  support::View v855(
+  support::View v860(
       param67_decoder_xl_layer_1_relative_attention_content_bias_m); // updated in place
-  support::View v856(
+  support::View v861(
       param68_decoder_xl_layer_1_relative_attention_content_bias_v); // updated in place
   support::View v82(
       param22_decoder_xl_layer_1_relative_attention_position_bias); // updated in place
-  support::View v875(
+  support::View v880(
       param69_decoder_xl_layer_1_relative_attention_position_bias_m); // updated in place
-  support::View v876(
+  support::View v881(
       param70_decoder_xl_layer_1_relative_attention_position_bias_v);   // updated in place
-  support::View v895(param71_decoder_xl_layer_1_norm_gain_m);           // updated in place
-  support::View v896(param72_decoder_xl_layer_1_norm_gain_v);           // updated in place
+  support::View v900(param71_decoder_xl_layer_1_norm_gain_m);           // updated in place
+  support::View v901(param72_decoder_xl_layer_1_norm_gain_v);           // updated in place
   support::View v107(param24_decoder_xl_layer_1_norm_bias);             // updated in place
-  support::View v915(param73_decoder_xl_layer_1_norm_bias_m);           // updated in place
-  support::View v916(param74_decoder_xl_layer_1_norm_bias_v);           // updated in place
-  support::View v935(param75_decoder_xl_layer_1_dense_relu_dense_wi_m); // updated in place
-  support::View v936(param76_decoder_xl_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v955(param77_decoder_xl_layer_1_dense_relu_dense_wo_m); // updated in place
-  support::View v956(param78_decoder_xl_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v975(param79_decoder_xl_layer_1_norm_1_gain_m);         // updated in place
-  support::View v976(param80_decoder_xl_layer_1_norm_1_gain_v);         // updated in place
+  support::View v920(param73_decoder_xl_layer_1_norm_bias_m);           // updated in place
+  support::View v921(param74_decoder_xl_layer_1_norm_bias_v);           // updated in place
+  support::View v940(param75_decoder_xl_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v941(param76_decoder_xl_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v960(param77_decoder_xl_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v961(param78_decoder_xl_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v980(param79_decoder_xl_layer_1_norm_1_gain_m);         // updated in place
+  support::View v981(param80_decoder_xl_layer_1_norm_1_gain_v);         // updated in place
   support::View v119(param28_decoder_xl_layer_1_norm_1_bias);           // updated in place
-  support::View v995(param81_decoder_xl_layer_1_norm_1_bias_m);         // updated in place
-  support::View v996(param82_decoder_xl_layer_1_norm_1_bias_v);         // updated in place
-  repeated0(v76, v220, v439, v755, v756, v481, v483, v319, v77, v216, v775, v776, v78, v213, v795,
-            v796, v79, v211, v815, v816, v80, v197, v835, v836, v81, v210, v855, v856, v82, v206,
-            v875, v876, v106, v181, v895, v896, v107, v178, v915, v916, v111, v177, v935, v936,
-            v112, v170, v955, v956, v118, v154, v975, v976, v119, v151, v995, v996);
+  support::View v1000(param81_decoder_xl_layer_1_norm_1_bias_m);        // updated in place
+  support::View v1001(param82_decoder_xl_layer_1_norm_1_bias_v);        // updated in place
+  repeated0(v76, v225, v444, v760, v761, v486, v488, v324, v77, v221, v780, v781, v78, v218, v800,
+            v801, v79, v216, v820, v821, v80, v202, v840, v841, v81, v215, v860, v861, v82, v211,
+            v880, v881, v106, v186, v900, v901, v107, v183, v920, v921, v111, v182, v940, v941,
+            v112, v175, v960, v961, v118, v159, v980, v981, v119, v156, v1000, v1001);
 }
 
 void XlTrain::repeated0(
@@ -2673,7 +2657,7 @@ void XlTrain::repeated1(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan14.run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
-  // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %164 over model for add at
+  // transformer_xl.mesh:70:22 all_reduce_sum (resolve the partial sum of %170 over model for add at
   // 70:22)
   MESHRT_TRACE_SITE("transformer_xl.mesh:70:22");
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
@@ -3058,8 +3042,8 @@ void XlTrain::repeated1(
   support::copyWindow(a75.data(), a71.data(), shape49_2, shape49_3, shape49_4, 32, 32, 8, 16,
                       int64_t(-8));
 
-  // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %206 over model
-  // for add at 56:17; merged with 1 more partial sum over model (%222): 4.0 KiB in one buffer)
+  // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %212 over model
+  // for add at 56:17; merged with 1 more partial sum over model (%227): 4.0 KiB in one buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   auto request1 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
 
@@ -3549,7 +3533,7 @@ void XlTrain::repeated3(
     }
   }
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %327 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %333 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape15_2 = {32};
   support::sliceDim(a23, a22, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -3575,7 +3559,7 @@ void XlTrain::repeated3(
     }
   }
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %330 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %336 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape18_2 = {32};
   support::sliceDim(a27, a26, shape18_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -3643,7 +3627,7 @@ void XlTrain::repeated3(
     }
   }
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %339 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %345 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape25_2 = {32};
   support::sliceDim(a37, a36, shape25_2, 0, support::blockIndex(world_, {"model"}), 2);
@@ -3669,7 +3653,7 @@ void XlTrain::repeated3(
     }
   }
 
-  // transformer_xl.mesh:101:3 local_slice (reshard %342 for sum at 101:3)
+  // transformer_xl.mesh:101:3 local_slice (reshard %348 for sum at 101:3)
   MESHRT_TRACE("local_slice", "transformer_xl.mesh:101:3", "backward");
   static const support::Shape shape28_2 = {32};
   support::sliceDim(a41, a40, shape28_2, 0, support::blockIndex(world_, {"model"}), 2);

@@ -1954,7 +1954,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 223744 bytes for 818332 bytes of temporaries (placed by liveness).
+  // Arena: 223616 bytes for 814236 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1962,8 +1962,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v210 = arena_.view(223488, 1);
-  support::View v205 = arena_.view(223680, 1);
+  support::View v210 = arena_.view(223552, 1);
+  support::View v205 = arena_.view(223488, 1);
 
   // The step's updates.
   ++step_;
@@ -1998,7 +1998,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
-  support::View v5 = arena_.view(223616, 16);
+  support::View v5 = arena_.view(196864, 16);
   {
     float *__restrict v5p = v5.data();
     const float *__restrict v2p = v2.data();
@@ -2018,7 +2018,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:105:39 le
   // xlnet.mesh:105:25 cast -> content_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:105:39", "forward");
-  support::View v11 = arena_.view(69632, 256);
+  support::View v11 = arena_.view(65536, 256);
   {
     float *__restrict v11p = v11.data();
     const float *__restrict v9p = v9.data();
@@ -2037,7 +2037,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:106:37 lt
   // xlnet.mesh:106:23 cast -> query_allowed
   MESHRT_TRACE("loop", "xlnet.mesh:106:37", "forward");
-  support::View v13 = arena_.view(77824, 256);
+  support::View v13 = arena_.view(73728, 256);
   {
     float *__restrict v13p = v13.data();
     const float *__restrict v9p = v9.data();
@@ -2092,11 +2092,19 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan9.run(v27.data(), v6.data(), v28.data(), 1.0f, 0.0f);
 
+  // xlnet.mesh:59:28 all_reduce_sum -> h (resolve the partial sum of h over model for einsum at
+  // 59:28)
+  MESHRT_TRACE_SITE("xlnet.mesh:59:28");
+  auto request0 = support::startAllReduce(group_model, {v28}, meshrt::ReduceOp::Sum);
+
   // xlnet.mesh:109:52 ge
+  // xlnet.mesh:128:14 ge
   // xlnet.mesh:109:40 cast
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
+  support::View v30 = arena_.view(196608, 32);
   support::View v31 = arena_.view(223232, 32);
   {
+    float *__restrict v30p = v30.data();
     float *__restrict v31p = v31.data();
     const float *__restrict v0p = v0.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -2104,6 +2112,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
       const float s1 = support::wrapI32(0.0);
       const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
       const float s3 = s2;
+      v30p[i0] = s2;
       v31p[i0] = s3;
     }
   }
@@ -2126,44 +2135,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // xlnet.mesh:132:30 mul
-  // xlnet.mesh:129:20 broadcast
-  // xlnet.mesh:129:29 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
-  support::View v217 = arena_.view(65536, 1024);
-  {
-    float *__restrict v217p = v217.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = -0.0625f;
-          const float s1 = v5p[i1];
-          const float s2 = (s0 * s1);
-          const float s3 = s2;
-          const float s4 = v27p[i0 * 512 + i1 * 32 + i2];
-          const float s5 = (s3 * s4);
-          v217p[i0 * 512 + i1 * 32 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // xlnet.mesh:128:14 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:128:14", "backward");
-  support::View v218 = arena_.view(223360, 32);
-  static const support::Shape shape13_1 = {2, 16};
-  static const support::Shape shape13_3 = {512, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v218.data(), shape13_1, v217.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:59:28 bucketed_all_reduce_sum -> h (resolve the partial sum of h over model for
-  // einsum at 59:28; merged with 1 more partial sum over model (%220): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  support::allReduceBucket(group_model, {v28, v218});
+  group_model.wait(request0);
 
   // 13 statements from xlnet.mesh:59:28 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
@@ -2215,7 +2188,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "forward");
-  support::View v67 = arena_.view(69632, 1024);
+  support::View v67 = arena_.view(65536, 1024);
   {
     float *__restrict v67p = v67.data();
     const float *__restrict v51p = v51.data();
@@ -2238,15 +2211,15 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
-  support::View v68 = arena_.view(73728, 1024);
-  static const support::Shape shape18_2 = {2, 2, 16};
-  static const support::Shape shape18_3 = {512, 256, 16};
-  static const support::Shape shape18_4 = {512, 256, 16};
-  static const support::Shape shape18_5 = {16};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v68.data(), v67.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::View v68 = arena_.view(69632, 1024);
+  static const support::Shape shape17_2 = {2, 2, 16};
+  static const support::Shape shape17_3 = {512, 256, 16};
+  static const support::Shape shape17_4 = {512, 256, 16};
+  static const support::Shape shape17_5 = {16};
+  static const support::Shape shape17_6 = {1};
+  static const support::Shape shape17_7 = {1};
+  support::along(v68.data(), v67.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
+                 shape17_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:111:47 transpose
   // xlnet.mesh:111:47 transpose
@@ -2271,19 +2244,19 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // 12 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
-  support::View v73 = arena_.view(69632, 1024);
+  support::View v73 = arena_.view(65536, 1024);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v74 = arena_.view(49152, 1024);
   support::View v75 = arena_.view(53248, 1024);
-  support::View v77 = arena_.view(77824, 1024);
-  support::View v79 = arena_.view(94208, 1024);
-  support::View v82 = arena_.view(98304, 1024);
+  support::View v77 = arena_.view(73728, 1024);
+  support::View v79 = arena_.view(77824, 1024);
+  support::View v82 = arena_.view(94208, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
-  support::View v84 = arena_.view(102400, 1024);
-  support::View v85 = arena_.view(106496, 1024);
+  support::View v84 = arena_.view(98304, 1024);
+  support::View v85 = arena_.view(102400, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v87 = arena_.view(110592, 1024);
+  support::View v87 = arena_.view(106496, 1024);
   support::View v92 = arena_.view(49152, 1024);
   repeated3(v58, v60, v70, v72, v73, v68, v45, v39, v74, v75, v28, v77, v32, v79, v82, v80, v81,
             v84, v85, v87, v88, v92);
@@ -2292,8 +2265,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi); // updated in place
-  support::View v93 = arena_.view(114688, 1024);
-  support::View v94 = arena_.view(118784, 1024);
+  support::View v93 = arena_.view(110592, 1024);
+  support::View v94 = arena_.view(114688, 1024);
   {
     float *__restrict v93p = v93.data();
     float *__restrict v94p = v94.data();
@@ -2316,13 +2289,13 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
-  support::View v100 = arena_.view(126976, 1024);
+  support::View v100 = arena_.view(122880, 1024);
   support::View v101 = arena_.view(53248, 1024);
   support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v104 = arena_.view(131072, 1024);
-  support::View v99 = arena_.view(122880, 1024);
-  support::View v105 = arena_.view(135168, 1024);
-  support::View v108 = arena_.view(139264, 1024);
+  support::View v104 = arena_.view(126976, 1024);
+  support::View v99 = arena_.view(118784, 1024);
+  support::View v105 = arena_.view(131072, 1024);
+  support::View v108 = arena_.view(135168, 1024);
   repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
 
   // xlnet.mesh:37:33 mul
@@ -2330,7 +2303,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v110 = arena_.view(143360, 1024);
+  support::View v110 = arena_.view(139264, 1024);
   {
     float *__restrict v110p = v110.data();
     const float *__restrict v108p = v108.data();
@@ -2347,31 +2320,31 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
       }
     }
   }
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v111 = arena_.view(143360, 1024);
+  static const support::Shape shape23_2 = {2, 16};
+  static const support::Shape shape23_3 = {512, 32};
+  static const support::Shape shape23_4 = {512, 32};
+  static const support::Shape shape23_5 = {32};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(v111.data(), v105.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v105 = arena_.view(135168, 1024);
-  support::View v111 = arena_.view(147456, 1024);
-  static const support::Shape shape0_2 = {2, 16};
-  static const support::Shape shape0_3 = {512, 32};
-  static const support::Shape shape0_4 = {512, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v111.data(), v105.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
-                 shape0_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  support::View v111 = arena_.view(143360, 1024);
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v113 = arena_.view(151552, 1024);
+  support::View v113 = arena_.view(147456, 1024);
   {
     float *__restrict v113p = v113.data();
     const float *__restrict v111p = v111.data();
@@ -2391,7 +2364,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  support::View v110 = arena_.view(143360, 1024);
+  support::View v110 = arena_.view(139264, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(212992, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
@@ -2399,21 +2372,21 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r); // updated in place
   support::View v127 = arena_.view(49152, 4096);
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
-  support::View v128 = arena_.view(159744, 512);
-  support::View v129 = arena_.view(167936, 512);
+  support::View v128 = arena_.view(155648, 512);
+  support::View v129 = arena_.view(163840, 512);
   support::View v121(
       param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias); // updated in place
-  support::View v130 = arena_.view(161792, 512);
+  support::View v130 = arena_.view(157696, 512);
   support::View v122(
       param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias); // updated in place
-  support::View v132 = arena_.view(163840, 512);
+  support::View v132 = arena_.view(159744, 512);
   support::View v137 = arena_.view(217088, 512);
   support::View v139 = arena_.view(219136, 512);
   support::View v125 = arena_.view(215040, 512);
-  support::View v131 = arena_.view(155648, 1024);
-  support::View v133 = arena_.view(159744, 1024);
-  support::View v138 = arena_.view(163840, 1024);
-  support::View v140 = arena_.view(167936, 1024);
+  support::View v131 = arena_.view(151552, 1024);
+  support::View v133 = arena_.view(155648, 1024);
+  support::View v138 = arena_.view(159744, 1024);
+  support::View v140 = arena_.view(163840, 1024);
   repeated2(v110, v117, v123, v118, v125, v26, v119, v127, v116, v128, v113, v129, v121, v130, v131,
             v122, v132, v133, v137, v138, v139, v140);
 
@@ -2422,7 +2395,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
   support::View v65 = arena_.view(221184, 256);
-  support::View v147 = arena_.view(172032, 1024);
+  support::View v147 = arena_.view(167936, 1024);
   {
     float *__restrict v147p = v147.data();
     const float *__restrict v131p = v131.data();
@@ -2445,34 +2418,34 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "backward");
-  support::View v148 = arena_.view(155648, 1024);
-  static const support::Shape shape4_2 = {2, 2, 16};
-  static const support::Shape shape4_3 = {512, 256, 16};
-  static const support::Shape shape4_4 = {512, 256, 16};
-  static const support::Shape shape4_5 = {16};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v148.data(), v147.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6,
-                 shape4_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  support::View v148 = arena_.view(151552, 1024);
+  static const support::Shape shape3_2 = {2, 2, 16};
+  static const support::Shape shape3_3 = {512, 256, 16};
+  static const support::Shape shape3_4 = {512, 256, 16};
+  static const support::Shape shape3_5 = {16};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v148.data(), v147.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
+                 shape3_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // 12 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v70 = arena_.view(222208, 256);
-  support::View v152 = arena_.view(159744, 1024);
-  support::View v153 = arena_.view(163840, 1024);
+  support::View v152 = arena_.view(155648, 1024);
+  support::View v153 = arena_.view(159744, 1024);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v154 = arena_.view(159744, 1024);
-  support::View v155 = arena_.view(155648, 1024);
-  support::View v157 = arena_.view(167936, 1024);
-  support::View v159 = arena_.view(159744, 1024);
-  support::View v162 = arena_.view(155648, 1024);
+  support::View v154 = arena_.view(155648, 1024);
+  support::View v155 = arena_.view(151552, 1024);
+  support::View v157 = arena_.view(163840, 1024);
+  support::View v159 = arena_.view(155648, 1024);
+  support::View v162 = arena_.view(151552, 1024);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias); // updated in place
-  support::View v164 = arena_.view(167936, 1024);
-  support::View v165 = arena_.view(155648, 1024);
+  support::View v164 = arena_.view(163840, 1024);
+  support::View v165 = arena_.view(151552, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v167 = arena_.view(172032, 1024);
-  support::View v172 = arena_.view(176128, 1024);
+  support::View v167 = arena_.view(167936, 1024);
+  support::View v172 = arena_.view(172032, 1024);
   repeated3(v138, v140, v70, v152, v153, v148, v125, v120, v154, v155, v110, v157, v113, v159, v162,
             v160, v161, v164, v165, v167, v168, v172);
 
@@ -2480,7 +2453,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v174 = arena_.view(180224, 1024);
+  support::View v174 = arena_.view(176128, 1024);
   {
     float *__restrict v174p = v174.data();
     const float *__restrict v172p = v172.data();
@@ -2499,36 +2472,36 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v175 = arena_.view(176128, 1024);
-  support::View v178 = arena_.view(180224, 1024);
-  support::View v180 = arena_.view(188416, 1024);
-  support::View v181 = arena_.view(180224, 1024);
+  support::View v175 = arena_.view(172032, 1024);
+  support::View v178 = arena_.view(176128, 1024);
+  support::View v180 = arena_.view(184320, 1024);
+  support::View v181 = arena_.view(176128, 1024);
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v184 = arena_.view(192512, 1024);
-  support::View v179 = arena_.view(184320, 1024);
-  support::View v185 = arena_.view(167936, 1024);
-  support::View v188 = arena_.view(176128, 1024);
+  support::View v184 = arena_.view(188416, 1024);
+  support::View v179 = arena_.view(180224, 1024);
+  support::View v185 = arena_.view(163840, 1024);
+  support::View v188 = arena_.view(172032, 1024);
   repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
             v188);
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v191 = arena_.view(176128, 1024);
-  static const support::Shape shape8_2 = {2, 16};
-  static const support::Shape shape8_3 = {512, 32};
-  static const support::Shape shape8_4 = {512, 32};
-  static const support::Shape shape8_5 = {32};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v191.data(), v185.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
-                 shape8_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v191 = arena_.view(172032, 1024);
+  static const support::Shape shape7_2 = {2, 16};
+  static const support::Shape shape7_3 = {512, 32};
+  static const support::Shape shape7_4 = {512, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v191.data(), v185.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
+                 shape7_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
-  support::View v193 = arena_.view(180224, 1024);
+  support::View v193 = arena_.view(176128, 1024);
   {
     float *__restrict v193p = v193.data();
     const float *__restrict v191p = v191.data();
@@ -2549,16 +2522,16 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
   support::View v6(param0_xlnet_embedding); // updated in place
-  support::View v194 = arena_.view(192512, 1024);
+  support::View v194 = arena_.view(188416, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
   support::View v8(param2_xlnet_output_bias); // updated in place
-  support::View v195 = arena_.view(196608, 1024);
+  support::View v195 = arena_.view(192512, 1024);
   {
     float *__restrict v195p = v195.data();
     const float *__restrict v194p = v194.data();
@@ -2575,20 +2548,20 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:128:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
-  support::View v196 = arena_.view(192512, 1024);
-  static const support::Shape shape12_2 = {2, 16};
-  static const support::Shape shape12_3 = {512, 32};
-  static const support::Shape shape12_4 = {512, 32};
-  static const support::Shape shape12_5 = {32};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v196.data(), v195.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  support::View v196 = arena_.view(188416, 1024);
+  static const support::Shape shape11_2 = {2, 16};
+  static const support::Shape shape11_3 = {512, 32};
+  static const support::Shape shape11_4 = {512, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v196.data(), v195.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
   support::View v27 = arena_.view(81920, 1024);
-  support::View v198 = arena_.view(196608, 1024);
+  support::View v198 = arena_.view(192512, 1024);
   {
     float *__restrict v198p = v198.data();
     const float *__restrict v196p = v196.data();
@@ -2603,57 +2576,79 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
-  support::View v199 = arena_.view(223488, 32);
-  static const support::Shape shape14_1 = {2, 16};
-  static const support::Shape shape14_3 = {512, 32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v199.data(), shape14_1, v198.data(), shape14_3, shape14_4, shape14_5,
+  support::View v199 = arena_.view(196736, 32);
+  static const support::Shape shape13_1 = {2, 16};
+  static const support::Shape shape13_3 = {512, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v199.data(), shape13_1, v198.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
+  // xlnet.mesh:132:30 mul
+  // xlnet.mesh:128:14 lt
+  // xlnet.mesh:128:14 mul
+  // xlnet.mesh:128:14 cast
+  // xlnet.mesh:128:14 mul
   // xlnet.mesh:128:14 exp
   // xlnet.mesh:128:14 mul
+  // xlnet.mesh:129:20 broadcast
+  // xlnet.mesh:129:29 mul
   // xlnet.mesh:128:14 sub
-  MESHRT_TRACE("loop", "xlnet.mesh:128:14", "backward");
-  support::View v218 = arena_.view(223360, 32);
-  support::View v217 = arena_.view(65536, 1024);
-  support::View v222 = arena_.view(196608, 1024);
+  MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
+  support::View v5 = arena_.view(196864, 16);
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v30 = arena_.view(196608, 32);
+  support::View v227 = arena_.view(192512, 1024);
   {
-    float *__restrict v222p = v222.data();
+    float *__restrict v227p = v227.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v30p = v30.data();
     const float *__restrict v196p = v196.data();
-    const float *__restrict v218p = v218.data();
-    const float *__restrict v217p = v217.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v196p[i0 * 32 + i1];
-        const float s1 = support::fexp(s0);
-        const float s2 = v218p[i0];
-        const float s3 = (s1 * s2);
-        const float s4 = v217p[i0 * 32 + i1];
-        const float s5 = (s4 - s3);
-        v222p[i0 * 32 + i1] = s5;
+    const float *__restrict v27p = v27.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = -0.0625f;
+          const float s1 = v5p[i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v0p[i0 * 16 + i1];
+          const float s4 = support::wrapI32(64.0);
+          const float s5 = (s3 < s4 ? 1.0f : 0.0f);
+          const float s6 = v30p[i0 * 16 + i1];
+          const float s7 = support::wrapI32(double((double(s6) * double(s5))));
+          const float s8 = s7;
+          const float s9 = (s2 * s8);
+          const float s10 = v196p[i0 * 512 + i1 * 32 + i2];
+          const float s11 = support::fexp(s10);
+          const float s12 = (s11 * s9);
+          const float s13 = s2;
+          const float s14 = v27p[i0 * 512 + i1 * 32 + i2];
+          const float s15 = (s13 * s14);
+          const float s16 = (s15 - s12);
+          v227p[i0 * 512 + i1 * 32 + i2] = s16;
+        }
       }
     }
   }
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v224 = arena_.view(65536, 1024);
+  support::View v229 = arena_.view(188416, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v222.data(), v6.data(), v224.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v227.data(), v6.data(), v229.data(), 1.0f, 0.0f);
 
-  // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %213 over model for sum at
+  // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %219 over model for sum at
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::allReduceBucket(group_model, {v224, v199});
+  support::allReduceBucket(group_model, {v229, v199});
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
-  support::View v5 = arena_.view(223616, 16);
-  support::View v202 = arena_.view(192512, 32);
+  support::View v202 = arena_.view(196608, 32);
   {
     float *__restrict v202p = v202.data();
     const float *__restrict v199p = v199.data();
@@ -2671,17 +2666,17 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
-  support::View v203 = arena_.view(192640, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {2, 16};
-  static const support::Shape shape19_5 = {16, 1};
-  support::reduce(v203.data(), shape19_1, v202.data(), shape19_3, shape19_4, shape19_5,
+  support::View v203 = arena_.view(196928, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {2, 16};
+  static const support::Shape shape18_5 = {16, 1};
+  support::reduce(v203.data(), shape18_1, v202.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v205 = arena_.view(223680, 1);
+  support::View v205 = arena_.view(223488, 1);
   {
     float *__restrict v205p = v205.data();
     const float *__restrict v203p = v203.data();
@@ -2693,7 +2688,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:132:30 mul
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "forward");
-  support::View v206 = arena_.view(192512, 32);
+  support::View v206 = arena_.view(196608, 32);
   {
     float *__restrict v206p = v206.data();
     const float *__restrict v199p = v199.data();
@@ -2710,18 +2705,18 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
-  support::View v207 = arena_.view(192640, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {2, 16};
-  static const support::Shape shape22_5 = {16, 1};
-  support::reduce(v207.data(), shape22_1, v206.data(), shape22_3, shape22_4, shape22_5,
+  support::View v207 = arena_.view(196736, 1);
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {2, 16};
+  static const support::Shape shape21_5 = {16, 1};
+  support::reduce(v207.data(), shape21_1, v206.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
   MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
-  support::View v210 = arena_.view(223488, 1);
+  support::View v210 = arena_.view(223552, 1);
   {
     float *__restrict v210p = v210.data();
     const float *__restrict v207p = v207.data();
@@ -2731,308 +2726,308 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
     const float s3 = (s1 / s2);
     v210p[0] = s3;
   }
+
+  // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
+  MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
+  support::View v228 = arena_.view(223360, 32);
+  static const support::Shape shape23_1 = {32};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {2, 16};
+  static const support::Shape shape23_5 = {512, 32};
+  support::reduce(v228.data(), shape23_1, v227.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
 }
 
 void XlnetTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
-  MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v222 = arena_.view(196608, 1024);
-  support::View v223 = arena_.view(223360, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(v223.data(), shape0_1, v222.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v193 = arena_.view(180224, 1024);
-  support::View v225 = arena_.view(192512, 1024);
+  support::View v227 = arena_.view(192512, 1024);
+  support::View v193 = arena_.view(176128, 1024);
+  support::View v230 = arena_.view(196608, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan1.run(v222.data(), v193.data(), v225.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v224 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(176128, 1024);
-  support::View v229 = arena_.view(180224, 1024);
-  support::View v231 = arena_.view(196864, 32);
-  support::View v185 = arena_.view(167936, 1024);
-  support::View v233 = arena_.view(180224, 1024);
-  support::View v234 = arena_.view(167936, 32);
-  support::View v237 = arena_.view(196864, 32);
+  support::View v229 = arena_.view(188416, 1024);
+  support::View v191 = arena_.view(172032, 1024);
+  support::View v234 = arena_.view(176128, 1024);
+  support::View v236 = arena_.view(192768, 32);
+  support::View v185 = arena_.view(163840, 1024);
+  support::View v238 = arena_.view(176128, 1024);
+  support::View v239 = arena_.view(163840, 32);
+  support::View v242 = arena_.view(192768, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v228 = arena_.view(167936, 1024);
-  support::View v238 = arena_.view(180224, 1024);
-  support::View v239 = arena_.view(196992, 32);
-  support::View v241 = arena_.view(180224, 32);
-  support::View v227 = arena_.view(196608, 32);
-  support::View v230 = arena_.view(196736, 32);
-  support::View v244 = arena_.view(65536, 1024);
-  repeated4(v227, v224, v191, v229, v230, v231, v185, v233, v234, v237, v186, v228, v238, v239,
-            v241, v244);
+  support::View v233 = arena_.view(163840, 1024);
+  support::View v243 = arena_.view(176128, 1024);
+  support::View v244 = arena_.view(188416, 32);
+  support::View v246 = arena_.view(188544, 32);
+  support::View v232 = arena_.view(192512, 32);
+  support::View v235 = arena_.view(192640, 32);
+  support::View v249 = arena_.view(176128, 1024);
+  repeated4(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
+            v246, v249);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v246 = arena_.view(167936, 1024);
-  support::View v180 = arena_.view(188416, 1024);
-  support::View v179 = arena_.view(184320, 1024);
-  support::View v269 = arena_.view(180224, 1024);
+  support::View v251 = arena_.view(163840, 1024);
+  support::View v180 = arena_.view(184320, 1024);
+  support::View v179 = arena_.view(180224, 1024);
+  support::View v274 = arena_.view(184320, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v245 = arena_.view(196864, 32);
-  support::View v247 = arena_.view(176128, 1024);
-  support::View v270 = arena_.view(188416, 32);
-  support::View v271 = arena_.view(167936, 1024);
-  repeated5(v245, v244, v170, v246, v180, v247, v179, v269, v270, v168, v271);
+  support::View v250 = arena_.view(188416, 32);
+  support::View v252 = arena_.view(172032, 1024);
+  support::View v275 = arena_.view(188544, 32);
+  support::View v276 = arena_.view(163840, 1024);
+  repeated5(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
 
-  // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %259 over model for add at 84:22)
+  // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %265 over model for add at 84:22)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  group_model.allReduce(v271.data(), v271.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v276.data(), v276.size(), meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v273 = arena_.view(184320, 1024);
+  support::View v278 = arena_.view(180224, 1024);
   {
-    float *__restrict v273p = v273.data();
-    const float *__restrict v244p = v244.data();
-    const float *__restrict v271p = v271.data();
+    float *__restrict v278p = v278.data();
+    const float *__restrict v249p = v249.data();
+    const float *__restrict v276p = v276.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v244p[i0];
-      const float s1 = v271p[i0];
+      const float s0 = v249p[i0];
+      const float s1 = v276p[i0];
       const float s2 = (s0 + s1);
-      v273p[i0] = s2;
+      v278p[i0] = s2;
     }
   }
 
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v167 = arena_.view(172032, 1024);
-  support::View v274 = arena_.view(167936, 1024);
+  support::View v167 = arena_.view(167936, 1024);
+  support::View v279 = arena_.view(163840, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v269.data(), v167.data(), v274.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(155648, 1024);
-  support::View v277 = arena_.view(65536, 1024);
-  support::View v279 = arena_.view(172032, 32);
-  support::View v159 = arena_.view(159744, 1024);
-  support::View v281 = arena_.view(65536, 1024);
-  support::View v282 = arena_.view(159744, 32);
-  support::View v284 = arena_.view(172032, 32);
+  support::View v165 = arena_.view(151552, 1024);
+  support::View v282 = arena_.view(167936, 1024);
+  support::View v284 = arena_.view(176128, 32);
+  support::View v159 = arena_.view(155648, 1024);
+  support::View v286 = arena_.view(167936, 1024);
+  support::View v287 = arena_.view(155648, 32);
+  support::View v289 = arena_.view(176128, 32);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
-  support::View v276 = arena_.view(65536, 1024);
-  support::View v285 = arena_.view(159744, 1024);
-  support::View v286 = arena_.view(172160, 32);
-  support::View v288 = arena_.view(172288, 32);
-  support::View v275 = arena_.view(188544, 32);
-  support::View v278 = arena_.view(188672, 32);
-  support::View v291 = arena_.view(159744, 1024);
-  repeated4(v275, v273, v165, v277, v278, v279, v159, v281, v282, v284, v160, v276, v285, v286,
-            v288, v291);
+  support::View v281 = arena_.view(155648, 1024);
+  support::View v290 = arena_.view(167936, 1024);
+  support::View v291 = arena_.view(176256, 32);
+  support::View v293 = arena_.view(176384, 32);
+  support::View v280 = arena_.view(188672, 32);
+  support::View v283 = arena_.view(188800, 32);
+  support::View v296 = arena_.view(167936, 1024);
+  repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
+            v293, v296);
 
   // 3 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v125 = arena_.view(215040, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v153 = arena_.view(163840, 1024);
-  support::View v292 = arena_.view(65536, 1024);
-  support::View v293 = arena_.view(180224, 512);
-  support::View v294 = arena_.view(182272, 512);
-  repeated9(v291, v125, v120, v292, v153, v293, v294);
+  support::View v153 = arena_.view(159744, 1024);
+  support::View v297 = arena_.view(151552, 1024);
+  support::View v298 = arena_.view(180224, 512);
+  support::View v299 = arena_.view(182272, 512);
+  repeated9(v296, v125, v120, v297, v153, v298, v299);
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v295 = arena_.view(155648, 1024);
+  support::View v300 = arena_.view(155648, 1024);
   {
-    float *__restrict v295p = v295.data();
-    const float *__restrict v292p = v292.data();
+    float *__restrict v300p = v300.data();
+    const float *__restrict v297p = v297.data();
     const float *__restrict v153p = v153.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v292p[i0];
+      const float s0 = v297p[i0];
       const float s1 = v153p[i0];
       const float s2 = (s0 * s1);
-      v295p[i0] = s2;
+      v300p[i0] = s2;
     }
   }
 
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v296 = arena_.view(172032, 64);
-  static const support::Shape shape10_1 = {2, 2, 16};
-  static const support::Shape shape10_3 = {512, 256, 16};
-  static const support::Shape shape10_4 = {16};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v296.data(), shape10_1, v295.data(), shape10_3, shape10_4, shape10_5,
+  support::View v301 = arena_.view(176128, 64);
+  static const support::Shape shape9_1 = {2, 2, 16};
+  static const support::Shape shape9_3 = {512, 256, 16};
+  static const support::Shape shape9_4 = {16};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v301.data(), shape9_1, v300.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(222208, 256);
-  support::View v301 = arena_.view(155648, 1024);
+  support::View v306 = arena_.view(155648, 1024);
   support::View v127 = arena_.view(49152, 4096);
-  support::View v302 = arena_.view(65536, 512);
+  support::View v307 = arena_.view(151552, 512);
   support::View v139 = arena_.view(219136, 512);
   support::View v123 = arena_.view(212992, 512);
-  support::View v305 = arena_.view(67584, 512);
+  support::View v310 = arena_.view(153600, 512);
   support::View v137 = arena_.view(217088, 512);
-  support::View v303 = arena_.view(49152, 4096);
-  support::View v304 = arena_.view(188800, 16);
-  support::View v306 = arena_.view(184320, 512);
-  support::View v307 = arena_.view(186368, 512);
-  support::View v308 = arena_.view(188864, 16);
-  repeated6(v292, v296, v153, v70, v301, v127, v302, v139, v303, v304, v123, v305, v137, v306, v307,
-            v308);
+  support::View v308 = arena_.view(49152, 4096);
+  support::View v309 = arena_.view(188928, 16);
+  support::View v311 = arena_.view(184320, 512);
+  support::View v312 = arena_.view(186368, 512);
+  support::View v313 = arena_.view(188992, 16);
+  repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
+            v313);
 
   // 3 statements from xlnet.mesh:63:19 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q); // updated in place
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
-  support::View v309 = arena_.view(65536, 1024);
-  support::View v315 = arena_.view(155648, 1024);
-  support::View v318 = arena_.view(163840, 1024);
-  repeated8(v307, v116, v309, v293, v118, v315, v306, v117, v318);
+  support::View v314 = arena_.view(151552, 1024);
+  support::View v320 = arena_.view(155648, 1024);
+  support::View v323 = arena_.view(159744, 1024);
+  repeated8(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
-  support::View v319 = arena_.view(172032, 1024);
+  support::View v324 = arena_.view(176128, 1024);
   {
-    float *__restrict v319p = v319.data();
-    const float *__restrict v315p = v315.data();
-    const float *__restrict v318p = v318.data();
+    float *__restrict v324p = v324.data();
+    const float *__restrict v320p = v320.data();
+    const float *__restrict v323p = v323.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v315p[i0];
-      const float s1 = v318p[i0];
+      const float s0 = v320p[i0];
+      const float s1 = v323p[i0];
       const float s2 = (s0 + s1);
-      v319p[i0] = s2;
+      v324p[i0] = s2;
     }
   }
 
-  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %296 over model for add at
-  // 63:19; merged with 1 more partial sum over model (%338): 8.0 KiB in one buffer)
+  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %302 over model for add at
+  // 63:19; merged with 1 more partial sum over model (%343): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::allReduceBucket(group_model, {v309, v319});
+  support::allReduceBucket(group_model, {v314, v324});
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v311 = arena_.view(155648, 1024);
+  support::View v316 = arena_.view(155648, 1024);
   {
-    float *__restrict v311p = v311.data();
-    const float *__restrict v291p = v291.data();
-    const float *__restrict v309p = v309.data();
+    float *__restrict v316p = v316.data();
+    const float *__restrict v296p = v296.data();
+    const float *__restrict v314p = v314.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v291p[i0];
-      const float s1 = v309p[i0];
+      const float s0 = v296p[i0];
+      const float s1 = v314p[i0];
       const float s2 = (s0 + s1);
-      v311p[i0] = s2;
+      v316p[i0] = s2;
     }
   }
 
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v113 = arena_.view(151552, 1024);
-  support::View v312 = arena_.view(159744, 512);
+  support::View v113 = arena_.view(147456, 1024);
+  support::View v317 = arena_.view(151552, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v307.data(), v113.data(), v312.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
-  support::View v313 = arena_.view(151552, 512);
+  support::View v318 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v303.data(), v26.data(), v313.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
-  support::View v110 = arena_.view(143360, 1024);
-  support::View v316 = arena_.view(153600, 512);
+  support::View v110 = arena_.view(139264, 1024);
+  support::View v321 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v293.data(), v110.data(), v316.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v320 = arena_.view(161792, 512);
+  support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v306.data(), v110.data(), v320.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v321 = arena_.view(57344, 32);
-  support::View v111 = arena_.view(147456, 1024);
-  support::View v323 = arena_.view(49152, 1024);
-  support::View v324 = arena_.view(57472, 32);
-  support::View v325 = arena_.view(53248, 32);
-  support::View v105 = arena_.view(135168, 1024);
-  support::View v327 = arena_.view(49152, 1024);
-  support::View v328 = arena_.view(53248, 32);
-  support::View v330 = arena_.view(57600, 32);
+  support::View v326 = arena_.view(57344, 32);
+  support::View v111 = arena_.view(143360, 1024);
+  support::View v328 = arena_.view(49152, 1024);
+  support::View v329 = arena_.view(57472, 32);
+  support::View v330 = arena_.view(53248, 32);
+  support::View v105 = arena_.view(131072, 1024);
+  support::View v332 = arena_.view(49152, 1024);
+  support::View v333 = arena_.view(53248, 32);
+  support::View v335 = arena_.view(57600, 32);
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
-  support::View v322 = arena_.view(49152, 1024);
-  support::View v331 = arena_.view(53248, 1024);
-  support::View v332 = arena_.view(57728, 32);
-  support::View v334 = arena_.view(57856, 32);
-  support::View v339 = arena_.view(49152, 32);
-  support::View v108 = arena_.view(139264, 1024);
-  support::View v342 = arena_.view(49152, 1024);
-  support::View v343 = arena_.view(57344, 32);
-  support::View v345 = arena_.view(57344, 32);
-  support::View v104 = arena_.view(131072, 1024);
+  support::View v327 = arena_.view(49152, 1024);
+  support::View v336 = arena_.view(53248, 1024);
+  support::View v337 = arena_.view(57728, 32);
+  support::View v339 = arena_.view(57856, 32);
+  support::View v344 = arena_.view(49152, 32);
+  support::View v108 = arena_.view(135168, 1024);
   support::View v347 = arena_.view(49152, 1024);
   support::View v348 = arena_.view(57344, 32);
-  support::View v350 = arena_.view(61440, 32);
-  support::View v341 = arena_.view(49152, 1024);
-  support::View v351 = arena_.view(57344, 1024);
-  support::View v352 = arena_.view(61568, 32);
-  support::View v354 = arena_.view(61696, 32);
-  support::View v337 = arena_.view(53248, 1024);
-  support::View v340 = arena_.view(135168, 32);
-  support::View v344 = arena_.view(135296, 32);
-  support::View v357 = arena_.view(57344, 1024);
-  repeated1(v321, v311, v111, v323, v324, v325, v105, v327, v328, v330, v106, v322, v331, v332,
-            v334, v337, v339, v319, v340, v108, v342, v343, v344, v345, v104, v347, v348, v350,
-            v341, v351, v352, v354, v357);
+  support::View v350 = arena_.view(57344, 32);
+  support::View v104 = arena_.view(126976, 1024);
+  support::View v352 = arena_.view(49152, 1024);
+  support::View v353 = arena_.view(57344, 32);
+  support::View v355 = arena_.view(61440, 32);
+  support::View v346 = arena_.view(49152, 1024);
+  support::View v356 = arena_.view(57344, 1024);
+  support::View v357 = arena_.view(61568, 32);
+  support::View v359 = arena_.view(61696, 32);
+  support::View v342 = arena_.view(53248, 1024);
+  support::View v345 = arena_.view(131072, 32);
+  support::View v349 = arena_.view(131200, 32);
+  support::View v362 = arena_.view(57344, 1024);
+  repeated1(v326, v316, v111, v328, v329, v330, v105, v332, v333, v335, v106, v327, v336, v337,
+            v339, v342, v344, v324, v345, v108, v347, v348, v349, v350, v104, v352, v353, v355,
+            v346, v356, v357, v359, v362);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (2 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v359 = arena_.view(49152, 1024);
-  support::View v100 = arena_.view(126976, 1024);
-  support::View v99 = arena_.view(122880, 1024);
-  support::View v377 = arena_.view(65536, 1024);
+  support::View v364 = arena_.view(49152, 1024);
+  support::View v100 = arena_.view(122880, 1024);
+  support::View v99 = arena_.view(118784, 1024);
+  support::View v382 = arena_.view(122880, 1024);
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v358 = arena_.view(131072, 32);
-  support::View v360 = arena_.view(61440, 1024);
-  support::View v378 = arena_.view(131200, 32);
-  support::View v379 = arena_.view(49152, 1024);
-  repeated5(v358, v337, v90, v359, v100, v360, v99, v377, v378, v88, v379);
+  support::View v363 = arena_.view(131328, 32);
+  support::View v365 = arena_.view(61440, 1024);
+  support::View v383 = arena_.view(131456, 32);
+  support::View v384 = arena_.view(49152, 1024);
+  repeated5(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
-  support::View v385 = arena_.view(122880, 1024);
+  support::View v390 = arena_.view(118784, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v357.data(), v90.data(), v385.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:17 square
   // xlnet.mesh:83:17 mul
@@ -3052,12 +3047,12 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:83:17 add
   // xlnet.mesh:83:17 mul
   MESHRT_TRACE("loop", "xlnet.mesh:83:17", "backward");
-  support::View v93 = arena_.view(114688, 1024);
-  support::View v404 = arena_.view(126976, 1024);
+  support::View v93 = arena_.view(110592, 1024);
+  support::View v409 = arena_.view(126976, 1024);
   {
-    float *__restrict v404p = v404.data();
+    float *__restrict v409p = v409.data();
     const float *__restrict v93p = v93.data();
-    const float *__restrict v385p = v385.data();
+    const float *__restrict v390p = v390.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v93p[i0];
       const float s1 = s0 * s0;
@@ -3087,384 +3082,381 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
       const float s25 = 0.3989423f;
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
-      const float s28 = v385p[i0];
+      const float s28 = v390p[i0];
       const float s29 = (s28 * s27);
-      v404p[i0] = s29;
+      v409p[i0] = s29;
     }
   }
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v412 = arena_.view(110592, 1024);
+  // dims: batch, length, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan23.run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
 }
 
 void XlnetTrain::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
-  support::View v404 = arena_.view(126976, 1024);
-  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v407 = arena_.view(114688, 1024);
-  // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v404.data(), v88.data(), v407.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %364 over model for add at
-  // 84:22; merged with 1 more partial sum over model (%408): 8.0 KiB in one buffer)
+  // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
+  // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  support::View v379 = arena_.view(49152, 1024);
-  support::allReduceBucket(group_model, {v379, v407});
+  support::View v384 = arena_.view(49152, 1024);
+  support::View v412 = arena_.view(110592, 1024);
+  support::allReduceBucket(group_model, {v384, v412});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v337 = arena_.view(53248, 1024);
-  support::View v381 = arena_.view(122880, 1024);
+  support::View v342 = arena_.view(53248, 1024);
+  support::View v386 = arena_.view(118784, 1024);
   {
-    float *__restrict v381p = v381.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v379p = v379.data();
+    float *__restrict v386p = v386.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v384p = v384.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v337p[i0];
-      const float s1 = v379p[i0];
+      const float s0 = v342p[i0];
+      const float s1 = v384p[i0];
       const float s2 = (s0 + s1);
-      v381p[i0] = s2;
+      v386p[i0] = s2;
     }
   }
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v377 = arena_.view(65536, 1024);
-  support::View v87 = arena_.view(110592, 1024);
-  support::View v382 = arena_.view(49152, 1024);
+  support::View v382 = arena_.view(122880, 1024);
+  support::View v87 = arena_.view(106496, 1024);
+  support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan3.run(v377.data(), v87.data(), v382.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
-  support::View v357 = arena_.view(57344, 1024);
-  support::View v383 = arena_.view(53248, 32);
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {512, 32};
-  support::reduce(v383.data(), shape4_1, v357.data(), shape4_3, shape4_4, shape4_5,
+  support::View v362 = arena_.view(57344, 1024);
+  support::View v388 = arena_.view(53248, 32);
+  static const support::Shape shape3_1 = {32};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {2, 16};
+  static const support::Shape shape3_5 = {512, 32};
+  support::reduce(v388.data(), shape3_1, v362.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
-  support::View v358 = arena_.view(131072, 32);
-  support::View v384 = arena_.view(131328, 32);
+  support::View v363 = arena_.view(131328, 32);
+  support::View v389 = arena_.view(124928, 32);
   {
-    float *__restrict v384p = v384.data();
-    const float *__restrict v358p = v358.data();
-    const float *__restrict v383p = v383.data();
+    float *__restrict v389p = v389.data();
+    const float *__restrict v363p = v363.data();
+    const float *__restrict v388p = v388.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v358p[i0];
-      const float s1 = v383p[i0];
+      const float s0 = v363p[i0];
+      const float s1 = v388p[i0];
       const float s2 = (s0 + s1);
-      v384p[i0] = s2;
+      v389p[i0] = s2;
     }
   }
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
-  support::View v94 = arena_.view(118784, 1024);
-  support::View v386 = arena_.view(53248, 1024);
+  support::View v94 = arena_.view(114688, 1024);
+  support::View v391 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v357.data(), v94.data(), v386.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
-  support::View v360 = arena_.view(61440, 1024);
-  support::View v387 = arena_.view(110592, 1024);
+  support::View v365 = arena_.view(61440, 1024);
+  support::View v392 = arena_.view(106496, 1024);
   {
-    float *__restrict v387p = v387.data();
-    const float *__restrict v360p = v360.data();
-    const float *__restrict v386p = v386.data();
+    float *__restrict v392p = v392.data();
+    const float *__restrict v365p = v365.data();
+    const float *__restrict v391p = v391.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v360p[i0];
-      const float s1 = v386p[i0];
+      const float s0 = v365p[i0];
+      const float s1 = v391p[i0];
       const float s2 = (s0 + s1);
-      v387p[i0] = s2;
+      v392p[i0] = s2;
     }
   }
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
-  support::View v405 = arena_.view(53248, 32);
-  static const support::Shape shape8_1 = {32};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2, 16};
-  static const support::Shape shape8_5 = {512, 32};
-  support::reduce(v405.data(), shape8_1, v404.data(), shape8_3, shape8_4, shape8_5,
+  support::View v409 = arena_.view(126976, 1024);
+  support::View v410 = arena_.view(53248, 32);
+  static const support::Shape shape7_1 = {32};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 16};
+  static const support::Shape shape7_5 = {512, 32};
+  support::reduce(v410.data(), shape7_1, v409.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v378 = arena_.view(131200, 32);
-  support::View v406 = arena_.view(131072, 32);
-  {
-    float *__restrict v406p = v406.data();
-    const float *__restrict v378p = v378.data();
-    const float *__restrict v405p = v405.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v378p[i0];
-      const float s1 = v405p[i0];
-      const float s2 = (s0 + s1);
-      v406p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:83:22 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
-  support::View v409 = arena_.view(53248, 1024);
-  {
-    float *__restrict v409p = v409.data();
-    const float *__restrict v357p = v357.data();
-    const float *__restrict v407p = v407.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v357p[i0];
-      const float s1 = v407p[i0];
-      const float s2 = (s0 + s1);
-      v409p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
-  support::View v84 = arena_.view(102400, 1024);
-  support::View v410 = arena_.view(57344, 1024);
-  // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan11.run(v404.data(), v84.data(), v410.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
-  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
-  support::View v411 = arena_.view(102400, 1024);
+  support::View v383 = arena_.view(131456, 32);
+  support::View v411 = arena_.view(125056, 32);
   {
     float *__restrict v411p = v411.data();
-    const float *__restrict v382p = v382.data();
+    const float *__restrict v383p = v383.data();
     const float *__restrict v410p = v410.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v382p[i0];
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v383p[i0];
       const float s1 = v410p[i0];
       const float s2 = (s0 + s1);
       v411p[i0] = s2;
     }
   }
 
+  // xlnet.mesh:83:22 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
+  support::View v414 = arena_.view(53248, 1024);
+  {
+    float *__restrict v414p = v414.data();
+    const float *__restrict v362p = v362.data();
+    const float *__restrict v412p = v412.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v362p[i0];
+      const float s1 = v412p[i0];
+      const float s2 = (s0 + s1);
+      v414p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v84 = arena_.view(98304, 1024);
+  support::View v415 = arena_.view(57344, 1024);
+  // dims: batch, length, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan10.run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
+  MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
+  support::View v416 = arena_.view(98304, 1024);
+  {
+    float *__restrict v416p = v416.data();
+    const float *__restrict v387p = v387.data();
+    const float *__restrict v415p = v415.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v387p[i0];
+      const float s1 = v415p[i0];
+      const float s2 = (s0 + s1);
+      v416p[i0] = s2;
+    }
+  }
+
   // 24 statements from xlnet.mesh:37:78 sum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v412 = arena_.view(61440, 32);
-  support::View v85 = arena_.view(106496, 1024);
-  support::View v414 = arena_.view(49152, 1024);
-  support::View v415 = arena_.view(61568, 32);
-  support::View v416 = arena_.view(57344, 32);
-  support::View v79 = arena_.view(94208, 1024);
-  support::View v418 = arena_.view(49152, 1024);
-  support::View v419 = arena_.view(57344, 32);
-  support::View v421 = arena_.view(61696, 32);
+  support::View v417 = arena_.view(61440, 32);
+  support::View v85 = arena_.view(102400, 1024);
+  support::View v419 = arena_.view(49152, 1024);
+  support::View v420 = arena_.view(61568, 32);
+  support::View v421 = arena_.view(57344, 32);
+  support::View v79 = arena_.view(77824, 1024);
+  support::View v423 = arena_.view(49152, 1024);
+  support::View v424 = arena_.view(57344, 32);
+  support::View v426 = arena_.view(61696, 32);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
-  support::View v413 = arena_.view(49152, 1024);
-  support::View v422 = arena_.view(57344, 1024);
-  support::View v423 = arena_.view(61824, 32);
-  support::View v425 = arena_.view(57344, 32);
-  support::View v429 = arena_.view(49152, 32);
-  support::View v82 = arena_.view(98304, 1024);
-  support::View v432 = arena_.view(49152, 1024);
-  support::View v433 = arena_.view(57344, 32);
-  support::View v435 = arena_.view(57344, 32);
-  support::View v77 = arena_.view(77824, 1024);
+  support::View v418 = arena_.view(49152, 1024);
+  support::View v427 = arena_.view(57344, 1024);
+  support::View v428 = arena_.view(61824, 32);
+  support::View v430 = arena_.view(57344, 32);
+  support::View v434 = arena_.view(49152, 32);
+  support::View v82 = arena_.view(94208, 1024);
   support::View v437 = arena_.view(49152, 1024);
   support::View v438 = arena_.view(57344, 32);
-  support::View v440 = arena_.view(61440, 32);
-  support::View v431 = arena_.view(49152, 1024);
-  support::View v441 = arena_.view(57344, 1024);
-  support::View v442 = arena_.view(53248, 32);
-  support::View v444 = arena_.view(53376, 32);
-  support::View v428 = arena_.view(94208, 1024);
-  support::View v430 = arena_.view(124928, 32);
-  support::View v434 = arena_.view(125056, 32);
-  support::View v447 = arena_.view(106496, 1024);
-  repeated1(v412, v381, v85, v414, v415, v416, v79, v418, v419, v421, v80, v413, v422, v423, v425,
-            v428, v429, v409, v430, v82, v432, v433, v434, v435, v77, v437, v438, v440, v431, v441,
-            v442, v444, v447);
+  support::View v440 = arena_.view(57344, 32);
+  support::View v77 = arena_.view(73728, 1024);
+  support::View v442 = arena_.view(49152, 1024);
+  support::View v443 = arena_.view(57344, 32);
+  support::View v445 = arena_.view(61440, 32);
+  support::View v436 = arena_.view(49152, 1024);
+  support::View v446 = arena_.view(57344, 1024);
+  support::View v447 = arena_.view(53248, 32);
+  support::View v449 = arena_.view(53376, 32);
+  support::View v433 = arena_.view(110592, 1024);
+  support::View v435 = arena_.view(125184, 32);
+  support::View v439 = arena_.view(125312, 32);
+  support::View v452 = arena_.view(102400, 1024);
+  repeated1(v417, v386, v85, v419, v420, v421, v79, v423, v424, v426, v80, v418, v427, v428, v430,
+            v433, v434, v414, v435, v82, v437, v438, v439, v440, v77, v442, v443, v445, v436, v446,
+            v447, v449, v452);
 
   // 3 statements from xlnet.mesh:74:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v45 = arena_.view(202752, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
-  support::View v73 = arena_.view(69632, 1024);
-  support::View v448 = arena_.view(49152, 1024);
-  support::View v449 = arena_.view(53248, 512);
-  support::View v450 = arena_.view(55296, 512);
-  repeated9(v428, v45, v39, v448, v73, v449, v450);
+  support::View v73 = arena_.view(65536, 1024);
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v454 = arena_.view(53248, 512);
+  support::View v455 = arena_.view(55296, 512);
+  repeated9(v433, v45, v39, v453, v73, v454, v455);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v451 = arena_.view(65536, 1024);
+  support::View v456 = arena_.view(73728, 1024);
   // dims: batch, length, d_model, keys, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 16, 2, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
        {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan15Operands[] = {v447.data(), v45.data(), v39.data()};
-  einsumPlan15.run(einsumPlan15Operands, v451.data(), 1.0f, 0.0f);
+  const float *einsumPlan14Operands[] = {v452.data(), v45.data(), v39.data()};
+  einsumPlan14.run(einsumPlan14Operands, v456.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v68 = arena_.view(73728, 1024);
-  support::View v452 = arena_.view(57344, 512);
+  support::View v68 = arena_.view(69632, 1024);
+  support::View v457 = arena_.view(57344, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 2, 16, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
        {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan16Operands[] = {v447.data(), v68.data(), v39.data()};
-  einsumPlan16.run(einsumPlan16Operands, v452.data(), 1.0f, 0.0f);
+  const float *einsumPlan15Operands[] = {v452.data(), v68.data(), v39.data()};
+  einsumPlan15.run(einsumPlan15Operands, v457.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v453 = arena_.view(114688, 512);
+  support::View v458 = arena_.view(114688, 512);
   {
-    float *__restrict v453p = v453.data();
-    const float *__restrict v449p = v449.data();
-    const float *__restrict v452p = v452.data();
+    float *__restrict v458p = v458.data();
+    const float *__restrict v454p = v454.data();
+    const float *__restrict v457p = v457.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v449p[i0];
-      const float s1 = v452p[i0];
+      const float s0 = v454p[i0];
+      const float s1 = v457p[i0];
       const float s2 = (s0 + s1);
-      v453p[i0] = s2;
+      v458p[i0] = s2;
     }
   }
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
-  support::View v454 = arena_.view(53248, 512);
+  support::View v459 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 2, 16, 8},
        {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
        {{3, 5, 2}, {}}});
-  const float *einsumPlan18Operands[] = {v447.data(), v68.data(), v45.data()};
-  einsumPlan18.run(einsumPlan18Operands, v454.data(), 1.0f, 0.0f);
+  const float *einsumPlan17Operands[] = {v452.data(), v68.data(), v45.data()};
+  einsumPlan17.run(einsumPlan17Operands, v459.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
-  support::View v455 = arena_.view(116736, 512);
+  support::View v460 = arena_.view(116736, 512);
   {
-    float *__restrict v455p = v455.data();
-    const float *__restrict v450p = v450.data();
-    const float *__restrict v454p = v454.data();
+    float *__restrict v460p = v460.data();
+    const float *__restrict v455p = v455.data();
+    const float *__restrict v459p = v459.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v450p[i0];
-      const float s1 = v454p[i0];
+      const float s0 = v455p[i0];
+      const float s1 = v459p[i0];
       const float s2 = (s0 + s1);
-      v455p[i0] = s2;
+      v460p[i0] = s2;
     }
   }
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v456 = arena_.view(53248, 1024);
-  {
-    float *__restrict v456p = v456.data();
-    const float *__restrict v448p = v448.data();
-    const float *__restrict v73p = v73.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v448p[i0];
-      const float s1 = v73p[i0];
-      const float s2 = (s0 * s1);
-      v456p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:72:19 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
-  support::View v457 = arena_.view(57344, 64);
-  static const support::Shape shape21_1 = {2, 2, 16};
-  static const support::Shape shape21_3 = {512, 256, 16};
-  static const support::Shape shape21_4 = {16};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v457.data(), shape21_1, v456.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:69:19 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
   support::View v461 = arena_.view(53248, 1024);
   {
     float *__restrict v461p = v461.data();
-    const float *__restrict v451p = v451.data();
-    const float *__restrict v68p = v68.data();
+    const float *__restrict v453p = v453.data();
+    const float *__restrict v73p = v73.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v451p[i0];
-      const float s1 = v68p[i0];
+      const float s0 = v453p[i0];
+      const float s1 = v73p[i0];
       const float s2 = (s0 * s1);
       v461p[i0] = s2;
     }
   }
 
+  // xlnet.mesh:72:19 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
+  support::View v462 = arena_.view(57344, 64);
+  static const support::Shape shape20_1 = {2, 2, 16};
+  static const support::Shape shape20_3 = {512, 256, 16};
+  static const support::Shape shape20_4 = {16};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v462.data(), shape20_1, v461.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // xlnet.mesh:69:19 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v466 = arena_.view(53248, 1024);
+  {
+    float *__restrict v466p = v466.data();
+    const float *__restrict v456p = v456.data();
+    const float *__restrict v68p = v68.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v456p[i0];
+      const float s1 = v68p[i0];
+      const float s2 = (s0 * s1);
+      v466p[i0] = s2;
+    }
+  }
+
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
-  support::View v462 = arena_.view(122880, 64);
-  static const support::Shape shape23_1 = {2, 2, 16};
-  static const support::Shape shape23_3 = {512, 256, 16};
-  static const support::Shape shape23_4 = {16};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v462.data(), shape23_1, v461.data(), shape23_3, shape23_4, shape23_5,
+  support::View v467 = arena_.view(122880, 64);
+  static const support::Shape shape22_1 = {2, 2, 16};
+  static const support::Shape shape22_3 = {512, 256, 16};
+  static const support::Shape shape22_4 = {16};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v467.data(), shape22_1, v466.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
+
+  // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
+  support::View v70 = arena_.view(222208, 256);
+  support::View v471 = arena_.view(77824, 1024);
+  support::View v47 = arena_.view(32768, 4096);
+  support::View v472 = arena_.view(65536, 512);
+  support::View v59 = arena_.view(210944, 512);
+  support::View v43 = arena_.view(200704, 512);
+  support::View v475 = arena_.view(67584, 512);
+  support::View v57 = arena_.view(208896, 512);
+  support::View v473 = arena_.view(49152, 4096);
+  support::View v474 = arena_.view(125440, 16);
+  support::View v476 = arena_.view(118784, 512);
+  support::View v477 = arena_.view(120832, 512);
+  support::View v478 = arena_.view(125504, 16);
+  repeated6(v453, v462, v73, v70, v471, v47, v472, v59, v473, v474, v43, v475, v57, v476, v477,
+            v478);
 }
 
 void XlnetTrain::runPart4(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
-  MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v448 = arena_.view(49152, 1024);
-  support::View v457 = arena_.view(57344, 64);
-  support::View v73 = arena_.view(69632, 1024);
-  support::View v70 = arena_.view(222208, 256);
-  support::View v466 = arena_.view(77824, 1024);
-  support::View v47 = arena_.view(32768, 4096);
-  support::View v467 = arena_.view(69632, 512);
-  support::View v59 = arena_.view(210944, 512);
-  support::View v43 = arena_.view(200704, 512);
-  support::View v470 = arena_.view(71680, 512);
-  support::View v57 = arena_.view(208896, 512);
-  support::View v468 = arena_.view(49152, 4096);
-  support::View v469 = arena_.view(125184, 16);
-  support::View v471 = arena_.view(118784, 512);
-  support::View v472 = arena_.view(120832, 512);
-  support::View v473 = arena_.view(125248, 16);
-  repeated6(v448, v457, v73, v70, v466, v47, v467, v59, v468, v469, v43, v470, v57, v471, v472,
-            v473);
-
   // xlnet.mesh:69:19 sub
   // xlnet.mesh:69:19 mul
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
-  support::View v451 = arena_.view(65536, 1024);
-  support::View v462 = arena_.view(122880, 64);
-  support::View v68 = arena_.view(73728, 1024);
+  support::View v456 = arena_.view(73728, 1024);
+  support::View v467 = arena_.view(122880, 64);
+  support::View v68 = arena_.view(69632, 1024);
   support::View v65 = arena_.view(221184, 256);
-  support::View v474 = arena_.view(98304, 1024);
+  support::View v479 = arena_.view(94208, 1024);
   {
-    float *__restrict v474p = v474.data();
-    const float *__restrict v451p = v451.data();
-    const float *__restrict v462p = v462.data();
+    float *__restrict v479p = v479.data();
+    const float *__restrict v456p = v456.data();
+    const float *__restrict v467p = v467.data();
     const float *__restrict v68p = v68.data();
     const float *__restrict v65p = v65.data();
     for (int64_t i0 = 0; i0 < 4; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
         for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = v451p[i0 * 256 + i1 * 16 + i2];
-          const float s1 = v462p[i0 * 16 + i1];
+          const float s0 = v456p[i0 * 256 + i1 * 16 + i2];
+          const float s1 = v467p[i0 * 16 + i1];
           const float s2 = (s0 - s1);
           const float s3 = v68p[i0 * 256 + i1 * 16 + i2];
           const float s4 = (s3 * s2);
@@ -3473,7 +3465,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
           const float s7 = (s5 != 0 ? s4 : s6);
           const float s8 = 0.35355f;
           const float s9 = (s7 * s8);
-          v474p[i0 * 256 + i1 * 16 + i2] = s9;
+          v479p[i0 * 256 + i1 * 16 + i2] = s9;
         }
       }
     }
@@ -3481,305 +3473,312 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
-  support::View v475 = arena_.view(122880, 512);
+  support::View v47 = arena_.view(32768, 4096);
+  support::View v480 = arena_.view(122880, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(v474.data(), v47.data(), v475.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(206848, 512);
-  support::View v476 = arena_.view(32768, 4096);
+  support::View v481 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan3.run(v474.data(), v52.data(), v476.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
-  support::View v477 = arena_.view(65536, 4096);
-  {
-    float *__restrict v477p = v477.data();
-    const float *__restrict v468p = v468.data();
-    const float *__restrict v476p = v476.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v468p[i0];
-      const float s1 = v476p[i0];
-      const float s2 = (s0 + s1);
-      v477p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:66:38 sum
-  MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
-  support::View v478 = arena_.view(32768, 16);
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {8, 1};
-  static const support::Shape shape5_4 = {2, 16};
-  static const support::Shape shape5_5 = {256, 16};
-  support::reduce(v478.data(), shape5_1, v475.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
-
-  // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
-  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
-  support::View v479 = arena_.view(57344, 16);
-  {
-    float *__restrict v479p = v479.data();
-    const float *__restrict v469p = v469.data();
-    const float *__restrict v478p = v478.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v469p[i0];
-      const float s1 = v478p[i0];
-      const float s2 = (s0 + s1);
-      v479p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v480 = arena_.view(32768, 512);
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(v474.data(), v43.data(), v480.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:65:19 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v50 = arena_.view(204800, 512);
-  support::View v481 = arena_.view(34816, 512);
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan8.run(v474.data(), v50.data(), v481.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:65:19 add
-  MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
-  support::View v482 = arena_.view(49152, 512);
+  support::View v473 = arena_.view(49152, 4096);
+  support::View v482 = arena_.view(65536, 4096);
   {
     float *__restrict v482p = v482.data();
-    const float *__restrict v471p = v471.data();
+    const float *__restrict v473p = v473.data();
     const float *__restrict v481p = v481.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v471p[i0];
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v473p[i0];
       const float s1 = v481p[i0];
       const float s2 = (s0 + s1);
       v482p[i0] = s2;
     }
   }
 
+  // xlnet.mesh:66:38 sum
+  MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
+  support::View v483 = arena_.view(32768, 16);
+  static const support::Shape shape4_1 = {2, 8};
+  static const support::Shape shape4_3 = {8, 1};
+  static const support::Shape shape4_4 = {2, 16};
+  static const support::Shape shape4_5 = {256, 16};
+  support::reduce(v483.data(), shape4_1, v480.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
+  MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
+  support::View v474 = arena_.view(125440, 16);
+  support::View v484 = arena_.view(57344, 16);
+  {
+    float *__restrict v484p = v484.data();
+    const float *__restrict v474p = v474.data();
+    const float *__restrict v483p = v483.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = v474p[i0];
+      const float s1 = v483p[i0];
+      const float s2 = (s0 + s1);
+      v484p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
+  support::View v43 = arena_.view(200704, 512);
+  support::View v485 = arena_.view(32768, 512);
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan6.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:65:19 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
+  support::View v50 = arena_.view(204800, 512);
+  support::View v486 = arena_.view(34816, 512);
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan7.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:65:19 add
+  MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
+  support::View v476 = arena_.view(118784, 512);
+  support::View v487 = arena_.view(49152, 512);
+  {
+    float *__restrict v487p = v487.data();
+    const float *__restrict v476p = v476.data();
+    const float *__restrict v486p = v486.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v476p[i0];
+      const float s1 = v486p[i0];
+      const float s2 = (s0 + s1);
+      v487p[i0] = s2;
+    }
+  }
+
   // xlnet.mesh:65:36 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v483 = arena_.view(51200, 512);
+  support::View v488 = arena_.view(51200, 512);
   {
-    float *__restrict v483p = v483.data();
-    const float *__restrict v475p = v475.data();
+    float *__restrict v488p = v488.data();
     const float *__restrict v480p = v480.data();
+    const float *__restrict v485p = v485.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v475p[i0];
-      const float s1 = v480p[i0];
+      const float s0 = v480p[i0];
+      const float s1 = v485p[i0];
       const float s2 = (s0 + s1);
-      v483p[i0] = s2;
+      v488p[i0] = s2;
     }
   }
 
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
-  support::View v484 = arena_.view(34816, 16);
-  static const support::Shape shape11_1 = {2, 8};
-  static const support::Shape shape11_3 = {8, 1};
-  static const support::Shape shape11_4 = {2, 16};
-  static const support::Shape shape11_5 = {256, 16};
-  support::reduce(v484.data(), shape11_1, v480.data(), shape11_3, shape11_4, shape11_5,
+  support::View v489 = arena_.view(34816, 16);
+  static const support::Shape shape10_1 = {2, 8};
+  static const support::Shape shape10_3 = {8, 1};
+  static const support::Shape shape10_4 = {2, 16};
+  static const support::Shape shape10_5 = {256, 16};
+  support::reduce(v489.data(), shape10_1, v485.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v485 = arena_.view(57408, 16);
+  support::View v478 = arena_.view(125504, 16);
+  support::View v490 = arena_.view(57408, 16);
   {
-    float *__restrict v485p = v485.data();
-    const float *__restrict v473p = v473.data();
-    const float *__restrict v484p = v484.data();
+    float *__restrict v490p = v490.data();
+    const float *__restrict v478p = v478.data();
+    const float *__restrict v489p = v489.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v473p[i0];
-      const float s1 = v484p[i0];
+      const float s0 = v478p[i0];
+      const float s1 = v489p[i0];
       const float s2 = (s0 + s1);
-      v485p[i0] = s2;
+      v490p[i0] = s2;
     }
   }
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
+  support::View v477 = arena_.view(120832, 512);
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
-  support::View v486 = arena_.view(32768, 1024);
+  support::View v491 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v472.data(), v35.data(), v486.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v453 = arena_.view(114688, 512);
+  support::View v458 = arena_.view(114688, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
-  support::View v490 = arena_.view(36864, 1024);
-  support::View v497 = arena_.view(40960, 1024);
-  support::View v502 = arena_.view(45056, 1024);
-  repeated8(v483, v35, v490, v453, v37, v497, v482, v36, v502);
+  support::View v495 = arena_.view(36864, 1024);
+  support::View v502 = arena_.view(40960, 1024);
+  support::View v507 = arena_.view(45056, 1024);
+  repeated8(v488, v35, v495, v458, v37, v502, v487, v36, v507);
 
-  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %469 over model for add at
-  // 63:19; merged with 3 more partial sums over model (%491, %498, %503): 16.0 KiB in one buffer)
+  // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
+  // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  auto request0 =
-      support::startAllReduce(group_model, {v486, v490, v497, v502}, meshrt::ReduceOp::Sum);
+  auto request1 =
+      support::startAllReduce(group_model, {v491, v495, v502, v507}, meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v32 = arena_.view(90112, 1024);
-  support::View v489 = arena_.view(53248, 512);
+  support::View v494 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v472.data(), v32.data(), v489.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(86016, 1024);
-  support::View v493 = arena_.view(55296, 512);
+  support::View v498 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v483.data(), v28.data(), v493.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
-  support::View v494 = arena_.view(51200, 512);
+  support::View v499 = arena_.view(51200, 512);
   {
-    float *__restrict v494p = v494.data();
-    const float *__restrict v489p = v489.data();
-    const float *__restrict v493p = v493.data();
+    float *__restrict v499p = v499.data();
+    const float *__restrict v494p = v494.data();
+    const float *__restrict v498p = v498.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v489p[i0];
-      const float s1 = v493p[i0];
+      const float s0 = v494p[i0];
+      const float s1 = v498p[i0];
       const float s2 = (s0 + s1);
-      v494p[i0] = s2;
+      v499p[i0] = s2;
     }
   }
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
-  support::View v495 = arena_.view(53248, 512);
+  support::View v500 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v477.data(), v26.data(), v495.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
-  support::View v500 = arena_.view(8192, 512);
+  support::View v505 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan20.run(v453.data(), v28.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  group_model.wait(request0);
+  group_model.wait(request1);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
-  support::View v447 = arena_.view(106496, 1024);
-  support::View v504 = arena_.view(0, 1024);
+  support::View v452 = arena_.view(102400, 1024);
+  support::View v509 = arena_.view(0, 1024);
   {
-    float *__restrict v504p = v504.data();
-    const float *__restrict v447p = v447.data();
-    const float *__restrict v490p = v490.data();
-    const float *__restrict v497p = v497.data();
+    float *__restrict v509p = v509.data();
+    const float *__restrict v452p = v452.data();
+    const float *__restrict v495p = v495.data();
     const float *__restrict v502p = v502.data();
+    const float *__restrict v507p = v507.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v447p[i0];
-      const float s1 = v490p[i0];
+      const float s0 = v452p[i0];
+      const float s1 = v495p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = v497p[i0];
+      const float s3 = v502p[i0];
       const float s4 = (s2 + s3);
-      const float s5 = v502p[i0];
+      const float s5 = v507p[i0];
       const float s6 = (s4 + s5);
-      v504p[i0] = s6;
+      v509p[i0] = s6;
     }
   }
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v505 = arena_.view(10240, 512);
+  support::View v510 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v482.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:63:19 add
+  // xlnet.mesh:109:63 mul
+  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
+  support::View v433 = arena_.view(110592, 1024);
+  support::View v31 = arena_.view(223232, 32);
+  support::View v511 = arena_.view(4096, 1024);
+  {
+    float *__restrict v511p = v511.data();
+    const float *__restrict v433p = v433.data();
+    const float *__restrict v491p = v491.data();
+    const float *__restrict v31p = v31.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v433p[i0 * 32 + i1];
+        const float s1 = v491p[i0 * 32 + i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v31p[i0];
+        const float s4 = (s2 * s3);
+        v511p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 }
 
 void XlnetTrain::runPart5(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:63:19 add
-  // xlnet.mesh:109:63 mul
-  MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v428 = arena_.view(94208, 1024);
-  support::View v486 = arena_.view(32768, 1024);
-  support::View v31 = arena_.view(223232, 32);
-  support::View v506 = arena_.view(4096, 1024);
-  {
-    float *__restrict v506p = v506.data();
-    const float *__restrict v428p = v428.data();
-    const float *__restrict v486p = v486.data();
-    const float *__restrict v31p = v31.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v428p[i0 * 32 + i1];
-        const float s1 = v486p[i0 * 32 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v31p[i0];
-        const float s4 = (s2 * s3);
-        v506p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
-  support::View v507 = arena_.view(12288, 32);
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {512, 32};
-  support::reduce(v507.data(), shape1_1, v506.data(), shape1_3, shape1_4, shape1_5,
+  support::View v511 = arena_.view(4096, 1024);
+  support::View v512 = arena_.view(12288, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 16};
+  static const support::Shape shape0_5 = {512, 32};
+  support::reduce(v512.data(), shape0_1, v511.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:108:11", "backward");
-  support::View v504 = arena_.view(0, 1024);
+  support::View v509 = arena_.view(0, 1024);
   support::View v27 = arena_.view(81920, 1024);
-  support::View v508 = arena_.view(4096, 1024);
+  support::View v513 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v504.data(), v27.data(), v508.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v509.data(), v27.data(), v513.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
-  support::View v225 = arena_.view(192512, 1024);
-  support::View v509 = arena_.view(0, 1024);
+  support::View v230 = arena_.view(196608, 1024);
+  support::View v514 = arena_.view(0, 1024);
   {
-    float *__restrict v509p = v509.data();
-    const float *__restrict v225p = v225.data();
-    const float *__restrict v508p = v508.data();
+    float *__restrict v514p = v514.data();
+    const float *__restrict v230p = v230.data();
+    const float *__restrict v513p = v513.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v225p[i0];
-      const float s1 = v508p[i0];
+      const float s0 = v230p[i0];
+      const float s1 = v513p[i0];
       const float s2 = (s0 + s1);
-      v509p[i0] = s2;
+      v514p[i0] = s2;
     }
   }
 
@@ -3787,43 +3786,43 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v205 = arena_.view(223680, 1);
-  support::View v210 = arena_.view(223488, 1);
-  support::View v223 = arena_.view(223360, 32);
-  support::View v227 = arena_.view(196608, 32);
-  support::View v230 = arena_.view(196736, 32);
-  support::View v245 = arena_.view(196864, 32);
-  support::View v247 = arena_.view(176128, 1024);
-  support::View v270 = arena_.view(188416, 32);
-  support::View v274 = arena_.view(167936, 1024);
+  support::View v205 = arena_.view(223488, 1);
+  support::View v210 = arena_.view(223552, 1);
+  support::View v228 = arena_.view(223360, 32);
+  support::View v232 = arena_.view(192512, 32);
+  support::View v235 = arena_.view(192640, 32);
+  support::View v250 = arena_.view(188416, 32);
+  support::View v252 = arena_.view(172032, 1024);
   support::View v275 = arena_.view(188544, 32);
-  support::View v278 = arena_.view(188672, 32);
-  support::View v294 = arena_.view(182272, 512);
-  support::View v304 = arena_.view(188800, 16);
-  support::View v308 = arena_.view(188864, 16);
-  support::View v312 = arena_.view(159744, 512);
-  support::View v313 = arena_.view(151552, 512);
-  support::View v316 = arena_.view(153600, 512);
-  support::View v320 = arena_.view(161792, 512);
-  support::View v340 = arena_.view(135168, 32);
-  support::View v344 = arena_.view(135296, 32);
-  support::View v384 = arena_.view(131328, 32);
-  support::View v387 = arena_.view(110592, 1024);
-  support::View v406 = arena_.view(131072, 32);
-  support::View v411 = arena_.view(102400, 1024);
-  support::View v430 = arena_.view(124928, 32);
-  support::View v434 = arena_.view(125056, 32);
-  support::View v455 = arena_.view(116736, 512);
-  support::View v479 = arena_.view(57344, 16);
-  support::View v485 = arena_.view(57408, 16);
-  support::View v494 = arena_.view(51200, 512);
-  support::View v495 = arena_.view(53248, 512);
-  support::View v500 = arena_.view(8192, 512);
-  support::View v505 = arena_.view(10240, 512);
-  auto request1 = support::startAllReduce(
-      group_data, {v205, v210, v223, v227, v230, v245, v247, v270, v274, v275, v278, v294,
-                   v304, v308, v312, v313, v316, v320, v340, v344, v384, v387, v406, v411,
-                   v430, v434, v455, v479, v485, v494, v495, v500, v505, v507, v509},
+  support::View v279 = arena_.view(163840, 1024);
+  support::View v280 = arena_.view(188672, 32);
+  support::View v283 = arena_.view(188800, 32);
+  support::View v299 = arena_.view(182272, 512);
+  support::View v309 = arena_.view(188928, 16);
+  support::View v313 = arena_.view(188992, 16);
+  support::View v317 = arena_.view(151552, 512);
+  support::View v318 = arena_.view(147456, 512);
+  support::View v321 = arena_.view(149504, 512);
+  support::View v325 = arena_.view(153600, 512);
+  support::View v345 = arena_.view(131072, 32);
+  support::View v349 = arena_.view(131200, 32);
+  support::View v389 = arena_.view(124928, 32);
+  support::View v392 = arena_.view(106496, 1024);
+  support::View v411 = arena_.view(125056, 32);
+  support::View v416 = arena_.view(98304, 1024);
+  support::View v435 = arena_.view(125184, 32);
+  support::View v439 = arena_.view(125312, 32);
+  support::View v460 = arena_.view(116736, 512);
+  support::View v484 = arena_.view(57344, 16);
+  support::View v490 = arena_.view(57408, 16);
+  support::View v499 = arena_.view(51200, 512);
+  support::View v500 = arena_.view(53248, 512);
+  support::View v505 = arena_.view(8192, 512);
+  support::View v510 = arena_.view(10240, 512);
+  auto request2 = support::startAllReduce(
+      group_data, {v205, v210, v228, v232, v235, v250, v252, v275, v279, v280, v283, v299,
+                   v309, v313, v317, v318, v321, v325, v345, v349, v389, v392, v411, v416,
+                   v435, v439, v460, v484, v490, v499, v500, v505, v510, v512, v514},
       meshrt::ReduceOp::Sum);
 
   // xlnet.mesh:133:3 step
@@ -3843,14 +3842,14 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 pow
   // xlnet.mesh:133:3 sub
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
-  support::View v526 = arena_.view(4096, 1);
-  support::View v542 = arena_.view(4160, 1);
-  support::View v544 = arena_.view(4224, 1);
+  support::View v531 = arena_.view(4096, 1);
+  support::View v547 = arena_.view(4160, 1);
+  support::View v549 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v526p = v526.data();
-    float *__restrict v542p = v542.data();
-    float *__restrict v544p = v544.data();
+    float *__restrict v531p = v531.data();
+    float *__restrict v547p = v547.data();
+    float *__restrict v549p = v549.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -3879,13 +3878,13 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v526p[0] = s19;
-    v542p[0] = s23;
-    v544p[0] = s27;
+    v531p[0] = s19;
+    v547p[0] = s23;
+    v549p[0] = s27;
   }
 
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  group_data.wait(request1);
+  group_data.wait(request2);
 
   // xlnet.mesh:133:3 mul
   // xlnet.mesh:133:3 square
@@ -3905,50 +3904,50 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v6(param0_xlnet_embedding);      // updated in place
-  support::View v528(param34_xlnet_embedding_v); // updated in place
-  support::View v527(param33_xlnet_embedding_m); // updated in place
+  support::View v533(param34_xlnet_embedding_v); // updated in place
+  support::View v532(param33_xlnet_embedding_m); // updated in place
   {
-    float *__restrict v528p = v528.data();
-    float *__restrict v527p = v527.data();
+    float *__restrict v533p = v533.data();
+    float *__restrict v532p = v532.data();
     float *__restrict v6p = v6.data();
-    const float *__restrict v509p = v509.data();
-    const float *__restrict v544p = v544.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v526p = v526.data();
+    const float *__restrict v514p = v514.data();
+    const float *__restrict v549p = v549.data();
+    const float *__restrict v547p = v547.data();
+    const float *__restrict v531p = v531.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v6p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v509p[i0];
+      const float s3 = v514p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v528p[i0];
+      const float s7 = v533p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v544p[0];
+      const float s11 = v549p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v509p[i0];
+      const float s16 = v514p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v527p[i0];
+      const float s19 = v532p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v542p[0];
+      const float s23 = v547p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v526p[0];
+      const float s27 = v531p[0];
       const float s28 = (s26 * s27);
       const float s29 = v6p[i0];
       const float s30 = (s29 - s28);
-      v528p[i0] = s10;
-      v527p[i0] = s22;
+      v533p[i0] = s10;
+      v532p[i0] = s22;
       v6p[i0] = s30;
     }
   }
@@ -3971,50 +3970,50 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/mask_embedding
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v7(param1_xlnet_mask_embedding);      // updated in place
-  support::View v557(param36_xlnet_mask_embedding_v); // updated in place
-  support::View v556(param35_xlnet_mask_embedding_m); // updated in place
+  support::View v562(param36_xlnet_mask_embedding_v); // updated in place
+  support::View v561(param35_xlnet_mask_embedding_m); // updated in place
   {
-    float *__restrict v557p = v557.data();
-    float *__restrict v556p = v556.data();
+    float *__restrict v562p = v562.data();
+    float *__restrict v561p = v561.data();
     float *__restrict v7p = v7.data();
-    const float *__restrict v507p = v507.data();
-    const float *__restrict v544p = v544.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v526p = v526.data();
+    const float *__restrict v512p = v512.data();
+    const float *__restrict v549p = v549.data();
+    const float *__restrict v547p = v547.data();
+    const float *__restrict v531p = v531.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v507p[i0];
+      const float s3 = v512p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v557p[i0];
+      const float s7 = v562p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v544p[0];
+      const float s11 = v549p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v507p[i0];
+      const float s16 = v512p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v556p[i0];
+      const float s19 = v561p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v542p[0];
+      const float s23 = v547p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v526p[0];
+      const float s27 = v531p[0];
       const float s28 = (s26 * s27);
       const float s29 = v7p[i0];
       const float s30 = (s29 - s28);
-      v557p[i0] = s10;
-      v556p[i0] = s22;
+      v562p[i0] = s10;
+      v561p[i0] = s22;
       v7p[i0] = s30;
     }
   }
@@ -4037,50 +4036,50 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:133:3 sub -> next/xlnet/output_bias
   MESHRT_TRACE("loop", "xlnet.mesh:133:3", "update");
   support::View v8(param2_xlnet_output_bias);      // updated in place
-  support::View v578(param38_xlnet_output_bias_v); // updated in place
-  support::View v577(param37_xlnet_output_bias_m); // updated in place
+  support::View v583(param38_xlnet_output_bias_v); // updated in place
+  support::View v582(param37_xlnet_output_bias_m); // updated in place
   {
-    float *__restrict v578p = v578.data();
-    float *__restrict v577p = v577.data();
+    float *__restrict v583p = v583.data();
+    float *__restrict v582p = v582.data();
     float *__restrict v8p = v8.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v544p = v544.data();
-    const float *__restrict v542p = v542.data();
-    const float *__restrict v526p = v526.data();
+    const float *__restrict v228p = v228.data();
+    const float *__restrict v549p = v549.data();
+    const float *__restrict v547p = v547.data();
+    const float *__restrict v531p = v531.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v8p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v223p[i0];
+      const float s3 = v228p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v578p[i0];
+      const float s7 = v583p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v544p[0];
+      const float s11 = v549p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v223p[i0];
+      const float s16 = v228p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v577p[i0];
+      const float s19 = v582p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v542p[0];
+      const float s23 = v547p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v526p[0];
+      const float s27 = v531p[0];
       const float s28 = (s26 * s27);
       const float s29 = v8p[i0];
       const float s30 = (s29 - s28);
-      v578p[i0] = s10;
-      v577p[i0] = s22;
+      v583p[i0] = s10;
+      v582p[i0] = s22;
       v8p[i0] = s30;
     }
   }
@@ -4088,120 +4087,120 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // 15 statements from xlnet.mesh:133:3 mul (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q);     // updated in place
-  support::View v599(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
-  support::View v598(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
+  support::View v604(param40_xlnet_xlnet_layer_0_two_stream_attention_q_v); // updated in place
+  support::View v603(param39_xlnet_xlnet_layer_0_two_stream_attention_q_m); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k);     // updated in place
-  support::View v620(param42_xlnet_xlnet_layer_0_two_stream_attention_k_v); // updated in place
-  support::View v619(param41_xlnet_xlnet_layer_0_two_stream_attention_k_m); // updated in place
+  support::View v625(param42_xlnet_xlnet_layer_0_two_stream_attention_k_v); // updated in place
+  support::View v624(param41_xlnet_xlnet_layer_0_two_stream_attention_k_m); // updated in place
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v);     // updated in place
-  support::View v641(param44_xlnet_xlnet_layer_0_two_stream_attention_v_v); // updated in place
-  support::View v640(param43_xlnet_xlnet_layer_0_two_stream_attention_v_m); // updated in place
+  support::View v646(param44_xlnet_xlnet_layer_0_two_stream_attention_v_v); // updated in place
+  support::View v645(param43_xlnet_xlnet_layer_0_two_stream_attention_v_m); // updated in place
   support::View v38(param6_xlnet_xlnet_layer_0_two_stream_attention_r);     // updated in place
-  support::View v662(param46_xlnet_xlnet_layer_0_two_stream_attention_r_v); // updated in place
-  support::View v661(param45_xlnet_xlnet_layer_0_two_stream_attention_r_m); // updated in place
+  support::View v667(param46_xlnet_xlnet_layer_0_two_stream_attention_r_v); // updated in place
+  support::View v666(param45_xlnet_xlnet_layer_0_two_stream_attention_r_m); // updated in place
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o);     // updated in place
-  support::View v683(param48_xlnet_xlnet_layer_0_two_stream_attention_o_v); // updated in place
-  support::View v682(param47_xlnet_xlnet_layer_0_two_stream_attention_o_m); // updated in place
+  support::View v688(param48_xlnet_xlnet_layer_0_two_stream_attention_o_v); // updated in place
+  support::View v687(param47_xlnet_xlnet_layer_0_two_stream_attention_o_m); // updated in place
   support::View v40(
       param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias); // updated in place
-  support::View v704(
+  support::View v709(
       param50_xlnet_xlnet_layer_0_two_stream_attention_content_bias_v); // updated in place
-  support::View v703(
+  support::View v708(
       param49_xlnet_xlnet_layer_0_two_stream_attention_content_bias_m); // updated in place
   support::View v41(
       param9_xlnet_xlnet_layer_0_two_stream_attention_position_bias); // updated in place
-  support::View v725(
+  support::View v730(
       param52_xlnet_xlnet_layer_0_two_stream_attention_position_bias_v); // updated in place
-  support::View v724(
+  support::View v729(
       param51_xlnet_xlnet_layer_0_two_stream_attention_position_bias_m); // updated in place
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain);              // updated in place
-  support::View v746(param54_xlnet_xlnet_layer_0_norm_gain_v);           // updated in place
-  support::View v745(param53_xlnet_xlnet_layer_0_norm_gain_m);           // updated in place
+  support::View v751(param54_xlnet_xlnet_layer_0_norm_gain_v);           // updated in place
+  support::View v750(param53_xlnet_xlnet_layer_0_norm_gain_m);           // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias);              // updated in place
-  support::View v767(param56_xlnet_xlnet_layer_0_norm_bias_v);           // updated in place
-  support::View v766(param55_xlnet_xlnet_layer_0_norm_bias_m);           // updated in place
+  support::View v772(param56_xlnet_xlnet_layer_0_norm_bias_v);           // updated in place
+  support::View v771(param55_xlnet_xlnet_layer_0_norm_bias_m);           // updated in place
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi);    // updated in place
-  support::View v788(param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v787(param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v793(param58_xlnet_xlnet_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v792(param57_xlnet_xlnet_layer_0_dense_relu_dense_wi_m); // updated in place
   support::View v89(param13_xlnet_xlnet_layer_0_dense_relu_dense_bi);    // updated in place
-  support::View v809(param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v); // updated in place
-  support::View v808(param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v814(param60_xlnet_xlnet_layer_0_dense_relu_dense_bi_v); // updated in place
+  support::View v813(param59_xlnet_xlnet_layer_0_dense_relu_dense_bi_m); // updated in place
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo);    // updated in place
-  support::View v830(param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v829(param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v835(param62_xlnet_xlnet_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v834(param61_xlnet_xlnet_layer_0_dense_relu_dense_wo_m); // updated in place
   support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo);    // updated in place
-  support::View v851(param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v); // updated in place
-  support::View v850(param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v856(param64_xlnet_xlnet_layer_0_dense_relu_dense_bo_v); // updated in place
+  support::View v855(param63_xlnet_xlnet_layer_0_dense_relu_dense_bo_m); // updated in place
   support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain);           // updated in place
-  support::View v872(param66_xlnet_xlnet_layer_0_norm_1_gain_v);         // updated in place
-  support::View v871(param65_xlnet_xlnet_layer_0_norm_1_gain_m);         // updated in place
+  support::View v877(param66_xlnet_xlnet_layer_0_norm_1_gain_v);         // updated in place
+  support::View v876(param65_xlnet_xlnet_layer_0_norm_1_gain_m);         // updated in place
   support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias);           // updated in place
-  support::View v893(param68_xlnet_xlnet_layer_0_norm_1_bias_v);         // updated in place
-  support::View v892(param67_xlnet_xlnet_layer_0_norm_1_bias_m);         // updated in place
-  repeated0(v35, v494, v599, v544, v598, v542, v526, v36, v505, v620, v619, v37, v500, v641, v640,
-            v38, v495, v662, v661, v39, v455, v683, v682, v40, v485, v704, v703, v41, v479, v725,
-            v724, v80, v434, v746, v745, v81, v430, v767, v766, v88, v411, v788, v787, v89, v406,
-            v809, v808, v90, v387, v830, v829, v91, v384, v851, v850, v106, v344, v872, v871, v107,
-            v340, v893, v892);
+  support::View v898(param68_xlnet_xlnet_layer_0_norm_1_bias_v);         // updated in place
+  support::View v897(param67_xlnet_xlnet_layer_0_norm_1_bias_m);         // updated in place
+  repeated0(v35, v499, v604, v549, v603, v547, v531, v36, v510, v625, v624, v37, v505, v646, v645,
+            v38, v500, v667, v666, v39, v460, v688, v687, v40, v490, v709, v708, v41, v484, v730,
+            v729, v80, v439, v751, v750, v81, v435, v772, v771, v88, v416, v793, v792, v89, v411,
+            v814, v813, v90, v392, v835, v834, v91, v389, v856, v855, v106, v349, v877, v876, v107,
+            v345, v898, v897);
 
   // 15 statements from xlnet.mesh:133:3 mul (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);   // updated in place
-  support::View v914(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v); // updated in place
-  support::View v913(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m); // updated in place
-  support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k);   // updated in place
-  support::View v935(param72_xlnet_xlnet_layer_1_two_stream_attention_k_v); // updated in place
-  support::View v934(param71_xlnet_xlnet_layer_1_two_stream_attention_k_m); // updated in place
-  support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v);   // updated in place
-  support::View v956(param74_xlnet_xlnet_layer_1_two_stream_attention_v_v); // updated in place
-  support::View v955(param73_xlnet_xlnet_layer_1_two_stream_attention_v_m); // updated in place
-  support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r);   // updated in place
-  support::View v977(param76_xlnet_xlnet_layer_1_two_stream_attention_r_v); // updated in place
-  support::View v976(param75_xlnet_xlnet_layer_1_two_stream_attention_r_m); // updated in place
-  support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o);   // updated in place
-  support::View v998(param78_xlnet_xlnet_layer_1_two_stream_attention_o_v); // updated in place
-  support::View v997(param77_xlnet_xlnet_layer_1_two_stream_attention_o_m); // updated in place
+  support::View v116(param18_xlnet_xlnet_layer_1_two_stream_attention_q);    // updated in place
+  support::View v919(param70_xlnet_xlnet_layer_1_two_stream_attention_q_v);  // updated in place
+  support::View v918(param69_xlnet_xlnet_layer_1_two_stream_attention_q_m);  // updated in place
+  support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k);    // updated in place
+  support::View v940(param72_xlnet_xlnet_layer_1_two_stream_attention_k_v);  // updated in place
+  support::View v939(param71_xlnet_xlnet_layer_1_two_stream_attention_k_m);  // updated in place
+  support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v);    // updated in place
+  support::View v961(param74_xlnet_xlnet_layer_1_two_stream_attention_v_v);  // updated in place
+  support::View v960(param73_xlnet_xlnet_layer_1_two_stream_attention_v_m);  // updated in place
+  support::View v119(param21_xlnet_xlnet_layer_1_two_stream_attention_r);    // updated in place
+  support::View v982(param76_xlnet_xlnet_layer_1_two_stream_attention_r_v);  // updated in place
+  support::View v981(param75_xlnet_xlnet_layer_1_two_stream_attention_r_m);  // updated in place
+  support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o);    // updated in place
+  support::View v1003(param78_xlnet_xlnet_layer_1_two_stream_attention_o_v); // updated in place
+  support::View v1002(param77_xlnet_xlnet_layer_1_two_stream_attention_o_m); // updated in place
   support::View v121(
       param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias); // updated in place
-  support::View v1019(
+  support::View v1024(
       param80_xlnet_xlnet_layer_1_two_stream_attention_content_bias_v); // updated in place
-  support::View v1018(
+  support::View v1023(
       param79_xlnet_xlnet_layer_1_two_stream_attention_content_bias_m); // updated in place
   support::View v122(
       param24_xlnet_xlnet_layer_1_two_stream_attention_position_bias); // updated in place
-  support::View v1040(
+  support::View v1045(
       param82_xlnet_xlnet_layer_1_two_stream_attention_position_bias_v); // updated in place
-  support::View v1039(
+  support::View v1044(
       param81_xlnet_xlnet_layer_1_two_stream_attention_position_bias_m);  // updated in place
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain);              // updated in place
-  support::View v1061(param84_xlnet_xlnet_layer_1_norm_gain_v);           // updated in place
-  support::View v1060(param83_xlnet_xlnet_layer_1_norm_gain_m);           // updated in place
+  support::View v1066(param84_xlnet_xlnet_layer_1_norm_gain_v);           // updated in place
+  support::View v1065(param83_xlnet_xlnet_layer_1_norm_gain_m);           // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias);              // updated in place
-  support::View v1082(param86_xlnet_xlnet_layer_1_norm_bias_v);           // updated in place
-  support::View v1081(param85_xlnet_xlnet_layer_1_norm_bias_m);           // updated in place
+  support::View v1087(param86_xlnet_xlnet_layer_1_norm_bias_v);           // updated in place
+  support::View v1086(param85_xlnet_xlnet_layer_1_norm_bias_m);           // updated in place
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi);    // updated in place
-  support::View v1103(param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v1102(param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v1108(param88_xlnet_xlnet_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v1107(param87_xlnet_xlnet_layer_1_dense_relu_dense_wi_m); // updated in place
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi);    // updated in place
-  support::View v1124(param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v); // updated in place
-  support::View v1123(param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v1129(param90_xlnet_xlnet_layer_1_dense_relu_dense_bi_v); // updated in place
+  support::View v1128(param89_xlnet_xlnet_layer_1_dense_relu_dense_bi_m); // updated in place
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo);    // updated in place
-  support::View v1145(param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v1144(param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v1150(param92_xlnet_xlnet_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v1149(param91_xlnet_xlnet_layer_1_dense_relu_dense_wo_m); // updated in place
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo);    // updated in place
-  support::View v1166(param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v); // updated in place
-  support::View v1165(param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v1171(param94_xlnet_xlnet_layer_1_dense_relu_dense_bo_v); // updated in place
+  support::View v1170(param93_xlnet_xlnet_layer_1_dense_relu_dense_bo_m); // updated in place
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain);            // updated in place
-  support::View v1187(param96_xlnet_xlnet_layer_1_norm_1_gain_v);         // updated in place
-  support::View v1186(param95_xlnet_xlnet_layer_1_norm_1_gain_m);         // updated in place
+  support::View v1192(param96_xlnet_xlnet_layer_1_norm_1_gain_v);         // updated in place
+  support::View v1191(param95_xlnet_xlnet_layer_1_norm_1_gain_m);         // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias);            // updated in place
-  support::View v1208(param98_xlnet_xlnet_layer_1_norm_1_bias_v);         // updated in place
-  support::View v1207(param97_xlnet_xlnet_layer_1_norm_1_bias_m);         // updated in place
-  repeated0(v116, v312, v914, v544, v913, v542, v526, v117, v320, v935, v934, v118, v316, v956,
-            v955, v119, v313, v977, v976, v120, v294, v998, v997, v121, v308, v1019, v1018, v122,
-            v304, v1040, v1039, v160, v278, v1061, v1060, v161, v275, v1082, v1081, v168, v274,
-            v1103, v1102, v169, v270, v1124, v1123, v170, v247, v1145, v1144, v171, v245, v1166,
-            v1165, v186, v230, v1187, v1186, v187, v227, v1208, v1207);
+  support::View v1213(param98_xlnet_xlnet_layer_1_norm_1_bias_v);         // updated in place
+  support::View v1212(param97_xlnet_xlnet_layer_1_norm_1_bias_m);         // updated in place
+  repeated0(v116, v317, v919, v549, v918, v547, v531, v117, v325, v940, v939, v118, v321, v961,
+            v960, v119, v318, v982, v981, v120, v299, v1003, v1002, v121, v313, v1024, v1023, v122,
+            v309, v1045, v1044, v160, v283, v1066, v1065, v161, v280, v1087, v1086, v168, v279,
+            v1108, v1107, v169, v275, v1129, v1128, v170, v252, v1150, v1149, v171, v250, v1171,
+            v1170, v186, v235, v1192, v1191, v187, v232, v1213, v1212);
 }
 
 void XlnetTrain::repeated0(

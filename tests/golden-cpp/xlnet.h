@@ -231,11 +231,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 223744;
+  static constexpr size_t kArenaBytes = 223616;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 818332;
+  static constexpr size_t kTemporaryBytes = 814236;
   /// The bytes of the values computed once, in the constructor (constants, masks).
-  static constexpr size_t kPersistentBytes = 53184;
+  static constexpr size_t kPersistentBytes = 53248;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every

@@ -7,6 +7,7 @@
 // many lanes of modest length; a block-per-lane variant for long lanes is future work.
 #include "meshrt/cuda/Cuda.h"
 #include "meshrt/kernels/Scalar.h"
+#include "meshrt/kernels/SoftmaxStats.h"
 
 #include <cuda_bf16.h>
 
@@ -50,6 +51,25 @@ __global__ void sumExpKernel(double* sums, const float* maxima, const float* in,
                              int64_t count) {
   MESHRT_GRID_LOOP(r, rows) {
     sums[r] = row::laneSumExp(in + inBase[r], offsets, count, row::softmaxShift(maxima[r]));
+  }
+}
+
+__global__ void packSoftmaxStatsKernel(double* stats, const float* maxima, const double* sums,
+                                       int64_t rows) {
+  MESHRT_GRID_LOOP(r, rows) {
+    stats[2 * r] = maxima[r];
+    stats[2 * r + 1] = sums[r];
+  }
+}
+
+/// The lane's max and its sum of exp(x - shift(max)) from the ranks' gathered pairs; softmaxLane
+/// then recomputes each exponential against the lane's max (no rescale needed).
+__global__ void combineSoftmaxStatsKernel(float* maxima, double* sums, const double* gathered,
+                                          int64_t rows, int64_t ranks, int64_t self) {
+  MESHRT_GRID_LOOP(r, rows) {
+    double rescale = 1;
+    meshrt::kernels::combineSoftmaxStatistics(gathered + 2 * r, 2 * rows, ranks, self, &maxima[r],
+                                              &sums[r], &rescale);
   }
 }
 
@@ -321,11 +341,23 @@ void along(float* out, const float* in, const Lanes& lanes, AlongKind kind, doub
     maxKernel<<<blocks, kThreads, 0, stream>>>(maxima.as<float>(), in, t.inBase, t.rows,
                                                t.inOffsets, t.count);
     launched("softmax max kernel");
-    if (group) group->allReduce(maxima.as<float>(), rows, meshrt::ReduceOp::Max);
     sumExpKernel<<<blocks, kThreads, 0, stream>>>(sums.as<double>(), maxima.as<float>(), in,
                                                   t.inBase, t.rows, t.inOffsets, t.count);
     launched("softmax sum kernel");
-    if (group) group->allReduce(sums.as<double>(), rows);
+    if (group) {
+      // One all-gather of every rank's (max, sum) pairs, combined alike on every rank
+      // (meshrt/kernels/SoftmaxStats.h); the CPU kernel does the same.
+      size_t ranks = size_t(group->size());
+      Scratch stats(2 * rows * sizeof(double)), all(ranks * 2 * rows * sizeof(double));
+      packSoftmaxStatsKernel<<<blocks, kThreads, 0, stream>>>(
+          stats.as<double>(), maxima.as<float>(), sums.as<double>(), t.rows);
+      launched("softmax statistics pack kernel");
+      group->allGather(stats.as<double>(), all.as<double>(), 2 * rows);
+      combineSoftmaxStatsKernel<<<blocks, kThreads, 0, stream>>>(
+          maxima.as<float>(), sums.as<double>(), all.as<double>(), t.rows, int64_t(ranks),
+          int64_t(group->rank()));
+      launched("softmax statistics combine kernel");
+    }
     softmaxKernel<<<blocks, kThreads, 0, stream>>>(
         out, in, t.inBase, t.outBase, t.rows, t.inOffsets, t.outOffsets, t.count,
         maxima.as<float>(), sums.as<double>(), kind == AlongKind::LogSoftmax);

@@ -23,6 +23,7 @@
 #include "meshrt/kernels/Einsum.h"
 #include "meshrt/kernels/Fill.h"
 #include "meshrt/kernels/MathF32.h"
+#include "meshrt/kernels/SoftmaxStats.h"
 
 #include <cblas.h>
 
@@ -1058,35 +1059,49 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
   std::vector<int64_t> inOffsets = offsetsOf(lane, inLane), outOffsets = offsetsOf(lane, outLane);
   size_t rows = inBase.size(), size = inOffsets.size();
   if (kind == Along::Softmax || kind == Along::LogSoftmax) {
-    Buffer maxima(rows, -INFINITY);
-    for (size_t r = 0; r < rows; ++r)
-      for (size_t i = 0; i < size; ++i)
-        maxima[r] = std::max(maxima[r], in[inBase[r] + inOffsets[i]]);
-    if (group) group->allReduce(maxima.data(), rows, meshrt::ReduceOp::Max);
-    // exp once per element, in f32 (meshrt::kernels::f32, <= 1 ulp), summed in double; softmax
-    // keeps the exponentials in `out` and scales them by the row's 1 / sum.
-    std::vector<double> sums(rows, 0.0);
+    // Per row: the max and the sum of exp(x - max) in f32 exp (meshrt::kernels::f32, <= 1 ulp),
+    // summed in double; softmax keeps the exponentials in `out`. A split lane combines its
+    // ranks' (max, sum) pairs after one all-gather (meshrt/kernels/SoftmaxStats.h).
+    std::vector<double> stats(2 * rows); // (max, sum) per row
     bool softmax = kind == Along::Softmax;
     for (size_t r = 0; r < rows; ++r) {
-      float max = std::isfinite(maxima[r]) ? maxima[r] : 0.0f;
+      float rowMax = -INFINITY;
+      for (size_t i = 0; i < size; ++i)
+        rowMax = std::max(rowMax, in[inBase[r] + inOffsets[i]]);
+      float max = std::isfinite(rowMax) ? rowMax : 0.0f;
       double sum = 0;
       for (size_t i = 0; i < size; ++i) {
         float e = meshrt::kernels::f32::exp(in[inBase[r] + inOffsets[i]] - max);
         if (softmax) out[outBase[r] + outOffsets[i]] = e;
         sum += e;
       }
-      sums[r] = sum;
+      stats[2 * r] = rowMax;
+      stats[2 * r + 1] = sum;
     }
-    if (group) group->allReduce(sums.data(), rows);
+    // The factor that brings a rank's exponentials to the global max (1 without a group).
+    std::vector<double> rescale(rows, 1.0);
+    if (group) {
+      std::vector<double> all(stats.size() * size_t(group->size()));
+      group->allGather(stats.data(), all.data(), stats.size());
+      int64_t stride = int64_t(stats.size());
+      for (size_t r = 0; r < rows; ++r) {
+        float laneMax = 0;
+        meshrt::kernels::combineSoftmaxStatistics(all.data() + 2 * r, stride, group->size(),
+                                                  group->rank(), &laneMax, &stats[2 * r + 1],
+                                                  &rescale[r]);
+        stats[2 * r] = laneMax;
+      }
+    }
     for (size_t r = 0; r < rows; ++r) {
-      float max = std::isfinite(maxima[r]) ? maxima[r] : 0.0f;
+      float max = std::isfinite(float(stats[2 * r])) ? float(stats[2 * r]) : 0.0f;
+      double sum = stats[2 * r + 1];
       if (softmax) {
-        double inverse = 1 / sums[r]; // as meshrt/cuda/RowMath.h's softmaxLane
+        double scale = rescale[r] / sum; // as meshrt/cuda/RowMath.h's softmaxLane
         for (size_t i = 0; i < size; ++i)
-          out[outBase[r] + outOffsets[i]] = float(out[outBase[r] + outOffsets[i]] * inverse);
+          out[outBase[r] + outOffsets[i]] = float(out[outBase[r] + outOffsets[i]] * scale);
         continue;
       }
-      double logSum = std::log(sums[r]);
+      double logSum = std::log(sum);
       for (size_t i = 0; i < size; ++i)
         out[outBase[r] + outOffsets[i]] =
             float(double(in[inBase[r] + inOffsets[i]]) - max - logSum);

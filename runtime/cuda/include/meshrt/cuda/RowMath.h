@@ -10,6 +10,7 @@
 
 #include "meshrt/Random.h" // MESHRT_HD
 #include "meshrt/kernels/MathF32.h"
+#include "meshrt/kernels/SoftmaxStats.h"
 
 #include <cmath>
 #include <cstdint>
@@ -59,7 +60,7 @@ MESHRT_HD inline float laneMax(const float* x, const int64_t* offsets, int64_t c
 
 /// The shift softmax subtracts: the max when finite, else 0.
 MESHRT_HD inline double softmaxShift(float max) {
-  return std::isfinite(max) ? double(max) : 0.0;
+  return meshrt::kernels::softmaxShiftOf(max);
 }
 
 /// sum of exp(x - shift) over the lane: each exponential in f32 (meshrt::kernels::f32, as the

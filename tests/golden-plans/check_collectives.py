@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The collectives a train step issues (issue 12, item 3), as exact lists of `meshc
+--emit=plan-json` (kind, axes, bytes per phase, after merging: what the generated code issues):
+
+lm_train <meshc> <transformer.mesh>: transformer.mesh's lm_train on [data=2, model=2] at the
+    sizes of bench/lm_sharded.py issues 14 collectives, 2 of them scalar (the loss's numerator
+    and denominator in one, the gradient norm's sum of squares): the forward's and backward's
+    Megatron all-reduces (embedding, 2 per layer, the unembedding's input gradient),
+    log_softmax's row statistics in one all-gather, one gradient bucket over data. The log_softmax
+    backward's sum of the cross-entropy's one-hot cotangent needs no all-reduce (Autodiff's
+    one-hot pick), and the row max and sum of exp are not two dependent all-reduces.
+adafactor <meshc> <moe.mesh>: moe_train's Adafactor update on [data=2, model=2]: the gradients
+    in one bucket over data; over model one bucket of the factored statistics (the row and
+    column means of g^2 of every weight whose averaged dim is split) and one of the updates'
+    sums of squares (their RMS clipping), which divide by the resolved statistics.
+"""
+import json
+import re
+import subprocess
+import sys
+
+from check_partial_sums import expect, summary
+
+# bench/lm_sharded.py's sizes.
+BENCH_SIZES = {"batch": 8, "seq": 128, "mem": 128, "d_model": 256, "heads": 4, "d_head": 64,
+               "d_ff": 1024, "vocab": 512, "layers": 2}
+
+
+def plan(meshc, example, *args):
+    proc = subprocess.run([meshc, example, "--emit=plan-json", *args], capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0:
+        sys.exit(f"FAIL: meshc exited {proc.returncode}\n{proc.stderr}")
+    return {f["function"]: f for f in json.loads(proc.stdout)}
+
+
+def local_bytes(shape):
+    """Bytes of a local shape as plan-json prints it: "f32[batch=4, seq=128]"."""
+    match = re.fullmatch(r"(\w+)\[(.*)\]", shape)
+    size = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2}[match.group(1)]
+    for extent in filter(None, match.group(2).split(", ")):
+        size *= int(extent.split("=")[1])
+    return size
+
+
+def lm_train(meshc, example):
+    dims = [f"--dim={name}={size}" for name, size in BENCH_SIZES.items()]
+    step = plan(meshc, example, "--mesh", "data=2,model=2", "--function", "lm_train", *dims)
+    step = step["lm_train"]
+    activation = 4 * 128 * 256 * 4  # f32[batch=8/2, seq, d_model], replicated over model
+    rows = 4 * 128                  # log_softmax's rows per rank
+    layers = BENCH_SIZES["layers"]
+    expect(summary(step, "forward"), [
+        *[("all_reduce_sum", ["model"], activation)] * (1 + 2 * layers),
+        # Every rank's (max, sum of exp) per row, two doubles, from both ranks of the group.
+        ("all_gather", ["model"], rows * 2 * 8 * 2),
+        ("bucketed_all_reduce_sum", ["data", "model"], 2 * 4),  # the loss's two sums
+    ], "lm_train's forward collectives")
+    weights = sum(local_bytes(t["localShape"]) for t in step["tensors"]
+                  if t["role"] == "param" and "@" not in t["name"])
+    expect(summary(step, "backward"), [
+        *[("all_reduce_sum", ["model"], activation)] * (1 + 2 * layers),
+        ("bucketed_all_reduce_sum", ["data"], weights),  # every gradient, data parallel
+        ("all_reduce_sum", ["model"], 4),  # the gradient norm's sum of squares
+    ], "lm_train's backward collectives")
+    expect(summary(step, "update"), [], "lm_train's update collectives")
+    scalar = [c for c in step["collectives"]
+              if c["operandShape"] == "f32[]" and c["bytes"] == 4 * len(c["operands"])]
+    expect((len(step["collectives"]), len(scalar)), (14, 2),
+           "lm_train's collectives and scalar ones (issue 12: at most JAX's 14, 2 scalar)")
+    print("ok")
+
+
+def adafactor(meshc, example):
+    step = plan(meshc, example, "--mesh", "data=2,model=2", "--function", "moe_train")["moe_train"]
+    optimizer = [c for c in step["collectives"]
+                 if (c["location"]["file"], c["location"]["line"]) == ("moe.mesh", 131)]
+    by_group = {}
+    for c in optimizer:
+        by_group.setdefault(tuple(c["axes"]), []).append((c["kind"], c["phase"]))
+    expect(by_group, {
+        ("data",): [("bucketed_all_reduce_sum", "backward")],
+        # The statistics of every weight, then the RMS of every update (which reads them).
+        ("model",): [("bucketed_all_reduce_sum", "backward"),
+                     ("bucketed_all_reduce_sum", "update")],
+    }, "moe_train's optimizer collectives per group")
+    print("ok")
+
+
+if __name__ == "__main__":
+    {"lm_train": lm_train, "adafactor": adafactor}[sys.argv[1]](sys.argv[2], sys.argv[3])
