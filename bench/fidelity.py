@@ -10,7 +10,8 @@ alternated round by round; when auto finds the own layout there is nothing to ra
     python3 bench/fidelity.py [--build-dir build] [--machine M.json] [--only mlp,transformer]
                               [--meshes 1,2,2x2,2x4] [--rounds 3] [--quick] [--no-auto]
 
-Without --machine, `meshc calibrate` (--quick with --quick) first writes a calibrated description
+The summary counts the rows within 25% and gives the median |measured / predicted - 1| of each
+column. Without --machine, `meshc calibrate` (--quick with --quick) first writes a calibrated description
 into a temporary file. The machine is shared and noisy: the load average is printed before and
 after, and a ratio is only as good as the rounds behind it. A bench, not a test: nothing fails.
 Binaries are cached under <build-dir>/bench-fidelity (meshc run's cache), so a rerun measures

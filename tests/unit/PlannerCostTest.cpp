@@ -2,6 +2,7 @@
 // cache level for memory-bound ops, a fixed cost per GEMM call, and the synchronization each
 // collective pays when thread ranks outnumber the cores; each against hand-computed numbers and
 // through the lowering, and a description without them costing as before.
+#include "CompiledSource.h"
 #include "planner/CostModel.h"
 #include "planner/LayoutSearch.h"
 #include "planner/LoopNests.h"
@@ -228,18 +229,10 @@ const char* kLoopsJson = R"({
   "intra": {"name": "link", "alpha_seconds": 1e-6, "bandwidth": 1e9}
 })";
 
-/// `source` analyzed (one module; REQUIREs success).
-struct Analyzed {
-  llvm::SourceMgr sources;
-  std::string errors;
-  llvm::raw_string_ostream errorStream{errors};
-  DiagEngine diag{sources, errorStream};
-  std::optional<ir::Module> module;
-
-  explicit Analyzed(const char* source) {
-    std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", diag);
-    REQUIRE(set);
-    module = analyze(*set, diag);
+/// `source` analyzed (one module; REQUIREs success), with the accessors these tests use.
+struct Analyzed : testing::CompiledSource {
+  explicit Analyzed(const char* source) : CompiledSource(llvm::StringRef(source)) {
+    INFO(errors);
     REQUIRE(module);
   }
   const ir::Function& fn(const char* name) const { return *module->findFunction(name); }
