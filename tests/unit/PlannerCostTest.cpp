@@ -435,3 +435,33 @@ program block(x: f32[batch, seq, d]) -> (y: f32[batch, seq, d]) {
     CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
   }
 }
+
+TEST_CASE("lowering: random fills at the machine's cost per random element", "[cost][lowering]") {
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
+  y = x * uniform(f32[n, d])
+}
+)");
+  Layout layout;
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*program.module, program.fn("noisy"), meshOf({{"x", 1}}), layout,
+                  parsed(kLoopsJson), program.diag);
+  REQUIRE(spmd);
+  const double elements = 64 * 32, bytes = 4 * elements;
+  int checked = 0;
+  for (const SpmdOp& op : spmd->ops) {
+    if (op.kind != SpmdOp::Kind::Compute) continue;
+    if (op.computeKind == ir::OpKind::RandomUniform) { // a kernel call: 50 FLOPs per element
+      CHECK(op.seconds == Approx(std::max(50 * elements / 1e8, bytes / 1e10) + 1e-6));
+      ++checked;
+    }
+    if (op.computeKind == ir::OpKind::Mul) { // reads x and the samples, stores y; its own nest
+      CHECK(op.seconds == Approx(std::max(elements / 1e8, 3 * bytes / 1e10) + 1e-6));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
+}
