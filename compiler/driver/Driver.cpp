@@ -361,7 +361,6 @@ int runMeshc(int argc, char** argv) {
   if (emitStage != Emit::AST && emitStage != Emit::IR &&
       !lowerTraining(*module, diag, options.verifyEach))
     return kExitInputError;
-  if (planning()) recomputeToFitBudget(*module, options, diag);
   if (emitStage == Emit::IR || emitStage == Emit::TrainIR)
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !interpretModule(*module, options, os, argv[0]))

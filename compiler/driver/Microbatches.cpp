@@ -83,16 +83,15 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
   if (count == 1) return planModule(module, plain, diag, argv0);
 
   // The train blocks at one microbatch's size, through sema, training and planning.
+  std::optional<ir::Module> microModule =
+      loadMicrobatchModule(module, plain, trainBlocks, dim, count, diag, argv0);
+  if (!microModule) return std::nullopt;
   PipelineOptions micro = plain;
-  micro.dims.push_back(fmt::format("{}={}", dim, module.dims.at(dim) / count));
   micro.functions = trainBlocks;
-  std::vector<std::string> files;
-  std::optional<ir::Module> microModule = loadModule(micro, diag, argv0, files);
-  if (!microModule || !lowerTraining(*microModule, diag, micro.verifyEach)) return std::nullopt;
   std::optional<PlannedModule> planned = planModule(*microModule, micro, diag, argv0);
   if (!planned) return std::nullopt;
   for (plan::PlannedFunction& fn : planned->plans)
-    if (llvm::Error error = plan::applyMicrobatching(fn.spmd, dim, count)) {
+    if (llvm::Error error = plan::applyMicrobatching(fn.spmd, dim, count, planned->machine)) {
       optionError(llvm::toString(std::move(error)));
       return std::nullopt;
     }
@@ -106,16 +105,41 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
       planned->plans.push_back(std::move(fn));
   }
   // Plans and the code module in the loaded module's order.
-  ir::Module code = module;
+  std::vector<const ir::Function*> replacements;
+  for (const std::string& name : trainBlocks)
+    replacements.push_back(microModule->findFunction(name));
+  ir::Module code = codeModuleWith(module, replacements);
   std::vector<plan::PlannedFunction> ordered;
-  for (ir::Function& fn : code.functions) {
-    if (llvm::is_contained(trainBlocks, fn.name)) fn = *microModule->findFunction(fn.name);
+  for (ir::Function& fn : code.functions)
     for (plan::PlannedFunction& plannedFn : planned->plans)
       if (plannedFn.spmd.name == fn.name) ordered.push_back(std::move(plannedFn));
-  }
   planned->plans = std::move(ordered);
   planned->codeModule = std::move(code);
   return planned;
+}
+
+std::optional<ir::Module> loadMicrobatchModule(const ir::Module& module,
+                                               const PipelineOptions& options,
+                                               const std::vector<std::string>& trainBlocks,
+                                               const std::string& dim, int64_t count,
+                                               DiagEngine& diag, const char* argv0) {
+  PipelineOptions micro = options;
+  micro.microbatches.clear();
+  micro.dims.push_back(fmt::format("{}={}", dim, module.dims.at(dim) / count));
+  micro.functions = trainBlocks;
+  std::vector<std::string> files;
+  std::optional<ir::Module> microModule = loadModule(micro, diag, argv0, files);
+  if (!microModule || !lowerTraining(*microModule, diag, micro.verifyEach)) return std::nullopt;
+  return microModule;
+}
+
+ir::Module codeModuleWith(const ir::Module& module,
+                          const std::vector<const ir::Function*>& replacements) {
+  ir::Module code = module;
+  for (ir::Function& fn : code.functions)
+    for (const ir::Function* replacement : replacements)
+      if (replacement && replacement->name == fn.name) fn = *replacement;
+  return code;
 }
 
 } // namespace meshc

@@ -15,4 +15,18 @@ std::optional<PlannedModule> planMicrobatched(const ir::Module& module,
                                               const PipelineOptions& options, DiagEngine& diag,
                                               const char* argv0);
 
+/// The train blocks `trainBlocks` of `module` loaded again with `dim` at 1/`count` of its size,
+/// through sema (with `options`' overrides and --recompute) and the training phase: what one
+/// microbatch runs. Nullopt after reporting an error.
+std::optional<ir::Module> loadMicrobatchModule(const ir::Module& module,
+                                               const PipelineOptions& options,
+                                               const std::vector<std::string>& trainBlocks,
+                                               const std::string& dim, int64_t count,
+                                               DiagEngine& diag, const char* argv0);
+
+/// The module code is generated from: `module` with each train block of `replacements` (by
+/// name) replaced by that module's version (a microbatch's, or one with recomputation).
+ir::Module codeModuleWith(const ir::Module& module,
+                          const std::vector<const ir::Function*>& replacements);
+
 } // namespace meshc

@@ -5,6 +5,7 @@
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
 #include "driver/Driver.h"
+#include "driver/JointSearch.h"
 #include "driver/Microbatches.h"
 #include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
@@ -19,7 +20,6 @@
 #include "planner/VerifySpmd.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
-#include "train/Recompute.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
@@ -206,32 +206,6 @@ bool injectFaults(std::vector<plan::PlannedFunction>& plans, const std::string& 
 
 } // namespace
 
-void recomputeToFitBudget(ir::Module& module, const PipelineOptions& given, DiagEngine& diag) {
-  if (given.memoryBudget.empty()) return;
-  PipelineOptions silent = given;
-  silent.injectFault.clear();
-  silent.verifyEach = false;
-  std::string text;
-  llvm::raw_string_ostream errors(text);
-  DiagEngine quiet(diag.sources(), errors);
-  if (planModule(module, silent, quiet)) return;
-  errors.flush();
-  for (ir::Function& fn : module.functions) {
-    if (fn.kind != ir::Function::Kind::Train ||
-        text.find(fmt::format("no layout of train block '{}' fits the memory budget", fn.name)) ==
-            std::string::npos)
-      continue;
-    std::string def = train::repeatedLayerDef(fn);
-    if (def.empty()) continue;
-    size_t calls = train::markRecompute(fn, def);
-    train::recomputeActivations(fn);
-    llvm::WithColor::note(llvm::errs(), "meshc")
-        << fmt::format("no layout of train block '{}' fits the memory budget: recomputing the "
-                       "activations of its repeated layer def '{}' ({} calls) in backward\n",
-                       fn.name, def, calls);
-  }
-}
-
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
                                         DiagEngine& diag, const char* argv0) {
   bool stagesOk = true;
@@ -240,6 +214,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
     return std::nullopt;
   }
   if (!stagesOk) return std::nullopt;
+  if (jointSearchApplies(module, given)) return planJointly(module, given, diag, argv0);
   if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);
   plan::PlannerOptions options;
   options.machine = given.machine;
@@ -266,15 +241,17 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   }
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
-  if (!plans) return std::nullopt;
-  if (!given.injectFault.empty() && !injectFaults(*plans, given.injectFault)) return std::nullopt;
-  if (given.verifyEach) {
-    bool ok = true;
-    for (const plan::PlannedFunction& planned : *plans)
-      ok = reportVerifierErrors(plan::verifySpmdFunction(planned.spmd), "planning") && ok;
-    if (!ok) return std::nullopt;
-  }
+  if (!plans || !finishPlans(*plans, given)) return std::nullopt;
   return PlannedModule{std::move(*machine), std::move(*plans)};
+}
+
+bool finishPlans(std::vector<plan::PlannedFunction>& plans, const PipelineOptions& given) {
+  if (!given.injectFault.empty() && !injectFaults(plans, given.injectFault)) return false;
+  if (!given.verifyEach) return true;
+  bool ok = true;
+  for (const plan::PlannedFunction& planned : plans)
+    ok = reportVerifierErrors(plan::verifySpmdFunction(planned.spmd), "planning") && ok;
+  return ok;
 }
 
 int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,

@@ -44,6 +44,9 @@ struct PipelineOptions {
   /// docs/training.md); with stages, the pipeline's microbatches (PlanPipeline.h; "DIM=auto"
   /// searches K). "": one microbatch.
   std::string microbatches;
+  /// A train block of which no layout fits the memory budget alone is planned by the joint
+  /// search of recompute, microbatches and ZeRO (JointSearch.h); false inside that search.
+  bool jointSearch = true;
   std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
   // The interpreter (interpretModule):
   uint64_t seed = 0;
@@ -79,11 +82,6 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
 /// `verify`, the IR verifier after it.
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
 
-/// Before planning, under --memory-budget: a train block of which no layout fits the budget
-/// (planned silently first) gets the activations of its repeated layer def recomputed
-/// (train/Recompute.h), said in a note on stderr; the plan then reports what it saves and costs.
-void recomputeToFitBudget(ir::Module& module, const PipelineOptions& options, DiagEngine& diag);
-
 /// 3. Every selected function planned for the machine. With --microbatches, the train blocks
 /// are loaded again (`argv0` as for loadModule) with the dim at its microbatch size, trained and
 /// planned so; `codeModule` is then the module the code is generated from (those train blocks,
@@ -98,6 +96,10 @@ struct PlannedModule {
 };
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& options,
                                         DiagEngine& diag, const char* argv0 = nullptr);
+
+/// What planModule does to its plans last: --inject-fault, then --verify-each's check of the
+/// SPMD IR. False after reporting an error.
+bool finishPlans(std::vector<plan::PlannedFunction>& plans, const PipelineOptions& options);
 
 /// 4. The generated code: <base>.h and <base>.cpp or .cu (with the runner, <base>.main.cpp or
 /// .main.cu), each written only when all were generated; base "-": to `os`, one after another.

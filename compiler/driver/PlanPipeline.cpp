@@ -3,6 +3,7 @@
 #include "driver/Driver.h"
 #include "planner/PipelineModel.h"
 #include "planner/Reshard.h"
+#include "train/Recompute.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -93,6 +94,7 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
   // The budget holds for a stage (layers, in-flight microbatches), which predictPipeline checks;
   // a plan of one or two layers has none of its own.
   options.memoryBudget = "1e30";
+  options.jointSearch = false;
   return options;
 }
 
@@ -152,6 +154,9 @@ struct Candidate {
   plan::PipelinePrediction prediction;
   plan::PlannedFunction onePlan; // the plan at one layer (its layout and mesh are the stage's)
   double boundaryBytes = 0;
+  double recomputeWorkingBytes = 0;   // with --recompute: one layer's whole activations
+  std::vector<std::string> recompute; // the defs recomputed (given, or chosen to fit)
+  bool recomputeChosen = false;       // by the planner, not --recompute
 };
 
 /// Plans `fn` at one and two layers for `count` microbatches and composes the stages.
@@ -160,20 +165,25 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
                                   const Microbatching& micro, int64_t count,
                                   plan::PipelineSchedule schedule, const plan::Machine& machine,
                                   DiagEngine& diag, const char* argv0) {
-  std::optional<plan::PlannedFunction> plans[2];
-  const ir::Function* innerFn = nullptr;
+  // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
+  // without any (`plain`).
+  bool recomputes = !given.recompute.empty();
+  std::optional<plan::PlannedFunction> plans[2], plainPlans[2];
   std::optional<ir::Module> inner[2];
-  for (int layers : {1, 2}) {
-    PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
-    std::vector<std::string> files;
-    inner[layers - 1] = loadModule(options, diag, argv0, files);
-    if (!inner[layers - 1] || !lowerTraining(*inner[layers - 1], diag, options.verifyEach))
-      return std::nullopt;
-    std::optional<PlannedModule> planned = planModule(*inner[layers - 1], options, diag);
-    if (!planned || planned->plans.size() != 1) return std::nullopt;
-    plans[layers - 1] = std::move(planned->plans.front());
-  }
-  innerFn = inner[0]->findFunction(fn.name);
+  for (bool withRecompute : recomputes ? std::vector<bool>{true, false} : std::vector<bool>{false})
+    for (int layers : {1, 2}) {
+      PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
+      if (!withRecompute) options.recompute.clear();
+      std::vector<std::string> files;
+      std::optional<ir::Module> loaded = loadModule(options, diag, argv0, files);
+      if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return std::nullopt;
+      std::optional<PlannedModule> planned = planModule(*loaded, options, diag);
+      if (!planned || planned->plans.size() != 1) return std::nullopt;
+      (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] =
+          std::move(planned->plans.front());
+      if (withRecompute || !recomputes) inner[layers - 1] = std::move(loaded);
+    }
+  const ir::Function* innerFn = inner[0]->findFunction(fn.name);
   bool accumulates = count > 1 && fn.kind == ir::Function::Kind::Train;
   plan::StageWork one = workOf(plans[0]->spmd, accumulates);
   plan::StageWork two = workOf(plans[1]->spmd, accumulates);
@@ -182,6 +192,19 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   candidate.layer = two.minus(one);
   candidate.rest = one.minus(candidate.layer);
   plan::PipelineShape shape;
+  if (recomputes) {
+    // Recomputation's time adds up per layer (a layer's backward runs its forward again), its
+    // memory does not: a recomputed layer keeps its inputs (the difference of the two plans),
+    // and one layer at a time holds its whole activations while it is recomputed (a layer's
+    // figure without recomputation), once per stage, not per microbatch in flight. The rest's
+    // activations are the plain plans' (nothing of it is recomputed).
+    plan::StageWork plainOne = workOf(plainPlans[0]->spmd, accumulates);
+    plan::StageWork plainLayer = workOf(plainPlans[1]->spmd, accumulates).minus(plainOne);
+    candidate.rest.memory.peakActivationBytes =
+        plainOne.minus(plainLayer).memory.peakActivationBytes;
+    candidate.recomputeWorkingBytes = plainLayer.memory.peakActivationBytes;
+    shape.recomputeWorkingBytes = candidate.recomputeWorkingBytes;
+  }
   shape.layers = module.dims.at(stage.dim);
   shape.stages = plan::Mesh{module.mesh}.axisSize(stage.axes.front());
   shape.microbatches = count;
@@ -251,6 +274,13 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                     c.layer.collectives, c.layer.collectives == 1 ? "" : "s",
                     bytesString(c.layer.memory.paramBytes),
                     bytesString(c.layer.memory.peakActivationBytes));
+  if (c.recomputeWorkingBytes > 0)
+    os << fmt::format(
+        "  recompute {}{}: a layer keeps {} per microbatch in flight; the layer "
+        "being recomputed holds {} more, once per stage\n",
+        llvm::join(c.recompute, ", "),
+        c.recomputeChosen ? " (chosen: faster than the counts that fit without it)" : "",
+        bytesString(c.layer.memory.peakActivationBytes), bytesString(c.recomputeWorkingBytes));
   if (stages > 1)
     os << fmt::format("  boundary: {} per device per microbatch each way, {} per transfer\n",
                       bytesString(c.boundaryBytes), secondsString(p.p2pSeconds));
@@ -288,11 +318,17 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
       "{{\"function\": \"{}\", \"pipeline\": {{\"dim\": \"{}\", \"axis\": \"{}\", \"schedule\": "
       "\"{}\", \"microbatches\": {}, \"slot_seconds\": {:.9g}, \"p2p_seconds\": {:.9g}, "
       "\"bubble_fraction\": {:.9g}, \"step_seconds\": {:.9g}, \"flops_per_step\": {:.9g}, "
-      "\"peak_memory_bytes\": {:.9g}, \"devices\": {}, \"stages\": [{}]}}}}",
+      "\"peak_memory_bytes\": {:.9g}, \"recompute\": [{}], \"recompute_chosen\": {}, "
+      "\"recompute_working_bytes\": {:.9g}, \"devices\": {}, "
+      "\"stages\": [{}]}}}}",
       fn.name, stage.dim, stage.axes.front(), plan::scheduleName(schedule), c.microbatches,
       p.slotSeconds, p.p2pSeconds, p.bubbleFraction, p.stepSeconds, p.flopsPerStep,
-      p.peakMemoryBytes, int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(),
-      llvm::join(stages, ", "));
+      p.peakMemoryBytes,
+      llvm::join(
+          llvm::map_range(c.recompute, [](const std::string& def) { return "\"" + def + "\""; }),
+          ", "),
+      c.recomputeChosen, c.recomputeWorkingBytes,
+      int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(), llvm::join(stages, ", "));
 }
 
 } // namespace
@@ -333,13 +369,6 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
                   llvm::raw_ostream& os) {
-  // Recomputation makes memory and backward time not additive per layer, which the difference
-  // of the one- and two-layer plans assumes (docs/planner.md, "Pipeline stages").
-  if (!options.recompute.empty()) {
-    optionError("--recompute does not compose with pipeline stages yet: their model assumes "
-                "per-layer memory and time that add up (docs/planner.md, \"Pipeline stages\")");
-    return kExitInputError;
-  }
   Microbatching micro;
   if (!parseMicrobatches(options.microbatches, module, micro)) return kExitInputError;
   plan::PipelineSchedule schedule = plan::PipelineSchedule::OneFOneB;
@@ -371,23 +400,40 @@ int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
   for (const ir::Function* fn : selected(module, options)) {
     std::optional<Candidate> best;
     double smallestMemory = std::numeric_limits<double>::infinity();
-    for (int64_t count : counts) {
-      // A searched count whose microbatch the stage's layout cannot split is skipped.
-      if (micro.count == 0) {
-        int64_t size = module.dims.at(micro.dim) / count, split = 1;
-        for (const ir::DimLayout& entry : module.layout)
-          if (entry.dim == micro.dim)
-            split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
-        if (size % split != 0) continue;
+    // Without --recompute, a train block is tried again with its repeated layer recomputed when
+    // the budget excluded the fastest count (recomputing adds a forward per layer, but may let
+    // fewer microbatches fit than without it, or any).
+    PipelineOptions given = options;
+    double fastest = std::numeric_limits<double>::infinity();
+    std::string layerDef = fn->kind == ir::Function::Kind::Train && options.recompute.empty()
+                               ? train::repeatedLayerDef(*fn)
+                               : "";
+    for (bool retry : {false, true}) {
+      if (retry) {
+        if ((best && best->prediction.stepSeconds <= fastest) || layerDef.empty()) break;
+        given.recompute = {layerDef};
       }
-      std::optional<Candidate> candidate =
-          evaluate(module, stage, options, *fn, micro, count, schedule, *machine, diag, argv0);
-      if (!candidate) return kExitInputError;
-      double memory = candidate->prediction.peakMemoryBytes;
-      smallestMemory = std::min(smallestMemory, memory);
-      if (memory > budget) continue;
-      if (!best || candidate->prediction.stepSeconds < best->prediction.stepSeconds)
-        best = std::move(candidate);
+      for (int64_t count : counts) {
+        // A searched count whose microbatch the stage's layout cannot split is skipped.
+        if (micro.count == 0) {
+          int64_t size = module.dims.at(micro.dim) / count, split = 1;
+          for (const ir::DimLayout& entry : module.layout)
+            if (entry.dim == micro.dim)
+              split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
+          if (size % split != 0) continue;
+        }
+        std::optional<Candidate> candidate =
+            evaluate(module, stage, given, *fn, micro, count, schedule, *machine, diag, argv0);
+        if (!candidate) return kExitInputError;
+        double memory = candidate->prediction.peakMemoryBytes;
+        smallestMemory = std::min(smallestMemory, memory);
+        fastest = std::min(fastest, candidate->prediction.stepSeconds);
+        if (memory > budget) continue;
+        candidate->recompute = given.recompute;
+        candidate->recomputeChosen = retry;
+        if (!best || candidate->prediction.stepSeconds < best->prediction.stepSeconds)
+          best = std::move(candidate);
+      }
     }
     if (!best) {
       diag.report(fn->loc.loc, Diag::ErrPipelineOverBudget,

@@ -59,6 +59,11 @@ cl::opt<std::string> runMachine("machine", cl::desc("The machine to plan for (de
 cl::opt<std::string> runZero("zero",
                              cl::desc("ZeRO stage of train blocks: 1, 2 or 3 (see meshc --help)"),
                              cl::value_desc("stage"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runMemoryBudget(
+    "memory-budget",
+    cl::desc("Memory per device the plan must fit (e.g. 16GiB; default: the machine's); a train "
+             "block no layout fits alone gets the joint search's recompute, microbatches and ZeRO"),
+    cl::value_desc("bytes"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::list<std::string> runDims("dim", cl::desc("Set the size of a declared dim (repeatable)"),
                               cl::value_desc("name=size"), cl::sub(runSubcommand),
                               cl::cat(runCategory));
@@ -176,6 +181,7 @@ PipelineOptions pipelineOptions() {
   options.seed = runSeed;
   options.steps = runSteps;
   options.zero = runZero;
+  options.memoryBudget = runMemoryBudget;
   options.microbatches = runMicrobatches;
   options.batch = runBatch;
   return options;
@@ -185,6 +191,7 @@ PipelineOptions pipelineOptions() {
 std::string workKey(const PipelineOptions& options) {
   std::vector<std::string> parts = {options.mesh, options.layout, options.machine};
   if (!options.zero.empty()) parts.push_back("zero=" + options.zero);
+  if (!options.memoryBudget.empty()) parts.push_back("memory-budget=" + options.memoryBudget);
   parts.insert(parts.end(), options.dims.begin(), options.dims.end());
   parts.push_back("functions");
   parts.insert(parts.end(), options.functions.begin(), options.functions.end());

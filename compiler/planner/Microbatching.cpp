@@ -2,7 +2,9 @@
 #include "planner/Microbatching.h"
 
 #include "ir/OpTraits.h"
+#include "planner/CostModel.h"
 #include "planner/PlanReport.h"
+#include "planner/Reshard.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
@@ -175,13 +177,143 @@ llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn) 
   return schedule;
 }
 
-llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count) {
+namespace {
+
+bool isBucket(const SpmdOp& op) {
+  return op.kind == SpmdOp::Kind::Collective &&
+         op.collective.kind == CollectiveKind::BucketedAllReduceSum;
+}
+
+/// Per value: whether the loop needs it, i.e. the outputs or a raw gradient depend on it. A
+/// bucket's result depends on its own operand only (the members are independent sums).
+std::vector<bool> neededByLoop(const SpmdFunction& fn) {
+  std::vector<std::vector<size_t>> producers(fn.values.size());
+  for (size_t i = 0; i < fn.ops.size(); ++i)
+    for (SpmdValueId id : resultsOf(fn.ops[i]))
+      producers[id].push_back(i);
+  std::vector<bool> needed(fn.values.size(), false);
+  std::vector<SpmdValueId> work;
+  auto need = [&](SpmdValueId id) {
+    if (!needed[id]) needed[id] = true, work.push_back(id);
+  };
+  for (const auto& output : fn.outputs)
+    need(output.second);
+  for (SpmdValueId id = 0; id < fn.values.size(); ++id)
+    if (isGradientName(fn.values[id].name)) need(id);
+  while (!work.empty()) {
+    SpmdValueId value = work.back();
+    work.pop_back();
+    for (size_t index : producers[value]) {
+      const SpmdOp& op = fn.ops[index];
+      if (!isBucket(op)) {
+        for (SpmdValueId operand : op.operands)
+          need(operand);
+        continue;
+      }
+      for (size_t k = 0; k < op.results.size(); ++k)
+        if (op.results[k] == value) need(op.operands[k]);
+    }
+  }
+  return needed;
+}
+
+/// The all-reduce of `members` (indices into `bucket`'s operands): a plain one for one member.
+SpmdOp bucketPart(const SpmdFunction& fn, const SpmdOp& bucket, const std::vector<size_t>& members,
+                  const Machine& machine) {
+  SpmdOp op = bucket;
+  op.operands.clear();
+  op.results.clear();
+  op.collective.bytes = 0;
+  for (size_t k : members) {
+    op.operands.push_back(bucket.operands[k]);
+    op.results.push_back(bucket.results[k]);
+    const ir::TensorType& type = fn.values[bucket.operands[k]].localType;
+    op.collective.bytes += type.numElements() * dtypeBytes(type.dtype);
+  }
+  op.result = op.results.front();
+  if (members.size() == 1) {
+    op.collective.kind = CollectiveKind::AllReduceSum;
+    op.results.clear();
+  }
+  op.seconds = collectiveSeconds(machine, fn.mesh, op.collective);
+  return op;
+}
+
+} // namespace
+
+size_t splitBucketsAtLoop(SpmdFunction& fn, const Machine& machine) {
+  std::vector<bool> needed = neededByLoop(fn);
+  std::vector<SpmdOp> ops;
+  ops.reserve(fn.ops.size());
+  size_t split = 0;
+  for (SpmdOp& op : fn.ops) {
+    std::vector<size_t> loop, update;
+    if (isBucket(op))
+      for (size_t k = 0; k < op.results.size(); ++k)
+        (needed[op.results[k]] ? loop : update).push_back(k);
+    if (loop.empty() || update.empty()) {
+      ops.push_back(std::move(op));
+      continue;
+    }
+    SpmdOp inLoop = bucketPart(fn, op, loop, machine);
+    SpmdOp after = bucketPart(fn, op, update, machine);
+    after.phase = Phase::Update;
+    after.note = fmt::format("the update's part of a bucket merged with the loop's ({} of {} "
+                             "partial sums): a microbatched step resolves them after the loop",
+                             update.size(), op.results.size());
+    double added = inLoop.seconds + after.seconds - op.seconds;
+    if (fn.summary.stepSeconds > 0)
+      fn.summary.utilization *= fn.summary.stepSeconds / (fn.summary.stepSeconds + added);
+    fn.summary.communicationSeconds += added;
+    fn.summary.stepSeconds += added;
+    ops.push_back(std::move(inLoop));
+    ops.push_back(std::move(after));
+    ++split;
+  }
+  fn.ops = std::move(ops);
+  return split;
+}
+
+llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count,
+                               const Machine& machine) {
+  splitBucketsAtLoop(fn, machine);
   llvm::Expected<MicrobatchSchedule> schedule = scheduleMicrobatches(fn);
   if (!schedule) return schedule.takeError();
   fn.microbatching = Microbatching{dim, count, 0};
-  for (SpmdValueId id : schedule->accumulated) // held as f32
-    fn.microbatching.accumulatorBytes += double(fn.values[id].localType.numElements()) * 4;
-  fn.memory.gradientBytes += fn.microbatching.accumulatorBytes;
+  Microbatching& m = fn.microbatching;
+  // Each microbatch adds value / K into an f32 accumulator: a memory-bound pass per value.
+  double accumulateSeconds = 0;
+  for (SpmdValueId id : schedule->accumulated) { // held as f32
+    const ir::TensorType& type = fn.values[id].localType;
+    double elements = double(type.numElements());
+    m.accumulatorBytes += elements * 4;
+    accumulateSeconds += computeSeconds(
+        machine, 2 * elements, elements * double(8 + dtypeBytes(type.dtype)), ir::DType::F32);
+  }
+  fn.memory.gradientBytes += m.accumulatorBytes;
+  // The step runs the loop's ops K times: the summary becomes the whole step's.
+  double compute = 0, communication = 0, loopFlops = 0, allFlops = 0;
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    const SpmdOp& op = fn.ops[i];
+    bool collective = op.kind == SpmdOp::Kind::Collective;
+    bool inLoop = schedule->perMicrobatch[i] && !(collective && schedule->afterLoop[i]);
+    double times = inLoop ? double(count) : 1;
+    (collective ? communication : compute) += times * op.seconds;
+    m.phaseSeconds[static_cast<int>(op.phase)] += times * op.seconds;
+    allFlops += op.flops;
+    if (inLoop) loopFlops += op.flops;
+  }
+  compute += double(count) * accumulateSeconds;
+  m.phaseSeconds[static_cast<int>(Phase::Backward)] += double(count) * accumulateSeconds;
+  PlanSummary& summary = fn.summary;
+  double flopsFactor =
+      allFlops > 0 ? (loopFlops * double(count) + allFlops - loopFlops) / allFlops : double(count);
+  double ideal = summary.utilization * summary.stepSeconds; // devices x peak cancel out
+  summary.computeSeconds = compute;
+  summary.communicationSeconds = communication;
+  summary.stepSeconds = compute + communication;
+  summary.totalFlops *= flopsFactor;
+  summary.utilization = summary.stepSeconds > 0 ? ideal * flopsFactor / summary.stepSeconds : 0;
   return llvm::Error::success();
 }
 

@@ -7,6 +7,7 @@
 // the loop from this schedule and the plan report counts collectives from it, so both agree.
 #pragma once
 
+#include "planner/Machine.h"
 #include "planner/SpmdIR.h"
 
 #include <llvm/Support/Error.h>
@@ -32,9 +33,20 @@ struct MicrobatchSchedule {
 /// computed in the loop.
 llvm::Expected<MicrobatchSchedule> scheduleMicrobatches(const SpmdFunction& fn);
 
-/// Records that `fn` (planned for one microbatch of `dim`) runs `count` times per step, and adds
-/// its accumulators to the memory estimate (as gradients). Fails as scheduleMicrobatches does.
-llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count);
+/// The planner merges independent all-reduces over the same axes across phases
+/// (MergeCollectives.h): a backward norm's partial sums with the global-norm clipping's sums of
+/// squared gradients. In a microbatched step the first run once per microbatch and the second once
+/// after the loop, on the accumulated gradients, so such a bucket is split in two: the members the
+/// loop needs stay where the bucket was, the others become a collective of the update right after
+/// it (priced on `machine`; the summary pays the latency the merge had saved). Returns how many
+/// were split.
+size_t splitBucketsAtLoop(SpmdFunction& fn, const Machine& machine);
+
+/// Records that `fn` (planned for one microbatch of `dim`) runs `count` times per step: splits the
+/// buckets that straddle the loop (splitBucketsAtLoop), and adds its accumulators to the memory
+/// estimate (as gradients). Fails as scheduleMicrobatches does.
+llvm::Error applyMicrobatching(SpmdFunction& fn, const std::string& dim, int64_t count,
+                               const Machine& machine);
 
 /// The collectives one step issues: those in the loop (each issued once per microbatch) and those
 /// issued once (after the loop, or in the update).

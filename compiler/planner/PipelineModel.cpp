@@ -116,6 +116,12 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
     stage.inFlight = shape.schedule == PipelineSchedule::GPipe ? m : std::min(m, p - s);
     stage.memory = work.memory;
     stage.memory.peakActivationBytes *= double(stage.inFlight);
+    // The layer being recomputed: on the stage of the rest, one microbatch's rest activations
+    // are freed (its backward through the rest ran) before its layers are recomputed.
+    if (shape.recomputeWorkingBytes > 0)
+      stage.memory.peakActivationBytes +=
+          std::max(0.0, shape.recomputeWorkingBytes -
+                            (stage.holdsRest ? rest.memory.peakActivationBytes : 0));
     // A stage sends its activation forward and receives the gradient back (the last stage only
     // receives; the first only sends back nothing): two transfers on a middle stage's path.
     double sends = p > 1 ? prediction.p2pSeconds * (s == 0 || s == p - 1 ? 1 : 2) : 0;

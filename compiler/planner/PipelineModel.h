@@ -44,6 +44,11 @@ struct PipelineShape {
   /// gradient goes back), and the link between neighbouring stages.
   double boundaryBytes = 0;
   Link link;
+  /// With recomputation: one layer's whole activations, live while that layer is recomputed in
+  /// backward, one layer and one microbatch at a time: added once to every stage's activations
+  /// (the layer's own figure then holds only what a recomputed layer keeps, its inputs); on the
+  /// last stage only what exceeds one microbatch's rest activations, which are freed by then.
+  double recomputeWorkingBytes = 0;
 };
 
 struct StagePrediction {

@@ -356,6 +356,7 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
                     budget > 0 && memory.total() > budget ? ", OVER BUDGET" : "");
   if (plan.zero) printZeroReport(*plan.zero, os);
   printRecompute(fn, os);
+  if (plan.joint) printJointSearch(*plan.joint, os);
 
   const PlanSummary& summary = fn.summary;
   os << fmt::format("\npredicted step{}\n",
@@ -366,6 +367,9 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
     double seconds[3] = {0, 0, 0};
     for (const SpmdOp& op : fn.ops)
       seconds[static_cast<int>(op.phase)] += op.seconds;
+    if (fn.microbatching.count > 1) // the whole step: the loop's ops count times
+      std::copy(std::begin(fn.microbatching.phaseSeconds), std::end(fn.microbatching.phaseSeconds),
+                seconds);
     os << fmt::format("  by phase      forward {}, backward {}, update {}\n",
                       secondsString(seconds[0]), secondsString(seconds[1]),
                       secondsString(seconds[2]));
@@ -512,6 +516,39 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
                      plan.memoryBudgetBytes > 0 ? plan.memoryBudgetBytes : machine.memoryBytes);
     });
     if (plan.zero) printZeroReportJson(*plan.zero, json);
+    if (fn.microbatching.count > 1)
+      json.attributeObject("microbatching", [&] {
+        json.attribute("dim", fn.microbatching.dim);
+        json.attribute("count", fn.microbatching.count);
+        json.attribute("accumulatorBytes", fn.microbatching.accumulatorBytes);
+      });
+    if (plan.joint) {
+      const JointSearchReport& joint = *plan.joint;
+      auto candidate = [&](const JointCandidate& c) {
+        json.attribute("recompute", c.recompute);
+        json.attribute("microbatches", c.microbatches);
+        json.attribute("zeroStage", static_cast<int64_t>(c.zeroStage));
+        json.attribute("stepSeconds", c.stepSeconds);
+        json.attribute("memoryBytes", c.memoryBytes);
+        json.attribute("fits", c.fits);
+      };
+      json.attributeObject("jointSearch", [&] {
+        json.attribute("budgetBytes", joint.budgetBytes);
+        json.attribute("plainMemoryBytes", joint.plainMemoryBytes);
+        json.attribute("microbatchDim", joint.microbatchDim);
+        json.attributeArray("considered", [&] {
+          for (const JointCandidate& c : joint.considered)
+            json.object([&] { candidate(c); });
+        });
+        if (joint.chosen >= 0)
+          json.attributeObject("chosen",
+                               [&] { candidate(joint.considered[size_t(joint.chosen)]); });
+        json.attributeArray("notTried", [&] {
+          for (const std::string& line : joint.notTried)
+            json.value(line);
+        });
+      });
+    }
     json.attributeObject("summary", [&] {
       json.attribute("stepSeconds", fn.summary.stepSeconds);
       json.attribute("computeSeconds", fn.summary.computeSeconds);

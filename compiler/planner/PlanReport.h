@@ -2,6 +2,7 @@
 // SPMD IR) and --emit=dot (Graphviz, collectives highlighted).
 #pragma once
 
+#include "planner/JointSearchReport.h"
 #include "planner/LayoutSearch.h"
 #include "planner/SpmdIR.h"
 #include "planner/ZeroSharding.h"
@@ -24,6 +25,8 @@ struct PlannedFunction {
   /// the order tried; the plan is for the fastest.
   std::vector<std::pair<Mesh, double>> meshCandidates;
   std::optional<ZeroReport> zero; // train blocks planned with --zero
+  /// Train blocks whose layout alone did not fit: what the joint search considered and chose.
+  std::optional<JointSearchReport> joint;
 };
 
 void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_ostream& os);

@@ -1,5 +1,6 @@
 #include "planner/Planner.h"
 
+#include <llvm/ADT/STLExtras.h>
 #include <llvm/Support/WithColor.h>
 
 #include <cmath>
@@ -121,8 +122,8 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
       overBudget = true;
       SearchOptions unbounded = searchOptions;
       unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
-      search = searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, unbounded,
-                            quiet);
+      search =
+          searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, unbounded, quiet);
     }
     if (!search) // report why
       return searchLayout(*evaluator, module, fn, mesh, machine, pinned, toSearch, searchOptions,
@@ -220,6 +221,71 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
   }
   if (failed) return std::nullopt;
   return plans;
+}
+
+std::optional<std::vector<PlannedFunction>>
+planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
+                   const std::string& function, const std::vector<int>& zeroStages,
+                   const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag) {
+  const ir::Function* fn = module.findFunction(function);
+  if (!fn) return std::nullopt;
+  Layout pinned;
+  std::vector<std::string> toSearch;
+  splitLayout(module, pinned, toSearch);
+  Mesh mesh = meshOf(module);
+  SearchOptions searchOptions;
+  searchOptions.memoryBudgetBytes =
+      options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
+  searchOptions.exactLimit = options.exactLimit;
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  PlanEvaluator evaluator(module, *fn, mesh, machine);
+  auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
+    PlannedFunction plan;
+    plan.memoryBudgetBytes = searchOptions.memoryBudgetBytes;
+    for (const auto& [dim, axes] : pinned.axes)
+      plan.pinnedDims.insert(dim);
+    std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
+    if (!spmd) return std::nullopt;
+    plan.spmd = std::move(*spmd);
+    if (!toSearch.empty()) plan.search = search;
+    return plan;
+  };
+  // Stage 0: the fastest layout that fits without ZeRO, else the fastest (searched lazily).
+  std::optional<SearchResult> fastest;
+  std::optional<PlannedFunction> fastestPlan;
+  auto fastestLayout = [&]() -> bool {
+    if (fastestPlan) return true;
+    SearchOptions unbounded = searchOptions;
+    unbounded.memoryBudgetBytes = std::numeric_limits<double>::max();
+    fastest =
+        searchLayout(evaluator, module, *fn, mesh, machine, pinned, toSearch, unbounded, diag);
+    if (fastest) fastestPlan = lowered(*fastest);
+    return fastestPlan.has_value();
+  };
+  std::vector<PlannedFunction> candidates;
+  for (int stage : zeroStages) {
+    if (stage <= 0) {
+      std::optional<SearchResult> fitting = searchLayout(evaluator, module, *fn, mesh, machine,
+                                                         pinned, toSearch, searchOptions, quiet);
+      std::optional<PlannedFunction> plan = fitting           ? lowered(*fitting)
+                                            : fastestLayout() ? fastestPlan
+                                                              : std::nullopt;
+      if (!plan) return std::nullopt;
+      if (keepGoing) keepGoing(*plan);
+      candidates.push_back(std::move(*plan));
+      continue;
+    }
+    if (!ir::hasOptimizerUpdates(*fn)) continue;
+    if (!fastestLayout()) return std::nullopt;
+    PlannedFunction candidate = *fastestPlan;
+    if (!applyZero(module, *fn, mesh, machine, fastest->layout, stage, candidate, diag))
+      return std::nullopt;
+    if (candidate.zero) candidate.zero->chosen = true;
+    bool goOn = !keepGoing || keepGoing(candidate);
+    candidates.push_back(std::move(candidate));
+    if (!goOn) break;
+  }
+  return candidates;
 }
 
 std::optional<std::vector<PlannedFunction>>

@@ -6,6 +6,7 @@
 #include "diag/Diagnostics.h"
 #include "planner/PlanReport.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,19 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
                                                        const Machine& machine,
                                                        const PlannerOptions& options,
                                                        DiagEngine& diag);
+
+/// For the joint search (driver/JointSearch.h): train block `function` of `module` (on its own
+/// mesh, no --devices) planned once per stage of `zeroStages`, in that order: stage 0 (no ZeRO)
+/// with the fastest layout that fits the budget, or the fastest layout whatever its memory when
+/// none fits; stages 1-3 applied to the fastest layout whatever its memory (their `zero` says
+/// the stage). `keepGoing` (when given) sees each plan first and may change it (the caller's
+/// microbatching); after a ZeRO stage it returns false to stop the list there (a caller giving
+/// the stages in decreasing order stops at the first over its budget: a lower stage shards
+/// less). One evaluator serves them all. Nullopt after reporting an error through `diag`.
+std::optional<std::vector<PlannedFunction>>
+planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
+                   const std::string& function, const std::vector<int>& zeroStages,
+                   const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag);
 
 /// The same, loading options.machine first (an unknown machine is reported as an error).
 std::optional<std::vector<PlannedFunction>>

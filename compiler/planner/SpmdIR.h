@@ -117,6 +117,10 @@ struct Microbatching {
   std::string dim;
   int64_t count = 1;
   double accumulatorBytes = 0; // gradient (and loss) accumulators per device, in memory's gradients
+  /// The whole step's predicted seconds per Phase (forward, backward, update): the loop's ops
+  /// count times, the rest once, plus the accumulation passes (in backward). The summary's
+  /// times are the whole step's too.
+  double phaseSeconds[3] = {0, 0, 0};
 };
 
 struct SpmdFunction {

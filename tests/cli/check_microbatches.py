@@ -183,7 +183,28 @@ def run_check():
                "a state fed by the loss matches the whole batch's", proc)
 
 
-CASES = {f.__name__: f for f in [errors, plan_report, kernel_ir, run_check]}
+def split_bucket():
+    """t5 on [data=2, model=2]: the planner merges its RMS norms' partial sums over `model` with
+    the clipping norm's (a bucket across the loop and the update). Microbatched, the bucket is
+    split: the update's part runs after the loop (its own all-reduce, in the update), and the
+    step builds, runs and matches the interpreter's whole-batch training."""
+    t5 = os.path.join(ROOT, "dsl-examples", "t5.mesh")
+    whole = meshc(t5, "--emit=plan", "--mesh", "data=2,model=2", "--function", "t5_train")
+    expect(whole.returncode == 0 and "the update's part of a bucket" not in whole.stdout,
+           "without microbatches the bucket stays merged", whole)
+    plan = meshc(t5, "--emit=plan", "--mesh", "data=2,model=2", "--function", "t5_train",
+                 "--microbatches", "batch=2")
+    update = plan.stdout.split("collectives of the update ops")[-1].split("\nforced")[0]
+    expect(plan.returncode == 0 and "the update's part of a bucket merged with the loop's" in
+           update, "microbatched, the update's part of the bucket is an update collective", plan)
+    with tempfile.TemporaryDirectory() as cache:
+        proc = meshc("run", t5, "--function", "t5_train", "--microbatches", "batch=2", "--steps",
+                     "3", "--check", "--cache-dir", cache, "--opt=-O1")
+    expect(proc.returncode == 0 and "ok   t5_train.loss" in proc.stdout and
+           "FAIL" not in proc.stdout, "the split step matches the interpreter", proc)
+
+
+CASES = {f.__name__: f for f in [errors, plan_report, kernel_ir, run_check, split_bucket]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

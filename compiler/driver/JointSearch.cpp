@@ -1,0 +1,322 @@
+// The joint search of recompute, microbatches and ZeRO under a memory budget (JointSearch.h).
+#include "driver/JointSearch.h"
+
+#include "driver/Microbatches.h"
+#include "planner/Microbatching.h"
+#include "planner/Planner.h"
+#include "train/Recompute.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+#include <llvm/Support/WithColor.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace meshc {
+namespace {
+
+bool selected(const PipelineOptions& options, const ir::Function& fn) {
+  return options.functions.empty() || llvm::is_contained(options.functions, fn.name);
+}
+
+/// The dim microbatches split: the first dim of the first input that every input has and no
+/// param has (the batch); "" when there is none.
+std::string microbatchDimOf(const ir::Function& fn) {
+  if (fn.inputs.empty()) return "";
+  for (const ir::Dim& dim : fn.inputs.front().type.dims) {
+    auto has = [&](const ir::TensorType& type) { return type.hasDim(dim.name); };
+    if (llvm::all_of(fn.inputs, [&](const ir::InputInfo& in) { return has(in.type); }) &&
+        llvm::none_of(fn.params, [&](const ir::ParamInfo& p) { return has(p.type); }))
+      return dim.name;
+  }
+  return "";
+}
+
+/// The microbatch counts worth planning, ascending: the divisors of the dim's extent per device
+/// (its size over its pinned axes; when the search lays it out, over the largest mesh axis that
+/// divides it, so that a microbatch can still be split as the whole batch would be).
+std::vector<int64_t> microbatchCounts(const ir::Module& module, const std::string& dim) {
+  if (dim.empty()) return {1};
+  int64_t size = module.dims.at(dim), split = 1;
+  bool pinned = false;
+  for (const ir::DimLayout& entry : module.layout)
+    if (entry.dim == dim && !entry.isAuto) {
+      pinned = true;
+      split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
+    }
+  if (!pinned)
+    for (const ir::MeshAxis& axis : module.mesh)
+      if (size % axis.size == 0) split = std::max(split, axis.size);
+  int64_t extent = split > 0 ? size / split : size;
+  std::vector<int64_t> counts;
+  for (int64_t k = 1; k <= extent; ++k)
+    if (extent % k == 0) counts.push_back(k);
+  return counts;
+}
+
+/// Whether `a` is preferred to `b`: the faster predicted step; on a tie (relative 1e-9), the
+/// simpler combination: the lower ZeRO stage, then fewer microbatches, then no recomputation.
+bool faster(const plan::JointCandidate& a, const plan::JointCandidate& b) {
+  double tolerance = 1e-9 * std::max(a.stepSeconds, b.stepSeconds);
+  if (std::abs(a.stepSeconds - b.stepSeconds) > tolerance) return a.stepSeconds < b.stepSeconds;
+  return std::make_tuple(a.zeroStage, a.microbatches, !a.recompute.empty()) <
+         std::make_tuple(b.zeroStage, b.microbatches, !b.recompute.empty());
+}
+
+/// One planned combination with what code generation needs for it.
+struct Planned {
+  plan::JointCandidate candidate;
+  plan::PlannedFunction plan;
+  std::shared_ptr<const ir::Module> module; // holds the function the plan was made from
+};
+
+class JointSearch {
+public:
+  JointSearch(const ir::Module& module, const PipelineOptions& options,
+              const plan::Machine& machine, double budget, DiagEngine& diag, const char* argv0)
+      : module_(module), options_(options), machine_(machine), budget_(budget), diag_(diag),
+        argv0_(argv0), quiet_(diag.sources(), llvm::nulls()) {}
+
+  /// Plans the combinations of `fn` (which does not fit alone) and returns the fastest that
+  /// fits, with the report; nullopt when none does (`smallest` then has the least need).
+  std::optional<Planned> run(const ir::Function& fn, plan::PlannedFunction alone,
+                             double& smallest) {
+    plan::JointSearchReport report;
+    report.budgetBytes = budget_;
+    report.microbatchDim = microbatchDimOf(fn);
+    std::vector<int64_t> counts = microbatchCounts(module_, report.microbatchDim);
+    std::vector<std::string> recomputes = {""};
+    if (std::string layer = train::repeatedLayerDef(fn); !layer.empty()) {
+      recomputes.push_back(layer);
+      report.notTried.push_back(fmt::format(
+          "recomputing only some defs inside '{}' (only its calls as a whole are considered)",
+          layer));
+    } else {
+      report.notTried.push_back("recompute: the block repeats no def");
+    }
+    if (report.microbatchDim.empty())
+      report.notTried.push_back("microbatches: no dim is in every input and in no param");
+    std::optional<Planned> best;
+    int64_t plainFitsAt = std::numeric_limits<int64_t>::max();
+    for (const std::string& recompute : recomputes) {
+      for (int64_t count : counts) {
+        // More microbatches at the same recompute only add time (the loop's collectives and
+        // weight reads repeat, GEMMs shrink), and recomputing adds a forward: neither is tried
+        // past the first count that fits without recomputation / with it.
+        if (!recompute.empty() && count > plainFitsAt) {
+          report.notTried.push_back(
+              fmt::format("recompute {} with more than {} microbatches: that many fit without it",
+                          recompute, plainFitsAt));
+          break;
+        }
+        bool fits = false;
+        bool first = recompute.empty() && count == 1; // its stage 0 is `alone`
+        std::vector<Planned> combination =
+            planCombination(fn, recompute, count, report.microbatchDim,
+                            first ? std::vector<int>{3, 2, 1} : std::vector<int>{3, 2, 1, 0});
+        if (first) combination.insert(combination.begin(), plannedOf(std::move(alone), "", 1));
+        if (!combination.empty() && combination.back().candidate.zeroStage > 0 &&
+            !combination.back().candidate.fits)
+          report.notTried.push_back(
+              fmt::format("{}{} microbatch{}: ZeRO stages below {}, as stage {} is over the budget",
+                          recompute.empty() ? "" : fmt::format("recompute {}, ", recompute), count,
+                          count == 1 ? "" : "es", combination.back().candidate.zeroStage,
+                          combination.back().candidate.zeroStage));
+        for (Planned& planned : combination) {
+          size_t index = report.considered.size();
+          report.considered.push_back(planned.candidate);
+          smallest = std::min(smallest, planned.candidate.memoryBytes);
+          if (!planned.candidate.fits) continue;
+          fits = true;
+          if (!best || faster(planned.candidate, best->candidate)) {
+            best = std::move(planned);
+            report.chosen = int(index);
+          }
+        }
+        if (!fits) continue;
+        if (recompute.empty()) plainFitsAt = count;
+        if (count != counts.back())
+          report.notTried.push_back(
+              fmt::format("{}more than {} microbatches: {} already fit{}",
+                          recompute.empty() ? "" : fmt::format("recompute {} with ", recompute),
+                          count, count, count == 1 ? "s" : ""));
+        break;
+      }
+    }
+    if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
+    if (!best) return std::nullopt;
+    best->plan.joint = std::move(report);
+    return best;
+  }
+
+private:
+  /// `fn` with `recompute`'s calls recomputed and `count` microbatches of `dim`, planned with
+  /// ZeRO stages 0-3; errors (a combination that cannot be built) leave it out, noted.
+  /// A candidate of the report for `plan`.
+  Planned plannedOf(plan::PlannedFunction plan, const std::string& recompute, int64_t count,
+                    std::shared_ptr<const ir::Module> module = nullptr) {
+    Planned planned;
+    planned.candidate.recompute = recompute;
+    planned.candidate.microbatches = count;
+    planned.candidate.zeroStage = plan.zero ? plan.zero->stage : 0;
+    planned.candidate.stepSeconds = plan.spmd.summary.stepSeconds;
+    planned.candidate.memoryBytes = plan.spmd.memory.total();
+    planned.candidate.fits = planned.candidate.memoryBytes <= budget_;
+    planned.plan = std::move(plan);
+    planned.module = module ? module : std::shared_ptr<const ir::Module>(&module_, [](auto*) {});
+    return planned;
+  }
+
+  std::vector<Planned> planCombination(const ir::Function& fn, const std::string& recompute,
+                                       int64_t count, const std::string& dim,
+                                       const std::vector<int>& zeroStages) {
+    PipelineOptions inner = options_;
+    inner.jointSearch = false;
+    auto trained = std::make_shared<ir::Module>();
+    if (count > 1) {
+      if (!recompute.empty()) inner.recompute = {recompute};
+      std::optional<ir::Module> micro =
+          loadMicrobatchModule(module_, inner, {fn.name}, dim, count, quiet_, argv0_);
+      if (!micro) return {};
+      *trained = std::move(*micro);
+    } else {
+      *trained = module_;
+      if (!recompute.empty()) {
+        for (ir::Function& copy : trained->functions)
+          if (copy.name == fn.name) {
+            train::markRecompute(copy, recompute);
+            train::recomputeActivations(copy);
+          }
+      }
+    }
+    plan::PlannerOptions plannerOptions;
+    plannerOptions.machine = options_.machine;
+    plannerOptions.memoryBudgetBytes = budget_;
+    // Each plan microbatched as it comes, so that the ZeRO stages (in decreasing order) stop
+    // at the first whose step, accumulators included, is over the budget.
+    // A plan that cannot be microbatched keeps microbatching.count 1 and is left out.
+    auto microbatch = [&](plan::PlannedFunction& plan) {
+      if (count > 1)
+        if (llvm::Error error = plan::applyMicrobatching(plan.spmd, dim, count, machine_)) {
+          llvm::consumeError(std::move(error));
+          return false;
+        }
+      return plan.spmd.memory.total() <= budget_;
+    };
+    std::optional<std::vector<plan::PlannedFunction>> plans = plan::planZeroCandidates(
+        *trained, machine_, plannerOptions, fn.name, zeroStages, microbatch, quiet_);
+    std::vector<Planned> result;
+    if (!plans) return result;
+    for (plan::PlannedFunction& plan : *plans)
+      if (count == 1 || plan.spmd.microbatching.count == count)
+        result.push_back(plannedOf(std::move(plan), recompute, count, trained));
+    return result;
+  }
+
+  const ir::Module& module_;
+  const PipelineOptions& options_;
+  const plan::Machine& machine_;
+  double budget_;
+  DiagEngine& diag_;
+  const char* argv0_;
+  DiagEngine quiet_;
+};
+
+} // namespace
+
+bool jointSearchApplies(const ir::Module& module, const PipelineOptions& options) {
+  if (!options.jointSearch || !options.microbatches.empty() || !options.zero.empty() ||
+      !options.recompute.empty() || options.devices != 0)
+    return false;
+  return llvm::any_of(module.functions, [&](const ir::Function& fn) {
+    return fn.kind == ir::Function::Kind::Train && selected(options, fn);
+  });
+}
+
+std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
+                                         DiagEngine& diag, const char* argv0) {
+  PipelineOptions plain = options;
+  plain.jointSearch = false;
+  llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
+  if (!machine) {
+    optionError(llvm::toString(machine.takeError()));
+    return std::nullopt;
+  }
+  double budget = machine->memoryBytes;
+  if (!options.memoryBudget.empty() && !parseByteSize(options.memoryBudget, budget))
+    return std::nullopt;
+  plan::PlannerOptions plannerOptions;
+  plannerOptions.machine = options.machine;
+  plannerOptions.memoryBudgetBytes = budget;
+
+  auto start = std::chrono::steady_clock::now();
+  JointSearch search(module, options, *machine, budget, diag, argv0);
+  std::map<std::string, Planned> chosen;
+  std::vector<std::string> plainBlocks; // planned as usual: they fit, or nothing does
+  for (const ir::Function& fn : module.functions) {
+    if (fn.kind != ir::Function::Kind::Train || !selected(options, fn)) continue;
+    // The fastest layout that fits alone, else the fastest (what the search starts from).
+    DiagEngine quiet(diag.sources(), llvm::nulls());
+    std::optional<std::vector<plan::PlannedFunction>> alone =
+        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, nullptr, quiet);
+    if (!alone || alone->empty() || alone->front().spmd.memory.total() <= budget) {
+      plainBlocks.push_back(fn.name); // errors not about memory are reported as usual
+      continue;
+    }
+    double smallest = std::numeric_limits<double>::infinity();
+    std::optional<Planned> best = search.run(fn, std::move(alone->front()), smallest);
+    if (best) {
+      chosen.emplace(fn.name, std::move(*best));
+      continue;
+    }
+    llvm::WithColor::note(llvm::errs(), "meshc")
+        << fmt::format("with recomputation, microbatches and ZeRO, train block '{}' needs at "
+                       "least {} per device\n",
+                       fn.name, plan::bytesString(smallest));
+    // The plain plan's error; without --memory-budget the plain plan, over the machine's memory
+    // as it has always been reported.
+    plainBlocks.push_back(fn.name);
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // The other functions as usual.
+  PipelineOptions rest = plain;
+  rest.functions.clear();
+  for (const ir::Function& fn : module.functions)
+    if (selected(options, fn) && !chosen.count(fn.name)) rest.functions.push_back(fn.name);
+  PlannedModule result{*machine, {}, std::nullopt};
+  std::vector<plan::PlannedFunction> others;
+  if (!rest.functions.empty()) {
+    std::optional<PlannedModule> planned = planModule(module, rest, diag, argv0);
+    if (!planned) return std::nullopt;
+    others = std::move(planned->plans);
+  }
+  std::vector<const ir::Function*> replacements;
+  for (const ir::Function& fn : module.functions) {
+    if (auto it = chosen.find(fn.name); it != chosen.end()) {
+      const plan::JointSearchReport& report = *it->second.plan.joint;
+      llvm::WithColor::note(llvm::errs(), "meshc") << fmt::format(
+          "no layout of train block '{}' fits the memory budget of {} alone: planned with {} "
+          "(joint search: {} combinations in {:.1f} s)\n",
+          fn.name, plan::bytesString(budget),
+          plan::jointChoiceText(report.considered[size_t(report.chosen)], report.microbatchDim),
+          report.considered.size(), seconds);
+      replacements.push_back(it->second.module->findFunction(fn.name));
+      result.plans.push_back(std::move(it->second.plan));
+      continue;
+    }
+    for (plan::PlannedFunction& other : others)
+      if (other.spmd.name == fn.name) result.plans.push_back(std::move(other));
+  }
+  if (chosen.empty()) return PlannedModule{*machine, std::move(result.plans), std::nullopt};
+  result.codeModule = codeModuleWith(module, replacements);
+  if (!finishPlans(result.plans, options)) return std::nullopt;
+  return result;
+}
+
+} // namespace meshc

@@ -1,0 +1,24 @@
+// The joint search of a train block under a memory budget (docs/planner.md, "Joint search"): when
+// no layout of the block fits the budget (--memory-budget, else the machine's memory) on its own,
+// meshc plans it with activation recomputation of its repeated layer, microbatches of its batch
+// dim and ZeRO stages 1-3, each combination with its own layout search, and keeps the fastest
+// predicted step that fits; the plan reports what was considered and chosen
+// (planner/JointSearchReport.h). Used when none of --recompute, --microbatches and --zero is
+// given (those pin the choice) and without --devices.
+#pragma once
+
+#include "driver/Pipeline.h"
+
+namespace meshc {
+
+/// Whether planModule hands `module` to planJointly: a train block is selected and nothing pins
+/// the combination.
+bool jointSearchApplies(const ir::Module& module, const PipelineOptions& options);
+
+/// planModule's work then: the selected functions planned as usual, and each train block that
+/// does not fit planned by the joint search. Errors as planModule's (when no combination fits,
+/// the plain plan's error and a note with the smallest combination's need).
+std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
+                                         DiagEngine& diag, const char* argv0);
+
+} // namespace meshc

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The joint search of recompute, microbatches and ZeRO under a memory budget (issue 14, item 5;
+docs/planner.md, "Joint search"), on `meshc --emit=plan-json` / `--emit=plan` of the transformer
+example's train block with `--layout auto`:
+
+    check_joint_search.py <case> <meshc> <transformer.mesh> [<golden dir>]
+
+budget: under a budget no layout meets alone, the plan fits, the report lists every combination
+    planned (each kind: recompute, microbatches, ZeRO), the chosen one is the fastest of those that
+    fit, and the plan is the chosen combination's (its step, memory, microbatching, ZeRO stage and
+    recompute section); the text report and the note on stderr name it; the jointSearch object
+    equals the golden file (MESHC_UPDATE_GOLDEN=1 rewrites it). Under a budget nothing meets, the
+    plain plan's error and a note with the smallest combination's need.
+run: `meshc run --memory-budget --check`: the generated code of a plan the search chose (recompute,
+    microbatches and ZeRO together) trains 3 steps and matches the interpreter.
+gpt3: the GPT-3 175B train block's shape at 1/8 of its width and 1/12 of its depth on
+    h100-cluster [data=8, model=8] under a budget scaled as the weights are: the same search fits
+    it and reports what it used.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+SMALL = ["--function", "lm_train", "--dim", "layers=4", "--dim", "batch=16", "--dim", "seq=128",
+         "--dim", "mem=128", "--layout", "auto"]
+
+
+def meshc(binary, example, *args):
+    return subprocess.run([binary, example, *args], capture_output=True, text=True, timeout=900)
+
+
+def expect(ok, what, proc=None):
+    if not ok:
+        detail = f"\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}" if proc else ""
+        sys.exit(f"FAIL: {what}{detail}")
+    print(f"ok   {what}")
+
+
+def check_choice(plan, proc, budget_bytes):
+    """The plan is the one the report chose, and the choice is the fastest that fits."""
+    joint = plan["jointSearch"]
+    considered, chosen = joint["considered"], joint["chosen"]
+    expect(plan["memory"]["totalBytes"] <= budget_bytes, "the plan fits the budget", proc)
+    fitting = [c for c in considered if c["fits"]]
+    expect(all(c["memoryBytes"] <= budget_bytes for c in fitting) and
+           all(c["memoryBytes"] > budget_bytes for c in considered if not c["fits"]),
+           "each combination's 'fits' is its memory against the budget", proc)
+    expect(chosen["stepSeconds"] == min(c["stepSeconds"] for c in fitting),
+           "the chosen combination is the fastest of those that fit", proc)
+    expect(plan["summary"]["stepSeconds"] == chosen["stepSeconds"] and
+           plan["memory"]["totalBytes"] == chosen["memoryBytes"],
+           "the plan's step and memory are the chosen combination's", proc)
+    micro = plan.get("microbatching", {"count": 1})
+    expect(micro["count"] == chosen["microbatches"], "the plan runs the chosen microbatches", proc)
+    zero = plan.get("zero", {"stage": 0})
+    expect(zero["stage"] == chosen["zeroStage"], "the plan has the chosen ZeRO stage", proc)
+    return joint, chosen
+
+
+def budget_case(binary, example, golden_dir):
+    args = [*SMALL, "--memory-budget", "8MiB"]
+    proc = meshc(binary, example, "--emit=plan-json", *args)
+    expect(proc.returncode == 0, "a plan under 8 MiB", proc)
+    plan = json.loads(proc.stdout)[0]
+    joint, chosen = check_choice(plan, proc, 8 << 20)
+    considered = joint["considered"]
+    expect(considered[0]["recompute"] == "" and considered[0]["microbatches"] == 1 and
+           considered[0]["zeroStage"] == 0 and not considered[0]["fits"],
+           "the first combination is the plain layout, which does not fit", proc)
+    expect(any(c["recompute"] == "decoder_layer" for c in considered) and
+           any(c["microbatches"] > 1 for c in considered) and
+           {c["zeroStage"] for c in considered} == {0, 1, 2, 3},
+           "recompute, microbatches and ZeRO stages 0-3 were all considered", proc)
+    golden = os.path.join(golden_dir, "joint_search.transformer.json")
+    text = json.dumps(joint, indent=1, sort_keys=True) + "\n"
+    if os.environ.get("MESHC_UPDATE_GOLDEN") == "1":
+        with open(golden, "w") as f:
+            f.write(text)
+    with open(golden) as f:
+        expect(f.read() == text, f"the jointSearch object equals {golden}", proc)
+
+    report = meshc(binary, example, "--emit=plan", *args)
+    expect(report.returncode == 0 and "\njoint search (no layout fits the budget of 8.0 MiB alone"
+           in report.stdout and re.search(r"\n  chosen: .*: the fastest predicted step of the \d+ "
+                                          r"combinations? that fit \(ties: the simpler\)\n", report.stdout),
+           "--emit=plan has the joint search's section", report)
+    expect(re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 8.0 "
+                     r"MiB alone: planned with .* \(joint search: \d+ combinations in ", report.stderr),
+           "a note on stderr names the choice", report)
+    if chosen["recompute"]:
+        expect("\n  decoder_layer: 4 calls" in report.stdout,
+               "the recompute section of the chosen plan", report)
+
+    tight = meshc(binary, example, "--emit=plan", *SMALL, "--memory-budget", "1MiB")
+    expect(tight.returncode == 1 and "error: no layout of train block 'lm_train' fits the memory "
+           "budget of 1.0 MiB per device" in tight.stderr and
+           "note: with recomputation, microbatches and ZeRO, train block 'lm_train' needs at least"
+           in tight.stderr, "under 1 MiB nothing fits: the error and the smallest need", tight)
+
+
+def gpt3_case(binary, example):
+    args = ["--function", "lm_train", "--dim", "d_model=1536", "--dim", "heads=12", "--dim",
+            "d_head=128", "--dim", "d_ff=6144", "--dim", "vocab=50304", "--dim", "seq=2048",
+            "--dim", "mem=2048", "--dim", "batch=64", "--dim", "layers=8", "--machine",
+            "h100-cluster", "--mesh", "data=8,model=8", "--layout", "auto", "--memory-budget",
+            "1GiB"]
+    proc = meshc(binary, example, "--emit=plan-json", *args)
+    expect(proc.returncode == 0, "the GPT-3-shaped block fits 1 GiB per device", proc)
+    plan = json.loads(proc.stdout)[0]
+    check_choice(plan, proc, 1 << 30)
+
+
+def run_case(binary, example):
+    """`meshc run --memory-budget` builds the joint search's plan (here the repeated layer
+    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]) and --check compares 3 train
+    steps' losses and final params with the interpreter's plain training."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as cache:
+        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=2",
+                     "--dim", "batch=8", "--dim", "seq=64", "--dim", "mem=64", "--layout", "auto",
+                     "--memory-budget", "1500KiB", "--steps", "3", "--check", "--cache-dir", cache,
+                     "--opt=-O1")
+    choice = re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 1.5 "
+                       r"MiB alone: planned with (.*) \(joint search", proc.stderr + proc.stdout)
+    expect(proc.returncode == 0 and choice, "meshc run plans with the joint search and passes "
+           "--check", proc)
+    used = choice.group(1)
+    expect("recompute decoder_layer" in used and "microbatches of batch" in used and
+           "ZeRO stage" in used, f"the plan run uses recompute, microbatches and ZeRO ({used})", proc)
+    expect("ok   lm_train.loss" in proc.stdout and "ok   lm_train.param.decoder/unembed " in
+           proc.stdout and "FAIL" not in proc.stdout, "losses and params match the interpreter",
+           proc)
+
+
+def main():
+    case, binary, example = sys.argv[1:4]
+    golden_dir = sys.argv[4] if len(sys.argv) > 4 else os.path.dirname(os.path.abspath(__file__))
+    {"budget": lambda: budget_case(binary, example, golden_dir),
+     "gpt3": lambda: gpt3_case(binary, example),
+     "run": lambda: run_case(binary, example)}[case]()
+
+
+if __name__ == "__main__":
+    main()
