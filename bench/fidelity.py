@@ -10,7 +10,8 @@ alternated round by round; when auto finds the own layout there is nothing to ra
     python3 bench/fidelity.py [--build-dir build] [--machine M.json] [--only mlp,transformer]
                               [--meshes 1,2,2x2,2x4] [--rounds 3] [--quick] [--no-auto]
 
-Without --machine, `meshc calibrate` (--quick with --quick) first writes a calibrated description
+The summary counts the rows within 25% and gives the median |measured / predicted - 1| of each
+column. Without --machine, `meshc calibrate` (--quick with --quick) first writes a calibrated description
 into a temporary file. The machine is shared and noisy: the load average is printed before and
 after, and a ratio is only as good as the rounds behind it. A bench, not a test: nothing fails.
 Binaries are cached under <build-dir>/bench-fidelity (meshc run's cache), so a rerun measures
@@ -248,10 +249,13 @@ def print_table(rows, rounds, with_old):
     counts = {"median": [0, 0], "best": [0, 0], "old median": [0, 0], "old best": [0, 0],
               "rank median": [0, 0], "rank best": [0, 0]}
 
+    errors = {key: [] for key in counts}  # |ratio - 1| per row
+
     def tally(key, value):
         if value is not None:
             counts[key][0] += abs(value - 1) <= WITHIN
             counts[key][1] += 1
+            errors[key].append(abs(value - 1))
 
     for label, mesh, own, auto, reason in rows:
         if reason:
@@ -285,7 +289,10 @@ def print_table(rows, rounds, with_old):
 
     def share(key):
         good, total = counts[key]
-        return f"{good} of {total}" + (f" ({good / total:.0%})" if total else "")
+        text = f"{good} of {total}" + (f" ({good / total:.0%})" if total else "")
+        if errors[key]:
+            text += f", median |ratio - 1| {statistics.median(errors[key]):.0%}"
+        return text
 
     print(f"\nwithin 25%: median {share('median')}, best {share('best')}"
           + (f"; old model: median {share('old median')}, best {share('old best')}"

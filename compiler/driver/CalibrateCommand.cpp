@@ -8,8 +8,9 @@
 // alpha-beta formulas of CostModel.h (all-reduce 2a + 2b (p-1)/p n; reduce-scatter and
 // all-gather a + b (p-1)/p n; weights 1/t, so that small messages count as much as large ones).
 // The refinements: a cache level (an update-like fused loop over data that fits), the fixed
-// cost of a GEMM call (small GEMMs) and what a collective costs when thread ranks outnumber the
-// cores (docs/tool.md).
+// cost of a GEMM call (small GEMMs), what a collective costs when thread ranks outnumber the
+// cores, and the rates of fused loops, transcendental functions, kernel calls and the row-wise
+// kernels (docs/tool.md).
 #include "driver/Driver.h"
 #include "driver/Toolchain.h"
 #include "planner/CostModel.h"
@@ -146,21 +147,44 @@ double bestGemmRate(const llvm::json::Array* gemm, std::string& table) {
   return best;
 }
 
-/// The fixed cost per GEMM call t0 in t = flops / peak + t0, fitted to the small GEMMs by least
-/// squares with weights 1/t^2 (relative errors, as fitLink), the peak held at the large GEMMs'.
-double fitGemmLatency(const llvm::json::Array& small, double peak) {
-  double num = 0, den = 0;
+/// GEMMs of a few small shapes fitted to the cost model's gemmSeconds, the peak held:
+/// t = (2mnk / peak) (1 + shapeDim / min(m, n, k)) + latency, linear in shapeDim and latency;
+/// least squares on relative errors (weights 1/t^2), each kept >= 0.
+struct GemmFit {
+  double shapeDim = 0, latencySeconds = 0;
+};
+
+GemmFit fitGemmShape(const llvm::json::Array& small, double peak) {
+  double sxx = 0, sx = 0, s1 = 0, sxy = 0, sy = 0;
   for (const llvm::json::Value& entry : small) {
     const llvm::json::Object* object = entry.getAsObject();
     if (!object) continue;
     double m = object->getNumber("m").getValueOr(0), n = object->getNumber("n").getValueOr(0),
            k = object->getNumber("k").getValueOr(0);
     double seconds = object->getNumber("seconds").getValueOr(0);
-    if (seconds <= 0) continue;
-    num += (seconds - 2 * m * n * k / peak) / (seconds * seconds);
-    den += 1 / (seconds * seconds);
+    double smallest = std::min({m, n, k});
+    if (seconds <= 0 || smallest <= 0) continue;
+    double atPeak = 2 * m * n * k / peak, x = atPeak / smallest, y = seconds - atPeak;
+    double w = 1 / (seconds * seconds);
+    sxx += w * x * x, sx += w * x, s1 += w, sxy += w * x * y, sy += w * y;
   }
-  return den > 0 ? std::max(0.0, num / den) : 0;
+  GemmFit fit;
+  double det = sxx * s1 - sx * sx;
+  if (s1 <= 0) return fit;
+  if (det > 0) {
+    fit.shapeDim = (sxy * s1 - sx * sy) / det;
+    fit.latencySeconds = (sxx * sy - sx * sxy) / det;
+  }
+  if (det <= 0 || fit.shapeDim < 0) { // the latency alone
+    fit.shapeDim = 0;
+    fit.latencySeconds = sy / s1;
+  } else if (fit.latencySeconds < 0) { // the shape alone
+    fit.latencySeconds = 0;
+    fit.shapeDim = sxx > 0 ? sxy / sxx : 0;
+  }
+  fit.shapeDim = std::max(0.0, fit.shapeDim);
+  fit.latencySeconds = std::max(0.0, fit.latencySeconds);
+  return fit;
 }
 
 /// What one collective costs on top of alpha when thread ranks outnumber the cores: an
@@ -272,12 +296,28 @@ int calibrateCommand(const char* argv0) {
   double cacheBytes = report->getNumber("cache_bytes").getValueOr(0);
   double cacheBandwidth = report->getNumber("cache_stream_bytes_per_s").getValueOr(0);
   if (cacheBandwidth <= bandwidth) cacheBytes = cacheBandwidth = 0; // no faster level seen
-  double gemmLatency = 0;
+  GemmFit gemmFit;
   if (const llvm::json::Array* small = report->getArray("gemm_small"))
-    gemmLatency = fitGemmLatency(*small, peak);
+    gemmFit = fitGemmShape(*small, peak);
+  double gemmLatency = gemmFit.latencySeconds;
   double syncSeconds = 0;
   if (const llvm::json::Object* over = report->getObject("oversubscribed"))
     syncSeconds = oversubscribedSync(*over, cores, link.alphaSeconds);
+
+  // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
+  // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
+  double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, loopLatency = 0,
+         softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
+  if (const llvm::json::Object* loops = report->getObject("loops")) {
+    vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
+    transcendentalFlops =
+        loops->getNumber("transcendental_element_seconds").getValueOr(0) * vectorFlops;
+    randomFlops = loops->getNumber("dropout_element_seconds").getValueOr(0) * vectorFlops;
+    loopLatency = loops->getNumber("call_seconds").getValueOr(0);
+    softmaxElement = loops->getNumber("softmax_element_seconds").getValueOr(0);
+    layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
+    reduceElement = loops->getNumber("reduce_element_seconds").getValueOr(0);
+  }
 
   char date[32];
   std::time_t now = std::time(nullptr);
@@ -305,7 +345,15 @@ int calibrateCommand(const char* argv0) {
       {"cache_bytes", cacheBytes},
       {"cache_bandwidth", cacheBandwidth},
       {"gemm_latency_seconds", gemmLatency},
+      {"gemm_shape_dim", gemmFit.shapeDim},
       {"oversubscribed_sync_seconds", syncSeconds},
+      {"vector_flops", vectorFlops},
+      {"transcendental_flops", transcendentalFlops},
+      {"random_flops", randomFlops},
+      {"loop_latency_seconds", loopLatency},
+      {"softmax_element_seconds", softmaxElement},
+      {"layer_norm_element_seconds", layerNormElement},
+      {"reduce_element_seconds", reduceElement},
       {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
                                    {"alpha_seconds", link.alphaSeconds},
                                    {"bandwidth", link.bandwidth}}},
@@ -317,7 +365,8 @@ int calibrateCommand(const char* argv0) {
                  "bf16 operands and fp32 accumulation (GFLOP/s: {}; peak_flops_bf16), the "
                  "elementwise kernel a = b + s c over 256 MiB arrays (bytes read and written "
                  "per second, CUDA events), GEMMs of 16^3 to 128^3 fitted to "
-                 "flops / peak + gemm_latency_seconds, and NCCL all-reduce, reduce-scatter "
+                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, and NCCL "
+                 "all-reduce, reduce-scatter "
                  "and all-gather on device buffers from 4 B on {} GPUs fitted to the "
                  "alpha-beta formulas (the worst sample is {:.2f}x off the fit)",
                  command, gemmTable, gemmBf16Table, int(calibrateRanks), link.worstRatio)
@@ -327,12 +376,19 @@ int calibrateCommand(const char* argv0) {
                  "and written per second), an update-like fused loop (AdamW: 4 arrays read, 3 "
                  "written) over arrays filling half of the last-level cache's share per core "
                  "(cache_bandwidth), GEMMs of 16^3 to 128^3 fitted to "
-                 "flops / peak + gemm_latency_seconds, all-reduce, reduce-scatter and all-gather "
+                 "flops / peak (1 + gemm_shape_dim / size) + gemm_latency_seconds, all-reduce, "
+                 "reduce-scatter and all-gather "
                  "from 4 B on {} ranks fitted to the alpha-beta formulas (the worst sample is "
                  "{:.2f}x off the fit), and on the threads backend {} thread ranks (twice the "
                  "cores) each looping then all-reducing 4 B: the iteration less the loop's share "
-                 "of the cores and 2 alpha is oversubscribed_sync_seconds; no bf16 hardware "
-                 "assumed",
+                 "of the cores and 2 alpha is oversubscribed_sync_seconds; loops and kernels on "
+                 "64 KiB arrays (in the cache): vector_flops from a fused loop of 8 adds and "
+                 "multiplies per element, transcendental_flops the mean time per element of exp, "
+                 "log, tanh, sigmoid and gelu (meshrt's f32 ones) at that rate, random_flops a "
+                 "fused "
+                 "dropout's time per element at that rate, loop_latency_seconds a kernel "
+                 "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
+                 "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
                  command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
   };
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
@@ -348,9 +404,17 @@ int calibrateCommand(const char* argv0) {
   out.keep();
   stage(fmt::format("peak {:.1f} GFLOP/s, bandwidth {:.1f} GB/s, alpha {:.2f} us, link {:.1f} GB/s",
                     peak / 1e9, bandwidth / 1e9, link.alphaSeconds * 1e6, link.bandwidth / 1e9));
-  stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us, oversubscribed "
-                    "sync {:.2f} us",
-                    cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, syncSeconds * 1e6));
+  stage(fmt::format("cache {:.0f} KiB at {:.1f} GB/s, GEMM latency {:.2f} us and shape dim {:.1f}, "
+                    "oversubscribed sync {:.2f} us",
+                    cacheBytes / 1024, cacheBandwidth / 1e9, gemmLatency * 1e6, gemmFit.shapeDim,
+                    syncSeconds * 1e6));
+  if (vectorFlops > 0)
+    stage(
+        fmt::format("loops {:.1f} GFLOP/s, transcendental {:.1f} FLOPs, random {:.1f} FLOPs, call "
+                    "{:.3f} us; per element: "
+                    "softmax {:.2f} ns, layer_norm {:.2f} ns, sum {:.2f} ns",
+                    vectorFlops / 1e9, transcendentalFlops, randomFlops, loopLatency * 1e6,
+                    softmaxElement * 1e9, layerNormElement * 1e9, reduceElement * 1e9));
   return kExitOk;
 }
 

@@ -21,8 +21,44 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
   return std::max(flopSeconds, memorySeconds);
 }
 
-double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype) {
-  return computeSeconds(machine, flops, bytes, dtype) + machine.gemmLatencySeconds;
+double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
+                   double smallestDim) {
+  double slowdown =
+      machine.gemmShapeDim > 0 && smallestDim > 0 ? 1 + machine.gemmShapeDim / smallestDim : 1;
+  return computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
+}
+
+bool modelsLoops(const Machine& machine) {
+  return machine.vectorFlops > 0;
+}
+
+namespace {
+
+double memorySeconds(const Machine& machine, double bytes) {
+  double bandwidth = streamBandwidth(machine, bytes);
+  return bandwidth > 0 ? bytes / bandwidth : 0;
+}
+
+} // namespace
+
+double loopShareSeconds(const Machine& machine, double flops, double transcendentalElements,
+                        double bytes, bool closesNest) {
+  double simpleFlops = flops + transcendentalElements * machine.transcendentalFlops;
+  double flopSeconds = machine.vectorFlops > 0 ? simpleFlops / machine.vectorFlops : 0;
+  return std::max(flopSeconds, memorySeconds(machine, bytes)) +
+         (closesNest ? machine.loopLatencySeconds : 0);
+}
+
+double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes) {
+  double perElement = kernel == RowKernel::Softmax     ? machine.softmaxElementSeconds
+                      : kernel == RowKernel::LayerNorm ? machine.layerNormElementSeconds
+                                                       : machine.reduceElementSeconds;
+  return std::max(elements * perElement, memorySeconds(machine, bytes)) +
+         machine.loopLatencySeconds;
+}
+
+double kernelCallSeconds(const Machine& machine, double flops, double bytes) {
+  return loopShareSeconds(machine, flops, 0, bytes, /*closesNest=*/true);
 }
 
 double oversubscription(const Machine& machine, const Mesh& mesh) {

@@ -17,8 +17,39 @@ double streamBandwidth(const Machine& machine, double bytes);
 double computeSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype);
 
 /// A GEMM (an einsum of two operands, which codegen calls the GEMM library for): the roofline
-/// plus the machine's fixed cost per call, which small GEMMs do not amortize.
-double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype);
+/// plus the machine's fixed cost per call, which small GEMMs do not amortize. With the machine's
+/// gemm_shape_dim and the GEMM's smallest of m, n and k per batch element (`smallestDim`, 0:
+/// unknown), its FLOPs run at peak / (1 + gemmShapeDim / smallestDim): small GEMMs reach less of
+/// the peak than the large ones that measured it.
+double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
+                   double smallestDim = 0);
+
+/// Whether `machine` describes its loops and kernels (vector_flops given): ops are then priced
+/// as the generated code runs them (loopShareSeconds, rowKernelSeconds), else by the roofline.
+bool modelsLoops(const Machine& machine);
+
+/// One op's share of a fused elementwise loop nest (docs/planner.md, "Loops and kernels"): its
+/// FLOPs at the vector rate, each transcendental element (exp, log, tanh, ...) counting
+/// machine.transcendentalFlops simple ones, against the bytes it moves to or from memory (its
+/// operands that are not computed in the same nest, its result when stored), plus the nest's
+/// fixed cost (loop_latency_seconds) when `closesNest` (the op whose loop the nest is):
+///   max((flops + transcendental x transcendentalFlops) / vectorFlops,
+///       bytes / streamBandwidth(bytes)) + [closesNest] loopLatencySeconds.
+double loopShareSeconds(const Machine& machine, double flops, double transcendentalElements,
+                        double bytes, bool closesNest);
+
+/// The row-wise kernels of the runtime (calls, never fused).
+enum class RowKernel { Softmax, LayerNorm, Reduce };
+
+/// One call of a row-wise kernel over `elements` operand elements: its measured time per
+/// element (softmax_element_seconds, ...), at least the bytes at streamBandwidth, plus the
+/// call's fixed cost: max(elements x perElement, bytes / streamBandwidth(bytes)) +
+/// loopLatencySeconds.
+double rowKernelSeconds(const Machine& machine, RowKernel kernel, double elements, double bytes);
+
+/// Any other kernel call (one_hot, gather, a copy, a random fill, ...): the roofline of its
+/// FLOPs at the vector rate and its bytes, plus the call's fixed cost.
+double kernelCallSeconds(const Machine& machine, double flops, double bytes);
 
 /// How many ranks share one device: max(1, mesh ranks / machine devices). Compute times are
 /// multiplied by it (the ranks take turns on the cores).

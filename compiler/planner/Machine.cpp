@@ -141,6 +141,14 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.cacheBandwidth = reader.number("cache_bandwidth", false, 0);
   machine.gemmLatencySeconds = reader.number("gemm_latency_seconds", false, 0);
   machine.oversubscribedSyncSeconds = reader.number("oversubscribed_sync_seconds", false, 0);
+  machine.gemmShapeDim = reader.number("gemm_shape_dim", false, 0);
+  machine.vectorFlops = reader.number("vector_flops", false, 0);
+  machine.transcendentalFlops = reader.number("transcendental_flops", false, 0);
+  machine.randomFlops = reader.number("random_flops", false, 0);
+  machine.loopLatencySeconds = reader.number("loop_latency_seconds", false, 0);
+  machine.softmaxElementSeconds = reader.number("softmax_element_seconds", false, 0);
+  machine.layerNormElementSeconds = reader.number("layer_norm_element_seconds", false, 0);
+  machine.reduceElementSeconds = reader.number("reduce_element_seconds", false, 0);
   reader.string("notes", false); // free text: sources and assumptions
   if (error.empty() && machine.peakFlops <= 0) reader.fail("field 'peak_flops' must be positive");
   if (error.empty() && machine.memoryBandwidth <= 0)

@@ -35,8 +35,23 @@ struct Machine {
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
-  Link intra; // inside a node
-  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
+  // GEMM efficiency by shape (0: none): a GEMM whose smallest of m, n and k (per batch element)
+  // is `gemmShapeDim` runs its FLOPs at half the peak, one with s at peak / (1 + gemmShapeDim / s).
+  double gemmShapeDim = 0;
+  // What the generated code's loops and kernels reach (docs/planner.md, "Loops and kernels";
+  // 0: not modelled, the roofline alone). A fused elementwise loop nest runs its FLOPs at
+  // `vectorFlops` (not the GEMM peak), each exp/log/tanh/... element counting
+  // `transcendentalFlops` of them; every loop nest and kernel call pays `loopLatencySeconds`;
+  // the row-wise kernels run at their own measured time per element.
+  double vectorFlops = 0;
+  double transcendentalFlops = 0;
+  double randomFlops = 0; // one element of dropout or a random fill, in simple FLOPs (0: 10)
+  double loopLatencySeconds = 0;
+  double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
+  double layerNormElementSeconds = 0; // layer_norm: per operand element
+  double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
+  Link intra;                         // inside a node
+  Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
 };
 
 /// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",

@@ -9,6 +9,7 @@
 #include "planner/AllReduceChains.h"
 
 #include "planner/CostModel.h"
+#include "planner/LoopNests.h"
 #include "planner/MergeCollectives.h"
 #include "planner/OpKeyTable.h"
 #include "planner/PlanReport.h"
@@ -172,6 +173,8 @@ public:
     partnerAxes_ = std::move(axes);
     partnerIsDiv_ = isDiv;
   }
+  /// The op's part in the fused loop nests (LoopNests.h), which its cost depends on.
+  void setLoopRole(const LoopRole& role) { loopRole_ = role; }
 
   /// The axes a sum's result is partial over by its own reduction (the axes of its reduced
   /// dims), as planReduction makes it; a partner planned later than the sum it pairs with.
@@ -763,6 +766,63 @@ private:
     }
   }
 
+  /// The smallest of a two-operand einsum's GEMM dims per batch element, from the local sizes
+  /// of its dims: m (dims of the first operand and the result only), n (the second's and the
+  /// result's) and k (both operands', summed); dims of all three are the batch.
+  double smallestGemmDim(const ir::Op& op,
+                         const std::map<std::string, std::pair<int64_t, int64_t>>& sizes) const {
+    const ir::TensorType& a = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& b = fn_.typeOf(op.operands[1]);
+    const ir::TensorType& result = fn_.typeOf(op.result);
+    double m = 1, n = 1, k = 1;
+    for (const auto& [name, size] : sizes) {
+      bool inA = a.hasDim(name), inB = b.hasDim(name), inResult = result.hasDim(name);
+      double local = static_cast<double>(size.second);
+      if (inA && inB && !inResult)
+        k *= local;
+      else if (inA && !inB && inResult)
+        m *= local;
+      else if (inB && !inA && inResult)
+        n *= local;
+    }
+    return std::min({m, n, k});
+  }
+
+  /// An op other than a GEMM as the generated code runs it (machines that model loops): a share
+  /// of a fused loop nest, a row-wise kernel, or another kernel call (CostModel.h).
+  double kernelSeconds(const ir::Op& op, const OpPlan& out) const {
+    double elements = static_cast<double>(localBytes(fn_.typeOf(op.result), out.result, mesh_) /
+                                          dtypeBytes(fn_.typeOf(op.result).dtype));
+    bool random = op.kind == OpKind::Dropout || op.kind == OpKind::RandomNormal ||
+                  op.kind == OpKind::RandomUniform || op.kind == OpKind::RandomInt;
+    double flops = random && machine_.randomFlops > 0 ? elements * machine_.randomFlops : out.flops;
+    if (loopRole_.loop) {
+      bool transcendental = isTranscendental(op.kind);
+      return loopShareSeconds(machine_, transcendental ? elements : flops,
+                              transcendental ? elements : 0, out.bytes, loopRole_.closesNest());
+    }
+    auto operandElements = [&] {
+      const ir::TensorType& type = fn_.typeOf(op.operands[0]);
+      return static_cast<double>(localBytes(type, out.required[0], mesh_) / dtypeBytes(type.dtype));
+    };
+    switch (op.kind) {
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+    case OpKind::LogSumExp:
+      return rowKernelSeconds(machine_, RowKernel::Softmax, operandElements(), out.bytes);
+    case OpKind::LayerNorm:
+      return rowKernelSeconds(machine_, RowKernel::LayerNorm, operandElements(), out.bytes);
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::Cumsum:
+      return rowKernelSeconds(machine_, RowKernel::Reduce, operandElements(), out.bytes);
+    default:
+      return kernelCallSeconds(machine_, flops, out.bytes);
+    }
+  }
+
   void cost(const ir::Op& op, OpPlan& out) {
     const ir::TensorType& resultType = fn_.typeOf(op.result);
     for (const TensorLayout& required : out.required)
@@ -778,6 +838,7 @@ private:
 
     ir::DType dtype = resultType.dtype;
     double localElements = 1, globalElements = 1;
+    double gemmSmallest = 0; // a two-operand einsum's smallest of m, n and k
     switch (op.kind) {
     case OpKind::Input:
     case OpKind::Param:
@@ -803,6 +864,7 @@ private:
       double perPoint = op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0;
       out.globalFlops = perPoint * globalElements;
       out.flops = perPoint * localElements;
+      if (op.operands.size() == 2) gemmSmallest = smallestGemmDim(op, sizes);
       break;
     }
     case OpKind::ReduceSum:
@@ -845,14 +907,18 @@ private:
                                                          dtypeBytes(resultType.dtype));
       break;
     }
-    for (size_t k = 0; k < op.operands.size(); ++k)
-      out.bytes +=
-          static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
-    out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
     // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm).
     bool gemm = op.kind == OpKind::Einsum && op.operands.size() >= 2;
-    out.computeSeconds = (gemm ? gemmSeconds(machine_, out.flops, out.bytes, dtype)
-                               : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+    bool loops = modelsLoops(machine_) && !gemm;
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      if (!loops || !(loopRole_.inRegister & (1u << std::min<size_t>(k, 31))))
+        out.bytes +=
+            static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
+    if (!loops || loopRole_.stored)
+      out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
+    out.computeSeconds = (gemm    ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+                          : loops ? kernelSeconds(op, out)
+                                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
                          oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
@@ -867,6 +933,7 @@ private:
   std::set<const TensorLayout*> eager_;
   std::set<std::string> partnerAxes_;
   bool partnerIsDiv_ = false;
+  LoopRole loopRole_;
 };
 
 struct VectorHash {
@@ -935,11 +1002,12 @@ struct PlanEvaluator::Impl {
     }
     lastUse_.assign(fn.values.size(), -1);
     freesAt_.resize(fn.ops.size() + 1);
+    loopRoles_ = loopRoles(fn);
     for (size_t i = 0; i < fn.ops.size(); ++i) {
       const ir::Op& op = fn.ops[i];
       for (ir::ValueId operand : op.operands)
         lastUse_[operand] = static_cast<int>(i);
-      staticIds_.push_back(internStatic(op));
+      staticIds_.push_back(internStatic(op, loopRoles_[i]));
       std::vector<int> involved;
       auto addDims = [&](ir::ValueId value) {
         for (const ir::Dim& dim : fn.typeOf(value).dims) {
@@ -1081,8 +1149,9 @@ private:
     return it->second;
   }
 
-  int internStatic(const ir::Op& op) {
+  int internStatic(const ir::Op& op, const LoopRole& role) {
     std::string key = opSpelling(op.kind);
+    if (modelsLoops(machine_)) key += fmt::format("|loop{}", role.code());
     for (const auto& [name, value] : op.attrs) {
       if (name == "path" || name == "stream" || name == "name" || name == "index" ||
           name == "value" || name == "rate" || name == "eps" || name == "mean" ||
@@ -1163,6 +1232,7 @@ private:
   std::map<std::string, int> typeIdOf_;
   std::map<std::string, int> staticIdOf_;
   std::vector<int> staticIds_;
+  std::vector<LoopRole> loopRoles_; // per op (LoopNests.h)
   std::map<std::string, int> dimIndex_;
   std::vector<std::string> dimNames_;
   std::vector<int64_t> dimSizes_;
@@ -1179,9 +1249,17 @@ private:
     double einsumFlops = 0;
     std::vector<std::pair<double, std::vector<int>>> tensors;
     std::vector<int> involved;
+    // Machines that model loops and kernels: what the op pays whatever the layout (a nest's or
+    // a call's fixed cost, a GEMM's), and its time per element of a tensor over `elementDims`
+    // (vector-rate FLOPs, a row-wise kernel's rate), both part of the engine's cost.
+    double fixedSeconds = 0;
+    double elementSeconds = 0; // times the tensor's global elements
+    std::vector<int> elementDims;
     auto operator<=>(const BoundTerm&) const = default;
   };
   std::vector<BoundTerm> boundTerms_;
+  /// The layout-independent parts of an op's cost on a machine that models loops (BoundTerm).
+  void boundLoopTerms(const ir::Op& op, const LoopRole& role, BoundTerm& term) const;
   std::vector<int> boundTermOf_; // per op: its term, -1 when free
   /// What the bound knows with a set of dims assigned (one set per level of the search): the
   /// ops it costs exactly (their dims assigned, their operands known), in order, and the
@@ -1305,6 +1383,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     partnerAxes = rules.reducedAxesOf(fn_.ops[laterSum_[i]]);
   rules.setPartner(std::move(partnerAxes),
                    soleConsumer_[i] >= 0 && fn_.ops[soleConsumer_[i]].kind == OpKind::Div);
+  rules.setLoopRole(loopRoles_[i]);
   OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));
@@ -1883,7 +1962,10 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     for (const auto& [globalBytes, dims] : term.tensors)
       bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
     double flops = term.einsumFlops / splitOf(term.involved);
-    compute += count * computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
+    double seconds = computeSeconds(machine_, flops, bytes, term.dtype);
+    if (term.elementSeconds > 0)
+      seconds = std::max(seconds, term.elementSeconds / splitOf(term.elementDims));
+    compute += count * (seconds + term.fixedSeconds) * oversubscription_;
   }
   for (size_t n = 0; n < level.knownOps.size(); ++n) {
     // Every term only grows: past the cutoff, the sum so far is bound enough.
@@ -2155,9 +2237,14 @@ void PlanEvaluator::Impl::prepareBound() {
     term.anySplit = op.kind == OpKind::Reshape;
     const ir::TensorType& resultType = fn_.typeOf(op.result);
     term.dtype = resultType.dtype;
-    term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
-    for (ir::ValueId operand : op.operands)
-      term.tensors.emplace_back(bytesOf(fn_.typeOf(operand)), dimsOf(fn_.typeOf(operand)));
+    // What the engine charges: with loops modelled, a fused nest's inner values move no bytes.
+    bool loops = modelsLoops(machine_) && op.kind != OpKind::Einsum;
+    const LoopRole& role = loopRoles_[i];
+    if (!loops || role.stored) term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      if (!loops || !(role.inRegister & (1u << std::min<size_t>(k, 31))))
+        term.tensors.emplace_back(bytesOf(fn_.typeOf(op.operands[k])),
+                                  dimsOf(fn_.typeOf(op.operands[k])));
     if (op.kind == OpKind::Einsum) {
       term.dtype = fn_.typeOf(op.operands[0]).dtype;
       double points = 1;
@@ -2166,6 +2253,8 @@ void PlanEvaluator::Impl::prepareBound() {
       term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
     }
     // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
+    if (loops || (op.kind == OpKind::Einsum && op.operands.size() >= 2))
+      boundLoopTerms(op, role, term);
     auto [it, inserted] = termIndex.try_emplace(term, static_cast<int>(boundTerms_.size()));
     if (inserted) boundTerms_.push_back(std::move(term));
     boundTermOf_[i] = it->second;
@@ -2177,6 +2266,56 @@ void PlanEvaluator::Impl::prepareBound() {
         optimizerTerms_.emplace_back(optimizer.trafficFactor * bytesOf(param.type),
                                      dimsOf(param.type));
   }
+}
+
+void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
+                                         BoundTerm& term) const {
+  auto dimsOf = [&](const ir::TensorType& type) {
+    std::vector<int> dims;
+    for (const ir::Dim& dim : type.dims)
+      dims.push_back(dimIndex_.at(dim.name));
+    return dims;
+  };
+  if (op.kind == OpKind::Einsum && op.operands.size() >= 2) {
+    term.fixedSeconds = machine_.gemmLatencySeconds;
+    return;
+  }
+  const ir::TensorType& result = fn_.typeOf(op.result);
+  double resultElements = static_cast<double>(result.numElements());
+  if (role.loop) { // loopShareSeconds at the result's elements (transcendental, random: dearer)
+    double perElement = isTranscendental(op.kind) ? 1 + machine_.transcendentalFlops
+                        : op.kind == OpKind::Dropout && machine_.randomFlops > 0
+                            ? machine_.randomFlops
+                            : 0;
+    term.fixedSeconds = role.closesNest() ? machine_.loopLatencySeconds : 0;
+    term.elementSeconds = perElement * resultElements / machine_.vectorFlops;
+    term.elementDims = dimsOf(result);
+    return;
+  }
+  term.fixedSeconds = machine_.loopLatencySeconds; // every kernel call pays it
+  double rate = 0;
+  switch (op.kind) {
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LogSumExp:
+    rate = machine_.softmaxElementSeconds;
+    break;
+  case OpKind::LayerNorm:
+    rate = machine_.layerNormElementSeconds;
+    break;
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::Cumsum:
+    rate = machine_.reduceElementSeconds;
+    break;
+  default:
+    return;
+  }
+  const ir::TensorType& operand = fn_.typeOf(op.operands[0]);
+  term.elementSeconds = rate * static_cast<double>(operand.numElements());
+  term.elementDims = dimsOf(operand);
 }
 
 namespace {

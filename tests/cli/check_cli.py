@@ -521,6 +521,15 @@ def calibrate():
                 machine["cache_bytes"] > 0), f"a cache level is faster than memory: {machine}")
         expect("meshc calibrate: cache" in proc.stderr, "calibrate announces the refinements",
                proc)
+        # Loops and kernels (docs/planner.md, "Loops and kernels"): measured rates, all > 0.
+        expect(all(machine[key] > 0 for key in ["vector_flops", "transcendental_flops",
+                                                 "loop_latency_seconds",
+                                                 "softmax_element_seconds",
+                                                 "layer_norm_element_seconds",
+                                                 "reduce_element_seconds"])
+               and machine["gemm_shape_dim"] >= 0, f"the loop and kernel rates: {machine}")
+        expect("meshc calibrate: loops" in proc.stderr, "calibrate announces the loop rates",
+               proc)
         plan = meshc(MLP, "--machine", out, "--emit=plan", "--function", "mlp")
         expect(plan.returncode == 0 and "machine  mine" in plan.stdout,
                "--machine takes the calibrated description", plan)

@@ -103,7 +103,8 @@ def main():
         sys.exit(f"FAIL: no 'by phase' line\n{proc.stdout}")
     layer = forward_seconds(2) - forward_seconds(1)
     stage1 = runs["1f1b", 4]["stages"][1]
-    expect(close(stage1["forward_seconds"], stage1["layers"] * layer, 1e-3),
+    # The report prints 4 significant figures: their difference is known to about 2e-3.
+    expect(close(stage1["forward_seconds"], stage1["layers"] * layer, 3e-3),
            "a middle stage's forward = its layers x (plan at 2 layers - plan at 1 layer)",
            f"{stage1['forward_seconds']} vs {stage1['layers']} x {layer}")
 

@@ -2,7 +2,10 @@
 // cache level for memory-bound ops, a fixed cost per GEMM call, and the synchronization each
 // collective pays when thread ranks outnumber the cores; each against hand-computed numbers and
 // through the lowering, and a description without them costing as before.
+#include "CompiledSource.h"
 #include "planner/CostModel.h"
+#include "planner/LayoutSearch.h"
+#include "planner/LoopNests.h"
 #include "planner/SpmdLowering.h"
 #include "sema/Sema.h"
 
@@ -203,4 +206,262 @@ TEST_CASE("lowering: GEMMs, oversubscribed compute and collectives as the model 
     CHECK(with.spmd->summary.communicationSeconds ==
           Approx(without.spmd->summary.communicationSeconds + (ranks > 4 ? 1e-4 : 0)));
   }
+}
+
+// Loops and kernels (docs/planner.md, "Loops and kernels"): fused loop nests priced once by
+// their memory traffic and vector-rate FLOPs, transcendental elements at their measured cost, a
+// fixed cost per nest and per kernel call, and the row-wise kernels at their rate per element.
+
+namespace {
+
+// kRefinedJson plus GEMMs at half the peak when their smallest dim is 16, and loops: 1e8 simple
+// FLOP/s, exp & co. 20 FLOPs each, a dropout element 50, 1 us per nest or call, softmax 10 ns,
+// layer_norm 20 ns and reductions 2 ns per operand element.
+const char* kLoopsJson = R"({
+  "name": "loops", "devices": 4, "peak_flops": 1e9, "memory_bandwidth": 1e9,
+  "memory_bytes": 1e9, "cache_bytes": 1e6, "cache_bandwidth": 1e10,
+  "gemm_latency_seconds": 5e-6, "oversubscribed_sync_seconds": 1e-4,
+  "gemm_shape_dim": 16,
+  "vector_flops": 1e8, "transcendental_flops": 20, "random_flops": 50,
+  "loop_latency_seconds": 1e-6,
+  "softmax_element_seconds": 1e-8, "layer_norm_element_seconds": 2e-8,
+  "reduce_element_seconds": 2e-9,
+  "intra": {"name": "link", "alpha_seconds": 1e-6, "bandwidth": 1e9}
+})";
+
+/// `source` analyzed (one module; REQUIREs success), with the accessors these tests use.
+struct Analyzed : testing::CompiledSource {
+  explicit Analyzed(const char* source) : CompiledSource(llvm::StringRef(source)) {
+    INFO(errors);
+    REQUIRE(module);
+  }
+  const ir::Function& fn(const char* name) const { return *module->findFunction(name); }
+  /// The op that defines the value named `name`.
+  uint32_t opNamed(const char* function, const std::string& name) const {
+    const ir::Function& f = fn(function);
+    for (uint32_t i = 0; i < f.ops.size(); ++i)
+      if (f.values[f.ops[i].result].name == name) return i;
+    FAIL("no value named " << name);
+    return 0;
+  }
+};
+
+// a = x * s (same dims as its reader b: fused, not stored); b = exp(a) read twice (stored, and
+// fused into c, its first reader); c = b + bias (bias [d] broadcast: a param, read from memory);
+// the einsum reads b from memory; e = relu(einsum) is read by the output only.
+const char* kChainProgram = R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program chain(x: f32[n, d]) -> (y: f32[n, d], z: f32[n]) {
+  param bias: f32[d] = zeros()
+  let a = x * 2.0
+  let b = exp(a)
+  let c = b + bias
+  y = softmax(c, d)
+  z = relu(einsum(b, x -> n))
+}
+)";
+
+} // namespace
+
+TEST_CASE("machines: the loop and kernel rates are optional and read", "[machine]") {
+  Machine m = parsed(kLoopsJson);
+  CHECK(m.vectorFlops == Approx(1e8));
+  CHECK(m.transcendentalFlops == Approx(20));
+  CHECK(m.randomFlops == Approx(50));
+  CHECK(m.loopLatencySeconds == Approx(1e-6));
+  CHECK(m.softmaxElementSeconds == Approx(1e-8));
+  CHECK(m.layerNormElementSeconds == Approx(2e-8));
+  CHECK(m.reduceElementSeconds == Approx(2e-9));
+  CHECK(modelsLoops(m));
+  CHECK_FALSE(modelsLoops(parsed(kRefinedJson)));
+  CHECK_FALSE(modelsLoops(*loadMachine("8xh100")));
+  Machine cpu = *loadMachine("cpu");
+  CHECK(modelsLoops(cpu));
+  CHECK(cpu.transcendentalFlops > 1);
+  CHECK(cpu.loopLatencySeconds > 0);
+  CHECK(cpu.softmaxElementSeconds > 0);
+  CHECK(cpu.layerNormElementSeconds > 0);
+  CHECK(cpu.reduceElementSeconds > 0);
+}
+
+TEST_CASE("cost model: a loop nest's share is its FLOPs at the vector rate or its bytes",
+          "[cost]") {
+  Machine m = parsed(kLoopsJson);
+  // 1000 simple FLOPs at 1e8: 10 us, against 4 KB from the cache at 10 GB/s: 0.4 us.
+  CHECK(loopShareSeconds(m, 1000, 0, 4000, false) == Approx(1e-5));
+  // The nest's own loop pays its fixed cost.
+  CHECK(loopShareSeconds(m, 1000, 0, 4000, true) == Approx(1e-5 + 1e-6));
+  // 100 exp elements: 100 x 20 FLOPs, plus the 100 simple ones given.
+  CHECK(loopShareSeconds(m, 100, 100, 400, false) == Approx((100 + 2000) / 1e8));
+  // Memory-bound: 4 MB (past the cache) at 1 GB/s.
+  CHECK(loopShareSeconds(m, 1000, 0, 4e6, false) == Approx(4e-3));
+  // A kernel call: the same roofline and its fixed cost.
+  CHECK(kernelCallSeconds(m, 1000, 4000) == Approx(1e-5 + 1e-6));
+}
+
+TEST_CASE("cost model: a GEMM's efficiency by its smallest dim", "[cost]") {
+  Machine m = parsed(kLoopsJson);
+  // 2000 FLOPs at 1 GFLOP/s: 2 us at full efficiency, twice that when the smallest dim is 16,
+  // 1 + 16/64 times when it is 64; plus the call.
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 16) == Approx(4e-6 + 5e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32, 64) == Approx(2.5e-6 + 5e-6));
+  CHECK(gemmSeconds(m, 2e3, 100, ir::DType::F32) == Approx(2e-6 + 5e-6)); // shape unknown
+  CHECK(gemmSeconds(parsed(kRefinedJson), 2e3, 100, ir::DType::F32, 16) == Approx(2e-6 + 5e-6));
+  CHECK(m.gemmShapeDim == Approx(16));
+}
+
+TEST_CASE("cost model: row-wise kernels run at their measured rate per element", "[cost]") {
+  Machine m = parsed(kLoopsJson);
+  // 1000 elements: softmax 10 us, layer_norm 20 us, a reduction 2 us; plus the call.
+  CHECK(rowKernelSeconds(m, RowKernel::Softmax, 1000, 8000) == Approx(1e-5 + 1e-6));
+  CHECK(rowKernelSeconds(m, RowKernel::LayerNorm, 1000, 8000) == Approx(2e-5 + 1e-6));
+  CHECK(rowKernelSeconds(m, RowKernel::Reduce, 1000, 4004) == Approx(2e-6 + 1e-6));
+  // Never faster than their bytes: 8 MB at 1 GB/s.
+  CHECK(rowKernelSeconds(m, RowKernel::Reduce, 1000, 8e6) == Approx(8e-3 + 1e-6));
+}
+
+TEST_CASE("loop nests: which ops fuse, which results are stored", "[cost][loops]") {
+  Analyzed program(kChainProgram);
+  const ir::Function& fn = program.fn("chain");
+  std::vector<LoopRole> roles = loopRoles(fn);
+  const LoopRole& a = roles[program.opNamed("chain", "a")];
+  const LoopRole& b = roles[program.opNamed("chain", "b")];
+  const LoopRole& c = roles[program.opNamed("chain", "c")];
+  CHECK(a.loop);
+  CHECK(a.fused); // into b: same dims, b its only reader
+  CHECK_FALSE(a.stored);
+  CHECK(b.inRegister == 1u); // operand 0 (a) computed in b's nest
+  CHECK(b.fused);            // into c, its first reader
+  CHECK(b.stored);           // the einsum reads it too
+  CHECK(c.inRegister == 1u); // b; bias (operand 1) is a param, read
+  CHECK(c.closesNest());     // softmax is a kernel, not a loop: c's nest ends here
+  CHECK(c.stored);
+  // Ops that are not loops never fuse.
+  for (uint32_t i = 0; i < fn.ops.size(); ++i)
+    if (fn.ops[i].kind == ir::OpKind::Einsum || fn.ops[i].kind == ir::OpKind::Softmax) {
+      CHECK_FALSE(roles[i].loop);
+      CHECK_FALSE(roles[i].fused);
+    }
+}
+
+TEST_CASE("loop nests: a broadcast producer fuses only when cheap and read once", "[cost][loops]") {
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 16
+dim d = 8
+program p(v: f32[d], w: f32[d], x: f32[n, d]) -> (y: f32[n, d], z: f32[n, d]) {
+  let cheap = v * 2.0
+  let dear = exp(w)
+  y = x + cheap
+  z = x * dear
+}
+)");
+  std::vector<LoopRole> roles = loopRoles(program.fn("p"));
+  CHECK(roles[program.opNamed("p", "cheap")].fused); // recomputed per point of y
+  CHECK_FALSE(roles[program.opNamed("p", "cheap")].stored);
+  CHECK_FALSE(roles[program.opNamed("p", "dear")].fused); // exp per point would cost n times
+  CHECK(roles[program.opNamed("p", "dear")].stored);
+  CHECK(roles[program.opNamed("p", "dear")].closesNest());
+}
+
+TEST_CASE("lowering: a fused chain is charged once, kernels at their rates", "[cost][lowering]") {
+  Analyzed program(kChainProgram);
+  Machine m = parsed(kLoopsJson);
+  Layout layout;
+  std::optional<SpmdFunction> spmd = lowerToSpmd(*program.module, program.fn("chain"),
+                                                 meshOf({{"x", 1}}), layout, m, program.diag);
+  REQUIRE(spmd);
+  auto secondsOf = [&](ir::OpKind kind) {
+    for (const SpmdOp& op : spmd->ops)
+      if (op.kind == SpmdOp::Kind::Compute && op.computeKind == kind) return op.seconds;
+    FAIL("no op of that kind");
+    return 0.0;
+  };
+  const double elements = 64 * 32, bytes = 4 * elements; // one [n, d] f32 tensor: 8 KiB
+  // a = x * 2: reads x, its result stays in the nest; 1 FLOP per element.
+  CHECK(secondsOf(ir::OpKind::Mul) == Approx(std::max(elements / 1e8, bytes / 1e10)));
+  // b = exp(a): reads nothing from memory, stores b (the einsum reads it); one exp per element.
+  CHECK(secondsOf(ir::OpKind::Exp) == Approx(std::max(21 * elements / 1e8, bytes / 1e10)));
+  // c = b + bias: reads bias (32 floats), stores c; closes the nest: pays its fixed cost.
+  CHECK(secondsOf(ir::OpKind::Add) ==
+        Approx(std::max(elements / 1e8, (bytes + 4 * 32) / 1e10) + 1e-6));
+  // softmax: 10 ns per operand element, plus the call.
+  CHECK(secondsOf(ir::OpKind::Softmax) == Approx(elements * 1e-8 + 1e-6));
+  // The einsum b[n, d] . x[n, d] -> [n]: n is a batch dim, d the contraction (k = 32), m = n =
+  // 1: its 2 x 64 x 32 FLOPs at 1 / (1 + 16 / 1) of the peak, plus the call.
+  CHECK(secondsOf(ir::OpKind::Einsum) == Approx(2 * 64 * 32 / 1e9 * 17 + 5e-6));
+  // relu of the [n] einsum: its own nest, reading and writing 64 floats.
+  CHECK(secondsOf(ir::OpKind::Relu) == Approx(std::max(64 / 1e8, 2 * 4 * 64 / 1e10) + 1e-6));
+  // Without the loop rates the same ops cost their rooflines, each reading and writing.
+  std::optional<SpmdFunction> old =
+      lowerToSpmd(*program.module, program.fn("chain"), meshOf({{"x", 1}}), layout,
+                  parsed(kRefinedJson), program.diag);
+  REQUIRE(old);
+  for (const SpmdOp& op : old->ops)
+    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Mul)
+      CHECK(op.seconds == Approx(std::max(elements / 1e9, 2 * bytes / 1e10)));
+}
+
+TEST_CASE("search: the lower bound stays a bound when loops and kernels are priced",
+          "[cost][search]") {
+  // Every dim searched on [a=2, b=2]: the search (pruned by its lower bound, which now counts
+  // fixed costs and per-element rates) must find brute force's cost.
+  Analyzed program(R"(
+mesh m[a = 2, b = 2]
+dim batch = 8
+dim seq = 4
+dim d = 16
+dim f = 32
+program block(x: f32[batch, seq, d]) -> (y: f32[batch, seq, d]) {
+  param w_in: f32[d, f] = normal()
+  param w_out: f32[f, d] = normal()
+  let h = gelu(einsum(layer_norm(x, d), w_in -> batch, seq, f) * 0.5)
+  let s = softmax(h, f)
+  y = x + einsum(s * h, w_out -> batch, seq, d) + sum(x, d)
+}
+)");
+  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
+  std::vector<std::string> dims = {"batch", "seq", "d", "f"};
+  for (const Machine& machine : {parsed(kLoopsJson), *loadMachine("cpu")}) {
+    CAPTURE(machine.name);
+    SearchResult oracle =
+        bruteForceLayout(*program.module, program.fn("block"), mesh, machine, Layout{}, dims, {});
+    std::optional<SearchResult> found = searchLayout(*program.module, program.fn("block"), mesh,
+                                                     machine, Layout{}, dims, {}, program.diag);
+    REQUIRE(found);
+    CHECK(found->exact);
+    CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("lowering: random fills at the machine's cost per random element", "[cost][lowering]") {
+  Analyzed program(R"(
+mesh m[x = 1]
+dim n = 64
+dim d = 32
+program noisy(x: f32[n, d]) -> (y: f32[n, d]) {
+  y = x * uniform(f32[n, d])
+}
+)");
+  Layout layout;
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*program.module, program.fn("noisy"), meshOf({{"x", 1}}), layout,
+                  parsed(kLoopsJson), program.diag);
+  REQUIRE(spmd);
+  const double elements = 64 * 32, bytes = 4 * elements;
+  int checked = 0;
+  for (const SpmdOp& op : spmd->ops) {
+    if (op.kind != SpmdOp::Kind::Compute) continue;
+    if (op.computeKind == ir::OpKind::RandomUniform) { // a kernel call: 50 FLOPs per element
+      CHECK(op.seconds == Approx(std::max(50 * elements / 1e8, bytes / 1e10) + 1e-6));
+      ++checked;
+    }
+    if (op.computeKind == ir::OpKind::Mul) { // reads x and the samples, stores y; its own nest
+      CHECK(op.seconds == Approx(std::max(elements / 1e8, 3 * bytes / 1e10) + 1e-6));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
 }

@@ -8,6 +8,10 @@
 //    "stream_bytes_per_s": ..., "cache_bytes": ..., "cache_stream_bytes_per_s": ...,
 //    "gemm_small": [{"m": 32, ..., "seconds": ...}, ...],
 //    "collectives": [{"kind": "all_reduce", "bytes": 4, "seconds": ...}, ...],
+//    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
+//              "dropout_element_seconds": ..., "call_seconds": ..., "softmax_element_seconds": ...,
+//              "layer_norm_element_seconds":
+//              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...}}
 // (the last on the threads backend only).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
@@ -16,7 +20,10 @@
 #pragma once
 
 #include "meshrt/Launch.h"
+#include "meshrt/Random.h"
 #include "meshrt/kernels/Einsum.h"
+#include "meshrt/kernels/MathF32.h"
+#include "meshrt/kernels/Reduce.h"
 
 #include <algorithm>
 #include <chrono>
@@ -206,6 +213,119 @@ inline double cachedLoopBytesPerSecond(size_t workingSetBytes, int repetitions) 
   return 7.0 * sizeof(float) * double(elements) / best;
 }
 
+/// What the generated code's loops and the runtime's row-wise kernels reach on data in the
+/// cache (LoopRates in the report; CostModel.h prices ops with them). Each is the best of
+/// `repetitions` timings.
+struct LoopRates {
+  double vectorFlops = 0;                  // simple FLOPs per second of a fused loop
+  double transcendentalElementSeconds = 0; // one exp / log / tanh / sigmoid / gelu element
+  double dropoutElementSeconds = 0;        // one element of a fused dropout (its Philox word)
+  double callSeconds = 0;                  // a kernel call or loop nest over a few elements
+  double softmaxElementSeconds = 0;        // softmax and log_softmax along the last dim
+  double layerNormElementSeconds = 0;
+  double reduceElementSeconds = 0; // sum along the last dim
+};
+
+/// Best time of `body()` over `repetitions` runs (one more first, as a warm-up).
+template <typename Body> double bestSeconds(int repetitions, Body body) {
+  double best = 1e30;
+  for (int r = 0; r <= repetitions; ++r) {
+    Clock::time_point start = Clock::now();
+    body();
+    if (r > 0) best = std::min(best, secondsSince(start));
+  }
+  return best;
+}
+
+inline LoopRates loopRates(int repetitions) {
+  LoopRates rates;
+  // 16 Ki elements per array: 64 KiB, in the cache as the tensors of one op group are.
+  const size_t elements = 16384;
+  std::vector<float> x(elements), y(elements), out(elements);
+  for (size_t i = 0; i < elements; ++i) {
+    x[i] = 0.001f * float(i % 977) - 0.4f;
+    y[i] = 0.5f + 0.0001f * float(i % 131);
+  }
+  float s = 0.5f;
+  // A chain of 8 adds and multiplies per element over two loaded operands, stored once: what a
+  // fused elementwise nest of a few ops does per point.
+  double chain = bestSeconds(repetitions, [&] {
+    float* __restrict o = out.data();
+    const float* __restrict a = x.data();
+    const float* __restrict b = y.data();
+    for (size_t i = 0; i < elements; ++i) {
+      float v = a[i] * b[i] + s;
+      v = v * a[i] - b[i];
+      v = v * s + a[i];
+      v = v * b[i] - s;
+      o[i] = v;
+    }
+    s += o[elements / 2] * 1e-9f; // keeps the loops from folding
+  });
+  rates.vectorFlops = 8.0 * double(elements) / chain;
+  // The transcendental functions generated loops call (meshrt::kernels::f32, vectorized), one
+  // per element, each in its own loop as generated code has it; their mean time per element.
+  auto perElement = [&](auto function) {
+    return bestSeconds(repetitions,
+                       [&] {
+                         float* __restrict o = out.data();
+                         const float* __restrict a = x.data();
+                         for (size_t i = 0; i < elements; ++i)
+                           o[i] = function(a[i]);
+                       }) /
+           double(elements);
+  };
+  rates.transcendentalElementSeconds =
+      (perElement([](float v) { return kernels::f32::exp(v); }) +
+       perElement([](float v) { return kernels::f32::log(v + 1.0f); }) +
+       perElement([](float v) { return kernels::f32::tanh(v); }) +
+       perElement([](float v) { return kernels::f32::sigmoid(v); }) +
+       perElement([](float v) { return kernels::f32::gelu(v); })) /
+      5;
+  // Dropout as generated loops do it: a keep mask per element from its Philox word.
+  const uint32_t threshold = dropoutThreshold(0.1);
+  rates.dropoutElementSeconds = bestSeconds(repetitions,
+                                            [&] {
+                                              float* __restrict o = out.data();
+                                              const float* __restrict a = x.data();
+                                              for (size_t i = 0; i < elements; ++i) {
+                                                uint32_t mask =
+                                                    dropoutKeepMask(0x1234u, i, threshold);
+                                                uint32_t bits;
+                                                float value = a[i] * 1.1111112f;
+                                                std::memcpy(&bits, &value, sizeof bits);
+                                                bits &= mask;
+                                                std::memcpy(&o[i], &bits, sizeof bits);
+                                              }
+                                            }) /
+                                double(elements);
+  // A kernel call on a [4, 4] tensor: the fixed cost of an op group.
+  rates.callSeconds = bestSeconds(repetitions, [&] {
+    kernels::reduce(kernels::ReduceKind::Sum, x.data(), kernels::Dims{4, 4}, kernels::axis(1),
+                    out.data());
+  });
+  // Row-wise kernels along the last dim of [128, 128].
+  kernels::Dims shape{128, 128};
+  const double rowElements = 128.0 * 128.0;
+  double softmax =
+      bestSeconds(repetitions, [&] { kernels::softmax(x.data(), out.data(), shape, 1); });
+  double logSoftmax =
+      bestSeconds(repetitions, [&] { kernels::logSoftmax(x.data(), out.data(), shape, 1); });
+  rates.softmaxElementSeconds = (softmax + logSoftmax) / 2 / rowElements;
+  rates.layerNormElementSeconds =
+      bestSeconds(
+          repetitions,
+          [&] { kernels::layerNorm(x.data(), out.data(), shape, kernels::axis(1), 1e-5); }) /
+      rowElements;
+  rates.reduceElementSeconds = bestSeconds(repetitions,
+                                           [&] {
+                                             kernels::reduce(kernels::ReduceKind::Sum, x.data(),
+                                                             shape, kernels::axis(1), out.data());
+                                           }) /
+                               rowElements;
+  return rates;
+}
+
 struct CollectiveTime {
   const char* kind;
   size_t bytes;
@@ -334,6 +454,7 @@ inline int probeMain(int argc, char** argv) {
       double seconds = gemmSeconds(size, quick ? 20 : 100);
       gemmSmall += (gemmSmall.empty() ? "" : ", ") + gemmJson(size, "seconds", seconds);
     }
+    LoopRates loops = loopRates(quick ? 20 : 200);
     std::string collectives = collectivesJson(times);
     long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
     report = std::string("{\"backend\": \"") + comm.backend() +
@@ -343,7 +464,14 @@ inline int probeMain(int argc, char** argv) {
              gemm + "], \"stream_bytes_per_s\": " + number(stream) +
              ", \"cache_bytes\": " + std::to_string(cacheBytes) +
              ", \"cache_stream_bytes_per_s\": " + number(cacheStream) + ", \"gemm_small\": [" +
-             gemmSmall + "], \"collectives\": [" + collectives + "]";
+             gemmSmall + "], \"collectives\": [" + collectives + "]" +
+             ", \"loops\": {\"vector_flops\": " + number(loops.vectorFlops) +
+             ", \"transcendental_element_seconds\": " + number(loops.transcendentalElementSeconds) +
+             ", \"dropout_element_seconds\": " + number(loops.dropoutElementSeconds) +
+             ", \"call_seconds\": " + number(loops.callSeconds) +
+             ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
+             ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
+             ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) + "}";
   });
   // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
   if (first && options.backend == Backend::Threads) {
