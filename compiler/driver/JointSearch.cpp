@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -257,15 +258,22 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   auto start = std::chrono::steady_clock::now();
   JointSearch search(module, options, *machine, budget, diag, argv0);
   std::map<std::string, Planned> chosen;
-  std::vector<std::string> plainBlocks; // planned as usual: they fit, or nothing does
+  // Blocks that fit alone keep the plan that showed it (the usual planning would search the
+  // same layout again: the same budget, mesh and options).
+  std::map<std::string, plan::PlannedFunction> fitted;
+  std::vector<std::string> plainBlocks; // planned as usual: nothing fits
   for (const ir::Function& fn : module.functions) {
     if (fn.kind != ir::Function::Kind::Train || !selected(options, fn)) continue;
     // The fastest layout that fits alone, else the fastest (what the search starts from).
     DiagEngine quiet(diag.sources(), llvm::nulls());
     std::optional<std::vector<plan::PlannedFunction>> alone =
         plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, nullptr, quiet);
-    if (!alone || alone->empty() || alone->front().spmd.memory.total() <= budget) {
+    if (!alone || alone->empty()) {
       plainBlocks.push_back(fn.name); // errors not about memory are reported as usual
+      continue;
+    }
+    if (alone->front().spmd.memory.total() <= budget) {
+      fitted.emplace(fn.name, std::move(alone->front()));
       continue;
     }
     double smallest = std::numeric_limits<double>::infinity();
@@ -288,13 +296,21 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   PipelineOptions rest = plain;
   rest.functions.clear();
   for (const ir::Function& fn : module.functions)
-    if (selected(options, fn) && !chosen.count(fn.name)) rest.functions.push_back(fn.name);
+    if (selected(options, fn) && !chosen.count(fn.name) && !fitted.count(fn.name))
+      rest.functions.push_back(fn.name);
   PlannedModule result{*machine, {}, std::nullopt};
   std::vector<plan::PlannedFunction> others;
   if (!rest.functions.empty()) {
     std::optional<PlannedModule> planned = planModule(module, rest, diag, argv0);
     if (!planned) return std::nullopt;
     others = std::move(planned->plans);
+  }
+  if (!fitted.empty()) { // finished as planModule finishes the others
+    std::vector<plan::PlannedFunction> alonePlans;
+    for (auto& [name, plan] : fitted)
+      alonePlans.push_back(std::move(plan));
+    if (!finishPlans(alonePlans, options)) return std::nullopt;
+    std::move(alonePlans.begin(), alonePlans.end(), std::back_inserter(others));
   }
   std::vector<const ir::Function*> replacements;
   for (const ir::Function& fn : module.functions) {
