@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -293,8 +292,12 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // The other functions as usual.
+  // Every plan is finished once, together, at the end (a fault is injected into whichever plan
+  // has its target).
   PipelineOptions rest = plain;
   rest.functions.clear();
+  rest.injectFault.clear();
+  rest.verifyEach = false;
   for (const ir::Function& fn : module.functions)
     if (selected(options, fn) && !chosen.count(fn.name) && !fitted.count(fn.name))
       rest.functions.push_back(fn.name);
@@ -305,13 +308,8 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     if (!planned) return std::nullopt;
     others = std::move(planned->plans);
   }
-  if (!fitted.empty()) { // finished as planModule finishes the others
-    std::vector<plan::PlannedFunction> alonePlans;
-    for (auto& [name, plan] : fitted)
-      alonePlans.push_back(std::move(plan));
-    if (!finishPlans(alonePlans, options)) return std::nullopt;
-    std::move(alonePlans.begin(), alonePlans.end(), std::back_inserter(others));
-  }
+  for (auto& [name, plan] : fitted)
+    others.push_back(std::move(plan));
   std::vector<const ir::Function*> replacements;
   for (const ir::Function& fn : module.functions) {
     if (auto it = chosen.find(fn.name); it != chosen.end()) {
@@ -329,9 +327,8 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     for (plan::PlannedFunction& other : others)
       if (other.spmd.name == fn.name) result.plans.push_back(std::move(other));
   }
-  if (chosen.empty()) return PlannedModule{*machine, std::move(result.plans), std::nullopt};
-  result.codeModule = codeModuleWith(module, replacements);
   if (!finishPlans(result.plans, options)) return std::nullopt;
+  if (!chosen.empty()) result.codeModule = codeModuleWith(module, replacements);
   return result;
 }
 
