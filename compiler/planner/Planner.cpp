@@ -90,6 +90,15 @@ bool applyZero(const ir::Module& module, const ir::Function& fn, const Mesh& mes
 }
 
 /// The searched layout of `fn` on `mesh` and its SPMD form; nullopt after reporting an error.
+/// A plan to fill in: the memory budget it is held to and the dims the layout pins.
+PlannedFunction emptyPlan(const Layout& pinned, double memoryBudgetBytes) {
+  PlannedFunction plan;
+  plan.memoryBudgetBytes = memoryBudgetBytes;
+  for (const auto& [dim, axes] : pinned.axes)
+    plan.pinnedDims.insert(dim);
+  return plan;
+}
+
 std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::Function& fn,
                                             const Mesh& mesh, const Machine& machine,
                                             const PlannerOptions& options, const Layout& pinned,
@@ -98,11 +107,8 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
   SearchOptions searchOptions;
   searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
   searchOptions.exactLimit = options.exactLimit;
-  PlannedFunction plan;
-  plan.memoryBudgetBytes =
-      options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
-  for (const auto& [dim, axes] : pinned.axes)
-    plan.pinnedDims.insert(dim);
+  PlannedFunction plan = emptyPlan(pinned, options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes
+                                                                         : machine.memoryBytes);
   Layout layout = pinned;
   // With ZeRO (given, or to be chosen under an explicit budget) a layout over the budget without
   // it may fit with it: such a failure is quiet and retried below.
@@ -240,10 +246,7 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
   DiagEngine quiet(diag.sources(), llvm::nulls());
   PlanEvaluator evaluator(module, *fn, mesh, machine);
   auto lowered = [&](const SearchResult& search) -> std::optional<PlannedFunction> {
-    PlannedFunction plan;
-    plan.memoryBudgetBytes = searchOptions.memoryBudgetBytes;
-    for (const auto& [dim, axes] : pinned.axes)
-      plan.pinnedDims.insert(dim);
+    PlannedFunction plan = emptyPlan(pinned, searchOptions.memoryBudgetBytes);
     std::optional<SpmdFunction> spmd = evaluator.lower(search.layout, diag);
     if (!spmd) return std::nullopt;
     plan.spmd = std::move(*spmd);
