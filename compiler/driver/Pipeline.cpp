@@ -184,11 +184,7 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
 }
 
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
-  // The dims the module's own layout pins to mesh axes (a --layout given later does not change
-  // them): the order of Adafactor's sums of squares follows them (train/Optimizer.h).
-  std::set<std::string> splitDims;
-  for (const ir::DimLayout& entry : module.layout)
-    if (!entry.isAuto && !entry.axes.empty()) splitDims.insert(entry.dim);
+  std::set<std::string> splitDims = train::pinnedDims(module);
   for (ir::Function& fn : module.functions)
     if (!train::lowerTraining(fn, diag, splitDims)) return false;
   return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");

@@ -287,4 +287,11 @@ bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::strin
   return true;
 }
 
+std::set<std::string> pinnedDims(const ir::Module& module) {
+  std::set<std::string> dims;
+  for (const ir::DimLayout& entry : module.layout)
+    if (!entry.isAuto && !entry.axes.empty()) dims.insert(entry.dim);
+  return dims;
+}
+
 } // namespace meshc::train

@@ -28,4 +28,8 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
 bool lowerTraining(ir::Function& fn, DiagEngine& diag,
                    const std::set<std::string>& splitDims = {});
 
+/// The dims `module`'s own layout pins to mesh axes: the `splitDims` of its train blocks (a
+/// --layout given later, or the layout search, does not change them).
+std::set<std::string> pinnedDims(const ir::Module& module);
+
 } // namespace meshc::train
