@@ -235,12 +235,12 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
   return b.sub(weight, subtrahend);
 }
 
-/// mean(u^2) = mean(g^2 rowMean / (vr vc)), the same value as squaring u, summed in an order that
-/// needs no resolved statistic where a layout splits a factored dim: first over the factored dim
-/// the module's layout splits (C unless only R is split), dividing by the statistic that is local
-/// there (the one over that dim), then over the rest. The first sum's partial sums over the split
-/// dim's axes then depend on the gradient alone, so they resolve in the same all-reduce as the
-/// statistics (vr, or vc and rowMean) instead of in a second round after them.
+/// mean(u^2) = mean(g^2 rowMean / (vr vc)), the value of squaring u, summed in another order:
+/// first over the factored dim that the module's layout splits (C unless only R is pinned to
+/// axes), divided by the statistic that keeps that dim (vc for C, vr for R), which each rank
+/// has whole: it is a mean over the other factored dim. That sum's partial sums over the split
+/// dim's axes depend on the gradient alone, so they resolve in the same all-reduce as the
+/// statistics (vr, or vc and rowMean) instead of in a second round after them; the rest is local.
 ValueId OptimizerLowering::factoredMeanSquare(ValueId g, ValueId vr, ValueId vc, ValueId rowMean,
                                               const std::string& rowDim,
                                               const std::string& colDim) {

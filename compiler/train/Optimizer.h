@@ -15,7 +15,7 @@ namespace meshc::train {
 /// Appends the update of every weight in `gradients` (sgd, adamw or adafactor as
 /// `fn.train->optimizer` says, with its learning-rate schedule and global-norm clipping) and
 /// the update of every state slot it adds. Weights without a gradient are left unchanged.
-/// `splitDims`: the dims the module's layout splits over mesh axes; they only choose the order of
+/// `splitDims`: the dims the module's layout pins to mesh axes; they only choose the order of
 /// a sum whose value does not depend on it (Adafactor's clipping, Optimizer.cpp), so that its
 /// partial sums resolve together with the statistics.
 void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
@@ -28,8 +28,8 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
 bool lowerTraining(ir::Function& fn, DiagEngine& diag,
                    const std::set<std::string>& splitDims = {});
 
-/// The dims `module`'s own layout pins to mesh axes: the `splitDims` of its train blocks (a
-/// --layout given later, or the layout search, does not change them).
+/// The dims `module`'s layout (its own, or --layout's) pins to mesh axes: the `splitDims` of its
+/// train blocks. Dims laid out `auto` are not among them (the search comes later).
 std::set<std::string> pinnedDims(const ir::Module& module);
 
 } // namespace meshc::train

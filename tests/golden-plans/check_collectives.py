@@ -10,14 +10,14 @@ lm_train <meshc> <transformer.mesh>: transformer.mesh's lm_train on [data=2, mod
     backward's sum of the cross-entropy's one-hot cotangent needs no all-reduce (Autodiff's
     one-hot pick), and the row max and sum of exp are not two dependent all-reduces.
 adafactor <meshc> <moe.mesh|t5.mesh>: moe_train's (t5_train's) Adafactor update on
-    [data=2, model=2]: one collective per group. The gradients in one bucket over data; over model one bucket of the factored
-    statistics (the row and column means of g^2 of every weight whose averaged dim is split),
-    the weights' sums of squares and the updates' sums of squares for their RMS clipping: the
-    mean of u^2 is summed over the split factored dim first, dividing by the statistic that is
-    local there (train/Optimizer.cpp), so it does not wait for the resolved statistics. moe's
-    split weights split their column dim (w_gate's experts) or a leading one; t5's split their
-    row dim too (w_out's d_ff, the embedding's vocab), which its layout pins, so the sums run
-    over rows first there.
+    [data=2, model=2]: one collective per group. The gradients in one bucket over data; over
+    model one bucket of the factored statistics (the row and column means of g^2 of every weight
+    whose averaged dim is split), the weights' sums of squares and the updates' sums of squares
+    for their RMS clipping: the mean of u^2 is summed over the split factored dim first, divided
+    by the statistic that keeps that dim (train/Optimizer.cpp), so it does not wait for the
+    resolved statistics. moe's weights split their column dim (w_gate's experts) or a leading
+    one; t5's split their row dim too (w_out's d_ff, the embedding's vocab), which its layout
+    pins, so the sums run over rows first there.
 """
 import json
 import os
