@@ -25,8 +25,7 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
 /// recomputation of the activations of `recompute` def calls (Recompute.h).
 /// A Function that already has updates (IR read back after this phase) is left as it is.
 /// Returns false after reporting an error.
-bool lowerTraining(ir::Function& fn, DiagEngine& diag,
-                   const std::set<std::string>& splitDims = {});
+bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims = {});
 
 /// The dims `module`'s layout (its own, or --layout's) pins to mesh axes: the `splitDims` of its
 /// train blocks. Dims laid out `auto` are not among them (the search comes later).
