@@ -1241,7 +1241,7 @@ private:
   std::unordered_map<std::string, int> staticIdOf_;
   std::vector<int> staticIds_;
   std::vector<LoopRole> loopRoles_; // per op (LoopNests.h)
-  std::map<std::string, int> dimIndex_;
+  std::unordered_map<std::string, int> dimIndex_;
   std::vector<std::string> dimNames_;
   std::vector<int64_t> dimSizes_;
   std::vector<int64_t> maxSplit_;

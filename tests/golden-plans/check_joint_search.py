@@ -119,8 +119,11 @@ def check_staged_choice(plan, proc, budget_bytes):
            "each combination's 'fits' is its memory against the budget", proc)
     expect(chosen["stages"] > 1 and chosen["stepSeconds"] == min(c["stepSeconds"] for c in fitting),
            "stages are chosen, the fastest of the combinations that fit", proc)
-    expect(p["step_seconds"] == chosen["stepSeconds"] and
-           p["peak_memory_bytes"] == chosen["memoryBytes"] <= budget_bytes and
+    def same(a, b):  # the pipeline's JSON has 9 significant digits
+        return abs(a - b) <= 1e-8 * abs(b)
+    expect(same(p["step_seconds"], chosen["stepSeconds"]) and
+           same(p["peak_memory_bytes"], chosen["memoryBytes"]) and
+           chosen["memoryBytes"] <= budget_bytes and
            p["microbatches"] == chosen["microbatches"] and p["axis"] == chosen["stageAxis"] and
            len(p["stages"]) == chosen["stages"],
            "the pipeline's step, memory, microbatches and stages are the chosen combination's", proc)
