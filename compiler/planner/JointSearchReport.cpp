@@ -34,7 +34,10 @@ void printJointSearch(const JointSearchReport& report, llvm::raw_ostream& os) {
   for (size_t i = 0; i < report.considered.size(); ++i) {
     const JointCandidate& c = report.considered[i];
     os << fmt::format("  {:<14} {:<18} {:>12} {:>4} {:>13} {:>11}  {}\n",
-                      c.stages > 1 ? fmt::format("{} over {}", c.stages, c.stageAxis) : "-",
+                      c.stages == 1 ? "-"
+                      : c.stageAxis == c.splitAxis
+                          ? fmt::format("{} over {}", c.stages, c.stageAxis)
+                          : fmt::format("{} off {}", c.stages, c.splitAxis),
                       c.recompute.empty() ? "-" : c.recompute, c.microbatches, c.zeroStage,
                       secondsString(c.stepSeconds), bytesString(c.memoryBytes),
                       int(i) == report.chosen ? "chosen"

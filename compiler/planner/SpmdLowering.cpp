@@ -1787,7 +1787,7 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   result = run(layout, &scratch);
   describe_ = true;
   scratch.summary = result.summary;
-  mergeAllReduces(scratch, machine_);
+  mergedSummary(scratch, machine_);
   result.summary = scratch.summary;
   return result;
 }

@@ -174,11 +174,12 @@ def gpt3_case(binary, example):
 
 def run_case(binary, example):
     """`meshc run --memory-budget` builds the joint search's plan (here the repeated layer
-    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]) and --check compares 3 train
-    steps' losses and final params with the interpreter's plain training."""
+    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]; 3 layers, which no stage
+    count divides there) and --check compares 3 train steps' losses and final params with the
+    interpreter's plain training."""
     import tempfile
     with tempfile.TemporaryDirectory() as cache:
-        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=2",
+        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=3",
                      "--dim", "batch=8", "--dim", "seq=64", "--dim", "mem=64", "--layout", "auto",
                      "--memory-budget", "1500KiB", "--steps", "3", "--check", "--cache-dir", cache,
                      "--opt=-O1")
