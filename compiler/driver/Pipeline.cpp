@@ -215,7 +215,15 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk))
     return planStaged(module, *stages, given, diag, argv0);
   if (!stagesOk) return std::nullopt;
-  if (jointSearchApplies(module, given)) return planJointly(module, given, diag, argv0);
+  if (jointSearchApplies(module, given)) {
+    std::optional<JointStages> staged;
+    std::optional<PlannedModule> planned = planJointly(module, given, diag, argv0, &staged);
+    if (!planned || !staged) return planned;
+    // The pipeline's fit was checked by its model; the plan of one stage's mesh holds every
+    // layer (StagedCode.h), so it is not held to the budget again.
+    staged->options.memoryBudget.clear();
+    return planStaged(staged->module, staged->stage, staged->options, diag, argv0);
+  }
   if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);
   plan::PlannerOptions options;
   options.machine = given.machine;

@@ -61,8 +61,10 @@ cl::opt<std::string> runZero("zero",
                              cl::value_desc("stage"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runMemoryBudget(
     "memory-budget",
-    cl::desc("Memory per device the plan must fit (e.g. 16GiB; default: the machine's); a train "
-             "block no layout fits alone gets the joint search's recompute, microbatches and ZeRO"),
+    cl::desc(
+        "Memory per device the plan must fit (e.g. 16GiB; default: the machine's); a train "
+        "block no layout fits alone gets the joint search's stages, recompute, microbatches and "
+        "ZeRO"),
     cl::value_desc("bytes"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::list<std::string> runDims("dim", cl::desc("Set the size of a declared dim (repeatable)"),
                               cl::value_desc("name=size"), cl::sub(runSubcommand),

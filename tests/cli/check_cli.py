@@ -185,7 +185,7 @@ def recompute():
     fit = meshc(TRANSFORMER, "--emit=plan", *sizes, "--layout", "auto", "--memory-budget", "12MiB")
     expect(fit.returncode == 0 and "no layout of train block 'lm_train' fits the memory budget of "
            "12.0 MiB alone: planned with" in fit.stderr and
-           re.search(r"\n  decoder_layer +1 +0 .* (over|fits)\n", fit.stdout),
+           re.search(r"\n  - +decoder_layer +1 +0 .* (over|fits)\n", fit.stdout),
            "a memory budget no layout meets alone: recomputation is among the combinations", fit)
     ir = meshc(MLP, "--emit=train-ir", "--recompute", "ffn")
     expect(ir.returncode == 0 and 'recompute = "ffn"' in ir.stdout, "the copies in the IR", ir)
