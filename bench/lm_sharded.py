@@ -33,7 +33,7 @@ B, S, D, H, DH, F, V, L = map(int, sys.argv[1:9])
 WHICH = sys.argv[9]
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from benchlib import serve
+from benchlib import serve, learning_rate
 
 mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
 at = lambda *spec: NamedSharding(mesh, P(*spec))
@@ -98,8 +98,7 @@ def train_step(p, m, v, s, tokens, key):
     loss, g = jax.value_and_grad(loss_fn)(p, tokens, jax.random.fold_in(key, s))
     scale = 1.0 / jnp.maximum(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g))), 1.0)
     sf = s.astype(jnp.float32)
-    progress = jnp.clip((sf - 100) / 10000, 0, 1)
-    lr = 3e-4 * jnp.minimum(1.0, (sf + 1) / 100) * (1 + jnp.cos(jnp.pi * progress)) / 2
+    lr = 3e-4 * learning_rate(sf, jnp.cos, jnp.minimum, jnp.maximum)
     c1, c2 = 1 - 0.9 ** (sf + 1), 1 - 0.95 ** (sf + 1)
     def update(w, g, m, v):
         g = g * scale
