@@ -49,11 +49,12 @@ shardings = jax.tree.map(lambda spec: at(*spec), SPECS, is_leaf=is_spec)
 
 keys = iter(jax.random.split(jax.random.PRNGKey(0), 64))
 normal = lambda shape, std: jax.random.normal(next(keys), shape) * std
-layer = lambda: {"g1": jnp.ones(D), "b1": jnp.zeros(D), "wq": normal((D, H, DH), 0.125),
-                 "wk": normal((D, H, DH), 0.125), "wv": normal((D, H, DH), 0.125),
-                 "wo": normal((H, DH, D), 0.125), "g2": jnp.ones(D), "b2": jnp.zeros(D),
-                 "win": normal((D, F), 0.125), "bin": jnp.zeros(F),
-                 "wout": normal((F, D), 0.0625), "bout": jnp.zeros(D)}
+# lib/layers.mesh's init: stddev d_model^-1/2, and d_ff^-1/2 for w_out.
+layer = lambda: {"g1": jnp.ones(D), "b1": jnp.zeros(D), "wq": normal((D, H, DH), D ** -0.5),
+                 "wk": normal((D, H, DH), D ** -0.5), "wv": normal((D, H, DH), D ** -0.5),
+                 "wo": normal((H, DH, D), D ** -0.5), "g2": jnp.ones(D), "b2": jnp.zeros(D),
+                 "win": normal((D, F), D ** -0.5), "bin": jnp.zeros(F),
+                 "wout": normal((F, D), F ** -0.5), "bout": jnp.zeros(D)}
 params = {"tok": normal((V, D), 0.02), "pos": normal((S, D), 0.02),
           "unembed": normal((D, V), 0.02), "gf": jnp.ones(D), "bf": jnp.zeros(D),
           "layers": [layer() for _ in range(L)]}
