@@ -11,10 +11,10 @@ dropout 0.1, final norm, unembedding, log-softmax cross-entropy; AdamW lr 3e-4, 
 weight decay 0.1, clip_norm 1, the learning rate warmed up over 100 steps and then cosine-decayed
 over 10000; weights initialized as lib/layers.mesh does, normal with stddev d_model^-1/2, d_ff^-1/2
 for w_out, 0.02 for the embeddings: all three follow the example, so the losses they print are
-comparable; the random draws of init, tokens and dropout masks differ). Every framework is pinned to the same cores
-(taskset) and told
-to use that many threads (meshc: oneDNN's OpenMP threads; PyTorch: set_num_threads; JAX: XLA's
-Eigen pool off for one thread, its default for more). The contenders stay up and alternate round
+comparable; the random draws of init, tokens and dropout masks differ). Every framework is
+pinned to the same cores (taskset) and told to use that many threads (meshc: oneDNN's OpenMP
+threads; PyTorch: set_num_threads; JAX: XLA's Eigen pool off for one thread, its default for
+more). The contenders stay up and alternate round
 by round (bench/benchlib.py); each round's figure is the median of --steps steps, the result the
 median over --rounds rounds. bench/compare.py runs this with the other comparisons.
 
