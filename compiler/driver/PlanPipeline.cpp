@@ -366,6 +366,31 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
   return ok ? found : nullptr;
 }
 
+std::optional<std::map<std::string, std::vector<int64_t>>>
+plannedStageSplit(const ir::Module& module, const ir::DimLayout& stage,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0) {
+  Microbatching micro;
+  if (!parseMicrobatches(options.microbatches, module, micro)) return std::nullopt;
+  llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
+  if (!machine) {
+    optionError(llvm::toString(machine.takeError()));
+    return std::nullopt;
+  }
+  plan::PipelineSchedule schedule = options.pipelineSchedule == "gpipe"
+                                        ? plan::PipelineSchedule::GPipe
+                                        : plan::PipelineSchedule::OneFOneB;
+  std::map<std::string, std::vector<int64_t>> split;
+  for (const ir::Function* fn : selected(module, options)) {
+    std::optional<Candidate> candidate =
+        evaluate(module, stage, options, *fn, micro, std::max<int64_t>(micro.count, 1), schedule,
+                 *machine, diag, argv0);
+    if (!candidate) return std::nullopt;
+    for (const plan::StagePrediction& s : candidate->prediction.stages)
+      split[fn->name].push_back(s.layerCount);
+  }
+  return split;
+}
+
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
                   llvm::raw_ostream& os) {
