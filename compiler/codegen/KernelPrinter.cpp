@@ -497,7 +497,8 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   std::string guard = stageGuard(stmt);
   if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) {
     if (guard.empty()) return out + copy(*c);
-    return out + declare(c->to, false) + guard + copy(*c) + "}\n";
+    out += declare(c->to, false); // first: copy() declares what is not declared yet
+    return out + guard + copy(*c) + "}\n";
   }
   for (kir::BufferId id : kir::writesOf(stmt)) {
     if (stmt.zeroFirst && fn.buffers[size_t(id)].storage == kir::Storage::Argument)

@@ -83,7 +83,7 @@ private:
     std::vector<uint64_t> holders(fn.buffers.size(), every);
     for (size_t k = 0; k < fn.params.size(); ++k)
       holders[size_t(fn.params[k])] = paramMask(k);
-    std::vector<bool> pending(body.size(), false);
+    std::vector<bool> pending(body.size(), false), backwardWrote(fn.buffers.size(), false);
     for (size_t k = 0; k < body.size(); ++k) {
       bool mine = inUpdates(k) == updates;
       if (mine) pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
@@ -102,7 +102,7 @@ private:
           for (int64_t s = 0; s < fn.stages.count; ++s)
             if ((holders[size_t(id)] >> s) & 1) elements[size_t(s)] += fn.buffers[size_t(id)].elements;
         }
-        if (common == every || bound == 0) {
+        if (bound == 0) {
           pending[k] = true;
         } else if (common) {
           stmt.stageMask = common;
@@ -124,17 +124,20 @@ private:
           if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
         }
         uint64_t candidates = common ? common : bound;
-        if (candidates == every || candidates == 0) {
+        if (bound == 0) { // nothing it reads is bound to a stage
           pending[k] = true;
         } else {
-          int stage = stmt.phase == plan::Phase::Backward ? std::countr_zero(candidates)
-                                                          : 63 - std::countl_zero(candidates);
+          int stage = isBackward(stmt, backwardWrote) ? std::countr_zero(candidates)
+                                                      : 63 - std::countl_zero(candidates);
           stmt.stageMask = uint64_t(1) << stage;
         }
       } else if (!updates) {
         pending[k] = true; // placed in the second round: holds nothing yet
         stmt.stageMask = 0;
       }
+      if (isBackward(stmt, backwardWrote))
+        for (BufferId id : writesOf(stmt))
+          backwardWrote[size_t(id)] = true;
       uint64_t runs = pending[k] ? every : stmt.stageMask;
       if (!pending[k])
         for (BufferId id : readsOf(stmt))
@@ -160,6 +163,14 @@ private:
       }
       body[k].stageMask = mask ? mask : every;
     }
+  }
+
+  /// Whether `stmt` is the backward's: made by autodiff, or reading what the backward wrote (a
+  /// forward op fused into a gradient's loop keeps the forward's phase), as schedule-microbatches
+  /// decides it.
+  static bool isBackward(const Stmt& stmt, const std::vector<bool>& backwardWrote) {
+    return stmt.phase != plan::Phase::Forward ||
+           llvm::any_of(readsOf(stmt), [&](BufferId id) { return backwardWrote[size_t(id)]; });
   }
 
   /// The stages the caller reads `id` on after run(): every stage for an output, a param's own
@@ -199,7 +210,7 @@ private:
 
   /// Each param's stages: those of the forward and backward statements that read it
   /// (`fromReaders`), else, for what only the update reads (optimizer state), those of the
-  /// statement that computes its new value.
+  /// statement that computes its new value. 0 until known.
   void paramHolders(bool fromReaders) {
     fn.paramStages.resize(fn.params.size(), 0);
     for (size_t p = 0; p < fn.params.size(); ++p) {
@@ -213,8 +224,11 @@ private:
             if (update.param == p && llvm::is_contained(writesOf(body[k]), update.value))
               mask |= body[k].stageMask ? body[k].stageMask : every;
       }
-      fn.paramStages[p] = mask == every ? 0 : mask;
+      fn.paramStages[p] = mask;
     }
+    if (!fromReaders) // every stage is spelled 0 (KernelFunction::paramStages)
+      for (uint64_t& mask : fn.paramStages)
+        if (mask == every) mask = 0;
   }
 
   /// Values computed in the microbatch loop on several stages but not all (a shared param's
