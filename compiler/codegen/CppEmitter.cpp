@@ -507,9 +507,9 @@ void FunctionEmitter::emitConstructor(std::string& s, const std::string& hoisted
     DType dtype = type.dtype;
     if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
       double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
-      s += onParamStages(k, fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member,
-                                        type.numElements(), dtypeEnum(dtype),
-                                        doubleLiteral(value)));
+      s +=
+          onParamStages(k, fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member,
+                                       type.numElements(), dtypeEnum(dtype), doubleLiteral(value)));
     } else {
       // Random initializers come from the kernels' fills, keyed like the interpreter's.
       std::vector<std::string> args;
@@ -619,9 +619,9 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
       dims.push_back(fmt::format("{}:{}:{}:{}", global(id).dims[d].name, global(id).dims[d].size,
                                  local(id).dims[d].size, fmt::join(layout(id).dimAxes[d], "+")));
     // Pipeline stages: the stages holding it (its buffer is empty on the others).
-    std::string stages = paramStages(k) ? fmt::format(", {:#x}, {}", paramStages(k),
-                                                      quote(kernels.stages.axis))
-                                        : "";
+    std::string stages =
+        paramStages(k) ? fmt::format(", {:#x}, {}", paramStages(k), quote(kernels.stages.axis))
+                       : "";
     specs.push_back(fmt::format("{{{}, {}, {}, {}{}}}", quote(param.path),
                                 param.role == ir::ParamRole::OptimizerState ? "true" : "false",
                                 quote(ir::dtypeName(param.type.dtype)),

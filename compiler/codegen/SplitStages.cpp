@@ -86,22 +86,20 @@ private:
     std::vector<bool> pending(body.size(), false), backwardWrote(fn.buffers.size(), false);
     for (size_t k = 0; k < body.size(); ++k) {
       bool mine = inUpdates(k) == updates;
-      if (mine) pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
+      if (mine)
+        pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
       Stmt& stmt = body[k];
       if (mine && updates) {
         // With the params on their stages, a statement of the update runs on every stage that
         // holds all it reads (a layer's update on its stage, a shared param's on each holder),
         // else on the stage holding most of its elements (a moment's update on its param's
         // stage, which the clip scale is sent to; the global norm's sum of scalars on one).
-        uint64_t common = every, bound = 0;
+        auto [common, bound] = stagesOfReads(stmt, holders);
         std::vector<int64_t> elements(size_t(fn.stages.count), 0);
-        for (BufferId id : readsOf(stmt)) {
-          common &= holders[size_t(id)];
-          if (holders[size_t(id)] == every) continue;
-          bound |= holders[size_t(id)];
-          for (int64_t s = 0; s < fn.stages.count; ++s)
-            if ((holders[size_t(id)] >> s) & 1) elements[size_t(s)] += fn.buffers[size_t(id)].elements;
-        }
+        for (BufferId id : readsOf(stmt))
+          for (int64_t s = 0; s < fn.stages.count && holders[size_t(id)] != every; ++s)
+            if ((holders[size_t(id)] >> s) & 1)
+              elements[size_t(s)] += fn.buffers[size_t(id)].elements;
         if (bound == 0) {
           pending[k] = true;
         } else if (common) {
@@ -118,11 +116,7 @@ private:
         // Where everything it reads is already (else where its stage-bound inputs are), the
         // latest such stage in forward, the earliest in backward: values then flow to later
         // stages in forward and to earlier ones in backward, as 1F1B's message order needs.
-        uint64_t common = every, bound = 0;
-        for (BufferId id : readsOf(stmt)) {
-          common &= holders[size_t(id)];
-          if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
-        }
+        auto [common, bound] = stagesOfReads(stmt, holders);
         uint64_t candidates = common ? common : bound;
         if (bound == 0) { // nothing it reads is bound to a stage
           pending[k] = true;
@@ -163,6 +157,18 @@ private:
       }
       body[k].stageMask = mask ? mask : every;
     }
+  }
+
+  /// The stages holding everything `stmt` reads, and those holding some stage-bound value of it
+  /// (0: it reads nothing bound to a stage).
+  std::pair<uint64_t, uint64_t> stagesOfReads(const Stmt& stmt,
+                                              const std::vector<uint64_t>& holders) const {
+    uint64_t common = every, bound = 0;
+    for (BufferId id : readsOf(stmt)) {
+      common &= holders[size_t(id)];
+      if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
+    }
+    return {common, bound};
   }
 
   /// Whether `stmt` is the backward's: made by autodiff, or reading what the backward wrote (a

@@ -12,10 +12,6 @@ std::optional<PlannedModule> planStaged(const ir::Module& module, const ir::DimL
                                         const PipelineOptions& given, DiagEngine& diag,
                                         const char* argv0) {
   const std::string& axis = stage.axes.front();
-  if (!given.recompute.empty()) { // not tested with stages: refused where the stages are asked
-    diag.report(stage.loc.loc, Diag::ErrStagesNotGenerated, stage.dim, axis);
-    return std::nullopt;
-  }
   if (given.pipelineSchedule != "gpipe" && given.pipelineSchedule != "1f1b") {
     optionError("--pipeline-schedule must be gpipe or 1f1b, not '" + given.pipelineSchedule + "'");
     return std::nullopt;

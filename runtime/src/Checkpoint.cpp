@@ -213,11 +213,12 @@ bool ownsShard(const Mesh& mesh, int rank, const CheckpointTensor& tensor) {
   std::vector<int> coords = mesh.coords(rank);
   for (int a = 0; a < mesh.numAxes(); ++a) {
     const std::string& axis = mesh.axes()[size_t(a)].name;
-    bool splits = std::any_of(tensor.dims.begin(), tensor.dims.end(), [&](const CheckpointDim& dim) {
-      return std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
-    });
-    int writer = tensor.heldMask != 0 && axis == tensor.heldAxis ? std::countr_zero(tensor.heldMask)
-                                                                   : 0;
+    bool splits =
+        std::any_of(tensor.dims.begin(), tensor.dims.end(), [&](const CheckpointDim& dim) {
+          return std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
+        });
+    int writer =
+        tensor.heldMask != 0 && axis == tensor.heldAxis ? std::countr_zero(tensor.heldMask) : 0;
     if (!splits && coords[size_t(a)] != writer) return false;
   }
   return true;

@@ -649,7 +649,8 @@ TEST_CASE("split-stages: a param both stages read, its gradient all-reduced over
   replaceBuffer(zero1, t.acc, acc1);
   body.insert(body.begin() + 1, zero1);
   auto writer = [&](BufferId id) {
-    return llvm::find_if(body, [&](const Stmt& stmt) { return llvm::is_contained(writesOf(stmt), id); });
+    return llvm::find_if(body,
+                         [&](const Stmt& stmt) { return llvm::is_contained(writesOf(stmt), id); });
   };
   Stmt scale = *writer(t.bOut);
   std::get<Loop>(scale.node).reads[0].buffer = t.p0; // ab = p0 * p1

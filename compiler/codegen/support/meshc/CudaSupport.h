@@ -730,8 +730,8 @@ struct ParamShard {
 
   /// The host-side description (gen's shard functions) over `host`.
   gen::ParamShard onHost(gen::Buffer& host) const {
-    return {path, optimizerState, dtype, globalShape, localShape, dims, axes, &host, stageAxis,
-            stages};
+    return {path, optimizerState, dtype, globalShape, localShape,
+            dims, axes,           &host, stageAxis,   stages};
   }
 };
 
