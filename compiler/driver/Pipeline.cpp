@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 namespace meshc {
 
@@ -183,8 +184,9 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
 }
 
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
+  std::set<std::string> splitDims = train::pinnedDims(module);
   for (ir::Function& fn : module.functions)
-    if (!train::lowerTraining(fn, diag)) return false;
+    if (!train::lowerTraining(fn, diag, splitDims)) return false;
   return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");
 }
 
