@@ -136,6 +136,15 @@ private:
   std::string paramMember(size_t k) const {
     return fmt::format("param{}_{}", k, identifier(irFn.params[k].path));
   }
+  /// Pipeline stages: param k's stages (KernelFunction::paramStages; 0: every rank).
+  uint64_t paramStages(size_t k) const {
+    return k < kernels.paramStages.size() ? kernels.paramStages[k] : 0;
+  }
+  /// Wraps `code` in the guard of param k's stages (as is when every rank holds it).
+  std::string onParamStages(size_t k, const std::string& code) const {
+    std::string guard = stageGuard(kernels, paramStages(k));
+    return guard.empty() ? code : guard + code + "}\n";
+  }
   void emitConstructor(std::string& out, const std::string& hoisted);
   void emitHelpers(std::string& out);
   /// step(), paramNames(), isOptimizerState(), paramShards(), getParam() and setParam().
@@ -154,6 +163,8 @@ private:
   std::string stepDeclaration() const;
   std::string stepDefinition() const;
   std::string stepLoop() const;
+  /// The runner's line of param bytes per rank under pipeline stages ("" without stages).
+  std::string stageParamBytes() const;
   std::string oneFOneBSchedule(const std::vector<int>& partLoop) const;
 
   const ir::Function& irFn;
@@ -455,9 +466,10 @@ llvm::Error FunctionEmitter::emit() {
     s += "\n// The step's updates.\n";
     for (const kir::KernelFunction::Update& update : kernels.updates)
       if (update.value != kernels.params[update.param])
-        s += fmt::format("support::copyValues({1}, {0}); // {2}\n",
-                         kernels.buffers[size_t(update.value)].name, paramMember(update.param),
-                         irFn.params[update.param].path);
+        s += onParamStages(update.param,
+                           fmt::format("support::copyValues({1}, {0}); // {2}\n",
+                                       kernels.buffers[size_t(update.value)].name,
+                                       paramMember(update.param), irFn.params[update.param].path));
     s += "++step_;\n";
   }
   if (!outputsFirst) s += outputs;
@@ -495,17 +507,19 @@ void FunctionEmitter::emitConstructor(std::string& s, const std::string& hoisted
     DType dtype = type.dtype;
     if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
       double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
-      s += fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member, type.numElements(),
-                       dtypeEnum(dtype), doubleLiteral(value));
+      s +=
+          onParamStages(k, fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member,
+                                       type.numElements(), dtypeEnum(dtype), doubleLiteral(value)));
     } else {
       // Random initializers come from the kernels' fills, keyed like the interpreter's.
       std::vector<std::string> args;
       for (const auto& [key, value] : init.args)
         args.push_back(fmt::format("{{{}, {}}}", quote(key), doubleLiteral(value)));
-      s += fmt::format("{}.resize({});\nsupport::fillParam({}.data(), {}, seed, {}, "
-                       "meshrt::kernels::makeInit({}, {{{}}}), {});\n",
-                       member, type.numElements(), member, shardExpr(id), quote(param.path),
-                       quote(init.kind), fmt::join(args, ", "), valueTypeEnum(dtype));
+      s += onParamStages(k, fmt::format("{}.resize({});\nsupport::fillParam({}.data(), {}, seed, "
+                                        "{}, meshrt::kernels::makeInit({}, {{{}}}), {});\n",
+                                        member, type.numElements(), member, shardExpr(id),
+                                        quote(param.path), quote(init.kind), fmt::join(args, ", "),
+                                        valueTypeEnum(dtype)));
     }
   }
   if (!hoisted.empty()) s += "computeInvariants();\n";
@@ -604,10 +618,14 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
     for (size_t d = 0; d < global(id).dims.size(); ++d)
       dims.push_back(fmt::format("{}:{}:{}:{}", global(id).dims[d].name, global(id).dims[d].size,
                                  local(id).dims[d].size, fmt::join(layout(id).dimAxes[d], "+")));
-    specs.push_back(fmt::format("{{{}, {}, {}, {}}}", quote(param.path),
+    // Pipeline stages: the stages holding it (its buffer is empty on the others).
+    std::string stages =
+        paramStages(k) ? fmt::format(", {:#x}, {}", paramStages(k), quote(kernels.stages.axis))
+                       : "";
+    specs.push_back(fmt::format("{{{}, {}, {}, {}{}}}", quote(param.path),
                                 param.role == ir::ParamRole::OptimizerState ? "true" : "false",
                                 quote(ir::dtypeName(param.type.dtype)),
-                                quote(fmt::format("{}", fmt::join(dims, " ")))));
+                                quote(fmt::format("{}", fmt::join(dims, " "))), stages));
     data.push_back("&" + paramMember(k));
   }
   s += fmt::format("std::vector<support::ParamShard> {}::paramShards() {{\n", name);
@@ -726,14 +744,30 @@ std::string FunctionEmitter::stepLoop() const {
       "program.stepCount(), s = first; s < first + steps; ++s) {{\n{1}auto result = "
       "program.step(inputs);\nif (world.rank() == 0) "
       "std::printf(\"{2}\\n\", (long long)s, double(float(result)){3});\nlast = result;\n}}\n"
-      "if (world.rank() == 0) results.push_back({{{4}, \"f32\", {{}}, {{float(last)}}}});\n{5}"
+      "if (world.rank() == 0) results.push_back({{{4}, \"f32\", {{}}, {{float(last)}}}});\n{5}{9}"
       "for (const auto& shard : program.paramShards()) {{\n"
       "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
       "results.push_back({{{6} + shard.path, shard.dtype, std::move(global.shape), "
       "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {7});\n"
       "return;\n}}\n",
       result, inputsOfStep("fixedBatch ? 0 : s"), format, args, quote(fn.name + ".loss"), keep,
-      quote(fn.name + ".param."), quote("/" + fn.name), quote(fn.name));
+      quote(fn.name + ".param."), quote("/" + fn.name), quote(fn.name), stageParamBytes());
+}
+
+std::string FunctionEmitter::stageParamBytes() const {
+  if (kernels.stages.count <= 1) return "";
+  // Pipeline stages: each stage holds its layers' params and optimizer state only.
+  return fmt::format(
+      "{{\nstd::vector<double> held(size_t(world.size()));\ndouble all = 0;\n"
+      "for (const auto& shard : program.paramShards()) {{\n"
+      "held[size_t(world.rank())] += double(shard.data->size()) * sizeof(float);\n"
+      "all += double(meshc::gen::product(shard.globalShape)) * sizeof(float);\n}}\n"
+      "world.allReduce(held.data(), held.size(), meshrt::ReduceOp::Sum);\n"
+      "if (world.rank() == 0) std::printf(\"pipeline stages over {}: params and optimizer state "
+      "held per rank: %.0f bytes at most, %.0f at least, of %.0f in all\\n\", "
+      "*std::max_element(held.begin(), held.end()), *std::min_element(held.begin(), held.end()), "
+      "all);\n}}\n",
+      kernels.stages.axis);
 }
 
 std::string FunctionEmitter::runnerBody() const {

@@ -302,6 +302,9 @@ struct KernelFunction {
   };
   std::vector<Update> updates;
   std::vector<BufferId> params; // per param: its buffer
+  /// Pipeline stages (SplitStages.h): per param, the stages that hold it (allocate, update and
+  /// checkpoint it), one bit each; 0 (or no entry): every rank.
+  std::vector<uint64_t> paramStages;
   std::vector<Subroutine> subroutines;
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
   /// The microbatch loop (FormMicrobatchLoop.h): the statements marked perMicrobatch run `count`

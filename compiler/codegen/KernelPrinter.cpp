@@ -497,7 +497,8 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   std::string guard = stageGuard(stmt);
   if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) {
     if (guard.empty()) return out + copy(*c);
-    return out + declare(c->to, false) + guard + copy(*c) + "}\n";
+    out += declare(c->to, false); // first: copy() declares what is not declared yet
+    return out + guard + copy(*c) + "}\n";
   }
   for (kir::BufferId id : kir::writesOf(stmt)) {
     if (stmt.zeroFirst && fn.buffers[size_t(id)].storage == kir::Storage::Argument)
@@ -540,10 +541,14 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   return out + std::visit(Visitor{*this, index}, stmt.node) + (guard.empty() ? "" : "}\n");
 }
 
-std::string StatementPrinter::stageGuard(const kir::Stmt& stmt) const {
+std::string stageGuard(const kir::KernelFunction& fn, uint64_t mask) {
   uint64_t every = fn.stages.count >= 64 ? ~uint64_t(0) : (uint64_t(1) << fn.stages.count) - 1;
-  if (fn.stages.count <= 1 || stmt.stageMask == 0 || (stmt.stageMask & every) == every) return "";
-  return fmt::format("if ((uint64_t({:#x}) >> stage_) & 1) {{\n", stmt.stageMask);
+  if (fn.stages.count <= 1 || mask == 0 || (mask & every) == every) return "";
+  return fmt::format("if ((uint64_t({:#x}) >> stage_) & 1) {{\n", mask);
+}
+
+std::string StatementPrinter::stageGuard(const kir::Stmt& stmt) const {
+  return codegen::stageGuard(fn, stmt.stageMask);
 }
 
 namespace {

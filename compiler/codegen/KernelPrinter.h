@@ -60,6 +60,9 @@ const char* dtypeEnum(ir::DType dtype);
 std::string doubleLiteral(double value);
 /// The subgroup member for `axes` ("group_data_model").
 std::string groupMember(const std::vector<std::string>& axes);
+/// Pipeline stages: `if ((uint64_t(mask) >> stage_) & 1) {` when `mask` names some of `fn`'s
+/// stages but not all (the caller closes the brace), else "".
+std::string stageGuard(const kir::KernelFunction& fn, uint64_t mask);
 
 /// Prints statements of one function (run()'s body or the constructor's hoisted part),
 /// declaring each buffer before its first use.

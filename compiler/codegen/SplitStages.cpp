@@ -28,7 +28,16 @@ std::vector<int> stagesOfOps(const ir::Function& irFn, const plan::SpmdFunction&
     uint32_t call = op.loc.call;
     if (op.phase == plan::Phase::Update || call == 0 || call > iteration.size()) continue;
     int64_t i = iteration[call - 1];
-    if (i >= 0) stages[k] = int(i * spmd.stages.count / iterations);
+    if (i < 0) continue;
+    stages[k] = int(i * spmd.stages.count / iterations);
+    // The plan's split: the stage whose consecutive layers include iteration i.
+    for (int64_t s = 0, first = 0; s < int64_t(spmd.stages.layers.size()); ++s) {
+      first += spmd.stages.layers[size_t(s)];
+      if (i < first) {
+        stages[k] = int(s);
+        break;
+      }
+    }
   }
   return stages;
 }
@@ -43,9 +52,12 @@ public:
 
   void run() {
     findLoop();
-    placeStatements();
-    std::vector<BufferId> reduced = reducedAccumulators();
-    insertTransfers(reduced);
+    placeStatements(/*updates=*/false);
+    paramHolders(/*fromReaders=*/true);
+    reduced = reducedAccumulators();
+    placeStatements(/*updates=*/true);
+    paramHolders(/*fromReaders=*/false);
+    insertTransfers();
   }
 
 private:
@@ -57,50 +69,87 @@ private:
       }
   }
   bool afterLoop(size_t k) const { return loopBegin != kNone && k > loopEnd; }
+  /// The update and what follows the microbatch loop: placed once the params' stages are known.
+  bool inUpdates(size_t k) const { return body[k].phase == plan::Phase::Update || afterLoop(k); }
+  uint64_t paramMask(size_t param) const {
+    return param < fn.paramStages.size() && fn.paramStages[param] ? fn.paramStages[param] : every;
+  }
 
-  /// Every statement's stageMask (see SplitStages.h for the rules).
-  void placeStatements() {
+  /// Every statement's stageMask (see SplitStages.h for the rules): the forward and backward
+  /// statements first (`updates` false), then, with the params' stages known, the update's.
+  void placeStatements(bool updates) {
     // The stages that hold each value once the transfers placed so far are made (a value of a
     // statement not yet placed: every stage, as it will run wherever it is read).
     std::vector<uint64_t> holders(fn.buffers.size(), every);
-    std::vector<bool> pending(body.size(), false);
+    for (size_t k = 0; k < fn.params.size(); ++k)
+      holders[size_t(fn.params[k])] = paramMask(k);
+    std::vector<bool> pending(body.size(), false), backwardWrote(fn.buffers.size(), false);
     for (size_t k = 0; k < body.size(); ++k) {
+      bool mine = inUpdates(k) == updates;
+      if (mine)
+        pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
       Stmt& stmt = body[k];
-      if (stmt.phase == plan::Phase::Update || afterLoop(k)) {
-        stmt.stageMask = every;
-      } else if (stmt.stage >= 0) {
+      if (mine && updates) {
+        // With the params on their stages, a statement of the update runs on every stage that
+        // holds all it reads (a layer's update on its stage, a shared param's on each holder),
+        // else on the stage holding most of its elements (a moment's update on its param's
+        // stage, which the clip scale is sent to; the global norm's sum of scalars on one).
+        auto [common, bound] = stagesOfReads(stmt, holders);
+        std::vector<int64_t> elements(size_t(fn.stages.count), 0);
+        for (BufferId id : readsOf(stmt))
+          for (int64_t s = 0; s < fn.stages.count && holders[size_t(id)] != every; ++s)
+            if ((holders[size_t(id)] >> s) & 1)
+              elements[size_t(s)] += fn.buffers[size_t(id)].elements;
+        if (bound == 0) {
+          pending[k] = true;
+        } else if (common) {
+          stmt.stageMask = common;
+        } else {
+          size_t most = 0;
+          for (size_t s = 1; s < elements.size(); ++s)
+            if (elements[s] >= elements[most]) most = s;
+          stmt.stageMask = uint64_t(1) << most;
+        }
+      } else if (mine && stmt.stage >= 0) {
         stmt.stageMask = uint64_t(1) << stmt.stage;
-      } else {
+      } else if (mine) {
         // Where everything it reads is already (else where its stage-bound inputs are), the
         // latest such stage in forward, the earliest in backward: values then flow to later
         // stages in forward and to earlier ones in backward, as 1F1B's message order needs.
-        uint64_t common = every, bound = 0;
-        for (BufferId id : readsOf(stmt)) {
-          common &= holders[size_t(id)];
-          if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
-        }
+        auto [common, bound] = stagesOfReads(stmt, holders);
         uint64_t candidates = common ? common : bound;
-        if (candidates == every || candidates == 0) {
+        if (bound == 0) { // nothing it reads is bound to a stage
           pending[k] = true;
         } else {
-          int stage = stmt.phase == plan::Phase::Backward ? std::countr_zero(candidates)
-                                                          : 63 - std::countl_zero(candidates);
+          int stage = isBackward(stmt, backwardWrote) ? std::countr_zero(candidates)
+                                                      : 63 - std::countl_zero(candidates);
           stmt.stageMask = uint64_t(1) << stage;
         }
+      } else if (!updates) {
+        pending[k] = true; // placed in the second round: holds nothing yet
+        stmt.stageMask = 0;
       }
+      if (isBackward(stmt, backwardWrote))
+        for (BufferId id : writesOf(stmt))
+          backwardWrote[size_t(id)] = true;
+      uint64_t runs = pending[k] ? every : stmt.stageMask;
       if (!pending[k])
         for (BufferId id : readsOf(stmt))
-          holders[size_t(id)] |= stmt.stageMask;
+          holders[size_t(id)] |= runs;
       for (BufferId id : writesOf(stmt))
-        holders[size_t(id)] = pending[k] ? every : stmt.stageMask;
+        holders[size_t(id)] = runs;
+      if (loopBegin != kNone && k == loopEnd) // the all-reduce over the stages follows
+        for (BufferId id : reduced)
+          holders[size_t(id)] = every;
     }
     // What reads no stage's value runs on the stages that read its result (back to front, so
-    // that the readers are placed first); a result the caller sees, on every stage.
+    // that the readers are placed first); a result the caller sees, on every stage (a param's
+    // update, on the param's stages).
     for (size_t k = body.size(); k-- > 0;) {
-      if (!pending[k]) continue;
+      if (!pending[k] || inUpdates(k) != updates) continue;
       uint64_t mask = 0;
       for (BufferId id : writesOf(body[k])) {
-        if (fn.isResult(id)) mask = every;
+        mask |= resultStages(id);
         for (size_t r = k + 1; r < body.size(); ++r) {
           if (llvm::is_contained(readsOf(body[r]), id)) mask |= body[r].stageMask;
           if (llvm::is_contained(writesOf(body[r]), id)) break;
@@ -110,38 +159,128 @@ private:
     }
   }
 
-  /// Values computed in the microbatch loop on some stages that the update or the caller reads
-  /// (the accumulators): all-reduced over the stage axis after the loop, so they are zeroed on
-  /// every stage before it.
+  /// The stages holding everything `stmt` reads, and those holding some stage-bound value of it
+  /// (0: it reads nothing bound to a stage).
+  std::pair<uint64_t, uint64_t> stagesOfReads(const Stmt& stmt,
+                                              const std::vector<uint64_t>& holders) const {
+    uint64_t common = every, bound = 0;
+    for (BufferId id : readsOf(stmt)) {
+      common &= holders[size_t(id)];
+      if (holders[size_t(id)] != every) bound |= holders[size_t(id)];
+    }
+    return {common, bound};
+  }
+
+  /// Whether `stmt` is the backward's: made by autodiff, or reading what the backward wrote (a
+  /// forward op fused into a gradient's loop keeps the forward's phase), as schedule-microbatches
+  /// decides it.
+  static bool isBackward(const Stmt& stmt, const std::vector<bool>& backwardWrote) {
+    return stmt.phase != plan::Phase::Forward ||
+           llvm::any_of(readsOf(stmt), [&](BufferId id) { return backwardWrote[size_t(id)]; });
+  }
+
+  /// The stages the caller reads `id` on after run(): every stage for an output, a param's own
+  /// for its update, none for another value.
+  uint64_t resultStages(BufferId id) const {
+    uint64_t mask = llvm::is_contained(fn.outputs, id) ? every : 0;
+    for (const KernelFunction::Update& update : fn.updates)
+      if (update.value == id) mask |= paramMask(update.param);
+    return mask;
+  }
+
+  /// A collective over buffers that live on different stages (a bucket of several layers'
+  /// gradients) becomes one per stage group, each run where its buffers are. Returns how many
+  /// statements it added.
+  size_t splitCollective(size_t k, const std::vector<uint64_t>& holders) {
+    Collective* collective = std::get_if<Collective>(&body[k].node);
+    if (!collective || collective->axes == std::vector<std::string>{fn.stages.axis}) return 0;
+    std::vector<uint64_t> groups;
+    for (BufferId id : collective->buffers)
+      if (!llvm::is_contained(groups, holders[size_t(id)])) groups.push_back(holders[size_t(id)]);
+    if (groups.size() < 2) return 0;
+    std::vector<Stmt> parts;
+    for (uint64_t group : groups) {
+      Stmt part = body[k];
+      std::get<Collective>(part.node).buffers.clear();
+      for (BufferId id : collective->buffers)
+        if (holders[size_t(id)] == group) std::get<Collective>(part.node).buffers.push_back(id);
+      parts.push_back(std::move(part));
+    }
+    body[k] = std::move(parts.front());
+    body.insert(body.begin() + std::ptrdiff_t(k) + 1, std::make_move_iterator(parts.begin() + 1),
+                std::make_move_iterator(parts.end()));
+    if (loopBegin != kNone && k < loopBegin) loopBegin += parts.size() - 1;
+    if (loopBegin != kNone && k <= loopEnd) loopEnd += parts.size() - 1;
+    return parts.size() - 1;
+  }
+
+  /// Each param's stages: those of the forward and backward statements that read it
+  /// (`fromReaders`), else, for what only the update reads (optimizer state), those of the
+  /// statement that computes its new value. 0 until known.
+  void paramHolders(bool fromReaders) {
+    fn.paramStages.resize(fn.params.size(), 0);
+    for (size_t p = 0; p < fn.params.size(); ++p) {
+      if (fn.paramStages[p] != 0) continue;
+      uint64_t mask = 0;
+      for (size_t k = 0; k < body.size(); ++k) {
+        if (fromReaders && !inUpdates(k) && llvm::is_contained(readsOf(body[k]), fn.params[p]))
+          mask |= body[k].stageMask ? body[k].stageMask : every;
+        if (!fromReaders && inUpdates(k))
+          for (const KernelFunction::Update& update : fn.updates)
+            if (update.param == p && llvm::is_contained(writesOf(body[k]), update.value))
+              mask |= body[k].stageMask ? body[k].stageMask : every;
+      }
+      fn.paramStages[p] = mask;
+    }
+    if (!fromReaders) // every stage is spelled 0 (KernelFunction::paramStages)
+      for (uint64_t& mask : fn.paramStages)
+        if (mask == every) mask = 0;
+  }
+
+  /// Values computed in the microbatch loop on several stages but not all (a shared param's
+  /// gradient) that the update reads, and the outputs computed on some stages (the loss and the
+  /// metrics): all-reduced over the stage axis after the loop, so they are zeroed on every stage
+  /// before it. A gradient computed on one stage stays there, for that stage's update.
   std::vector<BufferId> reducedAccumulators() {
-    std::vector<BufferId> reduced;
-    if (loopBegin == kNone) return reduced;
-    std::vector<uint64_t> loopWriters(fn.buffers.size(), 0);
+    std::vector<BufferId> result;
+    if (loopBegin == kNone) return result;
+    // Per buffer: the stages of the loop's statements that write it on some stages only, and
+    // whether one writes it on every stage (then every stage computes all of it).
+    std::vector<uint64_t> partialWriters(fn.buffers.size(), 0);
+    std::vector<bool> wholeWriter(fn.buffers.size(), false);
     for (size_t k = loopBegin; k <= loopEnd; ++k)
-      for (BufferId id : writesOf(body[k]))
-        loopWriters[size_t(id)] |= body[k].stageMask;
-    auto consider = [&](BufferId id) {
-      uint64_t writers = loopWriters[size_t(id)];
-      if (writers != 0 && writers != every && !llvm::is_contained(reduced, id))
-        reduced.push_back(id);
+      for (BufferId id : writesOf(body[k])) {
+        uint64_t runs = body[k].stageMask ? body[k].stageMask : every;
+        if (runs == every)
+          wholeWriter[size_t(id)] = true;
+        else
+          partialWriters[size_t(id)] |= runs;
+      }
+    auto consider = [&](BufferId id, bool everyStage) {
+      uint64_t writers = partialWriters[size_t(id)];
+      if (writers != 0 && !wholeWriter[size_t(id)] &&
+          (everyStage || !std::has_single_bit(writers)) && !llvm::is_contained(result, id))
+        result.push_back(id);
     };
     for (size_t k = loopEnd + 1; k < body.size(); ++k)
       for (BufferId id : readsOf(body[k]))
-        consider(id);
+        consider(id, false);
     for (BufferId id : fn.outputs)
-      consider(id);
+      consider(id, true);
     for (const KernelFunction::Update& update : fn.updates)
-      consider(update.value);
+      consider(update.value, false);
     for (size_t k = 0; k < loopBegin; ++k)
       for (BufferId id : writesOf(body[k]))
-        if (llvm::is_contained(reduced, id)) body[k].stageMask = every;
-    return reduced;
+        if (llvm::is_contained(result, id)) body[k].stageMask = every;
+    return result;
   }
 
   /// StageTransfers after the writers of values read on other stages, and the accumulators'
   /// all-reduce after the loop.
-  void insertTransfers(const std::vector<BufferId>& reduced) {
+  void insertTransfers() {
     std::vector<uint64_t> have(fn.buffers.size(), every);
+    for (size_t p = 0; p < fn.params.size(); ++p)
+      have[size_t(fn.params[p])] = paramMask(p);
     std::vector<size_t> writer(fn.buffers.size(), kNone);
     std::map<std::pair<size_t, BufferId>, uint64_t> sends; // (writer, value) -> stages to reach
     for (size_t k = 0; k < body.size(); ++k) {
@@ -160,12 +299,13 @@ private:
         for (BufferId id : reduced)
           have[size_t(id)] = every;
     }
-    // The caller reads the outputs and the updates on every rank.
+    // The caller reads the outputs on every rank, a param's update on its stages.
     std::vector<BufferId> results = fn.outputs;
     for (const KernelFunction::Update& update : fn.updates)
       results.push_back(update.value);
     for (BufferId id : results)
-      if (uint64_t need = every & ~have[size_t(id)]; need && writer[size_t(id)] != kNone) {
+      if (uint64_t need = resultStages(id) & ~have[size_t(id)];
+          need && writer[size_t(id)] != kNone) {
         sends[{writer[size_t(id)], id}] |= need;
         have[size_t(id)] |= need;
       }
@@ -211,6 +351,7 @@ private:
   std::vector<Stmt>& body;
   uint64_t every;
   size_t loopBegin = kNone, loopEnd = 0;
+  std::vector<BufferId> reduced; // all-reduced over the stages after the loop
 };
 
 } // namespace

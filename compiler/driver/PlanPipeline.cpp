@@ -461,6 +461,26 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
 
 } // namespace
 
+std::optional<std::map<std::string, std::vector<int64_t>>>
+plannedStageSplit(const ir::Module& module, const ir::DimLayout& stage,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0) {
+  Microbatching micro;
+  plan::PipelineSchedule schedule;
+  double budget = 0;
+  std::optional<plan::Machine> machine;
+  if (!pipelineSettings(module, options, micro, schedule, budget, machine)) return std::nullopt;
+  std::map<std::string, std::vector<int64_t>> split;
+  for (const ir::Function* fn : selected(module, options)) {
+    std::optional<Candidate> candidate =
+        evaluate(module, stage, options, *fn, micro, std::max<int64_t>(micro.count, 1), schedule,
+                 *machine, diag, argv0);
+    if (!candidate) return std::nullopt;
+    for (const plan::StagePrediction& s : candidate->prediction.stages)
+      split[fn->name].push_back(s.layerCount);
+  }
+  return split;
+}
+
 bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
                     const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
                     DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice) {

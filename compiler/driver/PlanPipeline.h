@@ -9,6 +9,8 @@
 #include "driver/Pipeline.h"
 #include "planner/JointSearchReport.h"
 
+#include <map>
+
 namespace meshc {
 
 /// The layout entry that asks for stages, if any (nullptr: none). Checks it: one axis that no
@@ -16,6 +18,13 @@ namespace meshc {
 /// an error (reported through `diag`).
 const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptions& options,
                                    DiagEngine& diag, bool& ok);
+
+/// Code generation's split of the stage dim's layers (driver/StagedCode.h): per selected function,
+/// each stage's layer count as the pipeline plan chooses it (balanced on the predicted time of one
+/// layer and of the rest, as --emit=plan reports it), for the microbatch count asked for.
+std::optional<std::map<std::string, std::vector<int64_t>>>
+plannedStageSplit(const ir::Module& module, const ir::DimLayout& stageLayout,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0);
 
 /// --emit=plan (or plan-json with `json`) of every selected function of a module whose layout
 /// asks for stages; `joint` (when given) is the joint search that chose the stages, reported

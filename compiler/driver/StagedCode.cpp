@@ -1,6 +1,8 @@
 // Code generation for pipeline stages (StagedCode.h).
 #include "driver/StagedCode.h"
 
+#include "driver/PlanPipeline.h"
+
 #include <fmt/format.h>
 #include <llvm/ADT/StringExtras.h>
 
@@ -10,10 +12,6 @@ std::optional<PlannedModule> planStaged(const ir::Module& module, const ir::DimL
                                         const PipelineOptions& given, DiagEngine& diag,
                                         const char* argv0) {
   const std::string& axis = stage.axes.front();
-  if (!given.recompute.empty()) { // not tested with stages: refused where the stages are asked
-    diag.report(stage.loc.loc, Diag::ErrStagesNotGenerated, stage.dim, axis);
-    return std::nullopt;
-  }
   if (given.pipelineSchedule != "gpipe" && given.pipelineSchedule != "1f1b") {
     optionError("--pipeline-schedule must be gpipe or 1f1b, not '" + given.pipelineSchedule + "'");
     return std::nullopt;
@@ -41,11 +39,16 @@ std::optional<PlannedModule> planStaged(const ir::Module& module, const ir::DimL
   if (!innerModule || !lowerTraining(*innerModule, diag, inner.verifyEach)) return std::nullopt;
   std::optional<PlannedModule> planned = planModule(*innerModule, inner, diag, argv0);
   if (!planned) return std::nullopt;
+  // The layers of each stage: the pipeline plan's balanced split (--emit=plan's "stages").
+  std::optional<std::map<std::string, std::vector<int64_t>>> split =
+      plannedStageSplit(module, stage, given, diag, argv0);
+  if (!split) return std::nullopt;
   if (!planned->codeModule) planned->codeModule = std::move(*innerModule);
   // The stage axis back in every plan's mesh (no value is laid out over it), in its place.
   for (plan::PlannedFunction& fn : planned->plans) {
     fn.spmd.mesh.axes = module.mesh;
-    fn.spmd.stages = {axis, stage.dim, stages, given.pipelineSchedule == "1f1b"};
+    fn.spmd.stages = {axis, stage.dim, stages, given.pipelineSchedule == "1f1b",
+                      (*split)[fn.spmd.name]};
   }
   planned->codeModule->mesh = module.mesh;
   return planned;

@@ -146,12 +146,14 @@ struct SpmdFunction {
   std::vector<SpmdOp> gradientOps;
   Microbatching microbatching;
   /// Pipeline stages for code generation (driver/StagedCode.h): the plan is one stage's mesh
-  /// (without `axis`), `mesh` has the axis back, and the repeat over `dim` is split evenly over
-  /// its `count` stages (codegen/SplitStages.h).
+  /// (without `axis`), `mesh` has the axis back, and the repeat over `dim` is split over its
+  /// `count` stages (codegen/SplitStages.h): consecutive layers, `layers[s]` on stage s, as the
+  /// pipeline plan balanced them (empty: an even split).
   struct Stages {
     std::string axis, dim;
     int64_t count = 1;
     bool oneFOneB = false; // --pipeline-schedule 1f1b (else GPipe)
+    std::vector<int64_t> layers;
   };
   Stages stages;
 };

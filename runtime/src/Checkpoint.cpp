@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -205,16 +206,20 @@ size_t product(const std::vector<int64_t>& sizes) {
   return n;
 }
 
-/// Whether `rank` writes its shard of a tensor split as `dims`: replicas along the axes the tensor
-/// is not split over are written once, by coordinate 0.
-bool ownsShard(const Mesh& mesh, int rank, const std::vector<CheckpointDim>& dims) {
+/// Whether `rank` writes its shard of `tensor`: replicas along the axes the tensor is not split
+/// over are written once, by coordinate 0 (along its held axis, by the lowest holding one).
+bool ownsShard(const Mesh& mesh, int rank, const CheckpointTensor& tensor) {
+  if (!holdsTensor(mesh, rank, tensor)) return false;
   std::vector<int> coords = mesh.coords(rank);
   for (int a = 0; a < mesh.numAxes(); ++a) {
     const std::string& axis = mesh.axes()[size_t(a)].name;
-    bool splits = std::any_of(dims.begin(), dims.end(), [&](const CheckpointDim& dim) {
-      return std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
-    });
-    if (!splits && coords[size_t(a)] != 0) return false;
+    bool splits =
+        std::any_of(tensor.dims.begin(), tensor.dims.end(), [&](const CheckpointDim& dim) {
+          return std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
+        });
+    int writer =
+        tensor.heldMask != 0 && axis == tensor.heldAxis ? std::countr_zero(tensor.heldMask) : 0;
+    if (!splits && coords[size_t(a)] != writer) return false;
   }
   return true;
 }
@@ -282,7 +287,8 @@ std::vector<ShardBox> shardBoxes(Communicator& world, const std::vector<Checkpoi
       fail(fmt::format("checkpoint {}: tensor '{}' is listed twice", operation, tensor.name));
     names.push_back(tensor.name);
     boxes.push_back(shardOf(world.mesh(), world.rank(), tensor.dims, tensor.name));
-    size_t elements = product(boxes.back().shape);
+    boxes.back().held = holdsTensor(world.mesh(), world.rank(), tensor);
+    size_t elements = boxes.back().held ? product(boxes.back().shape) : 0;
     if (tensor.count != elements || (elements > 0 && tensor.data == nullptr))
       fail(fmt::format("checkpoint {}: tensor '{}' on rank {} holds {} elements but its shard "
                        "{} of {} has {}",
@@ -396,7 +402,7 @@ json writeRankFile(Communicator& world, const fs::path& path,
   json records = json::array();
   std::vector<size_t> owned;
   for (size_t t = 0; t < tensors.size(); ++t)
-    if (ownsShard(world.mesh(), world.rank(), tensors[t].dims)) owned.push_back(t);
+    if (ownsShard(world.mesh(), world.rank(), tensors[t])) owned.push_back(t);
   if (owned.empty()) return records;
   std::string file = rankFileName(world.rank());
   std::chrono::milliseconds pause = pauseBetweenShards();
@@ -552,6 +558,7 @@ void detail::loadSavedTensors(const std::string& checkpoint, const SavedCheckpoi
   for (const SavedTensor& tensor : saved.tensors)
     byName[tensor.name] = &tensor;
   for (size_t t = 0; t < tensors.size(); ++t) {
+    if (!boxes[t].held) continue;
     auto found = byName.find(tensors[t].name);
     if (found == byName.end())
       fail(fmt::format("checkpoint '{}' has no tensor '{}' ({} tensors saved)", checkpoint,
@@ -599,6 +606,15 @@ uint32_t crc32(const void* bytes, size_t size, uint32_t crc) {
   for (; size > 0; --size, ++at)
     crc = tables[0][(crc ^ *at) & 0xFF] ^ (crc >> 8);
   return ~crc;
+}
+
+bool holdsTensor(const Mesh& mesh, int rank, const CheckpointTensor& tensor) {
+  if (tensor.heldMask == 0) return true;
+  int axis = mesh.axisIndex(tensor.heldAxis);
+  if (axis < 0)
+    fail(fmt::format("tensor '{}' is held along axis '{}', which mesh {} lacks", tensor.name,
+                     tensor.heldAxis, mesh.str()));
+  return (tensor.heldMask >> mesh.coords(rank)[size_t(axis)]) & 1;
 }
 
 ShardBox shardOf(const Mesh& mesh, int rank, const std::vector<CheckpointDim>& dims,

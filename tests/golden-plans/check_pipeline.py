@@ -18,6 +18,8 @@ over a `stage` axis (`layers: stage`):
   step exactly and bounds its memory from above.
 """
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -166,16 +168,41 @@ def main():
            "four stages with --recompute: less memory, a longer step",
            f"{recomputed['peak_memory_bytes']} vs {kept['peak_memory_bytes']}")
 
-    # Code generation takes the stage layout (tests/e2e: e2e.train.stages.*; tests/cuda), but
-    # not with --recompute, a located error where the stages are asked.
+    # Code generation takes the stage layout (tests/e2e: e2e.train.stages.*; tests/cuda), with
+    # --recompute too (the recomputed layer's forward runs again in its stage's backward).
     cpp = subprocess.run([binary, example, "--emit=cpp", "--function", "lm_train", *base],
                          capture_output=True, text=True, timeout=300)
     expect(cpp.returncode == 0 and "stageTransfer" in cpp.stdout, "--emit=cpp of a stage layout",
            cpp.stderr)
     both = subprocess.run([binary, example, "--emit=cpp", "--function", "lm_train", *base,
                            "--recompute=decoder_layer"], capture_output=True, text=True, timeout=300)
-    expect(both.returncode == 1 and "are not generated with --recompute yet" in both.stderr
-           and not both.stdout, "--emit=cpp with --recompute and stages is an error", both.stderr)
+    expect(both.returncode == 0 and "stageTransfer" in both.stdout and both.stdout != cpp.stdout,
+           "--emit=cpp with --recompute and stages", both.stderr)
+
+    # Each stage holds its own layers' params and optimizer state (ParamSpec's stage mask), as
+    # the plan's balanced split places the layers: 8 layers on 4 stages, two each.
+    for path, mask in [("decoder/decoder_layer[1]/ffn/w_in", "0x1"),
+                       ("decoder/decoder_layer[2]/ffn/w_in@m", "0x2"),
+                       ("decoder/decoder_layer[7]/ffn/w_in@v", "0x8"),
+                       ("decoder/token_embedding", "0x1"), ("decoder/unembed", "0x8")]:
+        spec = re.escape(f'{{"{path}",') + r'[^}]*,\s*' + mask + r',\s*"stage"\}'
+        expect(re.search(spec, cpp.stdout) is not None, f"--emit=cpp: {path} held by stages {mask}")
+    # A large head leaves the last stage fewer layers (tests/e2e/cases/stages_tied.mesh: the plan
+    # gives stage 0 three of four layers), and code generation follows the plan.
+    tied = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e", "cases",
+                        "stages_tied.mesh")
+    plan = subprocess.run([binary, tied, "--emit=plan", "--microbatches=batch=2"],
+                          capture_output=True, text=True, timeout=300)
+    split = subprocess.run([binary, tied, "--emit=cpp", "--microbatches=batch=2"],
+                           capture_output=True, text=True, timeout=300)
+    expect("0 (layers 0-2)" in plan.stdout and "1 (layer 3 + rest)" in plan.stdout,
+           "stages_tied.mesh: the plan splits 3 + 1", plan.stdout + plan.stderr)
+    flat = " ".join(split.stdout.split())
+    expect('{"layer[2]/w", false, "f32", "d:16:16: e:16:16:", 0x1, "stage"}' in flat
+           and '{"layer[3]/w", false, "f32", "d:16:16: e:16:16:", 0x2, "stage"}' in flat
+           and '{"embedding", false, "f32", "vocab:512:512: d:16:16:"}' in flat,
+           "stages_tied.mesh: layer 2 generated on stage 0, the tied embedding on both",
+           split.stderr)
 
 
 if __name__ == "__main__":

@@ -606,15 +606,17 @@ struct TwoStages {
 
 } // namespace
 
-TEST_CASE(
-    "split-stages places statements on stages, sends what crosses, all-reduces accumulators") {
+TEST_CASE("split-stages places statements and params on stages, sends what crosses") {
   TwoStages t(false);
   splitStages(t.b.fn);
   CHECK(t.writerOf(t.a).stageMask == 1);
   CHECK(t.writerOf(t.bOut).stageMask == 2);
   CHECK(t.writerOf(t.ga).stageMask == 1);
-  CHECK(t.writerOf(t.next).stageMask == 3);  // the update: every stage
-  CHECK(t.b.fn.body.front().stageMask == 3); // the accumulator is zeroed everywhere
+  // Each param lives on the stage that reads it; p0's update runs there, on its gradient
+  // accumulated there (zeroed there), which no other stage needs: no all-reduce over the stages.
+  CHECK(t.b.fn.paramStages == std::vector<uint64_t>{1, 2});
+  CHECK(t.writerOf(t.next).stageMask == 1);
+  CHECK(t.b.fn.body.front().stageMask == 1);
   // The accumulation runs where the gradient is.
   const Stmt* accumulate = nullptr;
   for (const Stmt& stmt : t.b.fn.body)
@@ -630,17 +632,76 @@ TEST_CASE(
   CHECK(transfers[1]->reads == std::vector<BufferId>{t.gb});
   CHECK(transfers[1]->args[2].value == 1);
   CHECK(transfers[1]->args[3].value == 1);
-  // One all-reduce over the stage axis, of the accumulator, after the loop.
-  size_t reduces = 0;
-  for (size_t k = 0; k < t.b.fn.body.size(); ++k)
-    if (const auto* c = std::get_if<Collective>(&t.b.fn.body[k].node)) {
-      ++reduces;
-      CHECK(c->axes == std::vector<std::string>{"stage"});
-      CHECK(c->buffers == std::vector<BufferId>{t.acc});
-      CHECK(!t.b.fn.body[k].perMicrobatch);
-      CHECK(t.b.fn.body[k - 1].perMicrobatch);
+  for (const Stmt& stmt : t.b.fn.body)
+    CHECK(!std::holds_alternative<Collective>(stmt.node));
+}
+
+TEST_CASE("split-stages: a param both stages read, its gradient all-reduced over the stages; a "
+          "bucket of both stages' gradients split") {
+  TwoStages t(false);
+  // Stage 1 reads p0 too (b = a * p1 * p0) and adds its own part of p0's gradient; p1's
+  // gradient accumulates on stage 1 and one all-reduce over `data` holds both accumulators.
+  BufferId ab = t.b.fn.addBuffer(Buffer{.name = "ab", .elements = 8});
+  BufferId acc1 = t.b.fn.addBuffer(Buffer{.name = "acc1", .elements = 8});
+  BufferId next1 = t.b.fn.addBuffer(Buffer{.name = "next1", .elements = 8});
+  std::vector<Stmt>& body = t.b.fn.body;
+  Stmt zero1 = body.front();
+  replaceBuffer(zero1, t.acc, acc1);
+  body.insert(body.begin() + 1, zero1);
+  auto writer = [&](BufferId id) {
+    return llvm::find_if(body,
+                         [&](const Stmt& stmt) { return llvm::is_contained(writesOf(stmt), id); });
+  };
+  Stmt scale = *writer(t.bOut);
+  std::get<Loop>(scale.node).reads[0].buffer = t.p0; // ab = p0 * p1
+  replaceBuffer(scale, t.bOut, ab);
+  body.insert(writer(t.bOut), scale);
+  auto accumulateGa = llvm::find_if(body, [&](const Stmt& stmt) {
+    return stmt.perMicrobatch && llvm::is_contained(writesOf(stmt), t.acc);
+  });
+  Stmt onStage1 = *accumulateGa, intoAcc1 = *accumulateGa;
+  replaceBuffer(onStage1, t.ga, ab); // acc += ab (read on stage 1: stage 1's part)
+  onStage1.stage = 1;
+  replaceBuffer(intoAcc1, t.acc, acc1);
+  replaceBuffer(intoAcc1, t.ga, t.gb); // acc1 += gb on stage 1
+  intoAcc1.stage = 1;
+  accumulateGa = body.insert(accumulateGa + 1, onStage1);
+  body.insert(accumulateGa + 1, intoAcc1);
+  auto update = writer(t.next);
+  update = body.insert(update, Stmt{.node = Collective{.kind = plan::CollectiveKind::AllReduceSum,
+                                                       .axes = {"data"},
+                                                       .buffers = {t.acc, acc1}},
+                                    .phase = plan::Phase::Backward});
+  Stmt update1 = *(update + 1);
+  replaceBuffer(update1, t.p0, t.p1);
+  replaceBuffer(update1, t.acc, acc1);
+  replaceBuffer(update1, t.next, next1);
+  body.insert(update + 2, update1);
+  t.b.fn.updates.push_back({1, next1, true});
+  REQUIRE(verifyKernels(t.b.fn) == "");
+
+  splitStages(t.b.fn);
+  CHECK(t.b.fn.paramStages == std::vector<uint64_t>{0, 2}); // 0: on every stage (both)
+  CHECK(t.writerOf(t.next).stageMask == 3); // p0's update on both stages that hold it
+  CHECK(t.writerOf(next1).stageMask == 2);
+  std::vector<std::pair<std::vector<std::string>, std::vector<BufferId>>> collectives;
+  std::vector<uint64_t> masks;
+  for (const Stmt& stmt : t.b.fn.body)
+    if (const auto* c = std::get_if<Collective>(&stmt.node)) {
+      collectives.push_back({c->axes, c->buffers});
+      masks.push_back(stmt.stageMask);
     }
-  CHECK(reduces == 1);
+  // p0's gradient, accumulated on both stages, all-reduced over them after the loop; then the
+  // `data` bucket split in two, each on its stage.
+  REQUIRE(collectives.size() == 3);
+  CHECK(collectives[0].first == std::vector<std::string>{"stage"});
+  CHECK(collectives[0].second == std::vector<BufferId>{t.acc});
+  CHECK(collectives[1].second == std::vector<BufferId>{t.acc});
+  CHECK(masks[1] == 3);
+  CHECK(collectives[2].second == std::vector<BufferId>{acc1});
+  CHECK(masks[2] == 2);
+  planBuffers(t.b.fn);
+  CHECK(verifyKernels(t.b.fn) == "");
 }
 
 TEST_CASE("schedule-microbatches: GPipe's two loops, kept activations copied per microbatch") {

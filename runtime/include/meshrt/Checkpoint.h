@@ -46,7 +46,15 @@ struct CheckpointTensor {
   std::vector<CheckpointDim> dims;
   void* data = nullptr;
   size_t count = 0; // elements at `data`: must equal the shard's size (checked)
+  /// Held by some ranks only (pipeline stages: a layer's params live on its stage's ranks): the
+  /// ranks whose coordinate c along `heldAxis` has bit c of `heldMask` set. 0: every rank. A rank
+  /// that does not hold it passes no data (count 0); its lowest holding coordinate writes it.
+  std::string heldAxis;
+  uint64_t heldMask = 0;
 };
+
+/// Whether `rank` of `mesh` holds `tensor` (CheckpointTensor::heldMask).
+bool holdsTensor(const Mesh& mesh, int rank, const CheckpointTensor& tensor);
 
 /// What a checkpoint records beside the tensors.
 struct CheckpointInfo {
@@ -74,6 +82,7 @@ struct CheckpointLoadOptions {
 /// This rank's shard of a tensor with `dims` on `mesh`: per dim the global start and the size.
 struct ShardBox {
   std::vector<int64_t> start, shape;
+  bool held = true; // false: the rank holds no shard (CheckpointTensor::heldMask)
 };
 /// Throws CheckpointError when a dim's size is not divisible by its axes' sizes or an axis is
 /// unknown.

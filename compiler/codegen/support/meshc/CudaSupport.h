@@ -725,10 +725,13 @@ struct ParamShard {
   std::vector<std::string> dims;
   std::vector<std::vector<std::string>> axes;
   Buffer* data = nullptr; // this rank's shard on the device, row-major over localShape
+  std::string stageAxis;  // pipeline stages: gen::ParamShard's
+  uint64_t stages = 0;
 
   /// The host-side description (gen's shard functions) over `host`.
   gen::ParamShard onHost(gen::Buffer& host) const {
-    return {path, optimizerState, dtype, globalShape, localShape, dims, axes, &host};
+    return {path, optimizerState, dtype, globalShape, localShape,
+            dims, axes,           &host, stageAxis,   stages};
   }
 };
 

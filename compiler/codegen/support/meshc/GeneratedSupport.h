@@ -459,16 +459,19 @@ inline Buffer sliceShard(const Buffer& global, const Shape& localSizes, const Sh
 }
 
 /// Gathers every rank's shard into the global tensor on every rank (one all-gather over the
-/// world). `startsOf(rank)` gives a world rank's shard starts.
-template <typename StartsOf>
-inline Buffer gatherShards(meshrt::Communicator& world, const Buffer& local,
-                           const Shape& localSizes, const Shape& globalSizes, StartsOf&& startsOf) {
+/// world). `startsOf(rank)` gives a world rank's shard starts; only the ranks for which
+/// `holds(rank)` is true have one (the others pass zeros of the shard's size).
+template <typename StartsOf, typename Holds = bool (*)(int)>
+inline Buffer gatherShards(
+    meshrt::Communicator& world, const Buffer& local, const Shape& localSizes,
+    const Shape& globalSizes, StartsOf&& startsOf, Holds&& holds = [](int) { return true; }) {
   size_t count = local.size();
   Buffer all(count * size_t(world.size()));
   world.allGather(local.data(), all.data(), count);
   Buffer global(size_t(product(globalSizes)), 0.0f);
   Shape globalStrides = rowMajorStrides(globalSizes), localStrides = rowMajorStrides(localSizes);
   for (int rank = 0; rank < world.size(); ++rank) {
+    if (!holds(rank)) continue;
     Shape starts = startsOf(rank);
     copyStrided(global.data() + globalBase(starts, globalStrides), localSizes, globalStrides,
                 all.data() + size_t(rank) * count, localStrides);
@@ -490,6 +493,15 @@ struct ParamShard {
   std::vector<std::string> dims;              // the dim names, in storage order
   std::vector<std::vector<std::string>> axes; // per dim: the mesh axes splitting it, major first
   Buffer* data = nullptr;                     // this rank's shard, row-major over localShape
+  /// Pipeline stages: held only by the ranks of the stages in `stages` (one bit per coordinate
+  /// along `stageAxis`; 0: every rank). Elsewhere `data` is empty.
+  std::string stageAxis;
+  uint64_t stages = 0;
+
+  /// Whether world rank `rank` of `mesh` holds its shard.
+  bool heldBy(const meshrt::Mesh& mesh, int rank) const {
+    return stages == 0 || ((stages >> mesh.coords(rank)[size_t(mesh.axisIndex(stageAxis))]) & 1);
+  }
 };
 
 /// One param as the generated paramShards() lists it: a table of constants, which compilers
@@ -501,6 +513,9 @@ struct ParamSpec {
   /// Per dim, `name:global:local:axis+axis` (no axes: nothing after the last colon), dims
   /// separated by spaces: "vocab:96:48:model d_model:64:64:".
   const char* dims;
+  /// Pipeline stages: the stages holding it along `stageAxis` (ParamShard::stages; 0: every).
+  uint64_t stages = 0;
+  const char* stageAxis = "";
 };
 
 /// The shards `specs` describe over the buffers `data` (one per spec), as ParamShard or the
@@ -523,6 +538,8 @@ std::vector<Shard> paramShardsOf(const ParamSpec (&specs)[N], Storage* const (&d
     shard.optimizerState = specs[k].optimizerState;
     shard.dtype = specs[k].dtype;
     shard.data = data[k];
+    shard.stages = specs[k].stages;
+    shard.stageAxis = specs[k].stageAxis;
     for (const std::string& dim : split(specs[k].dims, ' ')) {
       size_t a = dim.find(':'), b = dim.find(':', a + 1), c = dim.find(':', b + 1);
       shard.dims.push_back(dim.substr(0, a));
@@ -552,6 +569,8 @@ inline std::vector<meshrt::CheckpointTensor> checkpointTensors(std::vector<Param
                                     {},         shard.data->data(), shard.data->size()};
     for (size_t d = 0; d < shard.dims.size(); ++d)
       tensor.dims.push_back({shard.dims[d], shard.globalShape[d], shard.axes[d]});
+    tensor.heldAxis = shard.stageAxis;
+    tensor.heldMask = shard.stages;
     tensors.push_back(std::move(tensor));
   }
   return tensors;
@@ -576,16 +595,24 @@ inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::st
   throw std::invalid_argument(std::string(program) + ": no param named '" + path + "'");
 }
 
-/// The global value of a param from every rank's shard (collective over `world`).
+/// The global value of a param from every rank's shard (collective over `world`). A param of
+/// some stages only: the other ranks contribute zeros, which no holder's shard overlaps.
 inline Tensor gatherParam(meshrt::Communicator& world, const ParamShard& shard) {
+  const meshrt::Mesh& mesh = world.mesh();
+  bool held = shard.heldBy(mesh, world.rank());
+  Buffer zeros = held ? Buffer() : Buffer(size_t(product(shard.localShape)), 0.0f);
   return Tensor{shard.globalShape,
-                gatherShards(world, *shard.data, shard.localShape, shard.globalShape,
-                             [&](int rank) { return shardStartsOf(world.mesh(), rank, shard); })};
+                gatherShards(
+                    world, held ? *shard.data : zeros, shard.localShape, shard.globalShape,
+                    [&](int rank) { return shardStartsOf(mesh, rank, shard); },
+                    [&](int rank) { return shard.heldBy(mesh, rank); })};
 }
 
-/// Sets this rank's shard of a param from its global value (no communication).
+/// Sets this rank's shard of a param from its global value (no communication; nothing on a rank
+/// of a stage that does not hold it).
 inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const Tensor& global) {
   checkShape("global param", shard.path, global, shard.globalShape);
+  if (!shard.heldBy(world.mesh(), world.rank())) return;
   *shard.data = sliceShard(global.data, shard.localShape, rowMajorStrides(shard.globalShape),
                            shardStartsOf(world.mesh(), world.rank(), shard));
 }
