@@ -54,8 +54,8 @@ struct Machine {
   // in neither operand): its generic strided loop's time per point of the einsum's space (0:
   // priced as a GEMM).
   double einsumPointSeconds = 0;
-  Link intra;                         // inside a node
-  Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
+  Link intra; // inside a node
+  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
 };
 
 /// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",

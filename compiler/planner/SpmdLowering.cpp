@@ -918,12 +918,12 @@ private:
             static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
     if (!loops || loopRole_.stored)
       out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
-    out.computeSeconds = (generic ? genericEinsumSeconds(machine_, localElements, out.flops,
-                                                         out.bytes, dtype)
-                          : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
-                          : loops ? kernelSeconds(op, out)
-                                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
-                         oversubscription_;
+    out.computeSeconds =
+        (generic ? genericEinsumSeconds(machine_, localElements, out.flops, out.bytes, dtype)
+         : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+         : loops ? kernelSeconds(op, out)
+                 : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+        oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
   }
