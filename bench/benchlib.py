@@ -6,6 +6,7 @@ N steps and prints `median_ms first_loss last_loss`. Processes stay alive betwee
 compiles once while the rounds alternate contenders (this 2-core machine is shared and its load
 drifts: only ratios measured close together mean something). Standard library only: PyTorch runs
 under Debian's /usr/bin/python3, JAX under the PyPI one, and both import `serve` from here."""
+import math
 import os
 import re
 import shutil
@@ -80,6 +81,15 @@ int main() {
   });
 }
 """
+
+
+def learning_rate(step, cos=math.cos, minimum=min, maximum=max):
+    """The factor of transformer.mesh's learning rate at step `step` (from 0): warmed up over 100
+    steps, then cosine-decayed over 10000 (compiler/train/Optimizer.cpp, learningRate). The
+    Python peers pass jax.numpy's functions to trace it inside jit."""
+    warmup, decay = 100, 10000
+    progress = minimum(maximum((step - warmup) / decay, 0.0), 1.0)
+    return minimum(1.0, (step + 1) / warmup) * (1 + cos(math.pi * progress)) / 2
 
 
 def serve(step, info=""):

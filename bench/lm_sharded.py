@@ -33,7 +33,7 @@ B, S, D, H, DH, F, V, L = map(int, sys.argv[1:9])
 WHICH = sys.argv[9]
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from benchlib import serve
+from benchlib import serve, learning_rate
 
 mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
 at = lambda *spec: NamedSharding(mesh, P(*spec))
@@ -49,11 +49,12 @@ shardings = jax.tree.map(lambda spec: at(*spec), SPECS, is_leaf=is_spec)
 
 keys = iter(jax.random.split(jax.random.PRNGKey(0), 64))
 normal = lambda shape, std: jax.random.normal(next(keys), shape) * std
-layer = lambda: {"g1": jnp.ones(D), "b1": jnp.zeros(D), "wq": normal((D, H, DH), 0.125),
-                 "wk": normal((D, H, DH), 0.125), "wv": normal((D, H, DH), 0.125),
-                 "wo": normal((H, DH, D), 0.125), "g2": jnp.ones(D), "b2": jnp.zeros(D),
-                 "win": normal((D, F), 0.125), "bin": jnp.zeros(F),
-                 "wout": normal((F, D), 0.0625), "bout": jnp.zeros(D)}
+# lib/layers.mesh's init: stddev d_model^-1/2, and d_ff^-1/2 for w_out.
+layer = lambda: {"g1": jnp.ones(D), "b1": jnp.zeros(D), "wq": normal((D, H, DH), D ** -0.5),
+                 "wk": normal((D, H, DH), D ** -0.5), "wv": normal((D, H, DH), D ** -0.5),
+                 "wo": normal((H, DH, D), D ** -0.5), "g2": jnp.ones(D), "b2": jnp.zeros(D),
+                 "win": normal((D, F), D ** -0.5), "bin": jnp.zeros(F),
+                 "wout": normal((F, D), F ** -0.5), "bout": jnp.zeros(D)}
 params = {"tok": normal((V, D), 0.02), "pos": normal((S, D), 0.02),
           "unembed": normal((D, V), 0.02), "gf": jnp.ones(D), "bf": jnp.zeros(D),
           "layers": [layer() for _ in range(L)]}
@@ -98,8 +99,7 @@ def train_step(p, m, v, s, tokens, key):
     loss, g = jax.value_and_grad(loss_fn)(p, tokens, jax.random.fold_in(key, s))
     scale = 1.0 / jnp.maximum(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g))), 1.0)
     sf = s.astype(jnp.float32)
-    progress = jnp.clip((sf - 100) / 10000, 0, 1)
-    lr = 3e-4 * jnp.minimum(1.0, (sf + 1) / 100) * (1 + jnp.cos(jnp.pi * progress)) / 2
+    lr = 3e-4 * learning_rate(sf, jnp.cos, jnp.minimum, jnp.maximum)
     c1, c2 = 1 - 0.9 ** (sf + 1), 1 - 0.95 ** (sf + 1)
     def update(w, g, m, v):
         g = g * scale

@@ -8,11 +8,13 @@ milliseconds per step (median of --steps timed steps after warm-up) and the rati
 The model is dsl-examples/transformer.mesh's lm_train at --dim sizes (one decoder layer:
 token + position embedding, pre-norm attention with a causal mask, GELU feed-forward with
 dropout 0.1, final norm, unembedding, log-softmax cross-entropy; AdamW lr 3e-4, betas 0.9/0.95,
-weight decay 0.1, clip_norm 1; the PyTorch and JAX versions use a constant learning rate where
-meshc's follows the example's warmup and cosine schedule, which changes the losses printed, not
-the work per step). Every framework is pinned to the same cores (taskset) and told
-to use that many threads (meshc: oneDNN's OpenMP threads; PyTorch: set_num_threads; JAX: XLA's
-Eigen pool off for one thread, its default for more). The contenders stay up and alternate round
+weight decay 0.1, clip_norm 1, the learning rate warmed up over 100 steps and then cosine-decayed
+over 10000; weights initialized as lib/layers.mesh does, normal with stddev d_model^-1/2, d_ff^-1/2
+for w_out, 0.02 for the embeddings: all three follow the example, so the losses they print are
+comparable; the random draws of init, tokens and dropout masks differ). Every framework is
+pinned to the same cores (taskset) and told to use that many threads (meshc: oneDNN's OpenMP
+threads; PyTorch: set_num_threads; JAX: XLA's Eigen pool off for one thread, its default for
+more). The contenders stay up and alternate round
 by round (bench/benchlib.py); each round's figure is the median of --steps steps, the result the
 median over --rounds rounds. bench/compare.py runs this with the other comparisons.
 
@@ -31,20 +33,22 @@ SIZES = {"batch": 8, "seq": 128, "mem": 128, "d_model": 256, "heads": 4, "d_head
 
 TORCH = r"""
 import sys, torch
-from benchlib import serve
+from benchlib import serve, learning_rate
 B, S, D, H, DH, F, V, THREADS = map(int, sys.argv[1:9])
 torch.set_num_threads(THREADS)
 torch.manual_seed(0)
 g = lambda *shape, std: torch.nn.Parameter(torch.randn(*shape) * std)
 p = {"tok": g(V, D, std=0.02), "pos": g(S, D, std=0.02), "unembed": g(D, V, std=0.02),
      "g1": torch.nn.Parameter(torch.ones(D)), "b1": torch.nn.Parameter(torch.zeros(D)),
-     "wq": g(D, H, DH, std=0.125), "wk": g(D, H, DH, std=0.125), "wv": g(D, H, DH, std=0.125),
-     "wo": g(H, DH, D, std=0.125),
+     "wq": g(D, H, DH, std=D ** -0.5), "wk": g(D, H, DH, std=D ** -0.5),
+     "wv": g(D, H, DH, std=D ** -0.5), "wo": g(H, DH, D, std=D ** -0.5),
      "g2": torch.nn.Parameter(torch.ones(D)), "b2": torch.nn.Parameter(torch.zeros(D)),
-     "win": g(D, F, std=0.125), "bin": torch.nn.Parameter(torch.zeros(F)),
-     "wout": g(F, D, std=0.0625), "bout": torch.nn.Parameter(torch.zeros(D)),
+     "win": g(D, F, std=D ** -0.5), "bin": torch.nn.Parameter(torch.zeros(F)),
+     "wout": g(F, D, std=F ** -0.5), "bout": torch.nn.Parameter(torch.zeros(D)),
      "g3": torch.nn.Parameter(torch.ones(D)), "b3": torch.nn.Parameter(torch.zeros(D))}
 opt = torch.optim.AdamW(p.values(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+# Step s (from 0) trains at 3e-4 * learning_rate(s): the example's warmup and cosine decay.
+schedule = torch.optim.lr_scheduler.LambdaLR(opt, learning_rate)
 tokens = torch.randint(0, V, (B, S))
 causal = torch.tril(torch.ones(S, S, dtype=torch.bool))
 def norm(x, gain, bias):
@@ -67,13 +71,14 @@ def step():
     loss.backward()
     torch.nn.utils.clip_grad_norm_(p.values(), 1.0)
     opt.step()
+    schedule.step()
     return loss.item()
 serve(step, f"torch {torch.__version__}")
 """
 
 JAX = r"""
 import sys
-from benchlib import serve
+from benchlib import serve, learning_rate
 B, S, D, H, DH, F, V, THREADS = map(int, sys.argv[1:9])
 import jax, jax.numpy as jnp
 key = jax.random.PRNGKey(0)
@@ -81,10 +86,10 @@ ks = jax.random.split(key, 12)
 n = lambda k, shape, std: jax.random.normal(k, shape) * std
 p = {"tok": n(ks[0], (V, D), 0.02), "pos": n(ks[1], (S, D), 0.02),
      "unembed": n(ks[2], (D, V), 0.02), "g1": jnp.ones(D), "b1": jnp.zeros(D),
-     "wq": n(ks[3], (D, H, DH), 0.125), "wk": n(ks[4], (D, H, DH), 0.125),
-     "wv": n(ks[5], (D, H, DH), 0.125), "wo": n(ks[6], (H, DH, D), 0.125),
-     "g2": jnp.ones(D), "b2": jnp.zeros(D), "win": n(ks[7], (D, F), 0.125),
-     "bin": jnp.zeros(F), "wout": n(ks[8], (F, D), 0.0625), "bout": jnp.zeros(D),
+     "wq": n(ks[3], (D, H, DH), D ** -0.5), "wk": n(ks[4], (D, H, DH), D ** -0.5),
+     "wv": n(ks[5], (D, H, DH), D ** -0.5), "wo": n(ks[6], (H, DH, D), D ** -0.5),
+     "g2": jnp.ones(D), "b2": jnp.zeros(D), "win": n(ks[7], (D, F), D ** -0.5),
+     "bin": jnp.zeros(F), "wout": n(ks[8], (F, D), F ** -0.5), "bout": jnp.zeros(D),
      "g3": jnp.ones(D), "b3": jnp.zeros(D)}
 tokens = jax.random.randint(ks[9], (B, S), 0, V)
 causal = jnp.tril(jnp.ones((S, S), bool))
@@ -110,7 +115,7 @@ def step(p, m, v, t, tokens, dkey):
     loss, grads = jax.value_and_grad(loss_fn)(p, tokens, dkey)
     gnorm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
     scale = jnp.minimum(1.0, 1.0 / (gnorm + 1e-6))
-    lr, b1, b2, wd = 3e-4, 0.9, 0.95, 0.1
+    lr, b1, b2, wd = 3e-4 * learning_rate(t, jnp.cos, jnp.minimum, jnp.maximum), 0.9, 0.95, 0.1
     t = t + 1
     def upd(w, g, m, v):
         g = g * scale; m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g

@@ -887,12 +887,13 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
          "runs.front(), kTimedRuns, backend);\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.
-    r += fmt::format(
-        "int main(int argc, char** argv) {{\nstd::vector<Result> results;\nbool lead = true;\n"
-        "std::vector<std::string> positional;\nint64_t steps = 0;\nbool fixedBatch = "
-        "false;\nstd::string loadDir, "
-        "saveDir;\ntry {{\n{}\n",
-        target.launchOptions());
+    r +=
+        fmt::format("int main(int argc, char** argv) {{\nmeshc::gen::usePassiveOpenMPWaits(argv);\n"
+                    "std::vector<Result> results;\nbool lead = true;\n"
+                    "std::vector<std::string> positional;\nint64_t steps = 0;\nbool fixedBatch = "
+                    "false;\nstd::string loadDir, "
+                    "saveDir;\ntry {{\n{}\n",
+                    target.launchOptions());
     r +=
         "for (int i = 1; i < argc; ++i) {\n"
         "if (std::string(argv[i]) == \"--steps\" && i + 1 < argc)\n"

@@ -1,5 +1,6 @@
 #include "driver/Driver.h"
 
+#include "driver/JointSearch.h"
 #include "driver/Pipeline.h"
 #include "driver/PlanPipeline.h"
 
@@ -212,20 +213,17 @@ PipelineOptions pipelineOptions() {
   return options;
 }
 
-/// Plans every selected function and prints the stage asked for (a report, the kernel IR or the
-/// generated code). Returns the exit status.
-int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
-                 llvm::raw_ostream& os, const char* argv0) {
-  std::optional<PlannedModule> planned = planModule(module, options, diag, argv0);
-  if (!planned) return kExitInputError;
+/// Prints the stage asked for (a report, the kernel IR or the generated code) of `planned`, the
+/// plans of `module`. Returns the exit status.
+int printPlanned(const ir::Module& module, const PlannedModule& planned, llvm::raw_ostream& os) {
   std::vector<std::string> disabled(disabledPasses.begin(), disabledPasses.end());
   if (emitStage == Emit::Cpp || emitStage == Emit::Cuda)
     return writeGeneratedCode(
-        module, *planned,
+        module, planned,
         GenerateOptions{outputPath, cppRunner, emitStage == Emit::Cuda, cudaMath, disabled}, os);
   if (emitStage == Emit::Kernels) {
-    llvm::Expected<kir::KernelModule> kernels = kir::lowerModule(
-        planned->codeModuleOr(module), planned->plans, kir::LowerOptions{disabled});
+    llvm::Expected<kir::KernelModule> kernels =
+        kir::lowerModule(planned.codeModuleOr(module), planned.plans, kir::LowerOptions{disabled});
     if (!kernels) {
       llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(kernels.takeError()) << "\n";
       return kExitInputError;
@@ -233,10 +231,10 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
     os << kir::printKernels(*kernels);
     return kExitOk;
   }
-  const plan::Machine& machine = planned->machine;
+  const plan::Machine& machine = planned.machine;
   if (emitStage == Emit::PlanJson) os << "[\n";
-  for (size_t i = 0; i < planned->plans.size(); ++i) {
-    const plan::PlannedFunction& plan = planned->plans[i];
+  for (size_t i = 0; i < planned.plans.size(); ++i) {
+    const plan::PlannedFunction& plan = planned.plans[i];
     if (i > 0) os << (emitStage == Emit::PlanJson ? ",\n" : "\n");
     switch (emitStage) {
     case Emit::PlanJson:
@@ -257,6 +255,15 @@ int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagE
   return kExitOk;
 }
 
+/// Plans every selected function and prints the stage asked for (a report, the kernel IR or the
+/// generated code). Returns the exit status.
+int planAndPrint(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
+                 llvm::raw_ostream& os, const char* argv0) {
+  std::optional<PlannedModule> planned = planModule(module, options, diag, argv0);
+  if (!planned) return kExitInputError;
+  return printPlanned(module, *planned, os);
+}
+
 /// Plans and prints; a layout that asks for pipeline stages goes to PlanPipeline.h instead (only
 /// the plan reports take it; planModule refuses it for the other stages).
 int planOrPipeline(const ir::Module& module, const PipelineOptions& options, DiagEngine& diag,
@@ -264,9 +271,19 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   bool ok = true;
   const ir::DimLayout* stages = stageLayoutOf(module, options, diag, ok);
   if (!ok) return kExitInputError;
-  if (stages && (emitStage == Emit::Plan || emitStage == Emit::PlanJson))
-    return planPipelines(module, *stages, options, diag, argv0, emitStage == Emit::PlanJson, os);
-  return planAndPrint(module, options, diag, os, argv0);
+  bool json = emitStage == Emit::PlanJson;
+  if (emitStage != Emit::Plan && !json) return planAndPrint(module, options, diag, os, argv0);
+  if (stages) return planPipelines(module, *stages, options, diag, argv0, json, os);
+  if (!jointSearchApplies(module, options)) return planAndPrint(module, options, diag, os, argv0);
+  // The joint search may choose stages, reported as a stage layout's plan is.
+  std::optional<JointStages> staged;
+  std::optional<PlannedModule> planned =
+      planJointly(module, options, diag, argv0, &staged, /*recomputeWithStages=*/true);
+  if (!planned) return kExitInputError;
+  if (staged)
+    return planPipelines(staged->module, staged->stage, staged->options, diag, argv0, json, os,
+                         &staged->report);
+  return printPlanned(module, *planned, os);
 }
 
 /// --emit=tolerance-dtypes: one JSON object, compared tensor name -> dtype (interp/DtypePaths.h).

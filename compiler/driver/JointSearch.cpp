@@ -1,13 +1,16 @@
-// The joint search of recompute, microbatches and ZeRO under a memory budget (JointSearch.h).
+// The joint search of stages, recompute, microbatches and ZeRO under a memory budget
+// (JointSearch.h).
 #include "driver/JointSearch.h"
 
 #include "driver/Microbatches.h"
+#include "driver/PlanPipeline.h"
 #include "planner/Microbatching.h"
 #include "planner/Planner.h"
 #include "train/Recompute.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
+#include <llvm/ADT/StringExtras.h>
 #include <llvm/Support/WithColor.h>
 
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 
 namespace meshc {
@@ -60,27 +64,102 @@ std::vector<int64_t> microbatchCounts(const ir::Module& module, const std::strin
 }
 
 /// Whether `a` is preferred to `b`: the faster predicted step; on a tie (relative 1e-9), the
-/// simpler combination: the lower ZeRO stage, then fewer microbatches, then no recomputation.
+/// simpler combination: no stages, then fewer, then the lower ZeRO stage, then fewer
+/// microbatches, then no recomputation.
 bool faster(const plan::JointCandidate& a, const plan::JointCandidate& b) {
   double tolerance = 1e-9 * std::max(a.stepSeconds, b.stepSeconds);
   if (std::abs(a.stepSeconds - b.stepSeconds) > tolerance) return a.stepSeconds < b.stepSeconds;
-  return std::make_tuple(a.zeroStage, a.microbatches, !a.recompute.empty()) <
-         std::make_tuple(b.zeroStage, b.microbatches, !b.recompute.empty());
+  return std::make_tuple(a.stages, a.zeroStage, a.microbatches, !a.recompute.empty()) <
+         std::make_tuple(b.stages, b.zeroStage, b.microbatches, !b.recompute.empty());
 }
 
-/// One planned combination with what code generation needs for it.
+/// One planned combination with what code generation needs for it: without stages its plan,
+/// with stages how to plan them (PlanPipeline.h and StagedCode.h plan the stage layout).
 struct Planned {
   plan::JointCandidate candidate;
   plan::PlannedFunction plan;
   std::shared_ptr<const ir::Module> module; // holds the function the plan was made from
+  std::optional<JointStages> stages;
 };
+
+/// The ways `fn` can be split into pipeline stages on `module`'s mesh: for every mesh axis that
+/// no pinned dim uses, every stage count p > 1 dividing both its size and the count of the
+/// block's one repeat; the stages are the axis itself (p its size) or a new axis `stage` split
+/// off it, major (the axis keeps the rest). Empty, with the reason in `why`, when none can be.
+std::vector<plan::JointCandidate> stageSplits(const ir::Module& module, const ir::Function& fn,
+                                              std::string& dim, std::string& why) {
+  std::vector<plan::JointCandidate> splits;
+  if (fn.repeats.size() != 1) {
+    why = fmt::format("stages: the block has {} repeats, not one", fn.repeats.size());
+    return splits;
+  }
+  dim = fn.repeats.front().dim;
+  int64_t layers = module.dims.at(dim);
+  std::set<std::string> pinnedAxes;
+  for (const ir::DimLayout& entry : module.layout) {
+    if (entry.isAuto) continue;
+    if (entry.dim == dim) {
+      why = fmt::format("stages: the layout pins '{}'", dim);
+      return splits;
+    }
+    pinnedAxes.insert(entry.axes.begin(), entry.axes.end());
+  }
+  bool stageNameFree =
+      llvm::none_of(module.mesh, [](const ir::MeshAxis& axis) { return axis.name == "stage"; });
+  for (const ir::MeshAxis& axis : module.mesh) {
+    if (pinnedAxes.count(axis.name)) continue;
+    for (int64_t p = 2; p <= axis.size; ++p) {
+      if (axis.size % p != 0 || layers % p != 0) continue;
+      if (p < axis.size && !stageNameFree) continue;
+      plan::JointCandidate split;
+      split.stages = p;
+      split.splitAxis = axis.name;
+      split.stageAxis = p == axis.size ? axis.name : "stage";
+      splits.push_back(split);
+    }
+  }
+  if (splits.empty())
+    why = fmt::format("stages: no mesh axis free of pinned dims has a size sharing a factor with "
+                      "'{}' ({})",
+                      dim, layers);
+  return splits;
+}
+
+/// `module` with `split`'s stages: its mesh with the stage axis, its layout with `dim` over it.
+ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
+                        const plan::JointCandidate& split, const std::string& dim,
+                        ir::DimLayout& stage) {
+  ir::Module staged;
+  staged.meshName = module.meshName;
+  staged.dims = module.dims;
+  staged.autoLayout = module.autoLayout;
+  staged.functions = {fn}; // the only one planned: the stage plans load their own
+  for (const ir::MeshAxis& axis : module.mesh) {
+    if (axis.name != split.splitAxis) {
+      staged.mesh.push_back(axis);
+    } else if (split.stageAxis == axis.name) {
+      staged.mesh.push_back(axis);
+    } else {
+      staged.mesh.push_back({split.stageAxis, split.stages});
+      staged.mesh.push_back({axis.name, axis.size / split.stages});
+    }
+  }
+  for (const ir::DimLayout& entry : module.layout)
+    if (entry.dim != dim) staged.layout.push_back(entry);
+  stage = ir::DimLayout{dim, {split.stageAxis}, false, fn.loc};
+  staged.layout.push_back(stage);
+  return staged;
+}
 
 class JointSearch {
 public:
+  /// `stages`: pipeline stages may be tried, with recomputation when `recomputeWithStages`.
   JointSearch(const ir::Module& module, const PipelineOptions& options,
-              const plan::Machine& machine, double budget, DiagEngine& diag, const char* argv0)
+              const plan::Machine& machine, double budget, DiagEngine& diag, const char* argv0,
+              bool stages, bool recomputeWithStages)
       : module_(module), options_(options), machine_(machine), budget_(budget), diag_(diag),
-        argv0_(argv0), quiet_(diag.sources(), llvm::nulls()) {}
+        argv0_(argv0), quiet_(diag.sources(), llvm::nulls()), stages_(stages),
+        recomputeWithStages_(recomputeWithStages) {}
 
   /// Plans the combinations of `fn` (which does not fit alone) and returns the fastest that
   /// fits, with the report; nullopt when none does (`smallest` then has the least need).
@@ -149,12 +228,73 @@ public:
       }
     }
     if (!report.considered.empty()) report.plainMemoryBytes = report.considered.front().memoryBytes;
+    considerStages(fn, report, best, smallest);
     if (!best) return std::nullopt;
-    best->plan.joint = std::move(report);
+    if (best->stages)
+      best->stages->report = std::move(report);
+    else
+      best->plan.joint = std::move(report);
     return best;
   }
 
 private:
+  /// Pipeline stages (stageSplits), each split with the microbatch count and recomputation
+  /// planPipelines would choose for it (PlanPipeline.h: the repeat's layers balanced over the
+  /// stages, the bubble (p - 1) / (m + p - 1), 1F1B keeping at most p microbatches in flight);
+  /// `best` becomes the fastest split that fits when it is faster. A split that cannot be
+  /// planned is left out, noted.
+  void considerStages(const ir::Function& fn, plan::JointSearchReport& report,
+                      std::optional<Planned>& best, double& smallest) {
+    if (!stages_) {
+      report.notTried.push_back(
+          "stages: other functions are planned too (--function selects the block alone)");
+      return;
+    }
+    std::string dim, why;
+    std::vector<plan::JointCandidate> splits = stageSplits(module_, fn, dim, why);
+    if (!why.empty()) report.notTried.push_back(why);
+    if (!recomputeWithStages_ && !splits.empty())
+      report.notTried.push_back("stages with recomputation: code generation does not take both");
+    for (plan::JointCandidate& split : splits) {
+      JointStages staged;
+      staged.module = stagedModule(module_, fn, split, dim, staged.stage);
+      staged.options = options_;
+      staged.options.jointSearch = false;
+      staged.options.functions = {fn.name};
+      staged.options.memoryBudget = fmt::format("{}", budget_);
+      if (!report.microbatchDim.empty())
+        staged.options.microbatches = report.microbatchDim + "=auto";
+      std::optional<PipelineChoice> choice;
+      if (!searchPipeline(staged.module, staged.stage, staged.options, fn, recomputeWithStages_,
+                          quiet_, argv0_, choice) ||
+          !choice) {
+        report.notTried.push_back(
+            fmt::format("{} stages over '{}': cannot be planned", split.stages, split.stageAxis));
+        continue;
+      }
+      Planned planned;
+      planned.candidate = split;
+      planned.candidate.microbatches = choice->microbatches;
+      planned.candidate.recompute = llvm::join(choice->recompute, ", ");
+      planned.candidate.stepSeconds = choice->stepSeconds;
+      planned.candidate.memoryBytes = choice->memoryBytes;
+      planned.candidate.fits = choice->fits;
+      size_t index = report.considered.size();
+      report.considered.push_back(planned.candidate);
+      smallest = std::min(smallest, choice->memoryBytes);
+      if (!choice->fits || (best && !faster(planned.candidate, best->candidate))) continue;
+      // The stage layout's plan runs these microbatches with this recomputation.
+      staged.options.microbatches =
+          report.microbatchDim.empty()
+              ? ""
+              : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
+      staged.options.recompute = choice->recompute;
+      planned.stages = std::move(staged);
+      best = std::move(planned);
+      report.chosen = int(index);
+    }
+  }
+
   /// `fn` with `recompute`'s calls recomputed and `count` microbatches of `dim`, planned with
   /// ZeRO stages 0-3; errors (a combination that cannot be built) leave it out, noted.
   /// A candidate of the report for `plan`.
@@ -225,7 +365,23 @@ private:
   DiagEngine& diag_;
   const char* argv0_;
   DiagEngine quiet_;
+  bool stages_, recomputeWithStages_;
 };
+
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// The note on stderr that says what the search chose.
+void noteChoice(const ir::Function& fn, double budget, const plan::JointSearchReport& report,
+                double seconds) {
+  llvm::WithColor::note(llvm::errs(), "meshc") << fmt::format(
+      "no layout of train block '{}' fits the memory budget of {} alone: planned with {} "
+      "(joint search: {} combinations in {:.1f} s)\n",
+      fn.name, plan::bytesString(budget),
+      plan::jointChoiceText(report.considered[size_t(report.chosen)], report.microbatchDim),
+      report.considered.size(), seconds);
+}
 
 } // namespace
 
@@ -239,7 +395,9 @@ bool jointSearchApplies(const ir::Module& module, const PipelineOptions& options
 }
 
 std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
-                                         DiagEngine& diag, const char* argv0) {
+                                         DiagEngine& diag, const char* argv0,
+                                         std::optional<JointStages>* staged,
+                                         bool recomputeWithStages) {
   PipelineOptions plain = options;
   plain.jointSearch = false;
   llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
@@ -255,7 +413,13 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   plannerOptions.memoryBudgetBytes = budget;
 
   auto start = std::chrono::steady_clock::now();
-  JointSearch search(module, options, *machine, budget, diag, argv0);
+  // Stages are planned for the selected functions together (PlanPipeline.h), so they are tried
+  // only for a train block selected alone.
+  bool stagesAllowed = staged && llvm::count_if(module.functions, [&](const ir::Function& fn) {
+                                   return selected(options, fn);
+                                 }) == 1;
+  JointSearch search(module, options, *machine, budget, diag, argv0, stagesAllowed,
+                     recomputeWithStages);
   std::map<std::string, Planned> chosen;
   // Blocks that fit alone keep the plan that showed it (the usual planning would search the
   // same layout again: the same budget, mesh and options).
@@ -277,19 +441,24 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
     }
     double smallest = std::numeric_limits<double>::infinity();
     std::optional<Planned> best = search.run(fn, std::move(alone->front()), smallest);
+    if (best && best->stages) {
+      noteChoice(fn, budget, best->stages->report, secondsSince(start));
+      *staged = std::move(best->stages);
+      return PlannedModule{*machine, {}, std::nullopt};
+    }
     if (best) {
       chosen.emplace(fn.name, std::move(*best));
       continue;
     }
     llvm::WithColor::note(llvm::errs(), "meshc")
-        << fmt::format("with recomputation, microbatches and ZeRO, train block '{}' needs at "
-                       "least {} per device\n",
+        << fmt::format("with stages, recomputation, microbatches and ZeRO, train block '{}' "
+                       "needs at least {} per device\n",
                        fn.name, plan::bytesString(smallest));
     // The plain plan's error; without --memory-budget the plain plan, over the machine's memory
     // as it has always been reported.
     plainBlocks.push_back(fn.name);
   }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = secondsSince(start);
 
   // The other functions as usual.
   // Every plan is finished once, together, at the end (a fault is injected into whichever plan
@@ -313,13 +482,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   std::vector<const ir::Function*> replacements;
   for (const ir::Function& fn : module.functions) {
     if (auto it = chosen.find(fn.name); it != chosen.end()) {
-      const plan::JointSearchReport& report = *it->second.plan.joint;
-      llvm::WithColor::note(llvm::errs(), "meshc") << fmt::format(
-          "no layout of train block '{}' fits the memory budget of {} alone: planned with {} "
-          "(joint search: {} combinations in {:.1f} s)\n",
-          fn.name, plan::bytesString(budget),
-          plan::jointChoiceText(report.considered[size_t(report.chosen)], report.microbatchDim),
-          report.considered.size(), seconds);
+      noteChoice(fn, budget, *it->second.plan.joint, seconds);
       replacements.push_back(it->second.module->findFunction(fn.name));
       result.plans.push_back(std::move(it->second.plan));
       continue;

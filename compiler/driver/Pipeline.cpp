@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 namespace meshc {
 
@@ -183,8 +184,9 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
 }
 
 bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
+  std::set<std::string> splitDims = train::pinnedDims(module);
   for (ir::Function& fn : module.functions)
-    if (!train::lowerTraining(fn, diag)) return false;
+    if (!train::lowerTraining(fn, diag, splitDims)) return false;
   return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");
 }
 
@@ -213,7 +215,15 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   if (const ir::DimLayout* stages = stageLayoutOf(module, given, diag, stagesOk))
     return planStaged(module, *stages, given, diag, argv0);
   if (!stagesOk) return std::nullopt;
-  if (jointSearchApplies(module, given)) return planJointly(module, given, diag, argv0);
+  if (jointSearchApplies(module, given)) {
+    std::optional<JointStages> staged;
+    std::optional<PlannedModule> planned = planJointly(module, given, diag, argv0, &staged);
+    if (!planned || !staged) return planned;
+    // The pipeline's fit was checked by its model; the plan of one stage's mesh holds every
+    // layer (StagedCode.h), so it is not held to the budget again.
+    staged->options.memoryBudget.clear();
+    return planStaged(staged->module, staged->stage, staged->options, diag, argv0);
+  }
   if (!given.microbatches.empty()) return planMicrobatched(module, given, diag, argv0);
   plan::PlannerOptions options;
   options.machine = given.machine;

@@ -45,7 +45,7 @@ struct PipelineOptions {
   /// searches K). "": one microbatch.
   std::string microbatches;
   /// A train block of which no layout fits the memory budget alone is planned by the joint
-  /// search of recompute, microbatches and ZeRO (JointSearch.h); false inside that search.
+  /// search of stages, recompute, microbatches and ZeRO (JointSearch.h); false inside it.
   bool jointSearch = true;
   std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
   // The interpreter (interpretModule):

@@ -2,6 +2,7 @@
 
 #include "driver/Driver.h"
 #include "planner/PipelineModel.h"
+#include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 #include "train/Recompute.h"
 
@@ -304,7 +305,8 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
 }
 
 void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candidate& c,
-               plan::PipelineSchedule schedule, llvm::raw_ostream& os) {
+               plan::PipelineSchedule schedule, const plan::JointSearchReport* joint,
+               llvm::raw_ostream& os) {
   const plan::PipelinePrediction& p = c.prediction;
   std::vector<std::string> stages;
   for (const plan::StagePrediction& s : p.stages)
@@ -320,7 +322,7 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
       "\"bubble_fraction\": {:.9g}, \"step_seconds\": {:.9g}, \"flops_per_step\": {:.9g}, "
       "\"peak_memory_bytes\": {:.9g}, \"recompute\": [{}], \"recompute_chosen\": {}, "
       "\"recompute_working_bytes\": {:.9g}, \"devices\": {}, "
-      "\"stages\": [{}]}}}}",
+      "\"stages\": [{}]}}{}}}",
       fn.name, stage.dim, stage.axes.front(), plan::scheduleName(schedule), c.microbatches,
       p.slotSeconds, p.p2pSeconds, p.bubbleFraction, p.stepSeconds, p.flopsPerStep,
       p.peakMemoryBytes,
@@ -328,7 +330,8 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
           llvm::map_range(c.recompute, [](const std::string& def) { return "\"" + def + "\""; }),
           ", "),
       c.recomputeChosen, c.recomputeWorkingBytes,
-      int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(), llvm::join(stages, ", "));
+      int64_t(p.stages.size()) * c.onePlan.spmd.mesh.numDevices(), llvm::join(stages, ", "),
+      joint ? ", \"jointSearch\": " + plan::jointSearchJson(*joint) : std::string());
 }
 
 } // namespace
@@ -366,28 +369,47 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
   return ok ? found : nullptr;
 }
 
-int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
-                  const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
-                  llvm::raw_ostream& os) {
-  Microbatching micro;
-  if (!parseMicrobatches(options.microbatches, module, micro)) return kExitInputError;
-  plan::PipelineSchedule schedule = plan::PipelineSchedule::OneFOneB;
+namespace {
+
+/// The microbatch count and schedule options of a stage layout's plan, checked.
+bool pipelineSettings(const ir::Module& module, const PipelineOptions& options,
+                      Microbatching& micro, plan::PipelineSchedule& schedule, double& budget,
+                      std::optional<plan::Machine>& machine) {
+  if (!parseMicrobatches(options.microbatches, module, micro)) return false;
+  schedule = plan::PipelineSchedule::OneFOneB;
   if (options.pipelineSchedule == "gpipe")
     schedule = plan::PipelineSchedule::GPipe;
-  else if (options.pipelineSchedule != "1f1b") {
-    optionError("--pipeline-schedule must be gpipe or 1f1b, not '" + options.pipelineSchedule +
-                "'");
-    return kExitInputError;
-  }
-  llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
-  if (!machine) {
-    optionError(llvm::toString(machine.takeError()));
-    return kExitInputError;
-  }
-  double budget = machine->memoryBytes;
-  if (!options.memoryBudget.empty() && !parseByteSize(options.memoryBudget, budget))
-    return kExitInputError;
+  else if (options.pipelineSchedule != "1f1b")
+    return optionError("--pipeline-schedule must be gpipe or 1f1b, not '" +
+                       options.pipelineSchedule + "'");
+  llvm::Expected<plan::Machine> loaded = plan::loadMachine(options.machine);
+  if (!loaded) return optionError(llvm::toString(loaded.takeError()));
+  machine = std::move(*loaded);
+  budget = machine->memoryBytes;
+  return options.memoryBudget.empty() || parseByteSize(options.memoryBudget, budget);
+}
 
+PipelineChoice choiceOf(const Candidate& candidate, const std::vector<std::string>& recompute,
+                        double budget) {
+  const plan::PipelinePrediction& p = candidate.prediction;
+  return {candidate.microbatches, recompute, p.stepSeconds, p.peakMemoryBytes,
+          p.peakMemoryBytes <= budget};
+}
+
+/// The fastest candidate of `fn` that fits `budget`: every microbatch count asked for (`auto`:
+/// every divisor the stage's layout can split) and, for a train block without --recompute (and
+/// with `tryRecompute`), again with its repeated layer recomputed when the budget excluded the
+/// fastest count (recomputing adds a forward per layer, but may let fewer microbatches fit than
+/// without it, or any). `ok` is false after an error; nullopt with `ok` when none fits.
+/// `smallest`: the candidate with the least memory.
+std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::DimLayout& stage,
+                                          const PipelineOptions& options, const ir::Function& fn,
+                                          const Microbatching& micro,
+                                          plan::PipelineSchedule schedule,
+                                          const plan::Machine& machine, double budget,
+                                          bool tryRecompute, DiagEngine& diag, const char* argv0,
+                                          std::optional<PipelineChoice>& smallest, bool& ok) {
+  ok = true;
   // The microbatch counts to try: the one asked for, or (auto) every divisor of the dim.
   std::vector<int64_t> counts = {micro.dim.empty() ? 1 : micro.count};
   if (micro.count == 0) {
@@ -395,58 +417,99 @@ int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
     for (int64_t k = 1; k <= module.dims.at(micro.dim); ++k)
       if (module.dims.at(micro.dim) % k == 0) counts.push_back(k);
   }
+  std::optional<Candidate> best;
+  smallest.reset();
+  PipelineOptions given = options;
+  double fastest = std::numeric_limits<double>::infinity();
+  std::string layerDef =
+      fn.kind == ir::Function::Kind::Train && options.recompute.empty() && tryRecompute
+          ? train::repeatedLayerDef(fn)
+          : "";
+  for (bool retry : {false, true}) {
+    if (retry) {
+      if ((best && best->prediction.stepSeconds <= fastest) || layerDef.empty()) break;
+      given.recompute = {layerDef};
+    }
+    for (int64_t count : counts) {
+      // A searched count whose microbatch the stage's layout cannot split is skipped.
+      if (micro.count == 0) {
+        int64_t size = module.dims.at(micro.dim) / count, split = 1;
+        for (const ir::DimLayout& entry : module.layout)
+          if (entry.dim == micro.dim)
+            split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
+        if (size % split != 0) continue;
+      }
+      std::optional<Candidate> candidate =
+          evaluate(module, stage, given, fn, micro, count, schedule, machine, diag, argv0);
+      if (!candidate) {
+        ok = false;
+        return std::nullopt;
+      }
+      double memory = candidate->prediction.peakMemoryBytes;
+      if (!smallest || memory < smallest->memoryBytes)
+        smallest = choiceOf(*candidate, given.recompute, budget);
+      fastest = std::min(fastest, candidate->prediction.stepSeconds);
+      if (memory > budget) continue;
+      candidate->recompute = given.recompute;
+      candidate->recomputeChosen = retry;
+      if (!best || candidate->prediction.stepSeconds < best->prediction.stepSeconds)
+        best = std::move(candidate);
+    }
+  }
+  return best;
+}
+
+} // namespace
+
+bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
+                    const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
+                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice) {
+  Microbatching micro;
+  plan::PipelineSchedule schedule;
+  double budget = 0;
+  std::optional<plan::Machine> machine;
+  if (!pipelineSettings(module, options, micro, schedule, budget, machine)) return false;
+  bool ok = true;
+  std::optional<Candidate> best =
+      searchCandidates(module, stage, options, fn, micro, schedule, *machine, budget, tryRecompute,
+                       diag, argv0, choice, ok);
+  if (best) choice = choiceOf(*best, best->recompute, budget);
+  return ok;
+}
+
+int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
+                  const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
+                  llvm::raw_ostream& os, const plan::JointSearchReport* joint) {
+  Microbatching micro;
+  plan::PipelineSchedule schedule;
+  double budget = 0;
+  std::optional<plan::Machine> machine;
+  if (!pipelineSettings(module, options, micro, schedule, budget, machine)) return kExitInputError;
   if (json) os << "[\n";
   bool first = true;
   for (const ir::Function* fn : selected(module, options)) {
-    std::optional<Candidate> best;
-    double smallestMemory = std::numeric_limits<double>::infinity();
-    // Without --recompute, a train block is tried again with its repeated layer recomputed when
-    // the budget excluded the fastest count (recomputing adds a forward per layer, but may let
-    // fewer microbatches fit than without it, or any).
-    PipelineOptions given = options;
-    double fastest = std::numeric_limits<double>::infinity();
-    std::string layerDef = fn->kind == ir::Function::Kind::Train && options.recompute.empty()
-                               ? train::repeatedLayerDef(*fn)
-                               : "";
-    for (bool retry : {false, true}) {
-      if (retry) {
-        if ((best && best->prediction.stepSeconds <= fastest) || layerDef.empty()) break;
-        given.recompute = {layerDef};
-      }
-      for (int64_t count : counts) {
-        // A searched count whose microbatch the stage's layout cannot split is skipped.
-        if (micro.count == 0) {
-          int64_t size = module.dims.at(micro.dim) / count, split = 1;
-          for (const ir::DimLayout& entry : module.layout)
-            if (entry.dim == micro.dim)
-              split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
-          if (size % split != 0) continue;
-        }
-        std::optional<Candidate> candidate =
-            evaluate(module, stage, given, *fn, micro, count, schedule, *machine, diag, argv0);
-        if (!candidate) return kExitInputError;
-        double memory = candidate->prediction.peakMemoryBytes;
-        smallestMemory = std::min(smallestMemory, memory);
-        fastest = std::min(fastest, candidate->prediction.stepSeconds);
-        if (memory > budget) continue;
-        candidate->recompute = given.recompute;
-        candidate->recomputeChosen = retry;
-        if (!best || candidate->prediction.stepSeconds < best->prediction.stepSeconds)
-          best = std::move(candidate);
-      }
-    }
+    std::optional<PipelineChoice> smallest;
+    bool ok = true;
+    std::optional<Candidate> best =
+        searchCandidates(module, stage, options, *fn, micro, schedule, *machine, budget,
+                         /*tryRecompute=*/true, diag, argv0, smallest, ok);
+    if (!ok) return kExitInputError;
     if (!best) {
       diag.report(fn->loc.loc, Diag::ErrPipelineOverBudget,
                   fn->kind == ir::Function::Kind::Train ? "train block" : "program", fn->name,
-                  plan::bytesString(budget), plan::bytesString(smallestMemory));
+                  plan::bytesString(budget),
+                  plan::bytesString(smallest ? smallest->memoryBytes
+                                             : std::numeric_limits<double>::infinity()));
       return kExitInputError;
     }
     if (!first) os << (json ? ",\n" : "\n");
     first = false;
-    if (json)
-      printJson(*fn, stage, *best, schedule, os);
-    else
+    if (json) {
+      printJson(*fn, stage, *best, schedule, joint, os);
+    } else {
       printText(*fn, module, stage, micro, *best, schedule, *machine, budget, os);
+      if (joint) plan::printJointSearch(*joint, os);
+    }
   }
   if (json) os << "\n]\n";
   return kExitOk;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "driver/Pipeline.h"
+#include "planner/JointSearchReport.h"
 
 namespace meshc {
 
@@ -17,9 +18,27 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
                                    DiagEngine& diag, bool& ok);
 
 /// --emit=plan (or plan-json with `json`) of every selected function of a module whose layout
-/// asks for stages. Returns the exit status.
+/// asks for stages; `joint` (when given) is the joint search that chose the stages, reported
+/// with the plan. Returns the exit status.
 int planPipelines(const ir::Module& module, const ir::DimLayout& stageLayout,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
-                  llvm::raw_ostream& os);
+                  llvm::raw_ostream& os, const plan::JointSearchReport* joint = nullptr);
+
+/// A pipeline planPipelines considers for a function: its microbatch count, recomputed defs,
+/// predicted step, memory at the fullest stage, and whether that fits the budget.
+struct PipelineChoice {
+  int64_t microbatches = 1;
+  std::vector<std::string> recompute;
+  double stepSeconds = 0, memoryBytes = 0;
+  bool fits = false;
+};
+
+/// planPipelines' search for `fn` without the report (for the joint search, JointSearch.h):
+/// `choice` is the fastest pipeline that fits the budget, else the one that needs the least
+/// memory (nullopt: none was planned); the repeated layer is recomputed only with
+/// `tryRecompute`. False after an error reported through `diag`.
+bool searchPipeline(const ir::Module& module, const ir::DimLayout& stageLayout,
+                    const PipelineOptions& options, const ir::Function& fn, bool tryRecompute,
+                    DiagEngine& diag, const char* argv0, std::optional<PipelineChoice>& choice);
 
 } // namespace meshc

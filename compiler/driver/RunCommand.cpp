@@ -22,6 +22,7 @@
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
+#include <llvm/Support/Process.h>
 #include <llvm/Support/Program.h>
 #include <llvm/Support/WithColor.h>
 #include <llvm/Support/xxhash.h>
@@ -61,8 +62,10 @@ cl::opt<std::string> runZero("zero",
                              cl::value_desc("stage"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runMemoryBudget(
     "memory-budget",
-    cl::desc("Memory per device the plan must fit (e.g. 16GiB; default: the machine's); a train "
-             "block no layout fits alone gets the joint search's recompute, microbatches and ZeRO"),
+    cl::desc(
+        "Memory per device the plan must fit (e.g. 16GiB; default: the machine's); a train "
+        "block no layout fits alone gets the joint search's stages, recompute, microbatches and "
+        "ZeRO"),
     cl::value_desc("bytes"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::list<std::string> runDims("dim", cl::desc("Set the size of a declared dim (repeatable)"),
                               cl::value_desc("name=size"), cl::sub(runSubcommand),
@@ -453,6 +456,9 @@ int runCommand(const char* argv0) {
     run.insert(run.begin(), mpirun.begin(), mpirun.end());
     env.push_back("MESHRT_BACKEND=mpi");
   }
+  // OpenMP's threads wait by sleeping unless the user says otherwise (docs/tool.md): spinning
+  // ones take the cores the rank threads need. The runner would set it itself and start again.
+  if (!llvm::sys::Process::GetEnv("OMP_WAIT_POLICY")) env.push_back("OMP_WAIT_POLICY=passive");
   bool perProcess = runBackend == Backend::Mpi || runProcesses;
   if (runProcesses) {
     // The CUDA runner launches through MPI when told (meshrt::nccl::NcclOptions::fromArgs).

@@ -9,6 +9,11 @@ namespace meshc::plan {
 
 std::string jointChoiceText(const JointCandidate& c, const std::string& microbatchDim) {
   std::vector<std::string> parts;
+  if (c.stages > 1)
+    parts.push_back(c.stageAxis == c.splitAxis
+                        ? fmt::format("{} pipeline stages over '{}'", c.stages, c.stageAxis)
+                        : fmt::format("{} pipeline stages over '{}' (split off '{}')", c.stages,
+                                      c.stageAxis, c.splitAxis));
   if (!c.recompute.empty()) parts.push_back("recompute " + c.recompute);
   if (c.microbatches > 1)
     parts.push_back(fmt::format("{} microbatches of {}", c.microbatches, microbatchDim));
@@ -18,17 +23,21 @@ std::string jointChoiceText(const JointCandidate& c, const std::string& microbat
 }
 
 void printJointSearch(const JointSearchReport& report, llvm::raw_ostream& os) {
-  os << fmt::format("\njoint search (no layout fits the budget of {} alone{}): recompute, "
-                    "microbatches and ZeRO together\n",
+  os << fmt::format("\njoint search (no layout fits the budget of {} alone{}): pipeline "
+                    "stages, recompute, microbatches and ZeRO together\n",
                     bytesString(report.budgetBytes),
                     report.plainMemoryBytes > 0 ? fmt::format("; the fastest layout needs {}",
                                                               bytesString(report.plainMemoryBytes))
                                                 : "");
-  os << fmt::format("  {:<18} {:>12} {:>4} {:>13} {:>11}\n", "recompute", "microbatches", "zero",
-                    "step", "memory");
+  os << fmt::format("  {:<14} {:<18} {:>12} {:>4} {:>13} {:>11}\n", "stages", "recompute",
+                    "microbatches", "zero", "step", "memory");
   for (size_t i = 0; i < report.considered.size(); ++i) {
     const JointCandidate& c = report.considered[i];
-    os << fmt::format("  {:<18} {:>12} {:>4} {:>13} {:>11}  {}\n",
+    os << fmt::format("  {:<14} {:<18} {:>12} {:>4} {:>13} {:>11}  {}\n",
+                      c.stages == 1 ? "-"
+                      : c.stageAxis == c.splitAxis
+                          ? fmt::format("{} over {}", c.stages, c.stageAxis)
+                          : fmt::format("{} off {}", c.stages, c.splitAxis),
                       c.recompute.empty() ? "-" : c.recompute, c.microbatches, c.zeroStage,
                       secondsString(c.stepSeconds), bytesString(c.memoryBytes),
                       int(i) == report.chosen ? "chosen"

@@ -1,6 +1,6 @@
-// What the joint search of a train block under a memory budget considered and chose (recompute,
-// microbatches, ZeRO stage; driver/JointSearch.h does the search): a section of --emit=plan and
-// the `jointSearch` object of plan-json. docs/planner.md, "Joint search".
+// What the joint search of a train block under a memory budget considered and chose (pipeline
+// stages, recompute, microbatches, ZeRO stage; driver/JointSearch.h does the search): a section of
+// --emit=plan and the `jointSearch` object of plan-json. docs/planner.md, "Joint search".
 #pragma once
 
 #include <llvm/Support/raw_ostream.h>
@@ -14,6 +14,12 @@ namespace meshc::plan {
 /// One combination planned: its layout was searched for it (the fastest that fits without ZeRO,
 /// or with a ZeRO stage the fastest regardless of memory).
 struct JointCandidate {
+  /// Pipeline stages over a mesh axis (1: none): `stages` consecutive groups of the repeated
+  /// layers over `stageAxis`, which is the mesh axis `splitAxis` when they are the same size,
+  /// else a new axis split off it (splitAxis = stage x the rest); 1F1B or GPipe as
+  /// --pipeline-schedule says.
+  int64_t stages = 1;
+  std::string stageAxis, splitAxis;
   std::string recompute;    // the def whose calls are recomputed ("" none)
   int64_t microbatches = 1; // per step, along JointSearchReport::microbatchDim
   int zeroStage = 0;

@@ -54,7 +54,9 @@ class Merger {
 public:
   Merger(SpmdFunction& fn, const Machine& machine) : fn_(fn), machine_(machine) {}
 
-  double run() {
+  /// Schedules the merges; with `rewriteOps`, rewrites the function's ops as scheduled, else
+  /// leaves them (the saving is the same: the caller wants only the summary).
+  double run(bool rewriteOps) {
     buildUnits();
     for (size_t u = 0; u < units_.size(); ++u) {
       if (state_[u] != State::Unplaced) continue;
@@ -74,7 +76,7 @@ public:
     }
     for (int& open : openGroup_)
       if (open >= 0) close(open);
-    return rewrite();
+    return rewriteOps ? rewrite() : savings();
   }
 
 private:
@@ -197,12 +199,36 @@ private:
     return true;
   }
 
-  SpmdOp mergedOp(const Group& group, double& saved) const {
-    if (group.members.size() == 1) return fn_.ops[units_[group.members.front()].first];
-    // The merged op keeps the source, phase and operand order of its largest member.
+  /// The member of a group whose source, phase and operand order the merged op keeps.
+  size_t largestMember(const Group& group) const {
     size_t largest = group.members.front();
     for (size_t member : group.members)
       if (units_[member].bytes > units_[largest].bytes) largest = member;
+    return largest;
+  }
+
+  /// What rewrite() saves, summed in the same order (the same bits), without the ops.
+  double savings() const {
+    double saved = 0;
+    for (size_t index : closed_) {
+      const Group& group = groups_[index];
+      if (group.members.size() == 1) continue;
+      size_t largest = largestMember(group);
+      saved += fn_.ops[units_[largest].first].seconds;
+      for (size_t member : group.members)
+        if (member != largest) saved += fn_.ops[units_[member].first].seconds;
+      Collective merged = fn_.ops[units_[largest].first].collective;
+      merged.kind = CollectiveKind::BucketedAllReduceSum;
+      merged.bytes = group.bytes;
+      saved -= collectiveSeconds(machine_, fn_.mesh, merged);
+    }
+    return saved;
+  }
+
+  SpmdOp mergedOp(const Group& group, double& saved) const {
+    if (group.members.size() == 1) return fn_.ops[units_[group.members.front()].first];
+    // The merged op keeps the source, phase and operand order of its largest member.
+    size_t largest = largestMember(group);
     SpmdOp op = fn_.ops[units_[largest].first];
     op.collective.kind = CollectiveKind::BucketedAllReduceSum;
     op.collective.bytes = group.bytes;
@@ -277,8 +303,10 @@ private:
 
 } // namespace
 
-double mergeAllReduces(SpmdFunction& fn, const Machine& machine) {
-  double saved = Merger(fn, machine).run();
+namespace {
+
+/// The summary less what merging saves.
+double applySaving(SpmdFunction& fn, double saved) {
   PlanSummary& summary = fn.summary;
   if (saved != 0 && summary.stepSeconds > saved) {
     double before = summary.stepSeconds;
@@ -287,6 +315,16 @@ double mergeAllReduces(SpmdFunction& fn, const Machine& machine) {
     summary.utilization *= before / summary.stepSeconds;
   }
   return saved;
+}
+
+} // namespace
+
+double mergeAllReduces(SpmdFunction& fn, const Machine& machine) {
+  return applySaving(fn, Merger(fn, machine).run(/*rewriteOps=*/true));
+}
+
+double mergedSummary(SpmdFunction& fn, const Machine& machine) {
+  return applySaving(fn, Merger(fn, machine).run(/*rewriteOps=*/false));
 }
 
 } // namespace meshc::plan

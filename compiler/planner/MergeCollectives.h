@@ -13,4 +13,8 @@ namespace meshc::plan {
 /// later member needs up when that makes the merge possible. Returns the predicted seconds saved.
 double mergeAllReduces(SpmdFunction& fn, const Machine& machine);
 
+/// mergeAllReduces' summary (and saving) without rewriting the ops: what a layout search needs
+/// of a candidate's merge.
+double mergedSummary(SpmdFunction& fn, const Machine& machine);
+
 } // namespace meshc::plan

@@ -227,7 +227,43 @@ size_t localSlicesOf(const SpmdFunction& fn, std::optional<Phase> phase) {
   }));
 }
 
+/// The attributes of plan-json's `jointSearch` object.
+void jointSearchAttributes(const JointSearchReport& joint, llvm::json::OStream& json) {
+  auto candidate = [&](const JointCandidate& c) {
+    json.attribute("stages", c.stages);
+    json.attribute("stageAxis", c.stageAxis);
+    json.attribute("splitAxis", c.splitAxis);
+    json.attribute("recompute", c.recompute);
+    json.attribute("microbatches", c.microbatches);
+    json.attribute("zeroStage", static_cast<int64_t>(c.zeroStage));
+    json.attribute("stepSeconds", c.stepSeconds);
+    json.attribute("memoryBytes", c.memoryBytes);
+    json.attribute("fits", c.fits);
+  };
+  json.attribute("budgetBytes", joint.budgetBytes);
+  json.attribute("plainMemoryBytes", joint.plainMemoryBytes);
+  json.attribute("microbatchDim", joint.microbatchDim);
+  json.attributeArray("considered", [&] {
+    for (const JointCandidate& c : joint.considered)
+      json.object([&] { candidate(c); });
+  });
+  if (joint.chosen >= 0)
+    json.attributeObject("chosen", [&] { candidate(joint.considered[size_t(joint.chosen)]); });
+  json.attributeArray("notTried", [&] {
+    for (const std::string& line : joint.notTried)
+      json.value(line);
+  });
+}
+
 } // namespace
+
+std::string jointSearchJson(const JointSearchReport& report) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  llvm::json::OStream json(os);
+  json.object([&] { jointSearchAttributes(report, json); });
+  return os.str();
+}
 
 std::string bytesString(double bytes) {
   if (!std::isfinite(bytes)) return "unbounded";
@@ -522,33 +558,8 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
         json.attribute("count", fn.microbatching.count);
         json.attribute("accumulatorBytes", fn.microbatching.accumulatorBytes);
       });
-    if (plan.joint) {
-      const JointSearchReport& joint = *plan.joint;
-      auto candidate = [&](const JointCandidate& c) {
-        json.attribute("recompute", c.recompute);
-        json.attribute("microbatches", c.microbatches);
-        json.attribute("zeroStage", static_cast<int64_t>(c.zeroStage));
-        json.attribute("stepSeconds", c.stepSeconds);
-        json.attribute("memoryBytes", c.memoryBytes);
-        json.attribute("fits", c.fits);
-      };
-      json.attributeObject("jointSearch", [&] {
-        json.attribute("budgetBytes", joint.budgetBytes);
-        json.attribute("plainMemoryBytes", joint.plainMemoryBytes);
-        json.attribute("microbatchDim", joint.microbatchDim);
-        json.attributeArray("considered", [&] {
-          for (const JointCandidate& c : joint.considered)
-            json.object([&] { candidate(c); });
-        });
-        if (joint.chosen >= 0)
-          json.attributeObject("chosen",
-                               [&] { candidate(joint.considered[size_t(joint.chosen)]); });
-        json.attributeArray("notTried", [&] {
-          for (const std::string& line : joint.notTried)
-            json.value(line);
-        });
-      });
-    }
+    if (plan.joint)
+      json.attributeObject("jointSearch", [&] { jointSearchAttributes(*plan.joint, json); });
     json.attributeObject("summary", [&] {
       json.attribute("stepSeconds", fn.summary.stepSeconds);
       json.attribute("computeSeconds", fn.summary.computeSeconds);

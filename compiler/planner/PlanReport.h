@@ -31,6 +31,10 @@ struct PlannedFunction {
 
 void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_ostream& os);
 void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::raw_ostream& os);
+
+/// plan-json's `jointSearch` object on its own, as text (the pipeline report writes its JSON by
+/// hand).
+std::string jointSearchJson(const JointSearchReport& report);
 void printSpmd(const SpmdFunction& fn, llvm::raw_ostream& os);
 void printDot(const SpmdFunction& fn, llvm::raw_ostream& os);
 

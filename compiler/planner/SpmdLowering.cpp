@@ -1147,9 +1147,13 @@ private:
 
   int internType(const ir::TensorType& type) {
     std::string key = ir::dtypeName(type.dtype);
-    for (const ir::Dim& dim : type.dims)
-      key += fmt::format(",{}={}", dim.name, dim.size);
-    auto [it, inserted] = typeIdOf_.try_emplace(key, static_cast<int>(typeIdOf_.size()));
+    for (const ir::Dim& dim : type.dims) {
+      key += ',';
+      key += dim.name;
+      key += '=';
+      key += std::to_string(dim.size);
+    }
+    auto [it, inserted] = typeIdOf_.try_emplace(std::move(key), static_cast<int>(typeIdOf_.size()));
     return it->second;
   }
 
@@ -1171,10 +1175,14 @@ private:
       else if (const auto* number = std::get_if<double>(&value))
         key += fmt::format("{}", *number);
     }
-    for (ir::ValueId operand : op.operands)
-      key += fmt::format("|t{}", typeIds_[operand]);
-    key += fmt::format("|r{}", typeIds_[op.result]);
-    auto [it, inserted] = staticIdOf_.try_emplace(key, static_cast<int>(staticIdOf_.size()));
+    for (ir::ValueId operand : op.operands) {
+      key += "|t";
+      key += std::to_string(typeIds_[operand]);
+    }
+    key += "|r";
+    key += std::to_string(typeIds_[op.result]);
+    auto [it, inserted] =
+        staticIdOf_.try_emplace(std::move(key), static_cast<int>(staticIdOf_.size()));
     return it->second;
   }
 
@@ -1233,11 +1241,11 @@ private:
   }
 
   std::vector<int> typeIds_;
-  std::map<std::string, int> typeIdOf_;
-  std::map<std::string, int> staticIdOf_;
+  std::unordered_map<std::string, int> typeIdOf_;
+  std::unordered_map<std::string, int> staticIdOf_;
   std::vector<int> staticIds_;
   std::vector<LoopRole> loopRoles_; // per op (LoopNests.h)
-  std::map<std::string, int> dimIndex_;
+  std::unordered_map<std::string, int> dimIndex_;
   std::vector<std::string> dimNames_;
   std::vector<int64_t> dimSizes_;
   std::vector<int64_t> maxSplit_;
@@ -1783,7 +1791,7 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
   result = run(layout, &scratch);
   describe_ = true;
   scratch.summary = result.summary;
-  mergeAllReduces(scratch, machine_);
+  mergedSummary(scratch, machine_);
   result.summary = scratch.summary;
   return result;
 }

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 namespace meshc::plan {
 
@@ -104,13 +106,28 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
   std::set<size_t> updated;
   for (const ir::ParamUpdate& update : fn_.updates)
     updated.insert(update.param);
+  // The values named `grad/<path>`, in order, and the optimizer states of each path (theirs
+  // start with `<path>@`), found in one pass each rather than once per weight (a 96-layer block
+  // has over a thousand weights and a hundred thousand values).
+  std::unordered_map<std::string_view, std::vector<ValueId>> gradientsNamed;
+  for (ValueId v = 0; v < fn_.values.size(); ++v)
+    if (std::string_view name = fn_.values[v].name; name.rfind("grad/", 0) == 0)
+      gradientsNamed[name.substr(5)].push_back(v);
+  std::unordered_map<std::string_view, std::vector<size_t>> statesOf;
+  for (size_t s = 0; s < fn_.params.size(); ++s) {
+    if (fn_.params[s].role != ir::ParamRole::OptimizerState) continue;
+    std::string_view path = fn_.params[s].path;
+    for (size_t at = path.find('@'); at != std::string_view::npos; at = path.find('@', at + 1))
+      statesOf[path.substr(0, at)].push_back(s);
+  }
   for (size_t p = 0; p < fn_.params.size(); ++p) {
     const ir::ParamInfo& param = fn_.params[p];
     if (param.role != ir::ParamRole::Weight || !param.trainable || !updated.count(p)) continue;
     ZeroWeight weight{param.path, "", {}, ""};
-    std::optional<ValueId> gradient;
-    for (ValueId v = 0; v < fn_.values.size(); ++v)
-      if (fn_.values[v].name == "grad/" + param.path && fn_.typeOf(v) == param.type) gradient = v;
+    std::optional<ValueId> gradient; // the last value of the name and the param's type
+    if (auto named = gradientsNamed.find(param.path); named != gradientsNamed.end())
+      for (ValueId v : named->second)
+        if (fn_.typeOf(v) == param.type) gradient = v;
     weight.axes = dataParallelAxes(fn_, param.value, mesh_, layout_);
     int64_t shards = splitFactor(mesh_, weight.axes);
     if (!gradient) {
@@ -137,11 +154,9 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
       out.layout.axes[name.zero] = axes;
       paramShard_[p] = name;
       gradientOf_[*gradient] = name;
-      for (size_t s = 0; s < fn_.params.size(); ++s)
-        if (fn_.params[s].role == ir::ParamRole::OptimizerState &&
-            fn_.params[s].path.rfind(param.path + "@", 0) == 0 &&
-            fn_.params[s].type.hasDim(weight.dim))
-          paramShard_[s] = name;
+      if (auto states = statesOf.find(param.path); states != statesOf.end())
+        for (size_t s : states->second)
+          if (fn_.params[s].type.hasDim(weight.dim)) paramShard_[s] = name;
     }
     out.report.weights.push_back(std::move(weight));
   }

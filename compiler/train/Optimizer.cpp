@@ -8,6 +8,8 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
+#include <tuple>
 
 namespace meshc::train {
 namespace {
@@ -18,8 +20,9 @@ using ir::ValueId;
 
 class OptimizerLowering {
 public:
-  OptimizerLowering(ir::Function& fn, const Gradients& gradients)
-      : fn(fn), gradients(gradients), b(fn, fn.train->loc) {}
+  OptimizerLowering(ir::Function& fn, const Gradients& gradients,
+                    const std::set<std::string>& splitDims)
+      : fn(fn), gradients(gradients), splitDims(splitDims), b(fn, fn.train->loc) {}
 
   void run();
 
@@ -46,6 +49,9 @@ private:
   ValueId sgd(size_t w, ValueId weight, ValueId g, ValueId lr);
   ValueId adamw(size_t w, ValueId weight, ValueId g, ValueId lr, ValueId t);
   ValueId adafactor(size_t w, ValueId weight, ValueId g, ValueId lr, ValueId t);
+  /// mean(u^2) of Adafactor's factored update u = g rsqrt(vr / rowMean) rsqrt(vc) (see there).
+  ValueId factoredMeanSquare(ValueId g, ValueId vr, ValueId vc, ValueId rowMean,
+                             const std::string& rowDim, const std::string& colDim);
 
   /// 1 - beta^t, computed once per train step (f32 scalar), shared by every weight.
   ValueId biasCorrection(double beta, ValueId t) {
@@ -56,6 +62,7 @@ private:
 
   ir::Function& fn;
   const Gradients& gradients;
+  const std::set<std::string>& splitDims;
   OpBuilder b;
   std::map<double, ValueId> corrections;
   std::optional<ValueId> adafactorBeta2;
@@ -184,6 +191,7 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
   ValueId beta2 = *adafactorBeta2;
   ValueId squared = b.add(b.unary(OpKind::Square, g), eps1);
   ValueId u = 0;
+  std::optional<ValueId> meanSquare; // mean(u^2), for the clipping
   size_t rank = weightType.dims.size();
   if (rank >= 2) {
     std::string rowDim = weightType.dims[rank - 2].name, colDim = weightType.dims[rank - 1].name;
@@ -198,9 +206,11 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
     ValueId nextVc = movingAverage(vc, b.reduce(OpKind::ReduceMean, squared, {rowDim}), beta2);
     update(vrSlot, nextVr);
     update(vcSlot, nextVc);
-    ValueId rowFactor =
-        b.unary(OpKind::Rsqrt, b.div(nextVr, b.reduce(OpKind::ReduceMean, nextVr, {rowDim})));
+    ValueId rowMean = b.reduce(OpKind::ReduceMean, nextVr, {rowDim});
+    ValueId rowFactor = b.unary(OpKind::Rsqrt, b.div(nextVr, rowMean));
     u = b.mul(b.mul(g, rowFactor), b.unary(OpKind::Rsqrt, nextVc));
+    if (clipThreshold > 0)
+      meanSquare = factoredMeanSquare(g, nextVr, nextVc, rowMean, rowDim, colDim);
   } else {
     ValueId v = addState(w, "v", weightType);
     size_t vSlot = fn.params.size() - 1;
@@ -208,9 +218,11 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
     update(vSlot, nextV);
     u = b.mul(g, b.unary(OpKind::Rsqrt, nextV));
   }
-  if (clipThreshold > 0) // u / max(1, RMS(u) / d)
-    u = b.div(u, b.binary(OpKind::Maximum, b.mul(rms(u), 1.0 / clipThreshold),
+  if (clipThreshold > 0) { // u / max(1, RMS(u) / d)
+    ValueId rmsU = meanSquare ? b.unary(OpKind::Sqrt, *meanSquare) : rms(u);
+    u = b.div(u, b.binary(OpKind::Maximum, b.mul(rmsU, 1.0 / clipThreshold),
                           b.literal(1, weightType.dtype)));
+  }
   ValueId scale =
       b.mul(b.binary(OpKind::Maximum, rms(weight), b.literal(eps2, weightType.dtype)), lr);
   ValueId subtrahend = b.mul(u, scale);
@@ -221,6 +233,21 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
     update(mSlot, subtrahend);
   }
   return b.sub(weight, subtrahend);
+}
+
+/// mean(u^2) = mean(g^2 rowMean / (vr vc)), the value of squaring u, summed in another order:
+/// first over the factored dim that the module's layout splits (C unless only R is pinned to
+/// axes), divided by the statistic that keeps that dim (vc for C, vr for R), which each rank
+/// has whole: it is a mean over the other factored dim. That sum's partial sums over the split
+/// dim's axes depend on the gradient alone, so they resolve in the same all-reduce as the
+/// statistics (vr, or vc and rowMean) instead of in a second round after them; the rest is local.
+ValueId OptimizerLowering::factoredMeanSquare(ValueId g, ValueId vr, ValueId vc, ValueId rowMean,
+                                              const std::string& rowDim,
+                                              const std::string& colDim) {
+  bool rowsFirst = splitDims.count(rowDim) && !splitDims.count(colDim);
+  auto [first, local, other] = rowsFirst ? std::tuple(rowDim, vr, vc) : std::tuple(colDim, vc, vr);
+  ValueId inner = b.reduce(OpKind::ReduceMean, b.div(b.unary(OpKind::Square, g), local), {first});
+  return b.meanAll(b.mul(inner, b.div(rowMean, other)));
 }
 
 void OptimizerLowering::run() {
@@ -244,19 +271,27 @@ void OptimizerLowering::run() {
 
 } // namespace
 
-void lowerOptimizer(ir::Function& fn, const Gradients& gradients) {
+void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
+                    const std::set<std::string>& splitDims) {
   if (!fn.train) return;
-  OptimizerLowering(fn, gradients).run();
+  OptimizerLowering(fn, gradients, splitDims).run();
 }
 
-bool lowerTraining(ir::Function& fn, DiagEngine& diag) {
+bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims) {
   if (fn.kind != ir::Function::Kind::Train || !fn.train || ir::hasOptimizerUpdates(fn)) return true;
   size_t forwardOps = fn.ops.size();
   std::optional<Gradients> gradients = differentiate(fn, diag);
   if (!gradients) return false;
-  lowerOptimizer(fn, *gradients);
+  lowerOptimizer(fn, *gradients, splitDims);
   recomputeActivations(fn, forwardOps);
   return true;
+}
+
+std::set<std::string> pinnedDims(const ir::Module& module) {
+  std::set<std::string> dims;
+  for (const ir::DimLayout& entry : module.layout)
+    if (!entry.isAuto && !entry.axes.empty()) dims.insert(entry.dim);
+  return dims;
 }
 
 } // namespace meshc::train

@@ -560,7 +560,9 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
   WorldState& world = run->world;
   std::vector<std::thread> threads;
   threads.reserve(mesh.size());
-  auto runRank = [run](int worldRank) {
+  std::vector<int> cores = rankCores(mesh.size());
+  auto runRank = [run, cores](int worldRank) {
+    keepToCore(cores[size_t(worldRank)]);
     try {
       ThreadsComm comm(run->world, worldRank);
       run->program(comm);

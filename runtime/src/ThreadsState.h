@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <map>
@@ -59,6 +60,36 @@ inline int usableCores() {
   cpu_set_t cpus;
   if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
   return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// With more ranks than usable cores, the core each world rank's thread keeps to, or -1 (no
+/// more ranks than cores, or MESHRT_PIN_RANKS=0): the ranks in consecutive blocks, so that ranks
+/// that differ only in the innermost mesh axes (the tensor-parallel groups, which communicate
+/// most) share a core. Two ranks of one group on two cores, each shared with a rank of another
+/// group, leave a core idle whenever both of its ranks wait for peers on the other one; on one
+/// core, a rank that waits hands the core to the peer it waits for.
+inline std::vector<int> rankCores(int ranks) {
+  cpu_set_t cpus;
+  const char* pin = std::getenv("MESHRT_PIN_RANKS");
+  if ((pin && std::string(pin) == "0") || sched_getaffinity(0, sizeof(cpus), &cpus) != 0)
+    return std::vector<int>(size_t(ranks), -1);
+  std::vector<int> usable;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &cpus)) usable.push_back(cpu);
+  std::vector<int> cores(size_t(ranks), -1);
+  if (int(usable.size()) >= ranks) return cores;
+  for (int rank = 0; rank < ranks; ++rank)
+    cores[size_t(rank)] = usable[size_t(int64_t(rank) * int64_t(usable.size()) / ranks)];
+  return cores;
+}
+
+/// Keeps the calling thread on `core` (nothing for -1).
+inline void keepToCore(int core) {
+  if (core < 0) return;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  CPU_SET(core, &cpus);
+  sched_setaffinity(0, sizeof(cpus), &cpus); // best effort: a failure leaves the thread free
 }
 
 /// One rank's call, as published to its peers: the record every rank checks, and the buffers.
@@ -153,11 +184,12 @@ public:
       : mesh(std::move(worldMesh)), timeout(waitLimit),
         exited(std::make_unique<std::atomic<bool>[]>(mesh.size())),
         waiting_(std::make_unique<WaitSlot[]>(size_t(mesh.size()))) {
-    // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
-    // hand the core over almost at once instead (measured by bench/collectives.sh).
+    // With more ranks than cores, a spinning or yielding rank takes the core from the peer it
+    // waits for, which keeps to the same core (rankCores): sleep almost at once instead
+    // (bench/README.md, "lm forward on 4 thread ranks": 200 yields cost 7-13% of the step).
     bool oversubscribed = mesh.size() > usableCores();
     spins = oversubscribed ? 4 : 200;
-    yields = oversubscribed ? 200 : 50;
+    yields = oversubscribed ? 0 : 50;
   }
 
   /// The group over world axes `axes` (in that order) that holds `worldRank`.

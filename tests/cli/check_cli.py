@@ -185,7 +185,7 @@ def recompute():
     fit = meshc(TRANSFORMER, "--emit=plan", *sizes, "--layout", "auto", "--memory-budget", "12MiB")
     expect(fit.returncode == 0 and "no layout of train block 'lm_train' fits the memory budget of "
            "12.0 MiB alone: planned with" in fit.stderr and
-           re.search(r"\n  decoder_layer +1 +0 .* (over|fits)\n", fit.stdout),
+           re.search(r"\n  - +decoder_layer +1 +0 .* (over|fits)\n", fit.stdout),
            "a memory budget no layout meets alone: recomputation is among the combinations", fit)
     ir = meshc(MLP, "--emit=train-ir", "--recompute", "ffn")
     expect(ir.returncode == 0 and 'recompute = "ffn"' in ir.stdout, "the copies in the IR", ir)
@@ -266,6 +266,39 @@ def run_check():
                             "mlp", "--no-plan", "--seed", "3", cache=cache)
         expect(other.returncode == 0 and "4 ranks" in other.stdout and
                "(cached)" not in other.stdout, "another mesh builds anew", other)
+
+
+def run_omp_wait_policy():
+    """OpenMP waits by sleeping in what `meshc run` runs and in the generated runner started by
+    hand (it sets OMP_WAIT_POLICY=passive and starts itself again), unless the user set the
+    variable. libgomp says what it uses with OMP_DISPLAY_ENV=verbose: a spin count of 0 is
+    passive; its default (unset) spins 300000 times, `active` far longer."""
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    base["OMP_DISPLAY_ENV"] = "verbose"
+    spins = lambda text: re.findall(r"GOMP_SPINCOUNT = '(\d+)'", text)
+    with tempfile.TemporaryDirectory() as cache:
+        args = [MESHC, "run", MLP, "--mesh", "data=2", "--layout", "batch:data", "--function",
+                "mlp", "--no-plan", "--cache-dir", cache, "--opt=-O0"]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=base)
+        expect(proc.returncode == 0, "meshc run succeeds", proc)
+        expect(spins(proc.stderr) == ["0"], "meshc run: the program's OpenMP waits passively",
+               proc)
+        binary = next(os.path.join(top, name) for top, _, names in os.walk(cache)
+                      for name in names if name.endswith(".bin"))
+        out = os.path.join(cache, "outputs")
+        alone = subprocess.run([binary, out], capture_output=True, text=True, timeout=600,
+                               env=base)
+        expect(alone.returncode == 0 and spins(alone.stderr)[-1:] == ["0"],
+               "the runner started by hand restarts itself with passive waits", alone)
+        expect(len(spins(alone.stderr)) == 2 and spins(alone.stderr)[0] != "0",
+               "it restarted once, from OpenMP's spinning default", alone)
+        active = dict(base, OMP_WAIT_POLICY="active")
+        for command in [args, [binary, out]]:
+            user = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                                  env=active)
+            expect(user.returncode == 0 and len(spins(user.stderr)) == 1 and
+                   int(spins(user.stderr)[0]) > 300000,
+                   f"{os.path.basename(command[0])}: the user's OMP_WAIT_POLICY is kept", user)
 
 
 def run_check_path_dtypes():
@@ -570,7 +603,7 @@ def calibrate_nccl():
 CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
-                                 depfile_user_headers, run_check, run_check_path_dtypes,
+                                 depfile_user_headers, run_check, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
                                  run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each, recompute]}
 

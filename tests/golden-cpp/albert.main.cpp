@@ -38,6 +38,7 @@ void report(const char *what, int ranks, const char *backend, std::vector<double
 }
 
 int main(int argc, char **argv) {
+  meshc::gen::usePassiveOpenMPWaits(argv);
   std::vector<Result> results;
   bool lead = true;
   std::vector<std::string> positional;

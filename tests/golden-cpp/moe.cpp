@@ -929,7 +929,7 @@ void MoeTrain::computeInvariants() {
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe_train");
-  // Arena: 394816 bytes for 1197128 bytes of temporaries (placed by liveness).
+  // Arena: 394816 bytes for 1134664 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
@@ -998,35 +998,35 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // 6 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v393 = arena_.view(0, 64);
+  support::View v397 = arena_.view(0, 64);
   support::View v30(param4_experts_ffn_0_w_in); // updated in place
-  support::View v429 = arena_.view(0, 4096);
+  support::View v437 = arena_.view(0, 4096);
   support::View v31(param5_experts_ffn_0_w_out); // updated in place
-  support::View v465 = arena_.view(0, 4096);
-  support::View v394 = arena_.view(394368, 1);
-  support::View v430 = arena_.view(394432, 1);
-  support::View v466 = arena_.view(394496, 1);
-  repeated9(v10, v393, v394, v30, v429, v430, v31, v465, v466);
+  support::View v477 = arena_.view(0, 4096);
+  support::View v398 = arena_.view(394368, 1);
+  support::View v438 = arena_.view(394432, 1);
+  support::View v478 = arena_.view(394496, 1);
+  repeated8(v10, v397, v398, v30, v437, v438, v31, v477, v478);
 
   // 6 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v93(param8_route_1_w_gate); // updated in place
-  support::View v548 = arena_.view(0, 64);
+  support::View v564 = arena_.view(0, 64);
   support::View v113(param9_experts_ffn_1_w_in); // updated in place
-  support::View v584 = arena_.view(0, 4096);
+  support::View v604 = arena_.view(0, 4096);
   support::View v114(param10_experts_ffn_1_w_out); // updated in place
-  support::View v620 = arena_.view(0, 4096);
-  support::View v549 = arena_.view(394560, 1);
-  support::View v585 = arena_.view(394624, 1);
-  support::View v621 = arena_.view(394688, 1);
-  repeated9(v93, v548, v549, v113, v584, v585, v114, v620, v621);
+  support::View v644 = arena_.view(0, 4096);
+  support::View v565 = arena_.view(394560, 1);
+  support::View v605 = arena_.view(394624, 1);
+  support::View v645 = arena_.view(394688, 1);
+  repeated8(v93, v564, v565, v113, v604, v605, v114, v644, v645);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (2 partial sums (gate1, gate2) over model
-  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%395, %431,
-  // %467, ...): 536 B in one buffer)
+  // resolved together, 512 B in one buffer; merged with 6 more partial sums over model (%399, %439,
+  // %479, ...): 536 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   auto request1 = support::startAllReduce(
-      group_model, {v54, v56, v394, v430, v466, v549, v585, v621}, meshrt::ReduceOp::Sum);
+      group_model, {v54, v56, v398, v438, v478, v565, v605, v645}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:71:19 cumsum -> position1 (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:71:19");
@@ -1039,7 +1039,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v68 = arena_.view(1024, 2);
   support::View v70 = arena_.view(40960, 128);
   support::View v71 = arena_.view(0, 5120);
-  repeated8(v62, v40, v63, v64, v65, v66, v67, v52, v68, v70, v71);
+  repeated7(v62, v40, v63, v64, v65, v66, v67, v52, v68, v70, v71);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request1);
@@ -1138,7 +1138,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v151 = arena_.view(123904, 2);
   support::View v153 = arena_.view(163840, 128);
   support::View v154 = arena_.view(122880, 5120);
-  repeated8(v145, v123, v146, v147, v148, v149, v150, v135, v151, v153, v154);
+  repeated7(v145, v123, v146, v147, v148, v149, v150, v135, v151, v153, v154);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request3);
@@ -1488,7 +1488,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v307 = arena_.view(0, 2048);
   support::View v259 = arena_.view(143360, 4096);
   support::View v263 = arena_.view(81920, 4096);
-  support::View v302 = arena_.view(106496, 64);
+  support::View v302 = arena_.view(16896, 64);
   support::View v306 = arena_.view(16384, 32);
   support::View v308 = arena_.view(8192, 32);
   repeated0(v255, v82, v256, v78, v257, v31, v258, v81, v259, v80, v261, v30, v262, v79, v263, v73,
@@ -1524,8 +1524,8 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:131:3 sub
   // moe.mesh:131:3 sub
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  support::View v315 = arena_.view(98688, 1);
-  support::View v321 = arena_.view(98752, 1);
+  support::View v315 = arena_.view(17920, 1);
+  support::View v321 = arena_.view(17984, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v315p = v315.data();
@@ -1566,154 +1566,149 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v357 = arena_.view(128, 32);
   support::View v358 = arena_.view(256, 1);
   support::View v361 = arena_.view(128, 1);
-  repeated3(v308, v321, v320, v315, v326, v327, v328, v331, v3, v334, v335, v338, v306, v344, v350,
+  repeated4(v308, v321, v320, v315, v326, v327, v328, v331, v3, v334, v335, v338, v306, v344, v350,
             v351, v352, v355, v4, v357, v358, v361);
 
-  // 20 statements from moe.mesh:131:3 square (1 of 2)
+  // 26 statements from moe.mesh:131:3 square (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v366 = arena_.view(98304, 64);
-  support::View v403 = arena_.view(0, 4096);
-  support::View v406 = arena_.view(16384, 64);
-  support::View v404(param15_experts_ffn_0_w_in_vr); // updated in place
-  support::View v411 = arena_.view(16384, 128);
-  support::View v416 = arena_.view(0, 2);
-  support::View v418 = arena_.view(33280, 64);
-  support::View v405(param16_experts_ffn_0_w_in_vc); // updated in place
-  support::View v419 = arena_.view(32768, 128);
-  support::View v422 = arena_.view(16384, 4096);
-  support::View v439 = arena_.view(16384, 4096);
-  support::View v442 = arena_.view(32768, 128);
-  support::View v440(param17_experts_ffn_0_w_out_vr); // updated in place
-  support::View v447 = arena_.view(32768, 64);
-  support::View v452 = arena_.view(16384, 2);
-  support::View v454 = arena_.view(49152, 128);
-  support::View v441(param18_experts_ffn_0_w_out_vc); // updated in place
-  support::View v455 = arena_.view(49664, 64);
-  support::View v458 = arena_.view(32768, 4096);
-  support::View v369 = arena_.view(98560, 32);
-  support::View v421 = arena_.view(0, 4096);
-  support::View v423 = arena_.view(83072, 1);
-  support::View v457 = arena_.view(16384, 4096);
-  support::View v459 = arena_.view(83136, 1);
-  repeated2(v302, v366, v369, v263, v403, v406, v321, v404, v315, v411, v416, v418, v405, v419,
-            v421, v422, v423, v259, v439, v442, v440, v447, v452, v454, v441, v455, v457, v458,
-            v459);
+  support::View v366 = arena_.view(0, 64);
+  support::View v375 = arena_.view(256, 2);
+  support::View v368(param14_route_0_w_gate_vc); // updated in place
+  support::View v387 = arena_.view(0, 64);
+  support::View v407 = arena_.view(0, 4096);
+  support::View v410 = arena_.view(16384, 64);
+  support::View v408(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v415 = arena_.view(16384, 128);
+  support::View v409(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v420 = arena_.view(17664, 2);
+  support::View v427 = arena_.view(0, 4096);
+  support::View v428 = arena_.view(16384, 64);
+  support::View v430 = arena_.view(0, 64);
+  support::View v447 = arena_.view(0, 4096);
+  support::View v450 = arena_.view(16384, 128);
+  support::View v448(param17_experts_ffn_0_w_out_vr); // updated in place
+  support::View v455 = arena_.view(16384, 64);
+  support::View v449(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v460 = arena_.view(17728, 2);
+  support::View v467 = arena_.view(0, 4096);
+  support::View v468 = arena_.view(16384, 128);
+  support::View v470 = arena_.view(0, 128);
+  support::View v369 = arena_.view(17152, 32);
+  support::View v388 = arena_.view(17280, 32);
+  support::View v431 = arena_.view(18048, 1);
+  support::View v471 = arena_.view(18112, 1);
+  repeated3(v302, v366, v369, v375, v321, v368, v315, v387, v388, v263, v407, v410, v408, v415,
+            v409, v420, v427, v428, v430, v431, v259, v447, v450, v448, v455, v449, v460, v467,
+            v468, v470, v471);
 
-  // 20 statements from moe.mesh:131:3 square (2 of 2)
+  // 26 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v521 = arena_.view(82432, 64);
-  support::View v558 = arena_.view(32768, 4096);
-  support::View v561 = arena_.view(49152, 64);
-  support::View v559(param23_experts_ffn_1_w_in_vr); // updated in place
-  support::View v566 = arena_.view(49152, 128);
-  support::View v571 = arena_.view(32768, 2);
-  support::View v573 = arena_.view(66048, 64);
-  support::View v560(param24_experts_ffn_1_w_in_vc); // updated in place
-  support::View v574 = arena_.view(65536, 128);
-  support::View v577 = arena_.view(49152, 4096);
-  support::View v594 = arena_.view(49152, 4096);
-  support::View v597 = arena_.view(65536, 128);
-  support::View v595(param25_experts_ffn_1_w_out_vr); // updated in place
-  support::View v602 = arena_.view(65536, 64);
-  support::View v607 = arena_.view(49152, 2);
-  support::View v609 = arena_.view(81920, 128);
-  support::View v596(param26_experts_ffn_1_w_out_vc); // updated in place
-  support::View v610 = arena_.view(82688, 64);
-  support::View v613 = arena_.view(65536, 4096);
-  support::View v524 = arena_.view(82944, 32);
-  support::View v576 = arena_.view(32768, 4096);
-  support::View v578 = arena_.view(83200, 1);
-  support::View v612 = arena_.view(49152, 4096);
-  support::View v614 = arena_.view(81920, 1);
-  repeated2(v233, v521, v524, v192, v558, v561, v321, v559, v315, v566, v571, v573, v560, v574,
-            v576, v577, v578, v187, v594, v597, v595, v602, v607, v609, v596, v610, v612, v613,
-            v614);
+  support::View v533 = arena_.view(0, 64);
+  support::View v542 = arena_.view(256, 2);
+  support::View v535(param22_route_1_w_gate_vc); // updated in place
+  support::View v554 = arena_.view(0, 64);
+  support::View v574 = arena_.view(0, 4096);
+  support::View v577 = arena_.view(16384, 64);
+  support::View v575(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v582 = arena_.view(16384, 128);
+  support::View v576(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v587 = arena_.view(17792, 2);
+  support::View v594 = arena_.view(0, 4096);
+  support::View v595 = arena_.view(16384, 64);
+  support::View v597 = arena_.view(0, 64);
+  support::View v614 = arena_.view(0, 4096);
+  support::View v617 = arena_.view(16384, 128);
+  support::View v615(param25_experts_ffn_1_w_out_vr); // updated in place
+  support::View v622 = arena_.view(16384, 64);
+  support::View v616(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v627 = arena_.view(17856, 2);
+  support::View v634 = arena_.view(0, 4096);
+  support::View v635 = arena_.view(16384, 128);
+  support::View v637 = arena_.view(0, 128);
+  support::View v536 = arena_.view(17408, 32);
+  support::View v555 = arena_.view(17536, 32);
+  support::View v598 = arena_.view(18176, 1);
+  support::View v638 = arena_.view(768, 1);
+  repeated3(v233, v533, v536, v542, v321, v535, v315, v554, v555, v192, v574, v577, v575, v582,
+            v576, v587, v594, v595, v597, v598, v187, v614, v617, v615, v622, v616, v627, v634,
+            v635, v637, v638);
 
   // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %349 over model for mul at
-  // 131:3; merged with 5 more partial sums over model (%424, %460, %526, ...): 272 B in one buffer)
+  // 131:3; merged with 7 more partial sums over model (%390, %432, %472, ...): 528 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::allReduceBucket(group_model, {v369, v423, v459, v524, v578, v614});
+  support::allReduceBucket(group_model, {v369, v388, v431, v471, v536, v555, v598, v638});
 
-  // 7 statements from moe.mesh:131:3 mul (1 of 2)
+  // 19 statements from moe.mesh:131:3 mul (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
   support::View v367(param13_route_0_w_gate_vr); // updated in place
-  support::View v375 = arena_.view(65536, 2);
-  support::View v380 = arena_.view(65600, 1);
-  support::View v382 = arena_.view(66048, 32);
-  support::View v368(param14_route_0_w_gate_vc); // updated in place
-  support::View v383 = arena_.view(66176, 2);
-  support::View v386 = arena_.view(65792, 64);
-  support::View v385 = arena_.view(65536, 64);
-  support::View v387 = arena_.view(66496, 1);
-  repeated7(v369, v321, v367, v315, v375, v366, v380, v382, v368, v383, v302, v385, v386, v387);
-
-  // 7 statements from moe.mesh:131:3 mul (2 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v522(param21_route_1_w_gate_vr); // updated in place
-  support::View v530 = arena_.view(65792, 2);
-  support::View v535 = arena_.view(65856, 1);
-  support::View v537 = arena_.view(66304, 32);
-  support::View v523(param22_route_1_w_gate_vc); // updated in place
-  support::View v538 = arena_.view(66432, 2);
-  support::View v541 = arena_.view(66048, 64);
-  support::View v540 = arena_.view(65792, 64);
-  support::View v542 = arena_.view(66304, 1);
-  repeated7(v524, v321, v522, v315, v530, v521, v535, v537, v523, v538, v233, v540, v541, v542);
-
-  // moe.mesh:131:3 bucketed_all_reduce_sum (resolve the partial sum of %366 over model for sqrt at
-  // 131:3; merged with 1 more partial sum over model (%543): 8 B in one buffer)
-  MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::allReduceBucket(group_model, {v387, v542});
-
-  // 9 statements from moe.mesh:131:3 sqrt (1 of 2)
-  MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v391 = arena_.view(66048, 1);
-  support::View v394 = arena_.view(394368, 1);
-  support::View v398 = arena_.view(66112, 1);
-  support::View v427 = arena_.view(65536, 1);
-  support::View v430 = arena_.view(394432, 1);
-  support::View v434 = arena_.view(65600, 1);
-  support::View v463 = arena_.view(0, 1);
-  support::View v466 = arena_.view(394496, 1);
-  support::View v470 = arena_.view(64, 1);
-  repeated4(v387, v391, v394, v398, v385, v10, v423, v427, v430, v434, v421, v30, v459, v463, v466,
-            v470, v457, v31);
+  support::View v380 = arena_.view(320, 1);
+  support::View v382 = arena_.view(0, 32);
+  support::View v383 = arena_.view(256, 2);
+  support::View v391 = arena_.view(128, 32);
+  support::View v392 = arena_.view(320, 1);
+  support::View v395 = arena_.view(128, 1);
+  support::View v398 = arena_.view(394368, 1);
+  support::View v402 = arena_.view(192, 1);
+  support::View v422 = arena_.view(512, 64);
+  support::View v423 = arena_.view(0, 128);
+  support::View v435 = arena_.view(832, 1);
+  support::View v438 = arena_.view(394432, 1);
+  support::View v442 = arena_.view(896, 1);
+  support::View v462 = arena_.view(0, 128);
+  support::View v463 = arena_.view(512, 64);
+  support::View v475 = arena_.view(832, 1);
+  support::View v478 = arena_.view(394496, 1);
+  support::View v482 = arena_.view(896, 1);
+  repeated2(v369, v321, v367, v315, v380, v382, v368, v383, v388, v391, v392, v395, v398, v402,
+            v302, v10, v408, v420, v422, v409, v423, v431, v435, v438, v442, v263, v30, v448, v460,
+            v462, v449, v463, v471, v475, v478, v482, v259, v31);
 
   // 14 statements from moe.mesh:131:3 square (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v476(param19_norm_1_gain_v); // updated in place
-  support::View v482 = arena_.view(0, 32);
-  support::View v483 = arena_.view(128, 32);
-  support::View v484 = arena_.view(256, 1);
-  support::View v487 = arena_.view(320, 1);
-  support::View v489 = arena_.view(128, 32);
-  support::View v490 = arena_.view(256, 1);
-  support::View v493 = arena_.view(128, 1);
-  support::View v499(param20_norm_1_bias_v); // updated in place
-  support::View v505 = arena_.view(0, 32);
-  support::View v506 = arena_.view(128, 32);
-  support::View v507 = arena_.view(256, 1);
-  support::View v510 = arena_.view(320, 1);
+  support::View v488(param19_norm_1_gain_v); // updated in place
+  support::View v494 = arena_.view(0, 32);
+  support::View v495 = arena_.view(128, 32);
+  support::View v496 = arena_.view(256, 1);
+  support::View v499 = arena_.view(320, 1);
+  support::View v501 = arena_.view(128, 32);
+  support::View v502 = arena_.view(256, 1);
+  support::View v505 = arena_.view(128, 1);
+  support::View v511(param20_norm_1_bias_v); // updated in place
+  support::View v517 = arena_.view(0, 32);
+  support::View v518 = arena_.view(128, 32);
+  support::View v519 = arena_.view(256, 1);
+  support::View v522 = arena_.view(320, 1);
   support::View v87(param7_norm_1_bias); // updated in place
-  support::View v512 = arena_.view(128, 32);
-  support::View v513 = arena_.view(256, 1);
-  support::View v516 = arena_.view(128, 1);
-  repeated3(v240, v321, v476, v315, v482, v483, v484, v487, v86, v489, v490, v493, v237, v499, v505,
-            v506, v507, v510, v87, v512, v513, v516);
+  support::View v524 = arena_.view(128, 32);
+  support::View v525 = arena_.view(256, 1);
+  support::View v528 = arena_.view(128, 1);
+  repeated4(v240, v321, v488, v315, v494, v495, v496, v499, v86, v501, v502, v505, v237, v511, v517,
+            v518, v519, v522, v87, v524, v525, v528);
 
-  // 9 statements from moe.mesh:131:3 sqrt (2 of 2)
+  // 19 statements from moe.mesh:131:3 mul (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:131:3");
-  support::View v546 = arena_.view(0, 1);
-  support::View v549 = arena_.view(394560, 1);
-  support::View v553 = arena_.view(64, 1);
-  support::View v582 = arena_.view(0, 1);
-  support::View v585 = arena_.view(394624, 1);
-  support::View v589 = arena_.view(64, 1);
-  support::View v618 = arena_.view(0, 1);
-  support::View v621 = arena_.view(394688, 1);
-  support::View v625 = arena_.view(64, 1);
-  repeated4(v542, v546, v549, v553, v540, v93, v578, v582, v585, v589, v576, v113, v614, v618, v621,
-            v625, v612, v114);
+  support::View v534(param21_route_1_w_gate_vr); // updated in place
+  support::View v547 = arena_.view(320, 1);
+  support::View v549 = arena_.view(0, 32);
+  support::View v550 = arena_.view(256, 2);
+  support::View v558 = arena_.view(128, 32);
+  support::View v559 = arena_.view(320, 1);
+  support::View v562 = arena_.view(128, 1);
+  support::View v565 = arena_.view(394560, 1);
+  support::View v569 = arena_.view(192, 1);
+  support::View v589 = arena_.view(512, 64);
+  support::View v590 = arena_.view(0, 128);
+  support::View v602 = arena_.view(832, 1);
+  support::View v605 = arena_.view(394624, 1);
+  support::View v609 = arena_.view(896, 1);
+  support::View v629 = arena_.view(0, 128);
+  support::View v630 = arena_.view(512, 64);
+  support::View v642 = arena_.view(832, 1);
+  support::View v645 = arena_.view(394688, 1);
+  support::View v649 = arena_.view(768, 1);
+  repeated2(v536, v321, v534, v315, v547, v549, v535, v550, v555, v558, v559, v562, v565, v569,
+            v233, v93, v575, v587, v589, v576, v590, v598, v602, v605, v609, v192, v113, v615, v627,
+            v629, v616, v630, v638, v642, v645, v649, v187, v114);
 }
 
 void MoeTrain::repeated0(
@@ -2243,15 +2238,370 @@ void MoeTrain::repeated1(support::View a0, support::ConstView a1, support::View 
   }
 }
 
-void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View a2,
+void MoeTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::View a10, support::View a11, support::View a12,
-                         support::View a13, support::View a14, support::View a15, support::View a16,
-                         support::ConstView a17, support::View a18, support::View a19,
-                         support::View a20, support::View a21, support::View a22, support::View a23,
-                         support::View a24, support::View a25, support::View a26, support::View a27,
-                         support::View a28) {
+                         support::View a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::ConstView a14,
+                         support::View a15, support::ConstView a16, support::ConstView a17,
+                         support::View a18, support::ConstView a19, support::View a20,
+                         support::ConstView a21, support::View a22, support::ConstView a23,
+                         support::View a24, support::ConstView a25, support::View a26,
+                         support::ConstView a27, support::ConstView a28, support::View a29,
+                         support::ConstView a30, support::View a31, support::ConstView a32,
+                         support::View a33, support::ConstView a34, support::View a35,
+                         support::ConstView a36, support::View a37) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a2p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a2p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a5p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a7p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a4p[0];
+      const float s1 = a2p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a8p[i0];
+      const float s4 = (s3 * s2);
+      a9p[i0] = s4;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float s0 = a10p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a11p[0] = s5;
+  }
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float s0 = a12p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    a13p[0] = s5;
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/route[0]/w_gate
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a14p[i0 * 2 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a7p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a11p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a13p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a15p[i0 * 2 + i1];
+        const float s10 = (s9 - s8);
+        a15p[i0 * 2 + i1] = s10;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a16p[i0 * 32 + i1];
+        const float s1 = a17p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a18p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a19p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a20p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    const float s0 = a21p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a22p[0] = s5;
+  }
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
+    const float s0 = a23p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    a24p[0] = s5;
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 64; ++i2) {
+          const float s0 = a25p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = a18p[i0 * 32 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a20p[i0 * 64 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a22p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a24p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a26p[i0 * 2048 + i1 * 64 + i2];
+          const float s10 = (s9 - s8);
+          a26p[i0 * 2048 + i1 * 64 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a27p[i0 * 64 + i1];
+        const float s1 = a28p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a29p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a31p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a33p = a33.data();
+    const float *__restrict a32p = a32.data();
+    const float s0 = a32p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a33p[0] = s5;
+  }
+
+  // moe.mesh:131:3 sqrt
+  // moe.mesh:131:3 maximum
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a35p = a35.data();
+    const float *__restrict a34p = a34.data();
+    const float s0 = a34p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    a35p[0] = s5;
+  }
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a35p = a35.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a36p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = a29p[i0 * 64 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a31p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a33p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a35p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a37p[i0 * 2048 + i1 * 32 + i2];
+          const float s10 = (s9 - s8);
+          a37p[i0 * 2048 + i1 * 32 + i2] = s10;
+        }
+      }
+    }
+  }
+}
+
+void MoeTrain::repeated3(support::ConstView a0, support::View a1, support::View a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8,
+                         support::ConstView a9, support::View a10, support::View a11,
+                         support::View a12, support::View a13, support::View a14, support::View a15,
+                         support::View a16, support::View a17, support::View a18, support::View a19,
+                         support::ConstView a20, support::View a21, support::View a22,
+                         support::View a23, support::View a24, support::View a25, support::View a26,
+                         support::View a27, support::View a28, support::View a29,
+                         support::View a30) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:131:3 square
@@ -2278,28 +2628,85 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.25);
 
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
+  static const support::Shape shape2_1 = {2};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {2};
+  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 add
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a5p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a5p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 div
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a0p[i0 * 2 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a5p[i1];
+        const float s3 = (s1 / s2);
+        a7p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape5_1 = {32};
+  static const support::Shape shape5_3 = {2};
+  static const support::Shape shape5_4 = {2};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.25);
+
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
   {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a3p = a3.data();
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a3p[i0];
+      const float s0 = a9p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      a4p[i0] = s3;
+      a10p[i0] = s3;
     }
   }
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape3_1 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape7_1 = {2, 32};
+  static const support::Shape shape7_3 = {2048, 64};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:131:3 mul
@@ -2307,108 +2714,76 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a5p = a5.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a6p[0];
-    const float r3 = a8p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a5p[i0];
-      const float s1 = r1;
+      const float s0 = a11p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a7p[i0];
-      const float s4 = r3;
+      const float s3 = a12p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      a7p[i0] = s6;
+      a12p[i0] = s6;
     }
   }
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape5_1 = {2, 64};
-  static const support::Shape shape5_3 = {2048, 1};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {64};
-  support::reduce(a9.data(), shape5_1, a4.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape9_1 = {2, 64};
+  static const support::Shape shape9_3 = {2048, 1};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {64};
+  support::reduce(a13.data(), shape9_1, a10.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:131:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape6_1 = {2};
-  static const support::Shape shape6_3 = {32};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(a10.data(), shape6_1, a7.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a10p = a10.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a7p[i0 * 32 + i1];
-        const float s1 = a10p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a11p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
-  // moe.mesh:131:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a6p[0];
-    const float r3 = a8p[0];
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a12p[i0] = s6;
-      a13p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 square
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
     float *__restrict a14p = a14.data();
-    float *__restrict a15p = a15.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a11p = a11.data();
     const float *__restrict a13p = a13.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a13p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a14p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a14p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape11_1 = {2};
+  static const support::Shape shape11_3 = {32};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a15.data(), shape11_1, a12.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 square
+  // moe.mesh:131:3 div
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a14p = a14.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = a3p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = a11p[i0 * 32 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a13p[i0 * 64 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a14p[i0 * 2048 + i1 * 64 + i2] = s4;
-          a15p[i0 * 2048 + i1 * 64 + i2] = s5;
+          const float s0 = a9p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = s0 * s0;
+          const float s2 = a14p[i0 * 64 + i2];
+          const float s3 = (s1 / s2);
+          a16p[i0 * 2048 + i1 * 64 + i2] = s3;
         }
       }
     }
@@ -2416,35 +2791,64 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {2, 32, 64};
-  static const support::Shape shape10_5 = {2048, 64, 1};
-  support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.0001220703125);
+  static const support::Shape shape13_1 = {2, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a15p[i0];
+        const float s1 = a12p[i0 * 32 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a17p[i0 * 32 + i1];
+        const float s4 = (s3 * s2);
+        a18p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {2, 32};
+  static const support::Shape shape15_5 = {32, 1};
+  support::reduce(a19.data(), shape15_1, a18.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:131:3 square
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "backward");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a17p[i0];
+      const float s0 = a20p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      a18p[i0] = s3;
+      a21p[i0] = s3;
     }
   }
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape12_1 = {2, 64};
-  static const support::Shape shape12_3 = {2048, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a19.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape17_1 = {2, 64};
+  static const support::Shape shape17_3 = {2048, 32};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a22.data(), shape17_1, a21.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:131:3 mul
@@ -2452,108 +2856,76 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:131:3 add
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a6p[0];
-    const float r3 = a8p[0];
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = r1;
+      const float s0 = a22p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a20p[i0];
-      const float s4 = r3;
+      const float s3 = a23p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      a20p[i0] = s6;
+      a23p[i0] = s6;
     }
   }
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {2048, 1};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {32};
-  support::reduce(a21.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape19_1 = {2, 32};
+  static const support::Shape shape19_3 = {2048, 1};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {32};
+  support::reduce(a24.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:131:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape15_1 = {2};
-  static const support::Shape shape15_3 = {64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(a22.data(), shape15_1, a20.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a20p[i0 * 64 + i1];
-        const float s1 = a22p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a23p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
 
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 mul
   // moe.mesh:131:3 add
-  // moe.mesh:131:3 rsqrt
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
-    float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
-    const float *__restrict a21p = a21.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a6p[0];
-    const float r3 = a8p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = r1;
+      const float s0 = a24p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a24p[i0];
-      const float s4 = r3;
+      const float s3 = a25p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a24p[i0] = s6;
-      a25p[i0] = s7;
+      a25p[i0] = s6;
     }
   }
 
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 mul
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape21_1 = {2};
+  static const support::Shape shape21_3 = {64};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(a26.data(), shape21_1, a23.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 0.015625);
+
   // moe.mesh:131:3 square
+  // moe.mesh:131:3 div
   MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
   {
-    float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a23p = a23.data();
+    const float *__restrict a20p = a20.data();
     const float *__restrict a25p = a25.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
         for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a17p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = a23p[i0 * 64 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a25p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a26p[i0 * 2048 + i1 * 32 + i2] = s4;
-          a27p[i0 * 2048 + i1 * 32 + i2] = s5;
+          const float s0 = a20p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = s0 * s0;
+          const float s2 = a25p[i0 * 32 + i2];
+          const float s3 = (s1 / s2);
+          a27p[i0 * 2048 + i1 * 32 + i2] = s3;
         }
       }
     }
@@ -2561,15 +2933,44 @@ void MoeTrain::repeated2(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:131:3 mean
   MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {2, 64, 32};
-  static const support::Shape shape19_5 = {2048, 32, 1};
-  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.0001220703125);
+  static const support::Shape shape23_1 = {2, 64};
+  static const support::Shape shape23_3 = {2048, 32};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(a28.data(), shape23_1, a27.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:131:3 div
+  // moe.mesh:131:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a26p[i0];
+        const float s1 = a23p[i0 * 64 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a28p[i0 * 64 + i1];
+        const float s4 = (s3 * s2);
+        a29p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // moe.mesh:131:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
+  static const support::Shape shape25_1 = {};
+  static const support::Shape shape25_3 = {};
+  static const support::Shape shape25_4 = {2, 64};
+  static const support::Shape shape25_5 = {64, 1};
+  support::reduce(a30.data(), shape25_1, a29.data(), shape25_3, shape25_4, shape25_5,
+                  support::Reduce::Sum, 0.00390625);
 }
 
-void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::View a11, support::ConstView a12,
@@ -2594,17 +2995,15 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a0p = a0.data();
     const float *__restrict a1p = a1.data();
     const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a0p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = r1;
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
       const float s6 = a2p[i0];
-      const float s7 = r3;
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
@@ -2688,13 +3087,11 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a4p = a4.data();
     const float *__restrict a7p = a7.data();
     const float *__restrict a11p = a11.data();
-    const float r1 = a7p[0];
-    const float r2 = a11p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a4p[i0];
-      const float s1 = r1;
+      const float s1 = a7p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
+      const float s3 = a11p[0];
       const float s4 = (s2 * s3);
       const float s5 = a8p[i0];
       const float s6 = (s5 - s4);
@@ -2718,17 +3115,15 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a12p = a12.data();
     const float *__restrict a1p = a1.data();
     const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a12p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = r1;
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
       const float s6 = a13p[i0];
-      const float s7 = r3;
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
@@ -2812,191 +3207,15 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     const float *__restrict a14p = a14.data();
     const float *__restrict a17p = a17.data();
     const float *__restrict a21p = a21.data();
-    const float r1 = a17p[0];
-    const float r2 = a21p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a14p[i0];
-      const float s1 = r1;
+      const float s1 = a17p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
+      const float s3 = a21p[0];
       const float s4 = (s2 * s3);
       const float s5 = a18p[i0];
       const float s6 = (s5 - s4);
       a18p[i0] = s6;
-    }
-  }
-}
-
-void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::ConstView a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::ConstView a10, support::View a11,
-                         support::ConstView a12, support::View a13, support::ConstView a14,
-                         support::View a15, support::ConstView a16, support::View a17) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    const float s0 = a0p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a1p[0] = s5;
-  }
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 maximum
-  // moe.mesh:131:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a2p = a2.data();
-    const float s0 = a2p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    a3p[0] = s5;
-  }
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 sub -> next/route[0]/w_gate
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r2 = a3p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a5p[i0];
-      const float s6 = (s5 - s4);
-      a5p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float s0 = a6p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a7p[0] = s5;
-  }
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 maximum
-  // moe.mesh:131:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    const float s0 = a8p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    a9p[0] = s5;
-  }
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_in
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a9p = a9.data();
-    const float r1 = a7p[0];
-    const float r2 = a9p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a11p[i0];
-      const float s6 = (s5 - s4);
-      a11p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 maximum
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float s0 = a12p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a13p[0] = s5;
-  }
-
-  // moe.mesh:131:3 sqrt
-  // moe.mesh:131:3 maximum
-  // moe.mesh:131:3 mul
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float s0 = a14p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    a15p[0] = s5;
-  }
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 sub -> next/experts_ffn[0]/w_out
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a15p = a15.data();
-    const float r1 = a13p[0];
-    const float r2 = a15p[0];
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a16p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a17p[i0];
-      const float s6 = (s5 - s4);
-      a17p[i0] = s6;
     }
   }
 }
@@ -3321,133 +3540,7 @@ void MoeTrain::repeated6(support::ConstView a0, support::ConstView a1, support::
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 }
 
-void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::ConstView a3, support::View a4, support::ConstView a5,
-                         support::View a6, support::View a7, support::View a8, support::View a9,
-                         support::ConstView a10, support::View a11, support::View a12,
-                         support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 add
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a2p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a2p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:131:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:131:3", "backward");
-  static const support::Shape shape1_1 = {2};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {2};
-  support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:131:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:131:3 div
-  // moe.mesh:131:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a7p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 add
-  // moe.mesh:131:3 rsqrt
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a8p[i0] = s6;
-      a9p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 mul
-  // moe.mesh:131:3 square
-  MESHRT_TRACE("loop", "moe.mesh:131:3", "update");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a10p[i0 * 2 + i1];
-        const float s1 = a7p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a9p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a11p[i0 * 2 + i1] = s4;
-        a12p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:131:3 mean
-  MESHRT_TRACE("mean", "moe.mesh:131:3", "update");
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32, 2};
-  static const support::Shape shape6_5 = {2, 1};
-  support::reduce(a13.data(), shape6_1, a12.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.0078125);
-}
-
-void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View a2,
+void MoeTrain::repeated7(support::View a0, support::ConstView a1, support::View a2,
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
@@ -3554,7 +3647,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::oneHot(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, 0);
 }
 
-void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View a2,
+void MoeTrain::repeated8(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);

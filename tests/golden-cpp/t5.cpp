@@ -4000,7 +4000,7 @@ void T5Train::computeInvariants() {
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 188544 bytes for 1126404 bytes of temporaries (placed by liveness).
+  // Arena: 188544 bytes for 1080324 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -4079,201 +4079,201 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v745 = arena_.view(4096, 16);
+  support::View v749 = arena_.view(4096, 16);
   {
-    float *__restrict v745p = v745.data();
+    float *__restrict v749p = v749.data();
     const float *__restrict v32p = v32.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v32p[i0];
       const float s1 = s0 * s0;
-      v745p[i0] = s1;
+      v749p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v746 = arena_.view(186176, 1);
+  support::View v750 = arena_.view(186176, 1);
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
   static const support::Shape shape6_5 = {2, 1};
-  support::reduce(v746.data(), shape6_1, v745.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(v750.data(), shape6_1, v749.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v783 = arena_.view(4096, 1024);
+  support::View v791 = arena_.view(4096, 1024);
   {
-    float *__restrict v783p = v783.data();
+    float *__restrict v791p = v791.data();
     const float *__restrict v35p = v35.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v35p[i0];
       const float s1 = s0 * s0;
-      v783p[i0] = s1;
+      v791p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v784 = arena_.view(186240, 1);
+  support::View v792 = arena_.view(186240, 1);
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32, 32};
   static const support::Shape shape8_5 = {32, 1};
-  support::reduce(v784.data(), shape8_1, v783.data(), shape8_3, shape8_4, shape8_5,
+  support::reduce(v792.data(), shape8_1, v791.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // 12 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v844 = arena_.view(4096, 512);
+  support::View v856 = arena_.view(4096, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v882 = arena_.view(4096, 512);
+  support::View v898 = arena_.view(4096, 512);
   support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v920 = arena_.view(4096, 512);
+  support::View v940 = arena_.view(4096, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v956 = arena_.view(4096, 512);
+  support::View v980 = arena_.view(4096, 512);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1016 = arena_.view(4096, 1024);
+  support::View v1044 = arena_.view(4096, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1054 = arena_.view(4096, 1024);
-  support::View v845 = arena_.view(186304, 1);
-  support::View v883 = arena_.view(186368, 1);
-  support::View v921 = arena_.view(186432, 1);
-  support::View v957 = arena_.view(186496, 1);
-  support::View v1017 = arena_.view(186560, 1);
-  support::View v1055 = arena_.view(186624, 1);
-  repeated15(v47, v844, v845, v48, v882, v883, v49, v920, v921, v50, v956, v957, v70, v1016, v1017,
-             v71, v1054, v1055);
+  support::View v1086 = arena_.view(4096, 1024);
+  support::View v857 = arena_.view(186304, 1);
+  support::View v899 = arena_.view(186368, 1);
+  support::View v941 = arena_.view(186432, 1);
+  support::View v981 = arena_.view(186496, 1);
+  support::View v1045 = arena_.view(186560, 1);
+  support::View v1087 = arena_.view(186624, 1);
+  repeated14(v47, v856, v857, v48, v898, v899, v49, v940, v941, v50, v980, v981, v70, v1044, v1045,
+             v71, v1086, v1087);
 
   // 12 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1115 = arena_.view(4096, 512);
+  support::View v1151 = arena_.view(4096, 512);
   support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1153 = arena_.view(4096, 512);
+  support::View v1193 = arena_.view(4096, 512);
   support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1191 = arena_.view(4096, 512);
+  support::View v1235 = arena_.view(4096, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
-  support::View v1227 = arena_.view(4096, 512);
+  support::View v1275 = arena_.view(4096, 512);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1287 = arena_.view(4096, 1024);
+  support::View v1339 = arena_.view(4096, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
-  support::View v1325 = arena_.view(4096, 1024);
-  support::View v1116 = arena_.view(186688, 1);
-  support::View v1154 = arena_.view(186752, 1);
-  support::View v1192 = arena_.view(186816, 1);
-  support::View v1228 = arena_.view(186880, 1);
-  support::View v1288 = arena_.view(186944, 1);
-  support::View v1326 = arena_.view(187008, 1);
-  repeated15(v85, v1115, v1116, v86, v1153, v1154, v87, v1191, v1192, v88, v1227, v1228, v108,
-             v1287, v1288, v109, v1325, v1326);
+  support::View v1381 = arena_.view(4096, 1024);
+  support::View v1152 = arena_.view(186688, 1);
+  support::View v1194 = arena_.view(186752, 1);
+  support::View v1236 = arena_.view(186816, 1);
+  support::View v1276 = arena_.view(186880, 1);
+  support::View v1340 = arena_.view(186944, 1);
+  support::View v1382 = arena_.view(187008, 1);
+  repeated14(v85, v1151, v1152, v86, v1193, v1194, v87, v1235, v1236, v88, v1275, v1276, v108,
+             v1339, v1340, v109, v1381, v1382);
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  support::View v1385 = arena_.view(4096, 16);
+  support::View v1445 = arena_.view(4096, 16);
   {
-    float *__restrict v1385p = v1385.data();
+    float *__restrict v1445p = v1445.data();
     const float *__restrict v154p = v154.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       const float s0 = v154p[i0];
       const float s1 = s0 * s0;
-      v1385p[i0] = s1;
+      v1445p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1386 = arena_.view(187072, 1);
+  support::View v1446 = arena_.view(187072, 1);
   static const support::Shape shape12_1 = {};
   static const support::Shape shape12_3 = {};
   static const support::Shape shape12_4 = {8, 2};
   static const support::Shape shape12_5 = {2, 1};
-  support::reduce(v1386.data(), shape12_1, v1385.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(v1446.data(), shape12_1, v1445.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.03125);
 
   // 20 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1446 = arena_.view(4096, 512);
+  support::View v1510 = arena_.view(4096, 512);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1484 = arena_.view(4096, 512);
+  support::View v1552 = arena_.view(4096, 512);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1522 = arena_.view(4096, 512);
+  support::View v1594 = arena_.view(4096, 512);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  support::View v1558 = arena_.view(4096, 512);
+  support::View v1634 = arena_.view(4096, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1619 = arena_.view(4096, 512);
+  support::View v1699 = arena_.view(4096, 512);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1657 = arena_.view(4096, 512);
+  support::View v1741 = arena_.view(4096, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1695 = arena_.view(4096, 512);
+  support::View v1783 = arena_.view(4096, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
-  support::View v1731 = arena_.view(4096, 512);
+  support::View v1823 = arena_.view(4096, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1791 = arena_.view(4096, 1024);
+  support::View v1887 = arena_.view(4096, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v1829 = arena_.view(4096, 1024);
-  support::View v1447 = arena_.view(187136, 1);
-  support::View v1485 = arena_.view(187200, 1);
-  support::View v1523 = arena_.view(187264, 1);
-  support::View v1559 = arena_.view(187328, 1);
-  support::View v1620 = arena_.view(187392, 1);
-  support::View v1658 = arena_.view(187456, 1);
-  support::View v1696 = arena_.view(187520, 1);
-  support::View v1732 = arena_.view(187584, 1);
-  support::View v1792 = arena_.view(187648, 1);
-  support::View v1830 = arena_.view(187712, 1);
-  repeated11(v182, v1446, v1447, v183, v1484, v1485, v184, v1522, v1523, v185, v1558, v1559, v205,
-             v1619, v1620, v206, v1657, v1658, v207, v1695, v1696, v208, v1731, v1732, v228, v1791,
-             v1792, v229, v1829, v1830);
+  support::View v1929 = arena_.view(4096, 1024);
+  support::View v1511 = arena_.view(187136, 1);
+  support::View v1553 = arena_.view(187200, 1);
+  support::View v1595 = arena_.view(187264, 1);
+  support::View v1635 = arena_.view(187328, 1);
+  support::View v1700 = arena_.view(187392, 1);
+  support::View v1742 = arena_.view(187456, 1);
+  support::View v1784 = arena_.view(187520, 1);
+  support::View v1824 = arena_.view(187584, 1);
+  support::View v1888 = arena_.view(187648, 1);
+  support::View v1930 = arena_.view(187712, 1);
+  repeated9(v182, v1510, v1511, v183, v1552, v1553, v184, v1594, v1595, v185, v1634, v1635, v205,
+            v1699, v1700, v206, v1741, v1742, v207, v1783, v1784, v208, v1823, v1824, v228, v1887,
+            v1888, v229, v1929, v1930);
 
   // 20 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1890 = arena_.view(4096, 512);
+  support::View v1994 = arena_.view(4096, 512);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1928 = arena_.view(4096, 512);
+  support::View v2036 = arena_.view(4096, 512);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1966 = arena_.view(4096, 512);
+  support::View v2078 = arena_.view(4096, 512);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v2002 = arena_.view(4096, 512);
+  support::View v2118 = arena_.view(4096, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2063 = arena_.view(4096, 512);
+  support::View v2183 = arena_.view(4096, 512);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2101 = arena_.view(4096, 512);
+  support::View v2225 = arena_.view(4096, 512);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2139 = arena_.view(4096, 512);
+  support::View v2267 = arena_.view(4096, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  support::View v2175 = arena_.view(4096, 512);
+  support::View v2307 = arena_.view(4096, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2235 = arena_.view(4096, 1024);
+  support::View v2371 = arena_.view(4096, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v2273 = arena_.view(4096, 1024);
-  support::View v1891 = arena_.view(187776, 1);
-  support::View v1929 = arena_.view(187840, 1);
-  support::View v1967 = arena_.view(187904, 1);
-  support::View v2003 = arena_.view(187968, 1);
-  support::View v2064 = arena_.view(188032, 1);
-  support::View v2102 = arena_.view(188096, 1);
-  support::View v2140 = arena_.view(188160, 1);
-  support::View v2176 = arena_.view(188224, 1);
-  support::View v2236 = arena_.view(188288, 1);
-  support::View v2274 = arena_.view(188352, 1);
-  repeated11(v243, v1890, v1891, v244, v1928, v1929, v245, v1966, v1967, v246, v2002, v2003, v266,
-             v2063, v2064, v267, v2101, v2102, v268, v2139, v2140, v269, v2175, v2176, v289, v2235,
-             v2236, v290, v2273, v2274);
+  support::View v2413 = arena_.view(4096, 1024);
+  support::View v1995 = arena_.view(187776, 1);
+  support::View v2037 = arena_.view(187840, 1);
+  support::View v2079 = arena_.view(187904, 1);
+  support::View v2119 = arena_.view(187968, 1);
+  support::View v2184 = arena_.view(188032, 1);
+  support::View v2226 = arena_.view(188096, 1);
+  support::View v2268 = arena_.view(188160, 1);
+  support::View v2308 = arena_.view(188224, 1);
+  support::View v2372 = arena_.view(188288, 1);
+  support::View v2414 = arena_.view(188352, 1);
+  repeated9(v243, v1994, v1995, v244, v2036, v2037, v245, v2078, v2079, v246, v2118, v2119, v266,
+            v2183, v2184, v267, v2225, v2226, v268, v2267, v2268, v269, v2307, v2308, v289, v2371,
+            v2372, v290, v2413, v2414);
 
   // t5.mesh:40:25 bucketed_all_reduce_sum -> x (resolve the partial sum of x over model for square
-  // at 40:25; merged with 36 more partial sums over model (x, %747, %785, ...): 6.1 KiB in one
+  // at 40:25; merged with 36 more partial sums over model (x, %751, %793, ...): 6.1 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("t5.mesh:40:25");
   support::allReduceBucket(group_model,
-                           {v37,   v172,  v746,  v784,  v845,  v883,  v921,  v957,  v1017, v1055,
-                            v1116, v1154, v1192, v1228, v1288, v1326, v1386, v1447, v1485, v1523,
-                            v1559, v1620, v1658, v1696, v1732, v1792, v1830, v1891, v1929, v1967,
-                            v2003, v2064, v2102, v2140, v2176, v2236, v2274});
+                           {v37,   v172,  v750,  v792,  v857,  v899,  v941,  v981,  v1045, v1087,
+                            v1152, v1194, v1236, v1276, v1340, v1382, v1446, v1511, v1553, v1595,
+                            v1635, v1700, v1742, v1784, v1824, v1888, v1930, v1995, v2037, v2079,
+                            v2119, v2184, v2226, v2268, v2308, v2372, v2414});
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
@@ -4348,7 +4348,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(16384, 1024);
   support::View v58 = arena_.view(12288, 1024);
   support::View v59 = arena_.view(16384, 1024);
-  repeated17(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
+  repeated15(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
@@ -4442,7 +4442,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v185(param24_decoder_attention_0_o); // updated in place
   support::View v180 = arena_.view(135168, 512);
   support::View v194 = arena_.view(90112, 512);
-  repeated14(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
+  repeated13(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
              v193, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
@@ -4473,7 +4473,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v68 = arena_.view(16384, 1024);
   support::View v83 = arena_.view(36864, 1024);
   support::View v84 = arena_.view(45056, 1024);
-  repeated13(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
+  repeated10(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
              v82, v77, v83, v84);
 
   // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
@@ -4490,7 +4490,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v96 = arena_.view(49152, 1024);
   support::View v88(param14_encoder_attention_1_o); // updated in place
   support::View v97 = arena_.view(53248, 1024);
-  repeated17(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
+  repeated15(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
@@ -4517,7 +4517,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v106 = arena_.view(53248, 1024);
   support::View v121 = arena_.view(73728, 1024);
   support::View v122 = arena_.view(81920, 1024);
-  repeated13(v76, v97, v99, v101, v102, v105, v100, v106, v107, v108, v110, v111, v109, v112, v114,
+  repeated10(v76, v97, v99, v101, v102, v105, v100, v106, v107, v108, v110, v111, v109, v112, v114,
              v116, v117, v120, v115, v121, v122);
 
   // t5.mesh:113:9 transpose
@@ -4593,7 +4593,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v246(param37_decoder_attention_1_o); // updated in place
   support::View v241 = arena_.view(108544, 512);
   support::View v255 = arena_.view(90112, 512);
-  repeated14(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
+  repeated13(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
              v254, v246, v255);
 
   // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
@@ -4938,7 +4938,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v388 = arena_.view(98304, 1024);
   support::View v389 = arena_.view(167936, 512);
   support::View v391 = arena_.view(102400, 1024);
-  repeated4(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
+  repeated6(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
             v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v273, v269,
             v378, v277, v379, v380, v381, v382, v384, v271, v385, v270, v386, v268, v388, v122,
             v389, v267, v391);
@@ -5041,7 +5041,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v436 = arena_.view(183296, 32);
   support::View v438 = arena_.view(108544, 512);
   support::View v439 = arena_.view(151552, 512);
-  repeated19(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
+  repeated17(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
 
   // 25 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
@@ -5085,7 +5085,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v483 = arena_.view(114688, 1024);
   support::View v485 = arena_.view(174080, 512);
   support::View v487 = arena_.view(118784, 1024);
-  repeated4(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
+  repeated6(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
             v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v212, v208,
             v473, v216, v474, v475, v476, v477, v479, v210, v480, v209, v481, v207, v483, v122,
             v485, v206, v487);
@@ -5338,7 +5338,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v533 = arena_.view(135168, 32);
   support::View v535 = arena_.view(77824, 512);
   support::View v536 = arena_.view(79872, 512);
-  repeated19(v528, v180, v532, v533, v173, v179, v508, v172, v535, v536);
+  repeated17(v528, v180, v532, v533, v173, v179, v508, v172, v535, v536);
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
@@ -5529,7 +5529,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v611 = arena_.view(49152, 512);
   support::View v615 = arena_.view(98304, 32);
   support::View v628 = arena_.view(45056, 1024);
-  repeated3(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v92, v88, v592,
+  repeated4(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v92, v88, v592,
             v96, v593, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87, v603, v84, v604,
             v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76, v617, v618,
             v619, v628);
@@ -5643,16 +5643,16 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v37 = arena_.view(0, 1024);
   support::View v678 = arena_.view(4096, 1024);
   support::View v679 = arena_.view(8192, 1024);
-  support::View v680 = arena_.view(12288, 32);
-  support::View v638 = arena_.view(98432, 32);
+  support::View v680 = arena_.view(14336, 32);
+  support::View v638 = arena_.view(63488, 32);
   support::View v654 = arena_.view(32768, 512);
   support::View v659 = arena_.view(34816, 512);
   support::View v665 = arena_.view(47104, 512);
   support::View v669 = arena_.view(51200, 512);
-  support::View v672 = arena_.view(53248, 512);
-  support::View v676 = arena_.view(98560, 32);
+  support::View v672 = arena_.view(12288, 512);
+  support::View v676 = arena_.view(63616, 32);
   support::View v689 = arena_.view(8192, 1024);
-  repeated3(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v54, v50, v652, v58,
+  repeated4(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v54, v50, v652, v58,
             v653, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664, v46, v665, v48,
             v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678, v679, v680,
             v689);
@@ -5718,7 +5718,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
   MESHRT_TRACE("einsum", "t5.mesh:56:10", "backward");
   support::View v31 = persistent_.view(17856, 256);
-  support::View v694 = arena_.view(24832, 16);
+  support::View v694 = arena_.view(68352, 16);
   static const support::Shape shape7_1 = {8, 2};
   static const support::Shape shape7_3 = {0, 1};
   static const support::Shape shape7_5 = {0, 0};
@@ -5781,7 +5781,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v717 = arena_.view(24896, 16);
+  support::View v717 = arena_.view(0, 16);
   {
     float *__restrict v717p = v717.data();
     const float *__restrict v694p = v694.data();
@@ -5796,7 +5796,7 @@ void T5Train::runPart4(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v720 = arena_.view(24960, 8);
+  support::View v720 = arena_.view(68416, 8);
   static const support::Shape shape10_1 = {8};
   static const support::Shape shape10_3 = {2};
   static const support::Shape shape10_4 = {2};
@@ -5900,9 +5900,9 @@ void T5Train::runPart4(const Inputs &inputs) {
   // t5.mesh:152:3 sub
   // t5.mesh:152:3 sub
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v710 = arena_.view(99072, 1);
-  support::View v713 = arena_.view(99136, 1);
-  support::View v721 = arena_.view(99200, 1);
+  support::View v710 = arena_.view(69056, 1);
+  support::View v713 = arena_.view(69120, 1);
+  support::View v721 = arena_.view(69184, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v710p = v710.data();
@@ -5934,1186 +5934,1213 @@ void T5Train::runPart4(const Inputs &inputs) {
     v721p[0] = s20;
   }
 
+  // 4 statements from t5.mesh:152:3 mean (1 of 2)
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v726 = arena_.view(64, 2);
+  support::View v719(param48_encoder_relative_bias_table_vc); // updated in place
+  support::View v738 = arena_.view(0, 16);
+  support::View v739 = arena_.view(68480, 8);
+  repeated16(v726, v717, v721, v719, v713, v694, v738, v739);
+
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v755 = arena_.view(0, 1024);
+  support::View v759 = arena_.view(0, 1024);
   {
-    float *__restrict v755p = v755.data();
+    float *__restrict v759p = v759.data();
     const float *__restrict v691p = v691.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = v691p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      v755p[i0] = s3;
+      v759p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v763 = arena_.view(24576, 32);
-  static const support::Shape shape13_1 = {32};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {32};
-  support::reduce(v763.data(), shape13_1, v755.data(), shape13_3, shape13_4, shape13_5,
+  support::View v767 = arena_.view(63744, 32);
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {32};
+  support::reduce(v767.data(), shape14_1, v759.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v758 = arena_.view(8192, 32);
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {32};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v758.data(), shape14_1, v755.data(), shape14_3, shape14_4, shape14_5,
+  support::View v762 = arena_.view(8192, 32);
+  static const support::Shape shape15_1 = {32};
+  static const support::Shape shape15_3 = {32};
+  static const support::Shape shape15_4 = {32};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v762.data(), shape15_1, v759.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v756(param49_shared_embedding_vr); // updated in place
+  support::View v760(param49_shared_embedding_vr); // updated in place
   {
-    float *__restrict v756p = v756.data();
-    const float *__restrict v758p = v758.data();
+    float *__restrict v760p = v760.data();
+    const float *__restrict v762p = v762.data();
     const float *__restrict v721p = v721.data();
     const float *__restrict v713p = v713.data();
-    const float r1 = v721p[0];
-    const float r3 = v713p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v758p[i0];
-      const float s1 = r1;
+      const float s0 = v762p[i0];
+      const float s1 = v721p[0];
       const float s2 = (s0 * s1);
-      const float s3 = v756p[i0];
-      const float s4 = r3;
+      const float s3 = v760p[i0];
+      const float s4 = v713p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      v756p[i0] = s6;
+      v760p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v769 = arena_.view(25024, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v769.data(), shape16_1, v756.data(), shape16_3, shape16_4, shape16_5,
+  support::View v773 = arena_.view(69248, 1);
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v773.data(), shape17_1, v760.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.015625);
 
-  // 31 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v816 = arena_.view(0, 512);
-  support::View v819 = arena_.view(2048, 64);
-  support::View v817(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v854 = arena_.view(0, 512);
-  support::View v857 = arena_.view(2048, 64);
-  support::View v855(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v892 = arena_.view(0, 512);
-  support::View v895 = arena_.view(2048, 64);
-  support::View v893(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v930 = arena_.view(0, 512);
-  support::View v933 = arena_.view(2048, 16);
-  support::View v931(param58_encoder_attention_0_o_vr); // updated in place
-  support::View v938 = arena_.view(2048, 64);
-  support::View v943 = arena_.view(0, 2);
-  support::View v945 = arena_.view(2560, 16);
-  support::View v932(param59_encoder_attention_0_o_vc); // updated in place
-  support::View v946 = arena_.view(2304, 64);
-  support::View v949 = arena_.view(0, 512);
-  support::View v989 = arena_.view(0, 1024);
-  support::View v1026 = arena_.view(8192, 1024);
-  support::View v1029 = arena_.view(12288, 32);
-  support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v824 = arena_.view(28672, 256);
-  support::View v830 = arena_.view(65536, 32);
-  support::View v862 = arena_.view(29696, 256);
-  support::View v868 = arena_.view(67584, 32);
-  support::View v900 = arena_.view(30720, 256);
-  support::View v906 = arena_.view(67712, 32);
-  support::View v948 = arena_.view(45056, 512);
-  support::View v950 = arena_.view(99264, 1);
-  support::View v992 = arena_.view(67840, 32);
-  support::View v1034 = arena_.view(67968, 32);
-  support::View v1040 = arena_.view(69120, 1);
-  repeated5(v672, v816, v824, v819, v721, v817, v713, v830, v669, v854, v862, v857, v855, v868,
-            v665, v892, v900, v895, v893, v906, v654, v930, v933, v931, v938, v943, v945, v932,
-            v946, v948, v949, v950, v634, v989, v992, v630, v1026, v1034, v1029, v1027, v1040);
-
-  // 31 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1087 = arena_.view(8192, 512);
-  support::View v1090 = arena_.view(10240, 64);
-  support::View v1088(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1125 = arena_.view(8192, 512);
-  support::View v1128 = arena_.view(10240, 64);
-  support::View v1126(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1163 = arena_.view(8192, 512);
-  support::View v1166 = arena_.view(10240, 64);
-  support::View v1164(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1201 = arena_.view(8192, 512);
-  support::View v1204 = arena_.view(10240, 16);
-  support::View v1202(param72_encoder_attention_1_o_vr); // updated in place
-  support::View v1209 = arena_.view(10240, 64);
-  support::View v1214 = arena_.view(8192, 2);
-  support::View v1216 = arena_.view(10752, 16);
-  support::View v1203(param73_encoder_attention_1_o_vc); // updated in place
-  support::View v1217 = arena_.view(10496, 64);
-  support::View v1220 = arena_.view(8192, 512);
-  support::View v1260 = arena_.view(8192, 1024);
-  support::View v1297 = arena_.view(12288, 1024);
-  support::View v1300 = arena_.view(16384, 32);
-  support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1095 = arena_.view(31744, 256);
-  support::View v1101 = arena_.view(68096, 32);
-  support::View v1133 = arena_.view(32768, 256);
-  support::View v1139 = arena_.view(68224, 32);
-  support::View v1171 = arena_.view(33792, 256);
-  support::View v1177 = arena_.view(68352, 32);
-  support::View v1219 = arena_.view(55296, 512);
-  support::View v1221 = arena_.view(99328, 1);
-  support::View v1263 = arena_.view(68480, 32);
-  support::View v1305 = arena_.view(68608, 32);
-  support::View v1311 = arena_.view(69184, 1);
-  repeated5(v611, v1087, v1095, v1090, v721, v1088, v713, v1101, v608, v1125, v1133, v1128, v1126,
-            v1139, v604, v1163, v1171, v1166, v1164, v1177, v594, v1201, v1204, v1202, v1209, v1214,
-            v1216, v1203, v1217, v1219, v1220, v1221, v574, v1260, v1263, v570, v1297, v1305, v1300,
-            v1298, v1311);
-
   // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  support::View v1358 = arena_.view(68992, 16);
-  {
-    float *__restrict v1358p = v1358.data();
-    const float *__restrict v550p = v550.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = v550p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v1358p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  support::View v1361 = arena_.view(69056, 8);
-  static const support::Shape shape20_1 = {8};
-  static const support::Shape shape20_3 = {2};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v1361.data(), shape20_1, v1358.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.25);
-
-  // 55 statements from t5.mesh:152:3 square (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1418 = arena_.view(12288, 512);
-  support::View v1421 = arena_.view(14336, 64);
-  support::View v1419(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v1456 = arena_.view(12288, 512);
-  support::View v1459 = arena_.view(14336, 64);
-  support::View v1457(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v1494 = arena_.view(12288, 512);
-  support::View v1497 = arena_.view(14336, 64);
-  support::View v1495(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v1532 = arena_.view(12288, 512);
-  support::View v1535 = arena_.view(14336, 16);
-  support::View v1533(param89_decoder_attention_0_o_vr); // updated in place
-  support::View v1540 = arena_.view(14336, 64);
-  support::View v1545 = arena_.view(12288, 2);
-  support::View v1547 = arena_.view(14848, 16);
-  support::View v1534(param90_decoder_attention_0_o_vc); // updated in place
-  support::View v1548 = arena_.view(14592, 64);
-  support::View v1551 = arena_.view(12288, 512);
-  support::View v1591 = arena_.view(12288, 512);
-  support::View v1594 = arena_.view(14336, 64);
-  support::View v1592(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v1629 = arena_.view(12288, 512);
-  support::View v1632 = arena_.view(14336, 64);
-  support::View v1630(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v1667 = arena_.view(12288, 512);
-  support::View v1670 = arena_.view(14336, 64);
-  support::View v1668(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v1705 = arena_.view(12288, 512);
-  support::View v1708 = arena_.view(14336, 16);
-  support::View v1706(param98_decoder_attention_1_0_o_vr); // updated in place
-  support::View v1713 = arena_.view(14336, 64);
-  support::View v1718 = arena_.view(12288, 2);
-  support::View v1720 = arena_.view(14848, 16);
-  support::View v1707(param99_decoder_attention_1_0_o_vc); // updated in place
-  support::View v1721 = arena_.view(14592, 64);
-  support::View v1724 = arena_.view(12288, 512);
-  support::View v1764 = arena_.view(12288, 1024);
-  support::View v1801 = arena_.view(16384, 1024);
-  support::View v1804 = arena_.view(20480, 32);
-  support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1426 = arena_.view(34816, 256);
-  support::View v1432 = arena_.view(68736, 32);
-  support::View v1464 = arena_.view(35840, 256);
-  support::View v1470 = arena_.view(68864, 32);
-  support::View v1502 = arena_.view(77824, 256);
-  support::View v1508 = arena_.view(87040, 32);
-  support::View v1550 = arena_.view(57344, 512);
-  support::View v1552 = arena_.view(99392, 1);
-  support::View v1599 = arena_.view(78848, 256);
-  support::View v1605 = arena_.view(87168, 32);
-  support::View v1637 = arena_.view(79872, 256);
-  support::View v1643 = arena_.view(87296, 32);
-  support::View v1675 = arena_.view(80896, 256);
-  support::View v1681 = arena_.view(87424, 32);
-  support::View v1723 = arena_.view(59392, 512);
-  support::View v1725 = arena_.view(99456, 1);
-  support::View v1767 = arena_.view(87552, 32);
-  support::View v1809 = arena_.view(87680, 32);
-  support::View v1815 = arena_.view(89600, 1);
-  repeated1(v529, v1418, v1426, v1421, v721, v1419, v713, v1432, v526, v1456, v1464, v1459, v1457,
-            v1470, v522, v1494, v1502, v1497, v1495, v1508, v511, v1532, v1535, v1533, v1540, v1545,
-            v1547, v1534, v1548, v1550, v1551, v1552, v491, v1591, v1599, v1594, v1592, v1605, v489,
-            v1629, v1637, v1632, v1630, v1643, v485, v1667, v1675, v1670, v1668, v1681, v475, v1705,
-            v1708, v1706, v1713, v1718, v1720, v1707, v1721, v1723, v1724, v1725, v455, v1764,
-            v1767, v451, v1801, v1809, v1804, v1802, v1815);
-
-  // 55 statements from t5.mesh:152:3 square (2 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1862 = arena_.view(16384, 512);
-  support::View v1865 = arena_.view(18432, 64);
-  support::View v1863(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v1900 = arena_.view(16384, 512);
-  support::View v1903 = arena_.view(18432, 64);
-  support::View v1901(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v1938 = arena_.view(16384, 512);
-  support::View v1941 = arena_.view(18432, 64);
-  support::View v1939(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v1976 = arena_.view(16384, 512);
-  support::View v1979 = arena_.view(18432, 16);
-  support::View v1977(param112_decoder_attention_1_o_vr); // updated in place
-  support::View v1984 = arena_.view(18432, 64);
-  support::View v1989 = arena_.view(16384, 2);
-  support::View v1991 = arena_.view(18944, 16);
-  support::View v1978(param113_decoder_attention_1_o_vc); // updated in place
-  support::View v1992 = arena_.view(18688, 64);
-  support::View v1995 = arena_.view(16384, 512);
-  support::View v2035 = arena_.view(16384, 512);
-  support::View v2038 = arena_.view(18432, 64);
-  support::View v2036(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v2073 = arena_.view(16384, 512);
-  support::View v2076 = arena_.view(18432, 64);
-  support::View v2074(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v2111 = arena_.view(16384, 512);
-  support::View v2114 = arena_.view(18432, 64);
-  support::View v2112(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v2149 = arena_.view(16384, 512);
-  support::View v2152 = arena_.view(18432, 16);
-  support::View v2150(param121_decoder_attention_1_1_o_vr); // updated in place
-  support::View v2157 = arena_.view(18432, 64);
-  support::View v2162 = arena_.view(16384, 2);
-  support::View v2164 = arena_.view(18944, 16);
-  support::View v2151(param122_decoder_attention_1_1_o_vc); // updated in place
-  support::View v2165 = arena_.view(18688, 64);
-  support::View v2168 = arena_.view(16384, 512);
-  support::View v2208 = arena_.view(16384, 1024);
-  support::View v2245 = arena_.view(20480, 1024);
-  support::View v2248 = arena_.view(24704, 32);
-  support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1870 = arena_.view(81920, 256);
-  support::View v1876 = arena_.view(87808, 32);
-  support::View v1908 = arena_.view(82944, 256);
-  support::View v1914 = arena_.view(87936, 32);
-  support::View v1946 = arena_.view(83968, 256);
-  support::View v1952 = arena_.view(89088, 32);
-  support::View v1994 = arena_.view(61440, 512);
-  support::View v1996 = arena_.view(99520, 1);
-  support::View v2043 = arena_.view(84992, 256);
-  support::View v2049 = arena_.view(89216, 32);
-  support::View v2081 = arena_.view(86016, 256);
-  support::View v2087 = arena_.view(89344, 32);
-  support::View v2119 = arena_.view(88064, 256);
-  support::View v2125 = arena_.view(89472, 32);
-  support::View v2167 = arena_.view(63488, 512);
-  support::View v2169 = arena_.view(99584, 1);
-  support::View v2211 = arena_.view(98688, 32);
-  support::View v2253 = arena_.view(98816, 32);
-  support::View v2259 = arena_.view(99648, 1);
-  repeated1(v432, v1862, v1870, v1865, v721, v1863, v713, v1876, v429, v1900, v1908, v1903, v1901,
-            v1914, v425, v1938, v1946, v1941, v1939, v1952, v415, v1976, v1979, v1977, v1984, v1989,
-            v1991, v1978, v1992, v1994, v1995, v1996, v395, v2035, v2043, v2038, v2036, v2049, v393,
-            v2073, v2081, v2076, v2074, v2087, v389, v2111, v2119, v2114, v2112, v2125, v380, v2149,
-            v2152, v2150, v2157, v2162, v2164, v2151, v2165, v2167, v2168, v2169, v360, v2208,
-            v2211, v355, v2245, v2253, v2248, v2246, v2259);
-
-  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %788 over model for mul at
-  // 152:3; merged with 57 more partial sums over model (%722, %765, %770, ...): 21.5 KiB in one
-  // buffer)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::allReduceBucket(group_model,
-                           {v824,  v720,  v763,  v769,  v830,  v862,  v868,  v900,  v906,  v950,
-                            v992,  v1034, v1040, v1095, v1101, v1133, v1139, v1171, v1177, v1221,
-                            v1263, v1305, v1311, v1361, v1426, v1432, v1464, v1470, v1502, v1508,
-                            v1552, v1599, v1605, v1637, v1643, v1675, v1681, v1725, v1767, v1809,
-                            v1815, v1870, v1876, v1908, v1914, v1946, v1952, v1996, v2043, v2049,
-                            v2081, v2087, v2119, v2125, v2169, v2211, v2253, v2259});
-}
-
-void T5Train::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
-
-  // 7 statements from t5.mesh:152:3 mul (1 of 2)
-  MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v720 = arena_.view(24960, 8);
-  support::View v721 = arena_.view(99200, 1);
-  support::View v718(param47_encoder_relative_bias_table_vr); // updated in place
-  support::View v713 = arena_.view(99136, 1);
-  support::View v726 = arena_.view(20480, 2);
-  support::View v717 = arena_.view(24896, 16);
-  support::View v731 = arena_.view(20608, 1);
-  support::View v733 = arena_.view(20544, 8);
-  support::View v719(param48_encoder_relative_bias_table_vc); // updated in place
-  support::View v734 = arena_.view(20608, 2);
-  support::View v694 = arena_.view(24832, 16);
-  support::View v737 = arena_.view(20480, 16);
-  support::View v736 = arena_.view(98944, 16);
-  support::View v738 = arena_.view(99712, 1);
-  repeated16(v720, v721, v718, v713, v726, v717, v731, v733, v719, v734, v694, v736, v737, v738);
-
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v756(param49_shared_embedding_vr); // updated in place
-  support::View v769 = arena_.view(25024, 1);
-  support::View v772 = arena_.view(65664, 32);
+  support::View v781 = arena_.view(0, 1024);
   {
-    float *__restrict v772p = v772.data();
-    const float *__restrict v756p = v756.data();
-    const float *__restrict v769p = v769.data();
-    const float r1 = v769p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v756p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v772p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v763 = arena_.view(24576, 32);
-  support::View v757(param50_shared_embedding_vc); // updated in place
-  support::View v773 = arena_.view(65792, 32);
-  {
-    float *__restrict v757p = v757.data();
-    float *__restrict v773p = v773.data();
-    const float *__restrict v763p = v763.data();
-    const float *__restrict v721p = v721.data();
-    const float *__restrict v713p = v713.data();
-    const float r1 = v721p[0];
-    const float r3 = v713p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v763p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = v757p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v757p[i0] = s6;
-      v773p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v691 = arena_.view(4096, 1024);
-  support::View v775 = arena_.view(20480, 1024);
-  support::View v776 = arena_.view(24576, 1024);
-  {
-    float *__restrict v775p = v775.data();
-    float *__restrict v776p = v776.data();
+    float *__restrict v781p = v781.data();
     const float *__restrict v691p = v691.data();
-    const float *__restrict v772p = v772.data();
-    const float *__restrict v773p = v773.data();
+    const float *__restrict v760p = v760.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = v691p[i0 * 32 + i1];
-        const float s1 = v772p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v773p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        v775p[i0 * 32 + i1] = s4;
-        v776p[i0 * 32 + i1] = s5;
+        const float s1 = s0 * s0;
+        const float s2 = v760p[i0];
+        const float s3 = (s1 / s2);
+        v781p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v777 = arena_.view(99776, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32, 32};
-  static const support::Shape shape4_5 = {32, 1};
-  support::reduce(v777.data(), shape4_1, v776.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.00048828125);
+  support::View v782 = arena_.view(63872, 32);
+  static const support::Shape shape19_1 = {32};
+  static const support::Shape shape19_3 = {1};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {32};
+  support::reduce(v782.data(), shape19_1, v781.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.015625);
 
-  // 23 statements from t5.mesh:152:3 div (1 of 2)
+  // 44 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v817(param52_encoder_attention_0_q_vr); // updated in place
-  support::View v830 = arena_.view(65536, 32);
-  support::View v833 = arena_.view(7168, 64);
-  support::View v824 = arena_.view(28672, 256);
-  support::View v818(param53_encoder_attention_0_q_vc); // updated in place
-  support::View v834 = arena_.view(6144, 256);
-  support::View v672 = arena_.view(53248, 512);
-  support::View v837 = arena_.view(4096, 512);
-  support::View v855(param54_encoder_attention_0_k_vr); // updated in place
-  support::View v868 = arena_.view(67584, 32);
-  support::View v871 = arena_.view(7168, 64);
-  support::View v862 = arena_.view(29696, 256);
-  support::View v856(param55_encoder_attention_0_k_vc); // updated in place
-  support::View v872 = arena_.view(6144, 256);
-  support::View v669 = arena_.view(51200, 512);
-  support::View v875 = arena_.view(4096, 512);
-  support::View v893(param56_encoder_attention_0_v_vr); // updated in place
-  support::View v906 = arena_.view(67712, 32);
-  support::View v909 = arena_.view(7168, 64);
-  support::View v900 = arena_.view(30720, 256);
-  support::View v894(param57_encoder_attention_0_v_vc); // updated in place
-  support::View v910 = arena_.view(6144, 256);
-  support::View v665 = arena_.view(47104, 512);
-  support::View v913 = arena_.view(4096, 512);
-  support::View v992 = arena_.view(67840, 32);
-  support::View v990(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v998 = arena_.view(4096, 32);
-  support::View v989 = arena_.view(0, 1024);
-  support::View v1003 = arena_.view(0, 1);
-  support::View v1005 = arena_.view(24576, 32);
-  support::View v991(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1006 = arena_.view(24704, 32);
-  support::View v634 = arena_.view(36864, 1024);
-  support::View v1009 = arena_.view(4096, 1024);
-  support::View v1027(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1040 = arena_.view(69120, 1);
-  support::View v1043 = arena_.view(28672, 32);
-  support::View v1034 = arena_.view(67968, 32);
-  support::View v1028(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1044 = arena_.view(28800, 32);
-  support::View v630 = arena_.view(40960, 1024);
-  support::View v1047 = arena_.view(24576, 1024);
-  support::View v836 = arena_.view(65536, 512);
-  support::View v838 = arena_.view(99840, 1);
-  support::View v874 = arena_.view(53248, 512);
-  support::View v876 = arena_.view(99904, 1);
-  support::View v912 = arena_.view(51200, 512);
-  support::View v914 = arena_.view(99968, 1);
-  support::View v1008 = arena_.view(0, 1024);
-  support::View v1010 = arena_.view(100032, 1);
-  support::View v1046 = arena_.view(4096, 1024);
-  support::View v1048 = arena_.view(100096, 1);
-  repeated6(v817, v830, v833, v824, v721, v818, v713, v834, v672, v836, v837, v838, v855, v868,
-            v871, v862, v856, v872, v669, v874, v875, v876, v893, v906, v909, v900, v894, v910,
-            v665, v912, v913, v914, v992, v990, v998, v989, v1003, v1005, v991, v1006, v634, v1008,
-            v1009, v1010, v1027, v1040, v1043, v1034, v1028, v1044, v630, v1046, v1047, v1048);
+  support::View v824 = arena_.view(0, 512);
+  support::View v827 = arena_.view(2048, 64);
+  support::View v825(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v846 = arena_.view(0, 512);
+  support::View v866 = arena_.view(0, 512);
+  support::View v869 = arena_.view(2048, 64);
+  support::View v867(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v888 = arena_.view(0, 512);
+  support::View v908 = arena_.view(0, 512);
+  support::View v911 = arena_.view(2048, 64);
+  support::View v909(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v930 = arena_.view(0, 512);
+  support::View v950 = arena_.view(0, 512);
+  support::View v953 = arena_.view(2048, 16);
+  support::View v951(param58_encoder_attention_0_o_vr); // updated in place
+  support::View v958 = arena_.view(2048, 64);
+  support::View v952(param59_encoder_attention_0_o_vc); // updated in place
+  support::View v963 = arena_.view(68672, 2);
+  support::View v970 = arena_.view(0, 512);
+  support::View v971 = arena_.view(2048, 16);
+  support::View v973 = arena_.view(0, 16);
+  support::View v1013 = arena_.view(0, 1024);
+  support::View v1022 = arena_.view(16384, 32);
+  support::View v1015(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1034 = arena_.view(0, 1024);
+  support::View v1054 = arena_.view(0, 1024);
+  support::View v1057 = arena_.view(16384, 32);
+  support::View v1055(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1076 = arena_.view(0, 1024);
+  support::View v832 = arena_.view(8192, 256);
+  support::View v838 = arena_.view(64000, 32);
+  support::View v847 = arena_.view(9216, 256);
+  support::View v874 = arena_.view(10240, 256);
+  support::View v880 = arena_.view(64128, 32);
+  support::View v889 = arena_.view(11264, 256);
+  support::View v916 = arena_.view(14336, 256);
+  support::View v922 = arena_.view(64256, 32);
+  support::View v931 = arena_.view(15360, 256);
+  support::View v974 = arena_.view(69312, 1);
+  support::View v1016 = arena_.view(64384, 32);
+  support::View v1035 = arena_.view(64512, 32);
+  support::View v1062 = arena_.view(64640, 32);
+  support::View v1068 = arena_.view(69376, 1);
+  support::View v1077 = arena_.view(64768, 32);
+  repeated2(v672, v824, v832, v827, v721, v825, v713, v838, v846, v847, v669, v866, v874, v869,
+            v867, v880, v888, v889, v665, v908, v916, v911, v909, v922, v930, v931, v654, v950,
+            v953, v951, v958, v952, v963, v970, v971, v973, v974, v634, v1013, v1016, v1022, v1015,
+            v1034, v1035, v630, v1054, v1062, v1057, v1055, v1068, v1076, v1077);
 
-  // 23 statements from t5.mesh:152:3 div (2 of 2)
+  // 44 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1088(param66_encoder_attention_1_q_vr); // updated in place
-  support::View v1101 = arena_.view(68096, 32);
-  support::View v1104 = arena_.view(27648, 64);
-  support::View v1095 = arena_.view(31744, 256);
-  support::View v1089(param67_encoder_attention_1_q_vc); // updated in place
-  support::View v1105 = arena_.view(26624, 256);
-  support::View v611 = arena_.view(49152, 512);
-  support::View v1108 = arena_.view(24576, 512);
-  support::View v1126(param68_encoder_attention_1_k_vr); // updated in place
-  support::View v1139 = arena_.view(68224, 32);
-  support::View v1142 = arena_.view(27648, 64);
-  support::View v1133 = arena_.view(32768, 256);
-  support::View v1127(param69_encoder_attention_1_k_vc); // updated in place
-  support::View v1143 = arena_.view(26624, 256);
-  support::View v608 = arena_.view(102400, 512);
-  support::View v1146 = arena_.view(24576, 512);
-  support::View v1164(param70_encoder_attention_1_v_vr); // updated in place
-  support::View v1177 = arena_.view(68352, 32);
-  support::View v1180 = arena_.view(27648, 64);
-  support::View v1171 = arena_.view(33792, 256);
-  support::View v1165(param71_encoder_attention_1_v_vc); // updated in place
-  support::View v1181 = arena_.view(26624, 256);
-  support::View v604 = arena_.view(100352, 512);
-  support::View v1184 = arena_.view(24576, 512);
-  support::View v1263 = arena_.view(68480, 32);
-  support::View v1261(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v1269 = arena_.view(24576, 32);
-  support::View v1260 = arena_.view(8192, 1024);
-  support::View v1274 = arena_.view(8192, 1);
-  support::View v1276 = arena_.view(28672, 32);
-  support::View v1262(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v1277 = arena_.view(28800, 32);
-  support::View v574 = arena_.view(69632, 1024);
-  support::View v1280 = arena_.view(24576, 1024);
-  support::View v1298(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v1311 = arena_.view(69184, 1);
-  support::View v1314 = arena_.view(32768, 32);
-  support::View v1305 = arena_.view(68608, 32);
-  support::View v1299(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v1315 = arena_.view(32896, 32);
-  support::View v570 = arena_.view(73728, 1024);
-  support::View v1318 = arena_.view(28672, 1024);
-  support::View v1107 = arena_.view(40960, 512);
-  support::View v1109 = arena_.view(100160, 1);
-  support::View v1145 = arena_.view(43008, 512);
-  support::View v1147 = arena_.view(100224, 1);
-  support::View v1183 = arena_.view(47104, 512);
-  support::View v1185 = arena_.view(100288, 1);
-  support::View v1279 = arena_.view(8192, 1024);
-  support::View v1281 = arena_.view(100352, 1);
-  support::View v1317 = arena_.view(24576, 1024);
-  support::View v1319 = arena_.view(100416, 1);
-  repeated6(v1088, v1101, v1104, v1095, v721, v1089, v713, v1105, v611, v1107, v1108, v1109, v1126,
-            v1139, v1142, v1133, v1127, v1143, v608, v1145, v1146, v1147, v1164, v1177, v1180,
-            v1171, v1165, v1181, v604, v1183, v1184, v1185, v1263, v1261, v1269, v1260, v1274,
-            v1276, v1262, v1277, v574, v1279, v1280, v1281, v1298, v1311, v1314, v1305, v1299,
-            v1315, v570, v1317, v1318, v1319);
+  support::View v1119 = arena_.view(0, 512);
+  support::View v1122 = arena_.view(2048, 64);
+  support::View v1120(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1141 = arena_.view(0, 512);
+  support::View v1161 = arena_.view(0, 512);
+  support::View v1164 = arena_.view(2048, 64);
+  support::View v1162(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1183 = arena_.view(0, 512);
+  support::View v1203 = arena_.view(0, 512);
+  support::View v1206 = arena_.view(2048, 64);
+  support::View v1204(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1225 = arena_.view(0, 512);
+  support::View v1245 = arena_.view(0, 512);
+  support::View v1248 = arena_.view(2048, 16);
+  support::View v1246(param72_encoder_attention_1_o_vr); // updated in place
+  support::View v1253 = arena_.view(2048, 64);
+  support::View v1247(param73_encoder_attention_1_o_vc); // updated in place
+  support::View v1258 = arena_.view(68736, 2);
+  support::View v1265 = arena_.view(0, 512);
+  support::View v1266 = arena_.view(2048, 16);
+  support::View v1268 = arena_.view(0, 16);
+  support::View v1308 = arena_.view(0, 1024);
+  support::View v1317 = arena_.view(22528, 32);
+  support::View v1310(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v1329 = arena_.view(0, 1024);
+  support::View v1349 = arena_.view(0, 1024);
+  support::View v1352 = arena_.view(22528, 32);
+  support::View v1350(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1371 = arena_.view(0, 1024);
+  support::View v1127 = arena_.view(16384, 256);
+  support::View v1133 = arena_.view(64896, 32);
+  support::View v1142 = arena_.view(17408, 256);
+  support::View v1169 = arena_.view(18432, 256);
+  support::View v1175 = arena_.view(65024, 32);
+  support::View v1184 = arena_.view(19456, 256);
+  support::View v1211 = arena_.view(20480, 256);
+  support::View v1217 = arena_.view(65152, 32);
+  support::View v1226 = arena_.view(21504, 256);
+  support::View v1269 = arena_.view(69440, 1);
+  support::View v1311 = arena_.view(65280, 32);
+  support::View v1330 = arena_.view(65408, 32);
+  support::View v1357 = arena_.view(65536, 32);
+  support::View v1363 = arena_.view(69504, 1);
+  support::View v1372 = arena_.view(65664, 32);
+  repeated2(v611, v1119, v1127, v1122, v721, v1120, v713, v1133, v1141, v1142, v608, v1161, v1169,
+            v1164, v1162, v1175, v1183, v1184, v604, v1203, v1211, v1206, v1204, v1217, v1225,
+            v1226, v594, v1245, v1248, v1246, v1253, v1247, v1258, v1265, v1266, v1268, v1269, v574,
+            v1308, v1311, v1317, v1310, v1329, v1330, v570, v1349, v1357, v1352, v1350, v1363,
+            v1371, v1372);
 
-  // 7 statements from t5.mesh:152:3 mul (2 of 2)
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  support::View v1414 = arena_.view(0, 16);
+  {
+    float *__restrict v1414p = v1414.data();
+    const float *__restrict v550p = v550.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = v550p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v1414p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  support::View v1417 = arena_.view(68544, 8);
+  static const support::Shape shape23_1 = {8};
+  static const support::Shape shape23_3 = {2};
+  static const support::Shape shape23_4 = {2};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v1417.data(), shape23_1, v1414.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.25);
+}
+
+void T5Train::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
+
+  // 4 statements from t5.mesh:152:3 mean (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1361 = arena_.view(69056, 8);
-  support::View v1359(param80_decoder_relative_bias_table_vr); // updated in place
-  support::View v1367 = arena_.view(28672, 2);
-  support::View v1358 = arena_.view(68992, 16);
-  support::View v1372 = arena_.view(28800, 1);
-  support::View v1374 = arena_.view(28736, 8);
-  support::View v1360(param81_decoder_relative_bias_table_vc); // updated in place
-  support::View v1375 = arena_.view(28800, 2);
+  support::View v1423 = arena_.view(64, 2);
+  support::View v1414 = arena_.view(0, 16);
+  support::View v721 = arena_.view(69184, 1);
+  support::View v1416(param81_decoder_relative_bias_table_vc); // updated in place
+  support::View v713 = arena_.view(69120, 1);
   support::View v550 = arena_.view(126976, 16);
-  support::View v1378 = arena_.view(28672, 16);
-  support::View v1377 = arena_.view(99008, 16);
-  support::View v1379 = arena_.view(100480, 1);
-  repeated16(v1361, v721, v1359, v713, v1367, v1358, v1372, v1374, v1360, v1375, v550, v1377, v1378,
-             v1379);
+  support::View v1435 = arena_.view(0, 16);
+  support::View v1436 = arena_.view(68608, 8);
+  repeated16(v1423, v1414, v721, v1416, v713, v550, v1435, v1436);
 
-  // 35 statements from t5.mesh:152:3 div (1 of 2)
+  // 75 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1419(param83_decoder_attention_0_q_vr); // updated in place
-  support::View v1432 = arena_.view(68736, 32);
-  support::View v1435 = arena_.view(31744, 64);
-  support::View v1426 = arena_.view(34816, 256);
-  support::View v1420(param84_decoder_attention_0_q_vc); // updated in place
-  support::View v1436 = arena_.view(30720, 256);
   support::View v529 = arena_.view(147456, 512);
-  support::View v1439 = arena_.view(28672, 512);
-  support::View v1457(param85_decoder_attention_0_k_vr); // updated in place
-  support::View v1470 = arena_.view(68864, 32);
-  support::View v1473 = arena_.view(31744, 64);
-  support::View v1464 = arena_.view(35840, 256);
-  support::View v1458(param86_decoder_attention_0_k_vc); // updated in place
-  support::View v1474 = arena_.view(30720, 256);
+  support::View v1478 = arena_.view(0, 512);
+  support::View v1481 = arena_.view(2048, 64);
+  support::View v1479(param83_decoder_attention_0_q_vr); // updated in place
+  support::View v1500 = arena_.view(0, 512);
   support::View v526 = arena_.view(145408, 512);
-  support::View v1477 = arena_.view(28672, 512);
-  support::View v1495(param87_decoder_attention_0_v_vr); // updated in place
-  support::View v1508 = arena_.view(87040, 32);
-  support::View v1511 = arena_.view(31744, 64);
-  support::View v1502 = arena_.view(77824, 256);
-  support::View v1496(param88_decoder_attention_0_v_vc); // updated in place
-  support::View v1512 = arena_.view(30720, 256);
+  support::View v1520 = arena_.view(0, 512);
+  support::View v1523 = arena_.view(2048, 64);
+  support::View v1521(param85_decoder_attention_0_k_vr); // updated in place
+  support::View v1542 = arena_.view(0, 512);
   support::View v522 = arena_.view(120832, 512);
-  support::View v1515 = arena_.view(28672, 512);
-  support::View v1592(param92_decoder_attention_1_0_q_vr); // updated in place
-  support::View v1605 = arena_.view(87168, 32);
-  support::View v1608 = arena_.view(31744, 64);
-  support::View v1599 = arena_.view(78848, 256);
-  support::View v1593(param93_decoder_attention_1_0_q_vc); // updated in place
-  support::View v1609 = arena_.view(30720, 256);
+  support::View v1562 = arena_.view(0, 512);
+  support::View v1565 = arena_.view(2048, 64);
+  support::View v1563(param87_decoder_attention_0_v_vr); // updated in place
+  support::View v1584 = arena_.view(0, 512);
+  support::View v511 = arena_.view(118784, 512);
+  support::View v1604 = arena_.view(0, 512);
+  support::View v1607 = arena_.view(2048, 16);
+  support::View v1605(param89_decoder_attention_0_o_vr); // updated in place
+  support::View v1612 = arena_.view(2048, 64);
+  support::View v1606(param90_decoder_attention_0_o_vc); // updated in place
+  support::View v1617 = arena_.view(68800, 2);
+  support::View v1624 = arena_.view(0, 512);
+  support::View v1625 = arena_.view(2048, 16);
+  support::View v1627 = arena_.view(0, 16);
   support::View v491 = arena_.view(116736, 512);
-  support::View v1612 = arena_.view(28672, 512);
-  support::View v1630(param94_decoder_attention_1_0_k_vr); // updated in place
-  support::View v1643 = arena_.view(87296, 32);
-  support::View v1646 = arena_.view(31744, 64);
-  support::View v1637 = arena_.view(79872, 256);
-  support::View v1631(param95_decoder_attention_1_0_k_vc); // updated in place
-  support::View v1647 = arena_.view(30720, 256);
+  support::View v1667 = arena_.view(0, 512);
+  support::View v1670 = arena_.view(2048, 64);
+  support::View v1668(param92_decoder_attention_1_0_q_vr); // updated in place
+  support::View v1689 = arena_.view(0, 512);
   support::View v489 = arena_.view(114688, 512);
-  support::View v1650 = arena_.view(28672, 512);
-  support::View v1668(param96_decoder_attention_1_0_v_vr); // updated in place
-  support::View v1681 = arena_.view(87424, 32);
-  support::View v1684 = arena_.view(31744, 64);
-  support::View v1675 = arena_.view(80896, 256);
-  support::View v1669(param97_decoder_attention_1_0_v_vc); // updated in place
-  support::View v1685 = arena_.view(30720, 256);
+  support::View v1709 = arena_.view(0, 512);
+  support::View v1712 = arena_.view(2048, 64);
+  support::View v1710(param94_decoder_attention_1_0_k_vr); // updated in place
+  support::View v1731 = arena_.view(0, 512);
   support::View v485 = arena_.view(174080, 512);
-  support::View v1688 = arena_.view(28672, 512);
-  support::View v1767 = arena_.view(87552, 32);
-  support::View v1765(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
-  support::View v1773 = arena_.view(28672, 32);
-  support::View v1764 = arena_.view(12288, 1024);
-  support::View v1778 = arena_.view(12288, 1);
-  support::View v1780 = arena_.view(32768, 32);
-  support::View v1766(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
-  support::View v1781 = arena_.view(32896, 32);
+  support::View v1751 = arena_.view(0, 512);
+  support::View v1754 = arena_.view(2048, 64);
+  support::View v1752(param96_decoder_attention_1_0_v_vr); // updated in place
+  support::View v1773 = arena_.view(0, 512);
+  support::View v475 = arena_.view(157696, 512);
+  support::View v1793 = arena_.view(0, 512);
+  support::View v1796 = arena_.view(2048, 16);
+  support::View v1794(param98_decoder_attention_1_0_o_vr); // updated in place
+  support::View v1801 = arena_.view(2048, 64);
+  support::View v1795(param99_decoder_attention_1_0_o_vc); // updated in place
+  support::View v1806 = arena_.view(68864, 2);
+  support::View v1813 = arena_.view(0, 512);
+  support::View v1814 = arena_.view(2048, 16);
+  support::View v1816 = arena_.view(0, 16);
   support::View v455 = arena_.view(110592, 1024);
-  support::View v1784 = arena_.view(28672, 1024);
-  support::View v1802(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
-  support::View v1815 = arena_.view(89600, 1);
-  support::View v1818 = arena_.view(36864, 32);
-  support::View v1809 = arena_.view(87680, 32);
-  support::View v1803(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
-  support::View v1819 = arena_.view(36992, 32);
+  support::View v1856 = arena_.view(0, 1024);
+  support::View v1865 = arena_.view(45056, 32);
+  support::View v1858(param102_decoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1877 = arena_.view(0, 1024);
   support::View v451 = arena_.view(106496, 1024);
-  support::View v1822 = arena_.view(32768, 1024);
-  support::View v1438 = arena_.view(49152, 512);
-  support::View v1440 = arena_.view(100544, 1);
-  support::View v1476 = arena_.view(67584, 512);
-  support::View v1478 = arena_.view(100608, 1);
-  support::View v1514 = arena_.view(69632, 512);
-  support::View v1516 = arena_.view(100672, 1);
-  support::View v1611 = arena_.view(71680, 512);
-  support::View v1613 = arena_.view(100736, 1);
-  support::View v1649 = arena_.view(73728, 512);
-  support::View v1651 = arena_.view(100800, 1);
-  support::View v1687 = arena_.view(75776, 512);
-  support::View v1689 = arena_.view(100864, 1);
-  support::View v1783 = arena_.view(12288, 1024);
-  support::View v1785 = arena_.view(100928, 1);
-  support::View v1821 = arena_.view(28672, 1024);
-  support::View v1823 = arena_.view(100992, 1);
-  repeated2(v1419, v1432, v1435, v1426, v721, v1420, v713, v1436, v529, v1438, v1439, v1440, v1457,
-            v1470, v1473, v1464, v1458, v1474, v526, v1476, v1477, v1478, v1495, v1508, v1511,
-            v1502, v1496, v1512, v522, v1514, v1515, v1516, v1592, v1605, v1608, v1599, v1593,
-            v1609, v491, v1611, v1612, v1613, v1630, v1643, v1646, v1637, v1631, v1647, v489, v1649,
-            v1650, v1651, v1668, v1681, v1684, v1675, v1669, v1685, v485, v1687, v1688, v1689,
-            v1767, v1765, v1773, v1764, v1778, v1780, v1766, v1781, v455, v1783, v1784, v1785,
-            v1802, v1815, v1818, v1809, v1803, v1819, v451, v1821, v1822, v1823);
+  support::View v1897 = arena_.view(0, 1024);
+  support::View v1900 = arena_.view(45056, 32);
+  support::View v1898(param103_decoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1919 = arena_.view(0, 1024);
+  support::View v1486 = arena_.view(22528, 256);
+  support::View v1492 = arena_.view(65792, 32);
+  support::View v1501 = arena_.view(23552, 256);
+  support::View v1528 = arena_.view(24576, 256);
+  support::View v1534 = arena_.view(65920, 32);
+  support::View v1543 = arena_.view(25600, 256);
+  support::View v1570 = arena_.view(26624, 256);
+  support::View v1576 = arena_.view(66048, 32);
+  support::View v1585 = arena_.view(27648, 256);
+  support::View v1628 = arena_.view(69568, 1);
+  support::View v1675 = arena_.view(28672, 256);
+  support::View v1681 = arena_.view(66176, 32);
+  support::View v1690 = arena_.view(29696, 256);
+  support::View v1717 = arena_.view(30720, 256);
+  support::View v1723 = arena_.view(66304, 32);
+  support::View v1732 = arena_.view(31744, 256);
+  support::View v1759 = arena_.view(34816, 256);
+  support::View v1765 = arena_.view(66432, 32);
+  support::View v1774 = arena_.view(35840, 256);
+  support::View v1817 = arena_.view(77824, 1);
+  support::View v1859 = arena_.view(66560, 32);
+  support::View v1878 = arena_.view(66688, 32);
+  support::View v1905 = arena_.view(66816, 32);
+  support::View v1911 = arena_.view(77888, 1);
+  support::View v1920 = arena_.view(66944, 32);
+  repeated1(v529, v1478, v1486, v1481, v721, v1479, v713, v1492, v1500, v1501, v526, v1520, v1528,
+            v1523, v1521, v1534, v1542, v1543, v522, v1562, v1570, v1565, v1563, v1576, v1584,
+            v1585, v511, v1604, v1607, v1605, v1612, v1606, v1617, v1624, v1625, v1627, v1628, v491,
+            v1667, v1675, v1670, v1668, v1681, v1689, v1690, v489, v1709, v1717, v1712, v1710,
+            v1723, v1731, v1732, v485, v1751, v1759, v1754, v1752, v1765, v1773, v1774, v475, v1793,
+            v1796, v1794, v1801, v1795, v1806, v1813, v1814, v1816, v1817, v455, v1856, v1859,
+            v1865, v1858, v1877, v1878, v451, v1897, v1905, v1900, v1898, v1911, v1919, v1920);
 
-  // 35 statements from t5.mesh:152:3 div (2 of 2)
+  // 75 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1863(param106_decoder_attention_1_q_vr); // updated in place
-  support::View v1876 = arena_.view(87808, 32);
-  support::View v1879 = arena_.view(35840, 64);
-  support::View v1870 = arena_.view(81920, 256);
-  support::View v1864(param107_decoder_attention_1_q_vc); // updated in place
-  support::View v1880 = arena_.view(34816, 256);
   support::View v432 = arena_.view(155648, 512);
-  support::View v1883 = arena_.view(32768, 512);
-  support::View v1901(param108_decoder_attention_1_k_vr); // updated in place
-  support::View v1914 = arena_.view(87936, 32);
-  support::View v1917 = arena_.view(35840, 64);
-  support::View v1908 = arena_.view(82944, 256);
-  support::View v1902(param109_decoder_attention_1_k_vc); // updated in place
-  support::View v1918 = arena_.view(34816, 256);
+  support::View v1962 = arena_.view(0, 512);
+  support::View v1965 = arena_.view(2048, 64);
+  support::View v1963(param106_decoder_attention_1_q_vr); // updated in place
+  support::View v1984 = arena_.view(0, 512);
   support::View v429 = arena_.view(172032, 512);
-  support::View v1921 = arena_.view(32768, 512);
-  support::View v1939(param110_decoder_attention_1_v_vr); // updated in place
-  support::View v1952 = arena_.view(89088, 32);
-  support::View v1955 = arena_.view(35840, 64);
-  support::View v1946 = arena_.view(83968, 256);
-  support::View v1940(param111_decoder_attention_1_v_vc); // updated in place
-  support::View v1956 = arena_.view(34816, 256);
+  support::View v2004 = arena_.view(0, 512);
+  support::View v2007 = arena_.view(2048, 64);
+  support::View v2005(param108_decoder_attention_1_k_vr); // updated in place
+  support::View v2026 = arena_.view(0, 512);
   support::View v425 = arena_.view(161792, 512);
-  support::View v1959 = arena_.view(32768, 512);
-  support::View v2036(param115_decoder_attention_1_1_q_vr); // updated in place
-  support::View v2049 = arena_.view(89216, 32);
-  support::View v2052 = arena_.view(35840, 64);
-  support::View v2043 = arena_.view(84992, 256);
-  support::View v2037(param116_decoder_attention_1_1_q_vc); // updated in place
-  support::View v2053 = arena_.view(34816, 256);
+  support::View v2046 = arena_.view(0, 512);
+  support::View v2049 = arena_.view(2048, 64);
+  support::View v2047(param110_decoder_attention_1_v_vr); // updated in place
+  support::View v2068 = arena_.view(0, 512);
+  support::View v415 = arena_.view(153600, 512);
+  support::View v2088 = arena_.view(0, 512);
+  support::View v2091 = arena_.view(2048, 16);
+  support::View v2089(param112_decoder_attention_1_o_vr); // updated in place
+  support::View v2096 = arena_.view(2048, 64);
+  support::View v2090(param113_decoder_attention_1_o_vc); // updated in place
+  support::View v2101 = arena_.view(68928, 2);
+  support::View v2108 = arena_.view(0, 512);
+  support::View v2109 = arena_.view(2048, 16);
+  support::View v2111 = arena_.view(0, 16);
   support::View v395 = arena_.view(169984, 512);
-  support::View v2056 = arena_.view(32768, 512);
-  support::View v2074(param117_decoder_attention_1_1_k_vr); // updated in place
-  support::View v2087 = arena_.view(89344, 32);
-  support::View v2090 = arena_.view(35840, 64);
-  support::View v2081 = arena_.view(86016, 256);
-  support::View v2075(param118_decoder_attention_1_1_k_vc); // updated in place
-  support::View v2091 = arena_.view(34816, 256);
+  support::View v2151 = arena_.view(0, 512);
+  support::View v2154 = arena_.view(2048, 64);
+  support::View v2152(param115_decoder_attention_1_1_q_vr); // updated in place
+  support::View v2173 = arena_.view(0, 512);
   support::View v393 = arena_.view(159744, 512);
-  support::View v2094 = arena_.view(32768, 512);
-  support::View v2112(param119_decoder_attention_1_1_v_vr); // updated in place
-  support::View v2125 = arena_.view(89472, 32);
-  support::View v2128 = arena_.view(35840, 64);
-  support::View v2119 = arena_.view(88064, 256);
-  support::View v2113(param120_decoder_attention_1_1_v_vc); // updated in place
-  support::View v2129 = arena_.view(34816, 256);
+  support::View v2193 = arena_.view(0, 512);
+  support::View v2196 = arena_.view(2048, 64);
+  support::View v2194(param117_decoder_attention_1_1_k_vr); // updated in place
+  support::View v2215 = arena_.view(0, 512);
   support::View v389 = arena_.view(167936, 512);
-  support::View v2132 = arena_.view(32768, 512);
-  support::View v2211 = arena_.view(98688, 32);
-  support::View v2209(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
-  support::View v2217 = arena_.view(32768, 32);
-  support::View v2208 = arena_.view(16384, 1024);
-  support::View v2222 = arena_.view(16384, 1);
-  support::View v2224 = arena_.view(36864, 32);
-  support::View v2210(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
-  support::View v2225 = arena_.view(36992, 32);
+  support::View v2235 = arena_.view(0, 512);
+  support::View v2238 = arena_.view(2048, 64);
+  support::View v2236(param119_decoder_attention_1_1_v_vr); // updated in place
+  support::View v2257 = arena_.view(0, 512);
+  support::View v380 = arena_.view(163840, 512);
+  support::View v2277 = arena_.view(0, 512);
+  support::View v2280 = arena_.view(2048, 16);
+  support::View v2278(param121_decoder_attention_1_1_o_vr); // updated in place
+  support::View v2285 = arena_.view(2048, 64);
+  support::View v2279(param122_decoder_attention_1_1_o_vc); // updated in place
+  support::View v2290 = arena_.view(68992, 2);
+  support::View v2297 = arena_.view(0, 512);
+  support::View v2298 = arena_.view(2048, 16);
+  support::View v2300 = arena_.view(0, 16);
   support::View v360 = arena_.view(94208, 1024);
-  support::View v2228 = arena_.view(32768, 1024);
-  support::View v2246(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
-  support::View v2259 = arena_.view(99648, 1);
-  support::View v2262 = arena_.view(94208, 32);
-  support::View v2253 = arena_.view(98816, 32);
-  support::View v2247(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
-  support::View v2263 = arena_.view(94336, 32);
+  support::View v2340 = arena_.view(0, 1024);
+  support::View v2349 = arena_.view(67968, 32);
+  support::View v2342(param125_decoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v2361 = arena_.view(0, 1024);
   support::View v355 = arena_.view(90112, 1024);
-  support::View v2266 = arena_.view(36864, 1024);
-  support::View v1882 = arena_.view(77824, 512);
-  support::View v1884 = arena_.view(101056, 1);
-  support::View v1920 = arena_.view(79872, 512);
-  support::View v1922 = arena_.view(101120, 1);
-  support::View v1958 = arena_.view(81920, 512);
-  support::View v1960 = arena_.view(101184, 1);
-  support::View v2055 = arena_.view(83968, 512);
-  support::View v2057 = arena_.view(101248, 1);
-  support::View v2093 = arena_.view(86016, 512);
-  support::View v2095 = arena_.view(101312, 1);
-  support::View v2131 = arena_.view(88064, 512);
-  support::View v2133 = arena_.view(101376, 1);
-  support::View v2227 = arena_.view(16384, 1024);
-  support::View v2229 = arena_.view(94464, 1);
-  support::View v2265 = arena_.view(32768, 1024);
-  support::View v2267 = arena_.view(90112, 1);
-  repeated2(v1863, v1876, v1879, v1870, v721, v1864, v713, v1880, v432, v1882, v1883, v1884, v1901,
-            v1914, v1917, v1908, v1902, v1918, v429, v1920, v1921, v1922, v1939, v1952, v1955,
-            v1946, v1940, v1956, v425, v1958, v1959, v1960, v2036, v2049, v2052, v2043, v2037,
-            v2053, v395, v2055, v2056, v2057, v2074, v2087, v2090, v2081, v2075, v2091, v393, v2093,
-            v2094, v2095, v2112, v2125, v2128, v2119, v2113, v2129, v389, v2131, v2132, v2133,
-            v2211, v2209, v2217, v2208, v2222, v2224, v2210, v2225, v360, v2227, v2228, v2229,
-            v2246, v2259, v2262, v2253, v2247, v2263, v355, v2265, v2266, v2267);
+  support::View v2381 = arena_.view(0, 1024);
+  support::View v2384 = arena_.view(68224, 32);
+  support::View v2382(param126_decoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v2403 = arena_.view(0, 1024);
+  support::View v1970 = arena_.view(45056, 256);
+  support::View v1976 = arena_.view(67072, 32);
+  support::View v1985 = arena_.view(46080, 256);
+  support::View v2012 = arena_.view(53248, 256);
+  support::View v2018 = arena_.view(67200, 32);
+  support::View v2027 = arena_.view(54272, 256);
+  support::View v2054 = arena_.view(55296, 256);
+  support::View v2060 = arena_.view(67328, 32);
+  support::View v2069 = arena_.view(56320, 256);
+  support::View v2112 = arena_.view(77952, 1);
+  support::View v2159 = arena_.view(57344, 256);
+  support::View v2165 = arena_.view(67456, 32);
+  support::View v2174 = arena_.view(58368, 256);
+  support::View v2201 = arena_.view(59392, 256);
+  support::View v2207 = arena_.view(67584, 32);
+  support::View v2216 = arena_.view(60416, 256);
+  support::View v2243 = arena_.view(61440, 256);
+  support::View v2249 = arena_.view(67712, 32);
+  support::View v2258 = arena_.view(62464, 256);
+  support::View v2301 = arena_.view(78016, 1);
+  support::View v2343 = arena_.view(67840, 32);
+  support::View v2362 = arena_.view(67968, 32);
+  support::View v2389 = arena_.view(68096, 32);
+  support::View v2395 = arena_.view(78080, 1);
+  support::View v2404 = arena_.view(68224, 32);
+  repeated1(v432, v1962, v1970, v1965, v721, v1963, v713, v1976, v1984, v1985, v429, v2004, v2012,
+            v2007, v2005, v2018, v2026, v2027, v425, v2046, v2054, v2049, v2047, v2060, v2068,
+            v2069, v415, v2088, v2091, v2089, v2096, v2090, v2101, v2108, v2109, v2111, v2112, v395,
+            v2151, v2159, v2154, v2152, v2165, v2173, v2174, v393, v2193, v2201, v2196, v2194,
+            v2207, v2215, v2216, v389, v2235, v2243, v2238, v2236, v2249, v2257, v2258, v380, v2277,
+            v2280, v2278, v2285, v2279, v2290, v2297, v2298, v2300, v2301, v360, v2340, v2343,
+            v2349, v2342, v2361, v2362, v355, v2381, v2389, v2384, v2382, v2395, v2403, v2404);
 
-  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %711 over model for sqrt at
-  // 152:3; merged with 28 more partial sums over model (%778, %839, %877, ...): 116 B in one
+  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %796 over model for mul at
+  // 152:3; merged with 86 more partial sums over model (%722, %741, %769, ...): 40.7 KiB in one
   // buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::allReduceBucket(group_model,
-                           {v738,  v777,  v838,  v876,  v914,  v1010, v1048, v1109, v1147, v1185,
-                            v1281, v1319, v1379, v1440, v1478, v1516, v1613, v1651, v1689, v1785,
-                            v1823, v1884, v1922, v1960, v2057, v2095, v2133, v2229, v2267});
+  support::View v832 = arena_.view(8192, 256);
+  support::View v720 = arena_.view(68416, 8);
+  support::View v739 = arena_.view(68480, 8);
+  support::View v767 = arena_.view(63744, 32);
+  support::View v773 = arena_.view(69248, 1);
+  support::View v782 = arena_.view(63872, 32);
+  support::View v838 = arena_.view(64000, 32);
+  support::View v847 = arena_.view(9216, 256);
+  support::View v874 = arena_.view(10240, 256);
+  support::View v880 = arena_.view(64128, 32);
+  support::View v889 = arena_.view(11264, 256);
+  support::View v916 = arena_.view(14336, 256);
+  support::View v922 = arena_.view(64256, 32);
+  support::View v931 = arena_.view(15360, 256);
+  support::View v974 = arena_.view(69312, 1);
+  support::View v1016 = arena_.view(64384, 32);
+  support::View v1035 = arena_.view(64512, 32);
+  support::View v1062 = arena_.view(64640, 32);
+  support::View v1068 = arena_.view(69376, 1);
+  support::View v1077 = arena_.view(64768, 32);
+  support::View v1127 = arena_.view(16384, 256);
+  support::View v1133 = arena_.view(64896, 32);
+  support::View v1142 = arena_.view(17408, 256);
+  support::View v1169 = arena_.view(18432, 256);
+  support::View v1175 = arena_.view(65024, 32);
+  support::View v1184 = arena_.view(19456, 256);
+  support::View v1211 = arena_.view(20480, 256);
+  support::View v1217 = arena_.view(65152, 32);
+  support::View v1226 = arena_.view(21504, 256);
+  support::View v1269 = arena_.view(69440, 1);
+  support::View v1311 = arena_.view(65280, 32);
+  support::View v1330 = arena_.view(65408, 32);
+  support::View v1357 = arena_.view(65536, 32);
+  support::View v1363 = arena_.view(69504, 1);
+  support::View v1372 = arena_.view(65664, 32);
+  support::View v1417 = arena_.view(68544, 8);
+  support::allReduceBucket(
+      group_model,
+      {v832,  v720,  v739,  v767,  v773,  v782,  v838,  v847,  v874,  v880,  v889,  v916,  v922,
+       v931,  v974,  v1016, v1035, v1062, v1068, v1077, v1127, v1133, v1142, v1169, v1175, v1184,
+       v1211, v1217, v1226, v1269, v1311, v1330, v1357, v1363, v1372, v1417, v1436, v1486, v1492,
+       v1501, v1528, v1534, v1543, v1570, v1576, v1585, v1628, v1675, v1681, v1690, v1717, v1723,
+       v1732, v1759, v1765, v1774, v1817, v1859, v1878, v1905, v1911, v1920, v1970, v1976, v1985,
+       v2012, v2018, v2027, v2054, v2060, v2069, v2112, v2159, v2165, v2174, v2201, v2207, v2216,
+       v2243, v2249, v2258, v2301, v2343, v2362, v2389, v2395, v2404});
 
-  // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
+  // 9 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v742 = arena_.view(36864, 1);
-  support::View v746 = arena_.view(186176, 1);
-  support::View v710 = arena_.view(99072, 1);
-  support::View v750 = arena_.view(36928, 1);
+  support::View v718(param47_encoder_relative_bias_table_vr); // updated in place
+  support::View v731 = arena_.view(192, 1);
+  support::View v733 = arena_.view(0, 8);
+  support::View v719(param48_encoder_relative_bias_table_vc); // updated in place
+  support::View v734 = arena_.view(128, 2);
+  support::View v742 = arena_.view(64, 8);
+  support::View v743 = arena_.view(192, 1);
+  support::View v746 = arena_.view(64, 1);
+  support::View v750 = arena_.view(186176, 1);
+  support::View v710 = arena_.view(69056, 1);
+  support::View v754 = arena_.view(192, 1);
+  support::View v694 = arena_.view(68352, 16);
   support::View v32(param0_encoder_relative_bias_table); // updated in place
-  repeated18(v738, v742, v746, v710, v750, v736, v32);
+  repeated11(v720, v721, v718, v713, v731, v733, v719, v734, v739, v742, v743, v746, v750, v710,
+             v754, v694, v32);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  support::View v760(param49_shared_embedding_vr); // updated in place
+  support::View v776 = arena_.view(0, 32);
+  {
+    float *__restrict v776p = v776.data();
+    const float *__restrict v760p = v760.data();
+    const float *__restrict v773p = v773.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v760p[i0];
+      const float s1 = v773p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v776p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  support::View v761(param50_shared_embedding_vc); // updated in place
+  support::View v777 = arena_.view(128, 32);
+  {
+    float *__restrict v761p = v761.data();
+    float *__restrict v777p = v777.data();
+    const float *__restrict v767p = v767.data();
+    const float *__restrict v721p = v721.data();
+    const float *__restrict v713p = v713.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v767p[i0];
+      const float s1 = v721p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v761p[i0];
+      const float s4 = v713p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v761p[i0] = s6;
+      v777p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  support::View v785 = arena_.view(256, 32);
+  {
+    float *__restrict v785p = v785.data();
+    const float *__restrict v773p = v773.data();
+    const float *__restrict v761p = v761.data();
+    const float *__restrict v782p = v782.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v773p[0];
+      const float s1 = v761p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = v782p[i0];
+      const float s4 = (s3 * s2);
+      v785p[i0] = s4;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  support::View v786 = arena_.view(384, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v786.data(), shape8_1, v785.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v781 = arena_.view(36864, 1);
+  support::View v789 = arena_.view(256, 1);
   {
-    float *__restrict v781p = v781.data();
-    const float *__restrict v777p = v777.data();
-    const float s0 = v777p[0];
+    float *__restrict v789p = v789.data();
+    const float *__restrict v786p = v786.data();
+    const float s0 = v786p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v781p[0] = s5;
+    v789p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v784 = arena_.view(186240, 1);
-  support::View v788 = arena_.view(36928, 1);
+  support::View v792 = arena_.view(186240, 1);
+  support::View v796 = arena_.view(320, 1);
   {
-    float *__restrict v788p = v788.data();
-    const float *__restrict v784p = v784.data();
+    float *__restrict v796p = v796.data();
+    const float *__restrict v792p = v792.data();
     const float *__restrict v710p = v710.data();
-    const float s0 = v784p[0];
+    const float s0 = v792p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = v710p[0];
     const float s5 = (s3 * s4);
-    v788p[0] = s5;
+    v796p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/shared/embedding
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  support::View v691 = arena_.view(4096, 1024);
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
-    const float *__restrict v775p = v775.data();
-    const float *__restrict v781p = v781.data();
-    const float *__restrict v788p = v788.data();
-    const float r1 = v781p[0];
-    const float r2 = v788p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v775p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = v35p[i0];
-      const float s6 = (s5 - s4);
-      v35p[i0] = s6;
+    const float *__restrict v691p = v691.data();
+    const float *__restrict v776p = v776.data();
+    const float *__restrict v777p = v777.data();
+    const float *__restrict v789p = v789.data();
+    const float *__restrict v796p = v796.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v691p[i0 * 32 + i1];
+        const float s1 = v776p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v777p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = v789p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = v796p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = v35p[i0 * 32 + i1];
+        const float s10 = (s9 - s8);
+        v35p[i0 * 32 + i1] = s10;
+      }
     }
   }
 
-  // 60 statements from t5.mesh:152:3 square (1 of 2)
+  // 96 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v676 = arena_.view(98560, 32);
-  support::View v794(param51_encoder_rms_norm_0_scale_v); // updated in place
-  support::View v800 = arena_.view(20480, 32);
-  support::View v801 = arena_.view(20608, 32);
-  support::View v802 = arena_.view(20736, 1);
-  support::View v805 = arena_.view(20800, 1);
+  support::View v676 = arena_.view(63616, 32);
+  support::View v802(param51_encoder_rms_norm_0_scale_v); // updated in place
+  support::View v808 = arena_.view(0, 32);
+  support::View v809 = arena_.view(128, 32);
+  support::View v810 = arena_.view(256, 1);
+  support::View v813 = arena_.view(320, 1);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v807 = arena_.view(20608, 32);
-  support::View v808 = arena_.view(20736, 1);
-  support::View v811 = arena_.view(20608, 1);
-  support::View v842 = arena_.view(20480, 1);
-  support::View v845 = arena_.view(186304, 1);
-  support::View v849 = arena_.view(20544, 1);
-  support::View v47(param3_encoder_attention_0_q); // updated in place
-  support::View v880 = arena_.view(20480, 1);
-  support::View v883 = arena_.view(186368, 1);
-  support::View v887 = arena_.view(20544, 1);
-  support::View v48(param4_encoder_attention_0_k); // updated in place
-  support::View v918 = arena_.view(20480, 1);
-  support::View v921 = arena_.view(186432, 1);
-  support::View v925 = arena_.view(20544, 1);
-  support::View v49(param5_encoder_attention_0_v); // updated in place
-  support::View v950 = arena_.view(99264, 1);
-  support::View v954 = arena_.view(20480, 1);
-  support::View v957 = arena_.view(186496, 1);
-  support::View v961 = arena_.view(20544, 1);
-  support::View v948 = arena_.view(45056, 512);
+  support::View v815 = arena_.view(128, 32);
+  support::View v816 = arena_.view(256, 1);
+  support::View v819 = arena_.view(128, 1);
+  support::View v825(param52_encoder_attention_0_q_vr); // updated in place
+  support::View v841 = arena_.view(2048, 64);
+  support::View v826(param53_encoder_attention_0_q_vc); // updated in place
+  support::View v842 = arena_.view(0, 256);
+  support::View v850 = arena_.view(1024, 256);
+  support::View v851 = arena_.view(2304, 1);
+  support::View v854 = arena_.view(1024, 1);
+  support::View v857 = arena_.view(186304, 1);
+  support::View v861 = arena_.view(1088, 1);
+  support::View v672 = arena_.view(12288, 512);
+  support::View v47(param3_encoder_attention_0_q);      // updated in place
+  support::View v867(param54_encoder_attention_0_k_vr); // updated in place
+  support::View v883 = arena_.view(2048, 64);
+  support::View v868(param55_encoder_attention_0_k_vc); // updated in place
+  support::View v884 = arena_.view(0, 256);
+  support::View v892 = arena_.view(1024, 256);
+  support::View v893 = arena_.view(2304, 1);
+  support::View v896 = arena_.view(1024, 1);
+  support::View v899 = arena_.view(186368, 1);
+  support::View v903 = arena_.view(1088, 1);
+  support::View v669 = arena_.view(51200, 512);
+  support::View v48(param4_encoder_attention_0_k);      // updated in place
+  support::View v909(param56_encoder_attention_0_v_vr); // updated in place
+  support::View v925 = arena_.view(2048, 64);
+  support::View v910(param57_encoder_attention_0_v_vc); // updated in place
+  support::View v926 = arena_.view(0, 256);
+  support::View v934 = arena_.view(1024, 256);
+  support::View v935 = arena_.view(2304, 1);
+  support::View v938 = arena_.view(1024, 1);
+  support::View v941 = arena_.view(186432, 1);
+  support::View v945 = arena_.view(1088, 1);
+  support::View v665 = arena_.view(47104, 512);
+  support::View v49(param5_encoder_attention_0_v);      // updated in place
+  support::View v951(param58_encoder_attention_0_o_vr); // updated in place
+  support::View v963 = arena_.view(68672, 2);
+  support::View v965 = arena_.view(256, 16);
+  support::View v952(param59_encoder_attention_0_o_vc); // updated in place
+  support::View v966 = arena_.view(0, 64);
+  support::View v978 = arena_.view(320, 1);
+  support::View v981 = arena_.view(186496, 1);
+  support::View v985 = arena_.view(384, 1);
+  support::View v654 = arena_.view(32768, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
-  support::View v638 = arena_.view(98432, 32);
-  support::View v967(param60_encoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v973 = arena_.view(20480, 32);
-  support::View v974 = arena_.view(20608, 32);
-  support::View v975 = arena_.view(20736, 1);
-  support::View v978 = arena_.view(20800, 1);
+  support::View v638 = arena_.view(63488, 32);
+  support::View v991(param60_encoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v997 = arena_.view(0, 32);
+  support::View v998 = arena_.view(128, 32);
+  support::View v999 = arena_.view(256, 1);
+  support::View v1002 = arena_.view(320, 1);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v980 = arena_.view(20608, 32);
-  support::View v981 = arena_.view(20736, 1);
-  support::View v984 = arena_.view(20608, 1);
-  support::View v1014 = arena_.view(20480, 1);
-  support::View v1017 = arena_.view(186560, 1);
-  support::View v1021 = arena_.view(20544, 1);
-  support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1052 = arena_.view(0, 1);
-  support::View v1055 = arena_.view(186624, 1);
-  support::View v1059 = arena_.view(64, 1);
+  support::View v1004 = arena_.view(128, 32);
+  support::View v1005 = arena_.view(256, 1);
+  support::View v1008 = arena_.view(128, 1);
+  support::View v1014(param61_encoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v1027 = arena_.view(384, 1);
+  support::View v1029 = arena_.view(0, 32);
+  support::View v1015(param62_encoder_dense_relu_dense_0_wi_vc); // updated in place
+  support::View v1030 = arena_.view(128, 32);
+  support::View v1038 = arena_.view(256, 32);
+  support::View v1039 = arena_.view(384, 1);
+  support::View v1042 = arena_.view(256, 1);
+  support::View v1045 = arena_.view(186560, 1);
+  support::View v1049 = arena_.view(320, 1);
+  support::View v634 = arena_.view(36864, 1024);
+  support::View v70(param8_encoder_dense_relu_dense_0_wi);       // updated in place
+  support::View v1055(param63_encoder_dense_relu_dense_0_wo_vr); // updated in place
+  support::View v1071 = arena_.view(0, 32);
+  support::View v1056(param64_encoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1072 = arena_.view(128, 32);
+  support::View v1080 = arena_.view(256, 32);
+  support::View v1081 = arena_.view(384, 1);
+  support::View v1084 = arena_.view(256, 1);
+  support::View v1087 = arena_.view(186624, 1);
+  support::View v1091 = arena_.view(320, 1);
+  support::View v630 = arena_.view(40960, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v615 = arena_.view(98304, 32);
-  support::View v1065(param65_encoder_rms_norm_1_scale_v); // updated in place
-  support::View v1071 = arena_.view(0, 32);
-  support::View v1072 = arena_.view(128, 32);
-  support::View v1073 = arena_.view(256, 1);
-  support::View v1076 = arena_.view(320, 1);
+  support::View v1097(param65_encoder_rms_norm_1_scale_v); // updated in place
+  support::View v1103 = arena_.view(0, 32);
+  support::View v1104 = arena_.view(128, 32);
+  support::View v1105 = arena_.view(256, 1);
+  support::View v1108 = arena_.view(320, 1);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v1078 = arena_.view(128, 32);
-  support::View v1079 = arena_.view(256, 1);
-  support::View v1082 = arena_.view(128, 1);
-  support::View v1113 = arena_.view(0, 1);
-  support::View v1116 = arena_.view(186688, 1);
-  support::View v1120 = arena_.view(64, 1);
-  support::View v85(param11_encoder_attention_1_q); // updated in place
-  support::View v1151 = arena_.view(0, 1);
-  support::View v1154 = arena_.view(186752, 1);
-  support::View v1158 = arena_.view(64, 1);
-  support::View v86(param12_encoder_attention_1_k); // updated in place
-  support::View v1189 = arena_.view(0, 1);
-  support::View v1192 = arena_.view(186816, 1);
-  support::View v1196 = arena_.view(64, 1);
-  support::View v87(param13_encoder_attention_1_v); // updated in place
-  support::View v1221 = arena_.view(99328, 1);
-  support::View v1225 = arena_.view(0, 1);
-  support::View v1228 = arena_.view(186880, 1);
-  support::View v1232 = arena_.view(64, 1);
-  support::View v1219 = arena_.view(55296, 512);
+  support::View v1110 = arena_.view(128, 32);
+  support::View v1111 = arena_.view(256, 1);
+  support::View v1114 = arena_.view(128, 1);
+  support::View v1120(param66_encoder_attention_1_q_vr); // updated in place
+  support::View v1136 = arena_.view(2048, 64);
+  support::View v1121(param67_encoder_attention_1_q_vc); // updated in place
+  support::View v1137 = arena_.view(0, 256);
+  support::View v1145 = arena_.view(1024, 256);
+  support::View v1146 = arena_.view(2304, 1);
+  support::View v1149 = arena_.view(1024, 1);
+  support::View v1152 = arena_.view(186688, 1);
+  support::View v1156 = arena_.view(1088, 1);
+  support::View v611 = arena_.view(49152, 512);
+  support::View v85(param11_encoder_attention_1_q);      // updated in place
+  support::View v1162(param68_encoder_attention_1_k_vr); // updated in place
+  support::View v1178 = arena_.view(2048, 64);
+  support::View v1163(param69_encoder_attention_1_k_vc); // updated in place
+  support::View v1179 = arena_.view(0, 256);
+  support::View v1187 = arena_.view(1024, 256);
+  support::View v1188 = arena_.view(2304, 1);
+  support::View v1191 = arena_.view(1024, 1);
+  support::View v1194 = arena_.view(186752, 1);
+  support::View v1198 = arena_.view(1088, 1);
+  support::View v608 = arena_.view(102400, 512);
+  support::View v86(param12_encoder_attention_1_k);      // updated in place
+  support::View v1204(param70_encoder_attention_1_v_vr); // updated in place
+  support::View v1220 = arena_.view(2048, 64);
+  support::View v1205(param71_encoder_attention_1_v_vc); // updated in place
+  support::View v1221 = arena_.view(0, 256);
+  support::View v1229 = arena_.view(1024, 256);
+  support::View v1230 = arena_.view(2304, 1);
+  support::View v1233 = arena_.view(1024, 1);
+  support::View v1236 = arena_.view(186816, 1);
+  support::View v1240 = arena_.view(1088, 1);
+  support::View v604 = arena_.view(100352, 512);
+  support::View v87(param13_encoder_attention_1_v);      // updated in place
+  support::View v1246(param72_encoder_attention_1_o_vr); // updated in place
+  support::View v1258 = arena_.view(68736, 2);
+  support::View v1260 = arena_.view(256, 16);
+  support::View v1247(param73_encoder_attention_1_o_vc); // updated in place
+  support::View v1261 = arena_.view(0, 64);
+  support::View v1273 = arena_.view(320, 1);
+  support::View v1276 = arena_.view(186880, 1);
+  support::View v1280 = arena_.view(384, 1);
+  support::View v594 = arena_.view(81920, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
   support::View v578 = arena_.view(104448, 32);
-  support::View v1238(param74_encoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v1244 = arena_.view(0, 32);
-  support::View v1245 = arena_.view(128, 32);
-  support::View v1246 = arena_.view(256, 1);
-  support::View v1249 = arena_.view(320, 1);
+  support::View v1286(param74_encoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v1292 = arena_.view(0, 32);
+  support::View v1293 = arena_.view(128, 32);
+  support::View v1294 = arena_.view(256, 1);
+  support::View v1297 = arena_.view(320, 1);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v1251 = arena_.view(128, 32);
-  support::View v1252 = arena_.view(256, 1);
-  support::View v1255 = arena_.view(128, 1);
-  support::View v1288 = arena_.view(186944, 1);
-  support::View v1285 = arena_.view(0, 1);
-  support::View v1292 = arena_.view(64, 1);
-  repeated0(v676, v721, v794, v713, v800, v801, v802, v805, v38, v807, v808, v710, v811, v838, v842,
-            v845, v849, v836, v47, v876, v880, v883, v887, v874, v48, v914, v918, v921, v925, v912,
-            v49, v950, v954, v957, v961, v948, v50, v638, v967, v973, v974, v975, v978, v62, v980,
-            v981, v984, v1010, v1014, v1017, v1021, v1008, v70, v1048, v1052, v1055, v1059, v1046,
-            v71, v615, v1065, v1071, v1072, v1073, v1076, v77, v1078, v1079, v1082, v1109, v1113,
-            v1116, v1120, v1107, v85, v1147, v1151, v1154, v1158, v1145, v86, v1185, v1189, v1192,
-            v1196, v1183, v87, v1221, v1225, v1228, v1232, v1219, v88, v578, v1238, v1244, v1245,
-            v1246, v1249, v100, v1251, v1252, v1255, v1281, v1285, v1288, v1292);
+  support::View v1299 = arena_.view(128, 32);
+  support::View v1300 = arena_.view(256, 1);
+  support::View v1303 = arena_.view(128, 1);
+  repeated0(v676, v721, v802, v713, v808, v809, v810, v813, v38, v815, v816, v710, v819, v825, v838,
+            v841, v832, v826, v842, v847, v850, v851, v854, v857, v861, v672, v47, v867, v880, v883,
+            v874, v868, v884, v889, v892, v893, v896, v899, v903, v669, v48, v909, v922, v925, v916,
+            v910, v926, v931, v934, v935, v938, v941, v945, v665, v49, v951, v963, v965, v952, v966,
+            v974, v978, v981, v985, v654, v50, v638, v991, v997, v998, v999, v1002, v62, v1004,
+            v1005, v1008, v1016, v1014, v1027, v1029, v1015, v1030, v1035, v1038, v1039, v1042,
+            v1045, v1049, v634, v70, v1055, v1068, v1071, v1062, v1056, v1072, v1077, v1080, v1081,
+            v1084, v1087, v1091, v630, v71, v615, v1097, v1103, v1104, v1105, v1108, v77, v1110,
+            v1111, v1114, v1120, v1133, v1136, v1127, v1121, v1137, v1142, v1145, v1146, v1149,
+            v1152, v1156, v611, v85, v1162, v1175, v1178, v1169, v1163, v1179, v1184, v1187, v1188,
+            v1191, v1194, v1198, v608, v86, v1204, v1217, v1220, v1211, v1205, v1221, v1226, v1229,
+            v1230, v1233, v1236, v1240, v604, v87, v1246, v1258, v1260, v1247, v1261, v1269, v1273,
+            v1276, v1280, v594, v88, v578, v1286, v1292, v1293, v1294, v1297, v100, v1299, v1300,
+            v1303);
 
-  // 11 statements from t5.mesh:152:3 div (1 of 2)
+  // 23 statements from t5.mesh:152:3 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
-  support::View v1323 = arena_.view(0, 1);
-  support::View v1326 = arena_.view(187008, 1);
-  support::View v1330 = arena_.view(64, 1);
+  support::View v1309(param75_encoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v1322 = arena_.view(384, 1);
+  support::View v1324 = arena_.view(0, 32);
+  support::View v1310(param76_encoder_dense_relu_dense_1_wi_vc); // updated in place
+  support::View v1325 = arena_.view(128, 32);
+  support::View v1333 = arena_.view(256, 32);
+  support::View v1334 = arena_.view(384, 1);
+  support::View v1337 = arena_.view(256, 1);
+  support::View v1340 = arena_.view(186944, 1);
+  support::View v1344 = arena_.view(320, 1);
+  support::View v574 = arena_.view(69632, 1024);
+  support::View v108(param16_encoder_dense_relu_dense_1_wi);     // updated in place
+  support::View v1350(param77_encoder_dense_relu_dense_1_wo_vr); // updated in place
+  support::View v1366 = arena_.view(0, 32);
+  support::View v1351(param78_encoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v1367 = arena_.view(128, 32);
+  support::View v1375 = arena_.view(256, 32);
+  support::View v1376 = arena_.view(384, 1);
+  support::View v1379 = arena_.view(256, 1);
+  support::View v1382 = arena_.view(187008, 1);
+  support::View v1386 = arena_.view(320, 1);
+  support::View v570 = arena_.view(73728, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v556 = arena_.view(122880, 32);
-  support::View v1336(param79_encoder_rms_norm_scale_v); // updated in place
-  support::View v1342 = arena_.view(0, 32);
-  support::View v1343 = arena_.view(128, 32);
-  support::View v1344 = arena_.view(256, 1);
-  support::View v1347 = arena_.view(320, 1);
+  support::View v1392(param79_encoder_rms_norm_scale_v); // updated in place
+  support::View v1398 = arena_.view(0, 32);
+  support::View v1399 = arena_.view(128, 32);
+  support::View v1400 = arena_.view(256, 1);
+  support::View v1403 = arena_.view(320, 1);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v1349 = arena_.view(128, 32);
-  support::View v1350 = arena_.view(256, 1);
-  support::View v1353 = arena_.view(128, 1);
-  repeated9(v1279, v1285, v1292, v108, v1319, v1323, v1326, v710, v1330, v1317, v109, v556, v721,
-            v1336, v713, v1342, v1343, v1344, v1347, v115, v1349, v1350, v1353);
+  support::View v1405 = arena_.view(128, 32);
+  support::View v1406 = arena_.view(256, 1);
+  support::View v1409 = arena_.view(128, 1);
+  repeated5(v1311, v721, v1309, v713, v1322, v1324, v1310, v1325, v1330, v1333, v1334, v1337, v1340,
+            v710, v1344, v574, v108, v1350, v1363, v1366, v1357, v1351, v1367, v1372, v1375, v1376,
+            v1379, v1382, v1386, v570, v109, v556, v1392, v1398, v1399, v1400, v1403, v115, v1405,
+            v1406, v1409);
 
-  // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
+  // 9 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v1383 = arena_.view(0, 1);
-  support::View v1386 = arena_.view(187072, 1);
-  support::View v1390 = arena_.view(64, 1);
+  support::View v1415(param80_decoder_relative_bias_table_vr); // updated in place
+  support::View v1428 = arena_.view(192, 1);
+  support::View v1430 = arena_.view(0, 8);
+  support::View v1431 = arena_.view(128, 2);
+  support::View v1439 = arena_.view(64, 8);
+  support::View v1440 = arena_.view(192, 1);
+  support::View v1443 = arena_.view(64, 1);
+  support::View v1446 = arena_.view(187072, 1);
+  support::View v1450 = arena_.view(192, 1);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
-  repeated18(v1379, v1383, v1386, v710, v1390, v1377, v154);
+  repeated11(v1417, v721, v1415, v713, v1428, v1430, v1416, v1431, v1436, v1439, v1440, v1443,
+             v1446, v710, v1450, v550, v154);
 
-  // 9 statements from t5.mesh:152:3 square (1 of 2)
+  // 7 statements from t5.mesh:152:3 square (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v533 = arena_.view(135168, 32);
-  support::View v1396(param82_decoder_rms_norm_0_scale_v); // updated in place
-  support::View v1402 = arena_.view(0, 32);
-  support::View v1403 = arena_.view(128, 32);
-  support::View v1404 = arena_.view(256, 1);
-  support::View v1407 = arena_.view(320, 1);
+  support::View v1456(param82_decoder_rms_norm_0_scale_v); // updated in place
+  support::View v1462 = arena_.view(0, 32);
+  support::View v1463 = arena_.view(128, 32);
+  support::View v1464 = arena_.view(256, 1);
+  support::View v1467 = arena_.view(320, 1);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v1409 = arena_.view(128, 32);
-  support::View v1410 = arena_.view(256, 1);
-  support::View v1413 = arena_.view(128, 1);
-  support::View v1447 = arena_.view(187136, 1);
-  support::View v1444 = arena_.view(0, 1);
-  support::View v1451 = arena_.view(64, 1);
-  repeated12(v533, v721, v1396, v713, v1402, v1403, v1404, v1407, v173, v1409, v1410, v710, v1413,
-             v1440, v1444, v1447, v1451);
+  support::View v1469 = arena_.view(128, 32);
+  support::View v1470 = arena_.view(256, 1);
+  support::View v1473 = arena_.view(128, 1);
+  repeated12(v533, v721, v1456, v713, v1462, v1463, v1464, v1467, v173, v1469, v1470, v710, v1473);
 
-  // 10 statements from t5.mesh:152:3 div (1 of 2)
+  // 26 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v1495 = arena_.view(2048, 64);
+  support::View v1480(param84_decoder_attention_0_q_vc); // updated in place
+  support::View v1496 = arena_.view(0, 256);
+  support::View v1504 = arena_.view(1024, 256);
+  support::View v1505 = arena_.view(2304, 1);
+  support::View v1508 = arena_.view(1024, 1);
+  support::View v1511 = arena_.view(187136, 1);
+  support::View v1515 = arena_.view(1088, 1);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v1482 = arena_.view(0, 1);
-  support::View v1485 = arena_.view(187200, 1);
-  support::View v1489 = arena_.view(64, 1);
+  support::View v1537 = arena_.view(2048, 64);
+  support::View v1522(param86_decoder_attention_0_k_vc); // updated in place
+  support::View v1538 = arena_.view(0, 256);
+  support::View v1546 = arena_.view(1024, 256);
+  support::View v1547 = arena_.view(2304, 1);
+  support::View v1550 = arena_.view(1024, 1);
+  support::View v1553 = arena_.view(187200, 1);
+  support::View v1557 = arena_.view(1088, 1);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v1520 = arena_.view(0, 1);
-  support::View v1523 = arena_.view(187264, 1);
-  support::View v1527 = arena_.view(64, 1);
+  support::View v1579 = arena_.view(2048, 64);
+  support::View v1564(param88_decoder_attention_0_v_vc); // updated in place
+  support::View v1580 = arena_.view(0, 256);
+  support::View v1588 = arena_.view(1024, 256);
+  support::View v1589 = arena_.view(2304, 1);
+  support::View v1592 = arena_.view(1024, 1);
+  support::View v1595 = arena_.view(187264, 1);
+  support::View v1599 = arena_.view(1088, 1);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v1552 = arena_.view(99392, 1);
-  support::View v1556 = arena_.view(0, 1);
-  support::View v1559 = arena_.view(187328, 1);
-  support::View v1563 = arena_.view(64, 1);
-  support::View v1550 = arena_.view(57344, 512);
+  support::View v1619 = arena_.view(256, 16);
+  support::View v1620 = arena_.view(0, 64);
+  support::View v1632 = arena_.view(320, 1);
+  support::View v1635 = arena_.view(187328, 1);
+  support::View v1639 = arena_.view(384, 1);
   support::View v185(param24_decoder_attention_0_o); // updated in place
-  repeated10(v1438, v1444, v1451, v182, v1478, v1482, v1485, v710, v1489, v1476, v183, v1516, v1520,
-             v1523, v1527, v1514, v184, v1552, v1556, v1559, v1563, v1550, v185);
+  repeated3(v1479, v1492, v1495, v1486, v721, v1480, v713, v1496, v1501, v1504, v1505, v1508, v1511,
+            v710, v1515, v529, v182, v1521, v1534, v1537, v1528, v1522, v1538, v1543, v1546, v1547,
+            v1550, v1553, v1557, v526, v183, v1563, v1576, v1579, v1570, v1564, v1580, v1585, v1588,
+            v1589, v1592, v1595, v1599, v522, v184, v1605, v1617, v1619, v1606, v1620, v1628, v1632,
+            v1635, v1639, v511, v185);
 
-  // 60 statements from t5.mesh:152:3 square (2 of 2)
+  // 96 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v495 = arena_.view(150016, 32);
-  support::View v1569(param91_decoder_rms_norm_1_0_scale_v); // updated in place
-  support::View v1575 = arena_.view(0, 32);
-  support::View v1576 = arena_.view(128, 32);
-  support::View v1577 = arena_.view(256, 1);
-  support::View v1580 = arena_.view(320, 1);
+  support::View v1645(param91_decoder_rms_norm_1_0_scale_v); // updated in place
+  support::View v1651 = arena_.view(0, 32);
+  support::View v1652 = arena_.view(128, 32);
+  support::View v1653 = arena_.view(256, 1);
+  support::View v1656 = arena_.view(320, 1);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v1582 = arena_.view(128, 32);
-  support::View v1583 = arena_.view(256, 1);
-  support::View v1586 = arena_.view(128, 1);
-  support::View v1617 = arena_.view(0, 1);
-  support::View v1620 = arena_.view(187392, 1);
-  support::View v1624 = arena_.view(64, 1);
+  support::View v1658 = arena_.view(128, 32);
+  support::View v1659 = arena_.view(256, 1);
+  support::View v1662 = arena_.view(128, 1);
+  support::View v1684 = arena_.view(2048, 64);
+  support::View v1669(param93_decoder_attention_1_0_q_vc); // updated in place
+  support::View v1685 = arena_.view(0, 256);
+  support::View v1693 = arena_.view(1024, 256);
+  support::View v1694 = arena_.view(2304, 1);
+  support::View v1697 = arena_.view(1024, 1);
+  support::View v1700 = arena_.view(187392, 1);
+  support::View v1704 = arena_.view(1088, 1);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v1655 = arena_.view(0, 1);
-  support::View v1658 = arena_.view(187456, 1);
-  support::View v1662 = arena_.view(64, 1);
+  support::View v1726 = arena_.view(2048, 64);
+  support::View v1711(param95_decoder_attention_1_0_k_vc); // updated in place
+  support::View v1727 = arena_.view(0, 256);
+  support::View v1735 = arena_.view(1024, 256);
+  support::View v1736 = arena_.view(2304, 1);
+  support::View v1739 = arena_.view(1024, 1);
+  support::View v1742 = arena_.view(187456, 1);
+  support::View v1746 = arena_.view(1088, 1);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
-  support::View v1693 = arena_.view(0, 1);
-  support::View v1696 = arena_.view(187520, 1);
-  support::View v1700 = arena_.view(64, 1);
+  support::View v1768 = arena_.view(2048, 64);
+  support::View v1753(param97_decoder_attention_1_0_v_vc); // updated in place
+  support::View v1769 = arena_.view(0, 256);
+  support::View v1777 = arena_.view(1024, 256);
+  support::View v1778 = arena_.view(2304, 1);
+  support::View v1781 = arena_.view(1024, 1);
+  support::View v1784 = arena_.view(187520, 1);
+  support::View v1788 = arena_.view(1088, 1);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
-  support::View v1725 = arena_.view(99456, 1);
-  support::View v1729 = arena_.view(0, 1);
-  support::View v1732 = arena_.view(187584, 1);
-  support::View v1736 = arena_.view(64, 1);
-  support::View v1723 = arena_.view(59392, 512);
+  support::View v1808 = arena_.view(256, 16);
+  support::View v1809 = arena_.view(0, 64);
+  support::View v1821 = arena_.view(320, 1);
+  support::View v1824 = arena_.view(187584, 1);
+  support::View v1828 = arena_.view(384, 1);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
   support::View v459 = arena_.view(177152, 32);
-  support::View v1742(param100_decoder_rms_norm_2_0_scale_v); // updated in place
-  support::View v1748 = arena_.view(0, 32);
-  support::View v1749 = arena_.view(128, 32);
-  support::View v1750 = arena_.view(256, 1);
-  support::View v1753 = arena_.view(320, 1);
+  support::View v1834(param100_decoder_rms_norm_2_0_scale_v); // updated in place
+  support::View v1840 = arena_.view(0, 32);
+  support::View v1841 = arena_.view(128, 32);
+  support::View v1842 = arena_.view(256, 1);
+  support::View v1845 = arena_.view(320, 1);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v1755 = arena_.view(128, 32);
-  support::View v1756 = arena_.view(256, 1);
-  support::View v1759 = arena_.view(128, 1);
-  support::View v1789 = arena_.view(0, 1);
-  support::View v1792 = arena_.view(187648, 1);
-  support::View v1796 = arena_.view(64, 1);
-  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
-  support::View v1827 = arena_.view(0, 1);
-  support::View v1830 = arena_.view(187712, 1);
-  support::View v1834 = arena_.view(64, 1);
-  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v436 = arena_.view(183296, 32);
-  support::View v1840(param105_decoder_rms_norm_1_scale_v); // updated in place
-  support::View v1846 = arena_.view(0, 32);
   support::View v1847 = arena_.view(128, 32);
   support::View v1848 = arena_.view(256, 1);
-  support::View v1851 = arena_.view(320, 1);
+  support::View v1851 = arena_.view(128, 1);
+  support::View v1857(param101_decoder_dense_relu_dense_0_wi_vr); // updated in place
+  support::View v1870 = arena_.view(384, 1);
+  support::View v1872 = arena_.view(0, 32);
+  support::View v1873 = arena_.view(128, 32);
+  support::View v1881 = arena_.view(256, 32);
+  support::View v1882 = arena_.view(384, 1);
+  support::View v1885 = arena_.view(256, 1);
+  support::View v1888 = arena_.view(187648, 1);
+  support::View v1892 = arena_.view(320, 1);
+  support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
+  support::View v1914 = arena_.view(0, 32);
+  support::View v1899(param104_decoder_dense_relu_dense_0_wo_vc); // updated in place
+  support::View v1915 = arena_.view(128, 32);
+  support::View v1923 = arena_.view(256, 32);
+  support::View v1924 = arena_.view(384, 1);
+  support::View v1927 = arena_.view(256, 1);
+  support::View v1930 = arena_.view(187712, 1);
+  support::View v1934 = arena_.view(320, 1);
+  support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
+  support::View v436 = arena_.view(183296, 32);
+  support::View v1940(param105_decoder_rms_norm_1_scale_v); // updated in place
+  support::View v1946 = arena_.view(0, 32);
+  support::View v1947 = arena_.view(128, 32);
+  support::View v1948 = arena_.view(256, 1);
+  support::View v1951 = arena_.view(320, 1);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v1853 = arena_.view(128, 32);
-  support::View v1854 = arena_.view(256, 1);
-  support::View v1857 = arena_.view(128, 1);
-  support::View v1888 = arena_.view(0, 1);
-  support::View v1891 = arena_.view(187776, 1);
-  support::View v1895 = arena_.view(64, 1);
+  support::View v1953 = arena_.view(128, 32);
+  support::View v1954 = arena_.view(256, 1);
+  support::View v1957 = arena_.view(128, 1);
+  support::View v1979 = arena_.view(2048, 64);
+  support::View v1964(param107_decoder_attention_1_q_vc); // updated in place
+  support::View v1980 = arena_.view(0, 256);
+  support::View v1988 = arena_.view(1024, 256);
+  support::View v1989 = arena_.view(2304, 1);
+  support::View v1992 = arena_.view(1024, 1);
+  support::View v1995 = arena_.view(187776, 1);
+  support::View v1999 = arena_.view(1088, 1);
   support::View v243(param34_decoder_attention_1_q); // updated in place
-  support::View v1926 = arena_.view(0, 1);
-  support::View v1929 = arena_.view(187840, 1);
-  support::View v1933 = arena_.view(64, 1);
+  support::View v2021 = arena_.view(2048, 64);
+  support::View v2006(param109_decoder_attention_1_k_vc); // updated in place
+  support::View v2022 = arena_.view(0, 256);
+  support::View v2030 = arena_.view(1024, 256);
+  support::View v2031 = arena_.view(2304, 1);
+  support::View v2034 = arena_.view(1024, 1);
+  support::View v2037 = arena_.view(187840, 1);
+  support::View v2041 = arena_.view(1088, 1);
   support::View v244(param35_decoder_attention_1_k); // updated in place
-  support::View v1964 = arena_.view(0, 1);
-  support::View v1967 = arena_.view(187904, 1);
-  support::View v1971 = arena_.view(64, 1);
+  support::View v2063 = arena_.view(2048, 64);
+  support::View v2048(param111_decoder_attention_1_v_vc); // updated in place
+  support::View v2064 = arena_.view(0, 256);
+  support::View v2072 = arena_.view(1024, 256);
+  support::View v2073 = arena_.view(2304, 1);
+  support::View v2076 = arena_.view(1024, 1);
+  support::View v2079 = arena_.view(187904, 1);
+  support::View v2083 = arena_.view(1088, 1);
   support::View v245(param36_decoder_attention_1_v); // updated in place
-  support::View v1996 = arena_.view(99520, 1);
-  support::View v2000 = arena_.view(0, 1);
-  support::View v2003 = arena_.view(187968, 1);
-  support::View v2007 = arena_.view(64, 1);
-  support::View v1994 = arena_.view(61440, 512);
+  support::View v2103 = arena_.view(256, 16);
+  support::View v2104 = arena_.view(0, 64);
+  support::View v2116 = arena_.view(320, 1);
+  support::View v2119 = arena_.view(187968, 1);
+  support::View v2123 = arena_.view(384, 1);
   support::View v246(param37_decoder_attention_1_o); // updated in place
   support::View v399 = arena_.view(185728, 32);
-  support::View v2013(param114_decoder_rms_norm_1_1_scale_v); // updated in place
-  support::View v2019 = arena_.view(0, 32);
-  support::View v2020 = arena_.view(128, 32);
-  support::View v2021 = arena_.view(256, 1);
-  support::View v2024 = arena_.view(320, 1);
+  support::View v2129(param114_decoder_rms_norm_1_1_scale_v); // updated in place
+  support::View v2135 = arena_.view(0, 32);
+  support::View v2136 = arena_.view(128, 32);
+  support::View v2137 = arena_.view(256, 1);
+  support::View v2140 = arena_.view(320, 1);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v2026 = arena_.view(128, 32);
-  support::View v2027 = arena_.view(256, 1);
-  support::View v2030 = arena_.view(128, 1);
-  support::View v2064 = arena_.view(188032, 1);
-  support::View v2061 = arena_.view(0, 1);
-  support::View v2068 = arena_.view(64, 1);
-  repeated0(v495, v721, v1569, v713, v1575, v1576, v1577, v1580, v197, v1582, v1583, v710, v1586,
-            v1613, v1617, v1620, v1624, v1611, v205, v1651, v1655, v1658, v1662, v1649, v206, v1689,
-            v1693, v1696, v1700, v1687, v207, v1725, v1729, v1732, v1736, v1723, v208, v459, v1742,
-            v1748, v1749, v1750, v1753, v220, v1755, v1756, v1759, v1785, v1789, v1792, v1796,
-            v1783, v228, v1823, v1827, v1830, v1834, v1821, v229, v436, v1840, v1846, v1847, v1848,
-            v1851, v235, v1853, v1854, v1857, v1884, v1888, v1891, v1895, v1882, v243, v1922, v1926,
-            v1929, v1933, v1920, v244, v1960, v1964, v1967, v1971, v1958, v245, v1996, v2000, v2003,
-            v2007, v1994, v246, v399, v2013, v2019, v2020, v2021, v2024, v258, v2026, v2027, v2030,
-            v2057, v2061, v2064, v2068);
+  support::View v2142 = arena_.view(128, 32);
+  support::View v2143 = arena_.view(256, 1);
+  support::View v2146 = arena_.view(128, 1);
+  repeated0(v495, v721, v1645, v713, v1651, v1652, v1653, v1656, v197, v1658, v1659, v710, v1662,
+            v1668, v1681, v1684, v1675, v1669, v1685, v1690, v1693, v1694, v1697, v1700, v1704,
+            v491, v205, v1710, v1723, v1726, v1717, v1711, v1727, v1732, v1735, v1736, v1739, v1742,
+            v1746, v489, v206, v1752, v1765, v1768, v1759, v1753, v1769, v1774, v1777, v1778, v1781,
+            v1784, v1788, v485, v207, v1794, v1806, v1808, v1795, v1809, v1817, v1821, v1824, v1828,
+            v475, v208, v459, v1834, v1840, v1841, v1842, v1845, v220, v1847, v1848, v1851, v1859,
+            v1857, v1870, v1872, v1858, v1873, v1878, v1881, v1882, v1885, v1888, v1892, v455, v228,
+            v1898, v1911, v1914, v1905, v1899, v1915, v1920, v1923, v1924, v1927, v1930, v1934,
+            v451, v229, v436, v1940, v1946, v1947, v1948, v1951, v235, v1953, v1954, v1957, v1963,
+            v1976, v1979, v1970, v1964, v1980, v1985, v1988, v1989, v1992, v1995, v1999, v432, v243,
+            v2005, v2018, v2021, v2012, v2006, v2022, v2027, v2030, v2031, v2034, v2037, v2041,
+            v429, v244, v2047, v2060, v2063, v2054, v2048, v2064, v2069, v2072, v2073, v2076, v2079,
+            v2083, v425, v245, v2089, v2101, v2103, v2090, v2104, v2112, v2116, v2119, v2123, v415,
+            v246, v399, v2129, v2135, v2136, v2137, v2140, v258, v2142, v2143, v2146);
 
-  // 10 statements from t5.mesh:152:3 div (2 of 2)
+  // 26 statements from t5.mesh:152:3 div (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v2168 = arena_.view(2048, 64);
+  support::View v2153(param116_decoder_attention_1_1_q_vc); // updated in place
+  support::View v2169 = arena_.view(0, 256);
+  support::View v2177 = arena_.view(1024, 256);
+  support::View v2178 = arena_.view(2304, 1);
+  support::View v2181 = arena_.view(1024, 1);
+  support::View v2184 = arena_.view(188032, 1);
+  support::View v2188 = arena_.view(1088, 1);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
-  support::View v2099 = arena_.view(0, 1);
-  support::View v2102 = arena_.view(188096, 1);
-  support::View v2106 = arena_.view(64, 1);
+  support::View v2210 = arena_.view(2048, 64);
+  support::View v2195(param118_decoder_attention_1_1_k_vc); // updated in place
+  support::View v2211 = arena_.view(0, 256);
+  support::View v2219 = arena_.view(1024, 256);
+  support::View v2220 = arena_.view(2304, 1);
+  support::View v2223 = arena_.view(1024, 1);
+  support::View v2226 = arena_.view(188096, 1);
+  support::View v2230 = arena_.view(1088, 1);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
-  support::View v2137 = arena_.view(0, 1);
-  support::View v2140 = arena_.view(188160, 1);
-  support::View v2144 = arena_.view(64, 1);
+  support::View v2252 = arena_.view(2048, 64);
+  support::View v2237(param120_decoder_attention_1_1_v_vc); // updated in place
+  support::View v2253 = arena_.view(0, 256);
+  support::View v2261 = arena_.view(1024, 256);
+  support::View v2262 = arena_.view(2304, 1);
+  support::View v2265 = arena_.view(1024, 1);
+  support::View v2268 = arena_.view(188160, 1);
+  support::View v2272 = arena_.view(1088, 1);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
-  support::View v2169 = arena_.view(99584, 1);
-  support::View v2173 = arena_.view(0, 1);
-  support::View v2176 = arena_.view(188224, 1);
-  support::View v2180 = arena_.view(64, 1);
-  support::View v2167 = arena_.view(63488, 512);
+  support::View v2292 = arena_.view(256, 16);
+  support::View v2293 = arena_.view(0, 64);
+  support::View v2305 = arena_.view(320, 1);
+  support::View v2308 = arena_.view(188224, 1);
+  support::View v2312 = arena_.view(384, 1);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
-  repeated10(v2055, v2061, v2068, v266, v2095, v2099, v2102, v710, v2106, v2093, v267, v2133, v2137,
-             v2140, v2144, v2131, v268, v2169, v2173, v2176, v2180, v2167, v269);
+  repeated3(v2152, v2165, v2168, v2159, v721, v2153, v713, v2169, v2174, v2177, v2178, v2181, v2184,
+            v710, v2188, v395, v266, v2194, v2207, v2210, v2201, v2195, v2211, v2216, v2219, v2220,
+            v2223, v2226, v2230, v393, v267, v2236, v2249, v2252, v2243, v2237, v2253, v2258, v2261,
+            v2262, v2265, v2268, v2272, v389, v268, v2278, v2290, v2292, v2279, v2293, v2301, v2305,
+            v2308, v2312, v380, v269);
 
-  // 9 statements from t5.mesh:152:3 square (2 of 2)
+  // 7 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
   support::View v364 = arena_.view(185600, 32);
-  support::View v2186(param123_decoder_rms_norm_2_1_scale_v); // updated in place
-  support::View v2192 = arena_.view(0, 32);
-  support::View v2193 = arena_.view(128, 32);
-  support::View v2194 = arena_.view(256, 1);
-  support::View v2197 = arena_.view(320, 1);
+  support::View v2318(param123_decoder_rms_norm_2_1_scale_v); // updated in place
+  support::View v2324 = arena_.view(0, 32);
+  support::View v2325 = arena_.view(128, 32);
+  support::View v2326 = arena_.view(256, 1);
+  support::View v2329 = arena_.view(320, 1);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v2199 = arena_.view(128, 32);
-  support::View v2200 = arena_.view(256, 1);
-  support::View v2203 = arena_.view(128, 1);
-  support::View v2236 = arena_.view(188288, 1);
-  support::View v2233 = arena_.view(0, 1);
-  support::View v2240 = arena_.view(64, 1);
-  repeated12(v364, v721, v2186, v713, v2192, v2193, v2194, v2197, v281, v2199, v2200, v710, v2203,
-             v2229, v2233, v2236, v2240);
+  support::View v2331 = arena_.view(128, 32);
+  support::View v2332 = arena_.view(256, 1);
+  support::View v2335 = arena_.view(128, 1);
+  repeated12(v364, v721, v2318, v713, v2324, v2325, v2326, v2329, v281, v2331, v2332, v710, v2335);
 
-  // 11 statements from t5.mesh:152:3 div (2 of 2)
+  // 23 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
+  support::View v2341(param124_decoder_dense_relu_dense_1_wi_vr); // updated in place
+  support::View v2354 = arena_.view(384, 1);
+  support::View v2356 = arena_.view(0, 32);
+  support::View v2357 = arena_.view(128, 32);
+  support::View v2365 = arena_.view(256, 32);
+  support::View v2366 = arena_.view(384, 1);
+  support::View v2369 = arena_.view(256, 1);
+  support::View v2372 = arena_.view(188288, 1);
+  support::View v2376 = arena_.view(320, 1);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
-  support::View v2271 = arena_.view(0, 1);
-  support::View v2274 = arena_.view(188352, 1);
-  support::View v2278 = arena_.view(64, 1);
+  support::View v2398 = arena_.view(0, 32);
+  support::View v2383(param127_decoder_dense_relu_dense_1_wo_vc); // updated in place
+  support::View v2399 = arena_.view(128, 32);
+  support::View v2407 = arena_.view(256, 32);
+  support::View v2408 = arena_.view(384, 1);
+  support::View v2411 = arena_.view(256, 1);
+  support::View v2414 = arena_.view(188352, 1);
+  support::View v2418 = arena_.view(320, 1);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
   support::View v339 = arena_.view(185472, 32);
-  support::View v2284(param128_decoder_rms_norm_scale_v); // updated in place
-  support::View v2290 = arena_.view(0, 32);
-  support::View v2291 = arena_.view(128, 32);
-  support::View v2292 = arena_.view(256, 1);
-  support::View v2295 = arena_.view(320, 1);
+  support::View v2424(param128_decoder_rms_norm_scale_v); // updated in place
+  support::View v2430 = arena_.view(0, 32);
+  support::View v2431 = arena_.view(128, 32);
+  support::View v2432 = arena_.view(256, 1);
+  support::View v2435 = arena_.view(320, 1);
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v2297 = arena_.view(128, 32);
-  support::View v2298 = arena_.view(256, 1);
-  support::View v2301 = arena_.view(128, 1);
-  repeated9(v2227, v2233, v2240, v289, v2267, v2271, v2274, v710, v2278, v2265, v290, v339, v721,
-            v2284, v713, v2290, v2291, v2292, v2295, v296, v2297, v2298, v2301);
+  support::View v2437 = arena_.view(128, 32);
+  support::View v2438 = arena_.view(256, 1);
+  support::View v2441 = arena_.view(128, 1);
+  repeated5(v2343, v721, v2341, v713, v2354, v2356, v2342, v2357, v2362, v2365, v2366, v2369, v2372,
+            v710, v2376, v360, v289, v2382, v2395, v2398, v2389, v2383, v2399, v2404, v2407, v2408,
+            v2411, v2414, v2418, v355, v290, v339, v2424, v2430, v2431, v2432, v2435, v296, v2437,
+            v2438, v2441);
 }
 
 void T5Train::repeated0(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::View a4, support::View a5, support::View a6, support::View a7, support::View a8,
     support::View a9, support::View a10, support::ConstView a11, support::View a12,
-    support::ConstView a13, support::View a14, support::ConstView a15, support::View a16,
-    support::ConstView a17, support::View a18, support::ConstView a19, support::View a20,
-    support::ConstView a21, support::View a22, support::ConstView a23, support::View a24,
-    support::ConstView a25, support::View a26, support::ConstView a27, support::View a28,
-    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
-    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
-    support::ConstView a37, support::View a38, support::View a39, support::View a40,
-    support::View a41, support::View a42, support::View a43, support::View a44, support::View a45,
-    support::View a46, support::ConstView a47, support::View a48, support::ConstView a49,
-    support::View a50, support::ConstView a51, support::View a52, support::ConstView a53,
-    support::View a54, support::ConstView a55, support::View a56, support::ConstView a57,
-    support::View a58, support::ConstView a59, support::View a60, support::View a61,
-    support::View a62, support::View a63, support::View a64, support::View a65, support::View a66,
-    support::View a67, support::View a68, support::ConstView a69, support::View a70,
-    support::ConstView a71, support::View a72, support::ConstView a73, support::View a74,
-    support::ConstView a75, support::View a76, support::ConstView a77, support::View a78,
-    support::ConstView a79, support::View a80, support::ConstView a81, support::View a82,
-    support::ConstView a83, support::View a84, support::ConstView a85, support::View a86,
-    support::ConstView a87, support::View a88, support::ConstView a89, support::View a90,
-    support::ConstView a91, support::View a92, support::ConstView a93, support::View a94,
-    support::View a95, support::View a96, support::View a97, support::View a98, support::View a99,
-    support::View a100, support::View a101, support::View a102, support::ConstView a103,
-    support::View a104, support::ConstView a105, support::View a106) {
+    support::ConstView a13, support::ConstView a14, support::View a15, support::ConstView a16,
+    support::View a17, support::View a18, support::ConstView a19, support::View a20,
+    support::View a21, support::View a22, support::ConstView a23, support::View a24,
+    support::ConstView a25, support::View a26, support::ConstView a27, support::ConstView a28,
+    support::View a29, support::ConstView a30, support::View a31, support::View a32,
+    support::ConstView a33, support::View a34, support::View a35, support::View a36,
+    support::ConstView a37, support::View a38, support::ConstView a39, support::View a40,
+    support::ConstView a41, support::ConstView a42, support::View a43, support::ConstView a44,
+    support::View a45, support::View a46, support::ConstView a47, support::View a48,
+    support::View a49, support::View a50, support::ConstView a51, support::View a52,
+    support::ConstView a53, support::View a54, support::ConstView a55, support::ConstView a56,
+    support::View a57, support::ConstView a58, support::View a59, support::ConstView a60,
+    support::View a61, support::ConstView a62, support::View a63, support::ConstView a64,
+    support::View a65, support::ConstView a66, support::View a67, support::View a68,
+    support::View a69, support::View a70, support::View a71, support::View a72, support::View a73,
+    support::View a74, support::View a75, support::ConstView a76, support::View a77,
+    support::View a78, support::View a79, support::ConstView a80, support::View a81,
+    support::ConstView a82, support::View a83, support::View a84, support::View a85,
+    support::ConstView a86, support::View a87, support::ConstView a88, support::View a89,
+    support::ConstView a90, support::ConstView a91, support::View a92, support::ConstView a93,
+    support::View a94, support::View a95, support::ConstView a96, support::View a97,
+    support::View a98, support::View a99, support::ConstView a100, support::View a101,
+    support::ConstView a102, support::View a103, support::ConstView a104, support::View a105,
+    support::View a106, support::View a107, support::View a108, support::View a109,
+    support::View a110, support::View a111, support::View a112, support::View a113,
+    support::ConstView a114, support::ConstView a115, support::View a116, support::ConstView a117,
+    support::View a118, support::View a119, support::ConstView a120, support::View a121,
+    support::View a122, support::View a123, support::ConstView a124, support::View a125,
+    support::ConstView a126, support::View a127, support::ConstView a128, support::ConstView a129,
+    support::View a130, support::ConstView a131, support::View a132, support::View a133,
+    support::ConstView a134, support::View a135, support::View a136, support::View a137,
+    support::ConstView a138, support::View a139, support::ConstView a140, support::View a141,
+    support::ConstView a142, support::ConstView a143, support::View a144, support::ConstView a145,
+    support::View a146, support::View a147, support::ConstView a148, support::View a149,
+    support::View a150, support::View a151, support::ConstView a152, support::View a153,
+    support::ConstView a154, support::View a155, support::ConstView a156, support::ConstView a157,
+    support::View a158, support::ConstView a159, support::View a160, support::ConstView a161,
+    support::View a162, support::ConstView a163, support::View a164, support::ConstView a165,
+    support::View a166, support::ConstView a167, support::View a168, support::View a169,
+    support::View a170, support::View a171, support::View a172, support::View a173,
+    support::View a174, support::View a175, support::View a176) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
@@ -7132,17 +7159,15 @@ void T5Train::repeated0(
     const float *__restrict a0p = a0.data();
     const float *__restrict a1p = a1.data();
     const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a0p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = r1;
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
       const float s6 = a2p[i0];
-      const float s7 = r3;
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
@@ -7227,13 +7252,11 @@ void T5Train::repeated0(
     const float *__restrict a4p = a4.data();
     const float *__restrict a7p = a7.data();
     const float *__restrict a12p = a12.data();
-    const float r1 = a7p[0];
-    const float r2 = a12p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a4p[i0];
-      const float s1 = r1;
+      const float s1 = a7p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
+      const float s3 = a12p[0];
       const float s4 = (s2 * s3);
       const float s5 = a8p[i0];
       const float s6 = (s5 - s4);
@@ -7241,20 +7264,92 @@ void T5Train::repeated0(
     }
   }
 
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a15p = a15.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a13p[i0 * 2 + i1];
+        const float s1 = a14p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a15p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a16p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a17p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a17p[i0] = s6;
+      a18p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a19p = a19.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a14p[i0];
+        const float s1 = a17p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a19p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a20p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32, 8};
+  static const support::Shape shape10_5 = {8, 1};
+  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.00390625);
+
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float s0 = a13p[0];
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    const float s0 = a21p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a14p[0] = s5;
+    a22p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
@@ -7262,55 +7357,137 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a15p[0];
+    const float s0 = a23p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a16p[0] = s5;
+    a24p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a16p = a16.data();
-    const float r1 = a14p[0];
-    const float r2 = a16p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a18p[i0];
-      const float s6 = (s5 - s4);
-      a18p[i0] = s6;
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a25p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a15p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a18p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a22p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a24p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a26p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a26p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
     }
   }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a27p[i0 * 2 + i1];
+        const float s1 = a28p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a29p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a31p = a31.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a31p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a31p[i0] = s6;
+      a32p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a34p = a34.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a28p[i0];
+        const float s1 = a31p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a33p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a34p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {32, 8};
+  static const support::Shape shape17_5 = {8, 1};
+  support::reduce(a35.data(), shape17_1, a34.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float s0 = a19p[0];
+    float *__restrict a36p = a36.data();
+    const float *__restrict a35p = a35.data();
+    const float s0 = a35p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a20p[0] = s5;
+    a36p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
@@ -7318,55 +7495,137 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a21p[0];
+    const float s0 = a37p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a22p[0] = s5;
+    a38p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a22p = a22.data();
-    const float r1 = a20p[0];
-    const float r2 = a22p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a23p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a24p[i0];
-      const float s6 = (s5 - s4);
-      a24p[i0] = s6;
+    float *__restrict a40p = a40.data();
+    const float *__restrict a39p = a39.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a38p = a38.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a39p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a29p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a32p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a36p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a38p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a40p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a40p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
     }
   }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a43p = a43.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a42p = a42.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a41p[i0 * 2 + i1];
+        const float s1 = a42p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a43p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a45p = a45.data();
+    float *__restrict a46p = a46.data();
+    const float *__restrict a44p = a44.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a44p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a45p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a45p[i0] = s6;
+      a46p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a48p = a48.data();
+    const float *__restrict a42p = a42.data();
+    const float *__restrict a45p = a45.data();
+    const float *__restrict a47p = a47.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a42p[i0];
+        const float s1 = a45p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a47p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a48p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape24_1 = {};
+  static const support::Shape shape24_3 = {};
+  static const support::Shape shape24_4 = {32, 8};
+  static const support::Shape shape24_5 = {8, 1};
+  support::reduce(a49.data(), shape24_1, a48.data(), shape24_3, shape24_4, shape24_5,
+                  support::Reduce::Sum, 0.00390625);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a25p = a25.data();
-    const float s0 = a25p[0];
+    float *__restrict a50p = a50.data();
+    const float *__restrict a49p = a49.data();
+    const float s0 = a49p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a26p[0] = s5;
+    a50p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
@@ -7374,38 +7633,78 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a27p = a27.data();
+    float *__restrict a52p = a52.data();
+    const float *__restrict a51p = a51.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a27p[0];
+    const float s0 = a51p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a28p[0] = s5;
+    a52p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a28p = a28.data();
-    const float r1 = a26p[0];
-    const float r2 = a28p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a29p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a30p[i0];
-      const float s6 = (s5 - s4);
-      a30p[i0] = s6;
+    float *__restrict a54p = a54.data();
+    const float *__restrict a53p = a53.data();
+    const float *__restrict a43p = a43.data();
+    const float *__restrict a46p = a46.data();
+    const float *__restrict a50p = a50.data();
+    const float *__restrict a52p = a52.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a53p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a43p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a46p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a50p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a52p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a54p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a54p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a57p = a57.data();
+    const float *__restrict a55p = a55.data();
+    const float *__restrict a56p = a56.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a55p[i0 * 8 + i1];
+        const float s1 = a56p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a57p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a59p = a59.data();
+    const float *__restrict a58p = a58.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a58p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a59p[i0] = s1;
     }
   }
 
@@ -7414,15 +7713,15 @@ void T5Train::repeated0(
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a31p = a31.data();
-    const float s0 = a31p[0];
+    float *__restrict a61p = a61.data();
+    const float *__restrict a60p = a60.data();
+    const float s0 = a60p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a32p[0] = s5;
+    a61p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
@@ -7430,38 +7729,48 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a33p = a33.data();
+    float *__restrict a63p = a63.data();
+    const float *__restrict a62p = a62.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a33p[0];
+    const float s0 = a62p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a34p[0] = s5;
+    a63p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a34p = a34.data();
-    const float r1 = a32p[0];
-    const float r2 = a34p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a36p[i0];
-      const float s6 = (s5 - s4);
-      a36p[i0] = s6;
+    float *__restrict a65p = a65.data();
+    const float *__restrict a64p = a64.data();
+    const float *__restrict a57p = a57.data();
+    const float *__restrict a59p = a59.data();
+    const float *__restrict a61p = a61.data();
+    const float *__restrict a63p = a63.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a64p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = a57p[i0 * 8 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a59p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a61p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a63p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a65p[i0 * 256 + i1 * 32 + i2];
+          const float s10 = (s9 - s8);
+          a65p[i0 * 256 + i1 * 32 + i2] = s10;
+        }
+      }
     }
   }
 
@@ -7475,42 +7784,40 @@ void T5Train::repeated0(
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    float *__restrict a40p = a40.data();
-    const float *__restrict a37p = a37.data();
+    float *__restrict a67p = a67.data();
+    float *__restrict a68p = a68.data();
+    float *__restrict a69p = a69.data();
+    const float *__restrict a66p = a66.data();
     const float *__restrict a1p = a1.data();
     const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a37p[i0];
+      const float s0 = a66p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = r1;
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
-      const float s6 = a38p[i0];
-      const float s7 = r3;
+      const float s6 = a67p[i0];
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a37p[i0];
+      const float s11 = a66p[i0];
       const float s12 = (s11 * s10);
       const float s13 = s12 * s12;
-      a38p[i0] = s9;
-      a39p[i0] = s12;
-      a40p[i0] = s13;
+      a67p[i0] = s9;
+      a68p[i0] = s12;
+      a69p[i0] = s13;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(a41.data(), shape20_1, a40.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape34_1 = {};
+  static const support::Shape shape34_3 = {};
+  static const support::Shape shape34_4 = {32};
+  static const support::Shape shape34_5 = {1};
+  support::reduce(a70.data(), shape34_1, a69.data(), shape34_3, shape34_4, shape34_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -7518,36 +7825,36 @@ void T5Train::repeated0(
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a41p = a41.data();
-    const float s0 = a41p[0];
+    float *__restrict a71p = a71.data();
+    const float *__restrict a70p = a70.data();
+    const float s0 = a70p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a42p[0] = s5;
+    a71p[0] = s5;
   }
 
   // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a44p = a44.data();
-    const float *__restrict a43p = a43.data();
+    float *__restrict a73p = a73.data();
+    const float *__restrict a72p = a72.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a43p[i0];
+      const float s0 = a72p[i0];
       const float s1 = s0 * s0;
-      a44p[i0] = s1;
+      a73p[i0] = s1;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(a45.data(), shape23_1, a44.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape37_1 = {};
+  static const support::Shape shape37_3 = {};
+  static const support::Shape shape37_4 = {32};
+  static const support::Shape shape37_5 = {1};
+  support::reduce(a74.data(), shape37_1, a73.data(), shape37_3, shape37_4, shape37_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -7555,16 +7862,16 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a46p = a46.data();
-    const float *__restrict a45p = a45.data();
+    float *__restrict a75p = a75.data();
+    const float *__restrict a74p = a74.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a45p[0];
+    const float s0 = a74p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a46p[0] = s5;
+    a75p[0] = s5;
   }
 
   // t5.mesh:152:3 div
@@ -7572,38 +7879,121 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a43p = a43.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a46p = a46.data();
-    const float r1 = a42p[0];
-    const float r2 = a46p[0];
+    float *__restrict a72p = a72.data();
+    const float *__restrict a68p = a68.data();
+    const float *__restrict a71p = a71.data();
+    const float *__restrict a75p = a75.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a39p[i0];
-      const float s1 = r1;
+      const float s0 = a68p[i0];
+      const float s1 = a71p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
+      const float s3 = a75p[0];
       const float s4 = (s2 * s3);
-      const float s5 = a43p[i0];
+      const float s5 = a72p[i0];
       const float s6 = (s5 - s4);
-      a43p[i0] = s6;
+      a72p[i0] = s6;
     }
   }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a77p = a77.data();
+    const float *__restrict a76p = a76.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a76p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a77p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a77p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape41_1 = {};
+  static const support::Shape shape41_3 = {};
+  static const support::Shape shape41_4 = {32};
+  static const support::Shape shape41_5 = {1};
+  support::reduce(a78.data(), shape41_1, a77.data(), shape41_3, shape41_4, shape41_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a79p = a79.data();
+    const float *__restrict a77p = a77.data();
+    const float *__restrict a78p = a78.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a77p[i0];
+      const float s1 = a78p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a79p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a81p = a81.data();
+    const float *__restrict a80p = a80.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a80p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a81p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a83p = a83.data();
+    const float *__restrict a78p = a78.data();
+    const float *__restrict a77p = a77.data();
+    const float *__restrict a82p = a82.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a78p[0];
+      const float s1 = a77p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a82p[i0];
+      const float s4 = (s3 * s2);
+      a83p[i0] = s4;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape45_1 = {};
+  static const support::Shape shape45_3 = {};
+  static const support::Shape shape45_4 = {32};
+  static const support::Shape shape45_5 = {1};
+  support::reduce(a84.data(), shape45_1, a83.data(), shape45_3, shape45_4, shape45_5,
+                  support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a48p = a48.data();
-    const float *__restrict a47p = a47.data();
-    const float s0 = a47p[0];
+    float *__restrict a85p = a85.data();
+    const float *__restrict a84p = a84.data();
+    const float s0 = a84p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a48p[0] = s5;
+    a85p[0] = s5;
   }
 
   // t5.mesh:152:3 sqrt
@@ -7611,482 +8001,105 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a50p = a50.data();
-    const float *__restrict a49p = a49.data();
+    float *__restrict a87p = a87.data();
+    const float *__restrict a86p = a86.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a49p[0];
+    const float s0 = a86p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a50p[0] = s5;
+    a87p[0] = s5;
   }
 
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a52p = a52.data();
-    const float *__restrict a51p = a51.data();
-    const float *__restrict a48p = a48.data();
-    const float *__restrict a50p = a50.data();
-    const float r1 = a48p[0];
-    const float r2 = a50p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a51p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a52p[i0];
-      const float s6 = (s5 - s4);
-      a52p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a54p = a54.data();
-    const float *__restrict a53p = a53.data();
-    const float s0 = a53p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a54p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a56p = a56.data();
-    const float *__restrict a55p = a55.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a55p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a56p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a58p = a58.data();
-    const float *__restrict a57p = a57.data();
-    const float *__restrict a54p = a54.data();
-    const float *__restrict a56p = a56.data();
-    const float r1 = a54p[0];
-    const float r2 = a56p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a57p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a58p[i0];
-      const float s6 = (s5 - s4);
-      a58p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a60p = a60.data();
-    float *__restrict a61p = a61.data();
-    float *__restrict a62p = a62.data();
-    const float *__restrict a59p = a59.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a59p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a60p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a59p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a60p[i0] = s9;
-      a61p[i0] = s12;
-      a62p[i0] = s13;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape33_1 = {};
-  static const support::Shape shape33_3 = {};
-  static const support::Shape shape33_4 = {32};
-  static const support::Shape shape33_5 = {1};
-  support::reduce(a63.data(), shape33_1, a62.data(), shape33_3, shape33_4, shape33_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a64p = a64.data();
-    const float *__restrict a63p = a63.data();
-    const float s0 = a63p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a64p[0] = s5;
-  }
-
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a66p = a66.data();
-    const float *__restrict a65p = a65.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a65p[i0];
-      const float s1 = s0 * s0;
-      a66p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape36_1 = {};
-  static const support::Shape shape36_3 = {};
-  static const support::Shape shape36_4 = {32};
-  static const support::Shape shape36_5 = {1};
-  support::reduce(a67.data(), shape36_1, a66.data(), shape36_3, shape36_4, shape36_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a68p = a68.data();
-    const float *__restrict a67p = a67.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a67p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a68p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a65p = a65.data();
-    const float *__restrict a61p = a61.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a68p = a68.data();
-    const float r1 = a64p[0];
-    const float r2 = a68p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a61p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a65p[i0];
-      const float s6 = (s5 - s4);
-      a65p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a70p = a70.data();
-    const float *__restrict a69p = a69.data();
-    const float s0 = a69p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a70p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a72p = a72.data();
-    const float *__restrict a71p = a71.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a71p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a72p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a74p = a74.data();
-    const float *__restrict a73p = a73.data();
-    const float *__restrict a70p = a70.data();
-    const float *__restrict a72p = a72.data();
-    const float r1 = a70p[0];
-    const float r2 = a72p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a73p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a74p[i0];
-      const float s6 = (s5 - s4);
-      a74p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a76p = a76.data();
-    const float *__restrict a75p = a75.data();
-    const float s0 = a75p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a76p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a78p = a78.data();
-    const float *__restrict a77p = a77.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a77p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a78p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a80p = a80.data();
+    float *__restrict a89p = a89.data();
+    const float *__restrict a88p = a88.data();
     const float *__restrict a79p = a79.data();
-    const float *__restrict a76p = a76.data();
-    const float *__restrict a78p = a78.data();
-    const float r1 = a76p[0];
-    const float r2 = a78p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a79p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a80p[i0];
-      const float s6 = (s5 - s4);
-      a80p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
-    const float s0 = a81p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a82p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a84p = a84.data();
-    const float *__restrict a83p = a83.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a83p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a84p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a86p = a86.data();
     const float *__restrict a85p = a85.data();
-    const float *__restrict a82p = a82.data();
-    const float *__restrict a84p = a84.data();
-    const float r1 = a82p[0];
-    const float r2 = a84p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a85p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a86p[i0];
-      const float s6 = (s5 - s4);
-      a86p[i0] = s6;
+    const float *__restrict a87p = a87.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a88p[i0 * 32 + i1];
+        const float s1 = a79p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a81p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a85p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a87p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a89p[i0 * 32 + i1];
+        const float s10 = (s9 - s8);
+        a89p[i0 * 32 + i1] = s10;
+      }
     }
   }
 
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a88p = a88.data();
-    const float *__restrict a87p = a87.data();
-    const float s0 = a87p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a88p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a90p = a90.data();
-    const float *__restrict a89p = a89.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a89p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a90p[0] = s5;
-  }
-
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
+  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a92p = a92.data();
-    const float *__restrict a91p = a91.data();
-    const float *__restrict a88p = a88.data();
     const float *__restrict a90p = a90.data();
-    const float r1 = a88p[0];
-    const float r2 = a90p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a91p[i0];
-      const float s1 = r1;
+    const float *__restrict a91p = a91.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a90p[i0];
+      const float s1 = a91p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a92p[i0];
-      const float s6 = (s5 - s4);
-      a92p[i0] = s6;
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a92p[i0] = s3;
     }
   }
 
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
   // t5.mesh:152:3 rsqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
-    float *__restrict a96p = a96.data();
     const float *__restrict a93p = a93.data();
     const float *__restrict a1p = a1.data();
     const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a93p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a94p[i0];
+      const float s4 = a3p[0];
       const float s5 = (s3 * s4);
-      const float s6 = a94p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a93p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a94p[i0] = s9;
-      a95p[i0] = s12;
-      a96p[i0] = s13;
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a94p[i0] = s6;
+      a95p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a97p = a97.data();
+    const float *__restrict a91p = a91.data();
+    const float *__restrict a94p = a94.data();
+    const float *__restrict a96p = a96.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a91p[0];
+      const float s1 = a94p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a96p[i0];
+      const float s4 = (s3 * s2);
+      a97p[i0] = s4;
     }
   }
 
@@ -8096,7 +8109,7 @@ void T5Train::repeated0(
   static const support::Shape shape52_3 = {};
   static const support::Shape shape52_4 = {32};
   static const support::Shape shape52_5 = {1};
-  support::reduce(a97.data(), shape52_1, a96.data(), shape52_3, shape52_4, shape52_5,
+  support::reduce(a98.data(), shape52_1, a97.data(), shape52_3, shape52_4, shape52_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8104,36 +8117,146 @@ void T5Train::repeated0(
   // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a98p = a98.data();
-    const float *__restrict a97p = a97.data();
-    const float s0 = a97p[0];
+    float *__restrict a99p = a99.data();
+    const float *__restrict a98p = a98.data();
+    const float s0 = a98p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    a98p[0] = s5;
+    a99p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a101p = a101.data();
+    const float *__restrict a100p = a100.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a100p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a101p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a103p = a103.data();
+    const float *__restrict a102p = a102.data();
+    const float *__restrict a92p = a92.data();
+    const float *__restrict a95p = a95.data();
+    const float *__restrict a99p = a99.data();
+    const float *__restrict a101p = a101.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a102p[i0 * 32 + i1];
+        const float s1 = a92p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a95p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a99p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a101p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a103p[i0 * 32 + i1];
+        const float s10 = (s9 - s8);
+        a103p[i0 * 32 + i1] = s10;
+      }
+    }
   }
 
   // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a100p = a100.data();
-    const float *__restrict a99p = a99.data();
+    float *__restrict a105p = a105.data();
+    float *__restrict a106p = a106.data();
+    float *__restrict a107p = a107.data();
+    const float *__restrict a104p = a104.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a99p[i0];
+      const float s0 = a104p[i0];
       const float s1 = s0 * s0;
-      a100p[i0] = s1;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = a1p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = a105p[i0];
+      const float s7 = a3p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = a104p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      a105p[i0] = s9;
+      a106p[i0] = s12;
+      a107p[i0] = s13;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape55_1 = {};
-  static const support::Shape shape55_3 = {};
-  static const support::Shape shape55_4 = {32};
-  static const support::Shape shape55_5 = {1};
-  support::reduce(a101.data(), shape55_1, a100.data(), shape55_3, shape55_4, shape55_5,
+  static const support::Shape shape57_1 = {};
+  static const support::Shape shape57_3 = {};
+  static const support::Shape shape57_4 = {32};
+  static const support::Shape shape57_5 = {1};
+  support::reduce(a108.data(), shape57_1, a107.data(), shape57_3, shape57_4, shape57_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a109p = a109.data();
+    const float *__restrict a108p = a108.data();
+    const float s0 = a108p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a109p[0] = s5;
+  }
+
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a111p = a111.data();
+    const float *__restrict a110p = a110.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a110p[i0];
+      const float s1 = s0 * s0;
+      a111p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape60_1 = {};
+  static const support::Shape shape60_3 = {};
+  static const support::Shape shape60_4 = {32};
+  static const support::Shape shape60_5 = {1};
+  support::reduce(a112.data(), shape60_1, a111.data(), shape60_3, shape60_4, shape60_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 sqrt
@@ -8141,16 +8264,647 @@ void T5Train::repeated0(
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a102p = a102.data();
-    const float *__restrict a101p = a101.data();
+    float *__restrict a113p = a113.data();
+    const float *__restrict a112p = a112.data();
     const float *__restrict a11p = a11.data();
-    const float s0 = a101p[0];
+    const float s0 = a112p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = a11p[0];
     const float s5 = (s3 * s4);
-    a102p[0] = s5;
+    a113p[0] = s5;
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a110p = a110.data();
+    const float *__restrict a106p = a106.data();
+    const float *__restrict a109p = a109.data();
+    const float *__restrict a113p = a113.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a106p[i0];
+      const float s1 = a109p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = a113p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = a110p[i0];
+      const float s6 = (s5 - s4);
+      a110p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a116p = a116.data();
+    const float *__restrict a114p = a114.data();
+    const float *__restrict a115p = a115.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a114p[i0 * 2 + i1];
+        const float s1 = a115p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a116p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a118p = a118.data();
+    float *__restrict a119p = a119.data();
+    const float *__restrict a117p = a117.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a117p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a118p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a118p[i0] = s6;
+      a119p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a121p = a121.data();
+    const float *__restrict a115p = a115.data();
+    const float *__restrict a118p = a118.data();
+    const float *__restrict a120p = a120.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a115p[i0];
+        const float s1 = a118p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a120p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a121p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape66_1 = {};
+  static const support::Shape shape66_3 = {};
+  static const support::Shape shape66_4 = {32, 8};
+  static const support::Shape shape66_5 = {8, 1};
+  support::reduce(a122.data(), shape66_1, a121.data(), shape66_3, shape66_4, shape66_5,
+                  support::Reduce::Sum, 0.00390625);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a123p = a123.data();
+    const float *__restrict a122p = a122.data();
+    const float s0 = a122p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a123p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a125p = a125.data();
+    const float *__restrict a124p = a124.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a124p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a125p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a127p = a127.data();
+    const float *__restrict a126p = a126.data();
+    const float *__restrict a116p = a116.data();
+    const float *__restrict a119p = a119.data();
+    const float *__restrict a123p = a123.data();
+    const float *__restrict a125p = a125.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a126p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a116p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a119p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a123p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a125p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a127p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a127p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a130p = a130.data();
+    const float *__restrict a128p = a128.data();
+    const float *__restrict a129p = a129.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a128p[i0 * 2 + i1];
+        const float s1 = a129p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a130p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a132p = a132.data();
+    float *__restrict a133p = a133.data();
+    const float *__restrict a131p = a131.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a131p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a132p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a132p[i0] = s6;
+      a133p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a135p = a135.data();
+    const float *__restrict a129p = a129.data();
+    const float *__restrict a132p = a132.data();
+    const float *__restrict a134p = a134.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a129p[i0];
+        const float s1 = a132p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a134p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a135p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape73_1 = {};
+  static const support::Shape shape73_3 = {};
+  static const support::Shape shape73_4 = {32, 8};
+  static const support::Shape shape73_5 = {8, 1};
+  support::reduce(a136.data(), shape73_1, a135.data(), shape73_3, shape73_4, shape73_5,
+                  support::Reduce::Sum, 0.00390625);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a137p = a137.data();
+    const float *__restrict a136p = a136.data();
+    const float s0 = a136p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a137p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a139p = a139.data();
+    const float *__restrict a138p = a138.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a138p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a139p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a141p = a141.data();
+    const float *__restrict a140p = a140.data();
+    const float *__restrict a130p = a130.data();
+    const float *__restrict a133p = a133.data();
+    const float *__restrict a137p = a137.data();
+    const float *__restrict a139p = a139.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a140p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a130p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a133p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a137p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a139p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a141p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a141p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a144p = a144.data();
+    const float *__restrict a142p = a142.data();
+    const float *__restrict a143p = a143.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a142p[i0 * 2 + i1];
+        const float s1 = a143p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a144p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a146p = a146.data();
+    float *__restrict a147p = a147.data();
+    const float *__restrict a145p = a145.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a145p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a146p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a146p[i0] = s6;
+      a147p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a149p = a149.data();
+    const float *__restrict a143p = a143.data();
+    const float *__restrict a146p = a146.data();
+    const float *__restrict a148p = a148.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a143p[i0];
+        const float s1 = a146p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a148p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a149p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape80_1 = {};
+  static const support::Shape shape80_3 = {};
+  static const support::Shape shape80_4 = {32, 8};
+  static const support::Shape shape80_5 = {8, 1};
+  support::reduce(a150.data(), shape80_1, a149.data(), shape80_3, shape80_4, shape80_5,
+                  support::Reduce::Sum, 0.00390625);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a151p = a151.data();
+    const float *__restrict a150p = a150.data();
+    const float s0 = a150p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a151p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a153p = a153.data();
+    const float *__restrict a152p = a152.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a152p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a153p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a155p = a155.data();
+    const float *__restrict a154p = a154.data();
+    const float *__restrict a144p = a144.data();
+    const float *__restrict a147p = a147.data();
+    const float *__restrict a151p = a151.data();
+    const float *__restrict a153p = a153.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a154p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a144p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a147p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a151p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a153p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a155p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a155p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a158p = a158.data();
+    const float *__restrict a156p = a156.data();
+    const float *__restrict a157p = a157.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a156p[i0 * 8 + i1];
+        const float s1 = a157p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a158p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a160p = a160.data();
+    const float *__restrict a159p = a159.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a159p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a160p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a162p = a162.data();
+    const float *__restrict a161p = a161.data();
+    const float s0 = a161p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a162p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a164p = a164.data();
+    const float *__restrict a163p = a163.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a163p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a164p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a166p = a166.data();
+    const float *__restrict a165p = a165.data();
+    const float *__restrict a158p = a158.data();
+    const float *__restrict a160p = a160.data();
+    const float *__restrict a162p = a162.data();
+    const float *__restrict a164p = a164.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a165p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = a158p[i0 * 8 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a160p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a162p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a164p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a166p[i0 * 256 + i1 * 32 + i2];
+          const float s10 = (s9 - s8);
+          a166p[i0 * 256 + i1 * 32 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a168p = a168.data();
+    float *__restrict a169p = a169.data();
+    float *__restrict a170p = a170.data();
+    const float *__restrict a167p = a167.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a167p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = a1p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = a168p[i0];
+      const float s7 = a3p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = a167p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      a168p[i0] = s9;
+      a169p[i0] = s12;
+      a170p[i0] = s13;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape90_1 = {};
+  static const support::Shape shape90_3 = {};
+  static const support::Shape shape90_4 = {32};
+  static const support::Shape shape90_5 = {1};
+  support::reduce(a171.data(), shape90_1, a170.data(), shape90_3, shape90_4, shape90_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a172p = a172.data();
+    const float *__restrict a171p = a171.data();
+    const float s0 = a171p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a172p[0] = s5;
+  }
+
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a174p = a174.data();
+    const float *__restrict a173p = a173.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a173p[i0];
+      const float s1 = s0 * s0;
+      a174p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape93_1 = {};
+  static const support::Shape shape93_3 = {};
+  static const support::Shape shape93_4 = {32};
+  static const support::Shape shape93_5 = {1};
+  support::reduce(a175.data(), shape93_1, a174.data(), shape93_3, shape93_4, shape93_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a176p = a176.data();
+    const float *__restrict a175p = a175.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a175p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a176p[0] = s5;
   }
 
   // t5.mesh:152:3 div
@@ -8158,76 +8912,44 @@ void T5Train::repeated0(
   // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a99p = a99.data();
-    const float *__restrict a95p = a95.data();
-    const float *__restrict a98p = a98.data();
-    const float *__restrict a102p = a102.data();
-    const float r1 = a98p[0];
-    const float r2 = a102p[0];
+    float *__restrict a173p = a173.data();
+    const float *__restrict a169p = a169.data();
+    const float *__restrict a172p = a172.data();
+    const float *__restrict a176p = a176.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a95p[i0];
-      const float s1 = r1;
+      const float s0 = a169p[i0];
+      const float s1 = a172p[0];
       const float s2 = (s0 / s1);
-      const float s3 = r2;
+      const float s3 = a176p[0];
       const float s4 = (s2 * s3);
-      const float s5 = a99p[i0];
+      const float s5 = a173p[i0];
       const float s6 = (s5 - s4);
-      a99p[i0] = s6;
+      a173p[i0] = s6;
     }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a104p = a104.data();
-    const float *__restrict a103p = a103.data();
-    const float s0 = a103p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a104p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a106p = a106.data();
-    const float *__restrict a105p = a105.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a105p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a106p[0] = s5;
   }
 }
 
 void T5Train::repeated1(
     support::ConstView a0, support::View a1, support::View a2, support::View a3,
     support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::ConstView a8, support::View a9, support::View a10, support::View a11,
-    support::View a12, support::View a13, support::ConstView a14, support::View a15,
-    support::View a16, support::View a17, support::View a18, support::View a19,
-    support::ConstView a20, support::View a21, support::View a22, support::View a23,
-    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
-    support::View a29, support::View a30, support::View a31, support::ConstView a32,
-    support::View a33, support::View a34, support::View a35, support::View a36, support::View a37,
-    support::ConstView a38, support::View a39, support::View a40, support::View a41,
-    support::View a42, support::View a43, support::ConstView a44, support::View a45,
-    support::View a46, support::View a47, support::View a48, support::View a49,
-    support::ConstView a50, support::View a51, support::View a52, support::View a53,
-    support::View a54, support::View a55, support::View a56, support::View a57, support::View a58,
-    support::View a59, support::View a60, support::View a61, support::ConstView a62,
-    support::View a63, support::View a64, support::ConstView a65, support::View a66,
-    support::View a67, support::View a68, support::View a69, support::View a70) {
+    support::View a8, support::View a9, support::ConstView a10, support::View a11,
+    support::View a12, support::View a13, support::View a14, support::View a15, support::View a16,
+    support::View a17, support::ConstView a18, support::View a19, support::View a20,
+    support::View a21, support::View a22, support::View a23, support::View a24, support::View a25,
+    support::ConstView a26, support::View a27, support::View a28, support::View a29,
+    support::View a30, support::View a31, support::View a32, support::View a33, support::View a34,
+    support::View a35, support::View a36, support::ConstView a37, support::View a38,
+    support::View a39, support::View a40, support::View a41, support::View a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::View a49, support::View a50, support::View a51, support::View a52,
+    support::ConstView a53, support::View a54, support::View a55, support::View a56,
+    support::View a57, support::View a58, support::View a59, support::View a60,
+    support::ConstView a61, support::View a62, support::View a63, support::View a64,
+    support::View a65, support::View a66, support::View a67, support::View a68, support::View a69,
+    support::View a70, support::View a71, support::ConstView a72, support::View a73,
+    support::View a74, support::View a75, support::View a76, support::View a77, support::View a78,
+    support::ConstView a79, support::View a80, support::View a81, support::View a82,
+    support::View a83, support::View a84, support::View a85, support::View a86) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
@@ -8272,14 +8994,12 @@ void T5Train::repeated1(
     const float *__restrict a3p = a3.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       const float s0 = a3p[i0];
-      const float s1 = r1;
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
       const float s3 = a5p[i0];
-      const float s4 = r3;
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       a5p[i0] = s6;
@@ -8296,101 +9016,63 @@ void T5Train::repeated1(
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a9p[i0] = s3;
+    float *__restrict a8p = a8.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a0p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a5p[i0];
+        const float s3 = (s1 / s2);
+        a8p[i0 * 8 + i1] = s3;
+      }
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
   static const support::Shape shape6_5 = {8};
-  support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
+  support::reduce(a9.data(), shape6_1, a8.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape7_1 = {32, 2};
-  static const support::Shape shape7_3 = {16, 8};
-  static const support::Shape shape7_4 = {8};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a11.data(), shape7_1, a9.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a12p[i0] = s6;
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a11p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {2};
-  static const support::Shape shape9_4 = {2};
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape8_1 = {32, 8};
+  static const support::Shape shape8_3 = {16, 1};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {8};
+  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape9_1 = {32, 2};
+  static const support::Shape shape9_3 = {16, 8};
+  static const support::Shape shape9_4 = {8};
   static const support::Shape shape9_5 = {1};
-  support::reduce(a13.data(), shape9_1, a12.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a15p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape11_1 = {32, 8};
-  static const support::Shape shape11_3 = {16, 1};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {8};
-  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape12_1 = {32, 2};
-  static const support::Shape shape12_3 = {16, 8};
-  static const support::Shape shape12_4 = {8};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a17.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a13.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
@@ -8398,55 +9080,170 @@ void T5Train::repeated1(
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
+    float *__restrict a14p = a14.data();
+    const float *__restrict a13p = a13.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = r1;
+      const float s0 = a13p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a18p[i0];
-      const float s4 = r3;
+      const float s3 = a14p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      a18p[i0] = s6;
+      a14p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape11_1 = {32};
+  static const support::Shape shape11_3 = {2};
+  static const support::Shape shape11_4 = {2};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a10p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a14p[i0];
+        const float s3 = (s1 / s2);
+        a16p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape13_1 = {32, 8};
+  static const support::Shape shape13_3 = {16, 1};
+  static const support::Shape shape13_4 = {2};
+  static const support::Shape shape13_5 = {8};
+  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a20p[i0];
+      const float s0 = a18p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      a21p[i0] = s3;
+      a19p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape16_1 = {2, 8};
-  static const support::Shape shape16_3 = {256, 32};
-  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape15_1 = {32, 8};
+  static const support::Shape shape15_3 = {16, 1};
+  static const support::Shape shape15_4 = {2};
+  static const support::Shape shape15_5 = {8};
+  support::reduce(a20.data(), shape15_1, a19.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape16_1 = {32, 2};
+  static const support::Shape shape16_3 = {16, 8};
+  static const support::Shape shape16_4 = {8};
   static const support::Shape shape16_5 = {1};
-  support::reduce(a22.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
+  support::reduce(a21.data(), shape16_1, a19.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a22p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a22p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape18_1 = {32};
+  static const support::Shape shape18_3 = {2};
+  static const support::Shape shape18_4 = {2};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a23.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a18p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a22p[i0];
+        const float s3 = (s1 / s2);
+        a24p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape20_1 = {32, 8};
+  static const support::Shape shape20_3 = {16, 1};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {8};
+  support::reduce(a25.data(), shape20_1, a24.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a26p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a27p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape22_1 = {2, 8};
+  static const support::Shape shape22_3 = {256, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a28.data(), shape22_1, a27.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
@@ -8454,108 +9251,76 @@ void T5Train::repeated1(
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = r1;
+      const float s0 = a28p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a23p[i0];
-      const float s4 = r3;
+      const float s3 = a29p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      a23p[i0] = s6;
+      a29p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {256, 1};
-  static const support::Shape shape18_4 = {8};
-  static const support::Shape shape18_5 = {32};
-  support::reduce(a24.data(), shape18_1, a21.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape24_1 = {2, 32};
+  static const support::Shape shape24_3 = {256, 1};
+  static const support::Shape shape24_4 = {8};
+  static const support::Shape shape24_5 = {32};
+  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
                   support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape19_1 = {2};
-  static const support::Shape shape19_3 = {8};
-  static const support::Shape shape19_4 = {8};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a25.data(), shape19_1, a23.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a23p[i0 * 8 + i1];
-        const float s1 = a25p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a26p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a24p = a24.data();
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = r1;
+      const float s0 = a30p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a27p[i0];
-      const float s4 = r3;
+      const float s3 = a31p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a27p[i0] = s6;
-      a28p[i0] = s7;
+      a31p[i0] = s6;
     }
   }
 
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape26_1 = {2};
+  static const support::Shape shape26_3 = {8};
+  static const support::Shape shape26_4 = {8};
+  static const support::Shape shape26_5 = {1};
+  support::reduce(a32.data(), shape26_1, a29.data(), shape26_3, shape26_4, shape26_5,
+                  support::Reduce::Sum, 0.125);
+
   // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    const float *__restrict a20p = a20.data();
+    float *__restrict a33p = a33.data();
     const float *__restrict a26p = a26.data();
-    const float *__restrict a28p = a28.data();
+    const float *__restrict a31p = a31.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
         for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a20p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a26p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a28p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a29p[i0 * 256 + i1 * 32 + i2] = s4;
-          a30p[i0 * 256 + i1 * 32 + i2] = s5;
+          const float s0 = a26p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = s0 * s0;
+          const float s2 = a31p[i0 * 32 + i2];
+          const float s3 = (s1 / s2);
+          a33p[i0 * 256 + i1 * 32 + i2] = s3;
         }
       }
     }
@@ -8563,44 +9328,73 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {2, 8, 32};
-  static const support::Shape shape23_5 = {256, 32, 1};
-  support::reduce(a31.data(), shape23_1, a30.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.0009765625);
+  static const support::Shape shape28_1 = {2, 8};
+  static const support::Shape shape28_3 = {256, 32};
+  static const support::Shape shape28_4 = {32};
+  static const support::Shape shape28_5 = {1};
+  support::reduce(a34.data(), shape28_1, a33.data(), shape28_3, shape28_4, shape28_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a35p = a35.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a34p = a34.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a32p[i0];
+        const float s1 = a29p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a34p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a35p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape30_1 = {};
+  static const support::Shape shape30_3 = {};
+  static const support::Shape shape30_4 = {2, 8};
+  static const support::Shape shape30_5 = {8, 1};
+  support::reduce(a36.data(), shape30_1, a35.data(), shape30_3, shape30_4, shape30_5,
+                  support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a32p[i0];
+      const float s0 = a37p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      a33p[i0] = s3;
+      a38p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape25_1 = {32, 8};
-  static const support::Shape shape25_3 = {16, 1};
-  static const support::Shape shape25_4 = {2};
-  static const support::Shape shape25_5 = {8};
-  support::reduce(a34.data(), shape25_1, a33.data(), shape25_3, shape25_4, shape25_5,
+  static const support::Shape shape32_1 = {32, 8};
+  static const support::Shape shape32_3 = {16, 1};
+  static const support::Shape shape32_4 = {2};
+  static const support::Shape shape32_5 = {8};
+  support::reduce(a39.data(), shape32_1, a38.data(), shape32_3, shape32_4, shape32_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape26_1 = {32, 2};
-  static const support::Shape shape26_3 = {16, 8};
-  static const support::Shape shape26_4 = {8};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a35.data(), shape26_1, a33.data(), shape26_3, shape26_4, shape26_5,
+  static const support::Shape shape33_1 = {32, 2};
+  static const support::Shape shape33_3 = {16, 8};
+  static const support::Shape shape33_4 = {8};
+  static const support::Shape shape33_5 = {1};
+  support::reduce(a40.data(), shape33_1, a38.data(), shape33_3, shape33_4, shape33_5,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
@@ -8608,97 +9402,1061 @@ void T5Train::repeated1(
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
+    float *__restrict a41p = a41.data();
+    const float *__restrict a40p = a40.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = r1;
+      const float s0 = a40p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = r3;
+      const float s3 = a41p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
-      a36p[i0] = s6;
+      a41p[i0] = s6;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape28_1 = {32};
-  static const support::Shape shape28_3 = {2};
-  static const support::Shape shape28_4 = {2};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a37.data(), shape28_1, a36.data(), shape28_3, shape28_4, shape28_5,
+  static const support::Shape shape35_1 = {32};
+  static const support::Shape shape35_3 = {2};
+  static const support::Shape shape35_4 = {2};
+  static const support::Shape shape35_5 = {1};
+  support::reduce(a42.data(), shape35_1, a41.data(), shape35_3, shape35_4, shape35_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a43p = a43.data();
+    const float *__restrict a37p = a37.data();
+    const float *__restrict a41p = a41.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a37p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a41p[i0];
+        const float s3 = (s1 / s2);
+        a43p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape37_1 = {32, 8};
+  static const support::Shape shape37_3 = {16, 1};
+  static const support::Shape shape37_4 = {2};
+  static const support::Shape shape37_5 = {8};
+  support::reduce(a44.data(), shape37_1, a43.data(), shape37_3, shape37_4, shape37_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
   {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a38p = a38.data();
+    float *__restrict a46p = a46.data();
+    const float *__restrict a45p = a45.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a38p[i0];
+      const float s0 = a45p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      a39p[i0] = s3;
+      a46p[i0] = s3;
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape30_1 = {32, 8};
-  static const support::Shape shape30_3 = {16, 1};
-  static const support::Shape shape30_4 = {2};
-  static const support::Shape shape30_5 = {8};
-  support::reduce(a40.data(), shape30_1, a39.data(), shape30_3, shape30_4, shape30_5,
+  static const support::Shape shape39_1 = {32, 8};
+  static const support::Shape shape39_3 = {16, 1};
+  static const support::Shape shape39_4 = {2};
+  static const support::Shape shape39_5 = {8};
+  support::reduce(a47.data(), shape39_1, a46.data(), shape39_3, shape39_4, shape39_5,
                   support::Reduce::Sum, 0.25);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape31_1 = {32, 2};
-  static const support::Shape shape31_3 = {16, 8};
-  static const support::Shape shape31_4 = {8};
-  static const support::Shape shape31_5 = {1};
-  support::reduce(a41.data(), shape31_1, a39.data(), shape31_3, shape31_4, shape31_5,
+  static const support::Shape shape40_1 = {32, 2};
+  static const support::Shape shape40_3 = {16, 8};
+  static const support::Shape shape40_4 = {8};
+  static const support::Shape shape40_5 = {1};
+  support::reduce(a48.data(), shape40_1, a46.data(), shape40_3, shape40_4, shape40_5,
                   support::Reduce::Sum, 0.125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a49p = a49.data();
+    const float *__restrict a48p = a48.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a48p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a49p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a49p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape42_1 = {32};
+  static const support::Shape shape42_3 = {2};
+  static const support::Shape shape42_4 = {2};
+  static const support::Shape shape42_5 = {1};
+  support::reduce(a50.data(), shape42_1, a49.data(), shape42_3, shape42_4, shape42_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a51p = a51.data();
+    const float *__restrict a45p = a45.data();
+    const float *__restrict a49p = a49.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a45p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a49p[i0];
+        const float s3 = (s1 / s2);
+        a51p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape44_1 = {32, 8};
+  static const support::Shape shape44_3 = {16, 1};
+  static const support::Shape shape44_4 = {2};
+  static const support::Shape shape44_5 = {8};
+  support::reduce(a52.data(), shape44_1, a51.data(), shape44_3, shape44_4, shape44_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a54p = a54.data();
+    const float *__restrict a53p = a53.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a53p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a54p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape46_1 = {32, 8};
+  static const support::Shape shape46_3 = {16, 1};
+  static const support::Shape shape46_4 = {2};
+  static const support::Shape shape46_5 = {8};
+  support::reduce(a55.data(), shape46_1, a54.data(), shape46_3, shape46_4, shape46_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape47_1 = {32, 2};
+  static const support::Shape shape47_3 = {16, 8};
+  static const support::Shape shape47_4 = {8};
+  static const support::Shape shape47_5 = {1};
+  support::reduce(a56.data(), shape47_1, a54.data(), shape47_3, shape47_4, shape47_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a57p = a57.data();
+    const float *__restrict a56p = a56.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a56p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a57p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a57p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape49_1 = {32};
+  static const support::Shape shape49_3 = {2};
+  static const support::Shape shape49_4 = {2};
+  static const support::Shape shape49_5 = {1};
+  support::reduce(a58.data(), shape49_1, a57.data(), shape49_3, shape49_4, shape49_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a59p = a59.data();
+    const float *__restrict a53p = a53.data();
+    const float *__restrict a57p = a57.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a53p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a57p[i0];
+        const float s3 = (s1 / s2);
+        a59p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape51_1 = {32, 8};
+  static const support::Shape shape51_3 = {16, 1};
+  static const support::Shape shape51_4 = {2};
+  static const support::Shape shape51_5 = {8};
+  support::reduce(a60.data(), shape51_1, a59.data(), shape51_3, shape51_4, shape51_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a62p = a62.data();
+    const float *__restrict a61p = a61.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a61p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a62p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape53_1 = {2, 8};
+  static const support::Shape shape53_3 = {256, 32};
+  static const support::Shape shape53_4 = {32};
+  static const support::Shape shape53_5 = {1};
+  support::reduce(a63.data(), shape53_1, a62.data(), shape53_3, shape53_4, shape53_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a64p = a64.data();
+    const float *__restrict a63p = a63.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a63p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a64p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a64p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape55_1 = {2, 32};
+  static const support::Shape shape55_3 = {256, 1};
+  static const support::Shape shape55_4 = {8};
+  static const support::Shape shape55_5 = {32};
+  support::reduce(a65.data(), shape55_1, a62.data(), shape55_3, shape55_4, shape55_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a66p = a66.data();
+    const float *__restrict a65p = a65.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a65p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a66p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a66p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape57_1 = {2};
+  static const support::Shape shape57_3 = {8};
+  static const support::Shape shape57_4 = {8};
+  static const support::Shape shape57_5 = {1};
+  support::reduce(a67.data(), shape57_1, a64.data(), shape57_3, shape57_4, shape57_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a68p = a68.data();
+    const float *__restrict a61p = a61.data();
+    const float *__restrict a66p = a66.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a61p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = s0 * s0;
+          const float s2 = a66p[i0 * 32 + i2];
+          const float s3 = (s1 / s2);
+          a68p[i0 * 256 + i1 * 32 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape59_1 = {2, 8};
+  static const support::Shape shape59_3 = {256, 32};
+  static const support::Shape shape59_4 = {32};
+  static const support::Shape shape59_5 = {1};
+  support::reduce(a69.data(), shape59_1, a68.data(), shape59_3, shape59_4, shape59_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a70p = a70.data();
+    const float *__restrict a67p = a67.data();
+    const float *__restrict a64p = a64.data();
+    const float *__restrict a69p = a69.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a67p[i0];
+        const float s1 = a64p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a69p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a70p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape61_1 = {};
+  static const support::Shape shape61_3 = {};
+  static const support::Shape shape61_4 = {2, 8};
+  static const support::Shape shape61_5 = {8, 1};
+  support::reduce(a71.data(), shape61_1, a70.data(), shape61_3, shape61_4, shape61_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a73p = a73.data();
+    const float *__restrict a72p = a72.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a72p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a73p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape63_1 = {32};
+  static const support::Shape shape63_3 = {32};
+  static const support::Shape shape63_4 = {32};
+  static const support::Shape shape63_5 = {1};
+  support::reduce(a74.data(), shape63_1, a73.data(), shape63_3, shape63_4, shape63_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape64_1 = {32};
+  static const support::Shape shape64_3 = {1};
+  static const support::Shape shape64_4 = {32};
+  static const support::Shape shape64_5 = {32};
+  support::reduce(a75.data(), shape64_1, a73.data(), shape64_3, shape64_4, shape64_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a76p = a76.data();
+    const float *__restrict a75p = a75.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a75p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a76p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a76p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a77p = a77.data();
+    const float *__restrict a72p = a72.data();
+    const float *__restrict a76p = a76.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a72p[i0 * 32 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a76p[i1];
+        const float s3 = (s1 / s2);
+        a77p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape67_1 = {32};
+  static const support::Shape shape67_3 = {32};
+  static const support::Shape shape67_4 = {32};
+  static const support::Shape shape67_5 = {1};
+  support::reduce(a78.data(), shape67_1, a77.data(), shape67_3, shape67_4, shape67_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a80p = a80.data();
+    const float *__restrict a79p = a79.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a79p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a80p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape69_1 = {32};
+  static const support::Shape shape69_3 = {1};
+  static const support::Shape shape69_4 = {32};
+  static const support::Shape shape69_5 = {32};
+  support::reduce(a81.data(), shape69_1, a80.data(), shape69_3, shape69_4, shape69_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape70_1 = {32};
+  static const support::Shape shape70_3 = {32};
+  static const support::Shape shape70_4 = {32};
+  static const support::Shape shape70_5 = {1};
+  support::reduce(a82.data(), shape70_1, a80.data(), shape70_3, shape70_4, shape70_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a83p = a83.data();
+    const float *__restrict a82p = a82.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a82p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a83p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a83p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape72_1 = {};
+  static const support::Shape shape72_3 = {};
+  static const support::Shape shape72_4 = {32};
+  static const support::Shape shape72_5 = {1};
+  support::reduce(a84.data(), shape72_1, a83.data(), shape72_3, shape72_4, shape72_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a85p = a85.data();
+    const float *__restrict a79p = a79.data();
+    const float *__restrict a83p = a83.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a79p[i0 * 32 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a83p[i0];
+        const float s3 = (s1 / s2);
+        a85p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape74_1 = {32};
+  static const support::Shape shape74_3 = {1};
+  static const support::Shape shape74_4 = {32};
+  static const support::Shape shape74_5 = {32};
+  support::reduce(a86.data(), shape74_1, a85.data(), shape74_3, shape74_4, shape74_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void T5Train::repeated2(support::ConstView a0, support::View a1, support::View a2, support::View a3,
+                        support::ConstView a4, support::View a5, support::ConstView a6,
+                        support::View a7, support::View a8, support::View a9,
+                        support::ConstView a10, support::View a11, support::View a12,
+                        support::View a13, support::View a14, support::View a15, support::View a16,
+                        support::View a17, support::ConstView a18, support::View a19,
+                        support::View a20, support::View a21, support::View a22, support::View a23,
+                        support::View a24, support::View a25, support::ConstView a26,
+                        support::View a27, support::View a28, support::View a29, support::View a30,
+                        support::View a31, support::View a32, support::View a33, support::View a34,
+                        support::View a35, support::View a36, support::ConstView a37,
+                        support::View a38, support::View a39, support::View a40, support::View a41,
+                        support::View a42, support::View a43, support::ConstView a44,
+                        support::View a45, support::View a46, support::View a47, support::View a48,
+                        support::View a49, support::View a50, support::View a51) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a1p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape1_1 = {32, 8};
+  static const support::Shape shape1_3 = {16, 1};
+  static const support::Shape shape1_4 = {2};
+  static const support::Shape shape1_5 = {8};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape2_1 = {32, 2};
+  static const support::Shape shape2_3 = {16, 8};
+  static const support::Shape shape2_4 = {8};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a5p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a5p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {2};
+  static const support::Shape shape4_4 = {2};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a8p = a8.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a0p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a5p[i0];
+        const float s3 = (s1 / s2);
+        a8p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape6_1 = {32, 8};
+  static const support::Shape shape6_3 = {16, 1};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {8};
+  support::reduce(a9.data(), shape6_1, a8.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a11p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape8_1 = {32, 8};
+  static const support::Shape shape8_3 = {16, 1};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {8};
+  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape9_1 = {32, 2};
+  static const support::Shape shape9_3 = {16, 8};
+  static const support::Shape shape9_4 = {8};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(a13.data(), shape9_1, a11.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a13p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a14p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a14p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape11_1 = {32};
+  static const support::Shape shape11_3 = {2};
+  static const support::Shape shape11_4 = {2};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a10p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a14p[i0];
+        const float s3 = (s1 / s2);
+        a16p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape13_1 = {32, 8};
+  static const support::Shape shape13_3 = {16, 1};
+  static const support::Shape shape13_4 = {2};
+  static const support::Shape shape13_5 = {8};
+  support::reduce(a17.data(), shape13_1, a16.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a18p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a19p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape15_1 = {32, 8};
+  static const support::Shape shape15_3 = {16, 1};
+  static const support::Shape shape15_4 = {2};
+  static const support::Shape shape15_5 = {8};
+  support::reduce(a20.data(), shape15_1, a19.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape16_1 = {32, 2};
+  static const support::Shape shape16_3 = {16, 8};
+  static const support::Shape shape16_4 = {8};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(a21.data(), shape16_1, a19.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a22p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a22p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape18_1 = {32};
+  static const support::Shape shape18_3 = {2};
+  static const support::Shape shape18_4 = {2};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a23.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a18p[i0 * 8 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a22p[i0];
+        const float s3 = (s1 / s2);
+        a24p[i0 * 8 + i1] = s3;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape20_1 = {32, 8};
+  static const support::Shape shape20_3 = {16, 1};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {8};
+  support::reduce(a25.data(), shape20_1, a24.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.25);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a26p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a27p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape22_1 = {2, 8};
+  static const support::Shape shape22_3 = {256, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a28.data(), shape22_1, a27.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      const float s0 = a28p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a29p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a29p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape24_1 = {2, 32};
+  static const support::Shape shape24_3 = {256, 1};
+  static const support::Shape shape24_4 = {8};
+  static const support::Shape shape24_5 = {32};
+  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a31p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a31p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape26_1 = {2};
+  static const support::Shape shape26_3 = {8};
+  static const support::Shape shape26_4 = {8};
+  static const support::Shape shape26_5 = {1};
+  support::reduce(a32.data(), shape26_1, a29.data(), shape26_3, shape26_4, shape26_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a33p = a33.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a31p = a31.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a26p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = s0 * s0;
+          const float s2 = a31p[i0 * 32 + i2];
+          const float s3 = (s1 / s2);
+          a33p[i0 * 256 + i1 * 32 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape28_1 = {2, 8};
+  static const support::Shape shape28_3 = {256, 32};
+  static const support::Shape shape28_4 = {32};
+  static const support::Shape shape28_5 = {1};
+  support::reduce(a34.data(), shape28_1, a33.data(), shape28_3, shape28_4, shape28_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a35p = a35.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a34p = a34.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a32p[i0];
+        const float s1 = a29p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a34p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a35p[i0 * 8 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape30_1 = {};
+  static const support::Shape shape30_3 = {};
+  static const support::Shape shape30_4 = {2, 8};
+  static const support::Shape shape30_5 = {8, 1};
+  support::reduce(a36.data(), shape30_1, a35.data(), shape30_3, shape30_4, shape30_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  {
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a37p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a38p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape32_1 = {32};
+  static const support::Shape shape32_3 = {32};
+  static const support::Shape shape32_4 = {32};
+  static const support::Shape shape32_5 = {1};
+  support::reduce(a39.data(), shape32_1, a38.data(), shape32_3, shape32_4, shape32_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape33_1 = {32};
+  static const support::Shape shape33_3 = {1};
+  static const support::Shape shape33_4 = {32};
+  static const support::Shape shape33_5 = {32};
+  support::reduce(a40.data(), shape33_1, a38.data(), shape33_3, shape33_4, shape33_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a41p = a41.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a40p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a41p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a41p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a42p = a42.data();
+    const float *__restrict a37p = a37.data();
     const float *__restrict a41p = a41.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a41p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a42p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a42p[i0] = s6;
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a37p[i0 * 32 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a41p[i1];
+        const float s3 = (s1 / s2);
+        a42p[i0 * 32 + i1] = s3;
+      }
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape33_1 = {32};
-  static const support::Shape shape33_3 = {2};
-  static const support::Shape shape33_4 = {2};
-  static const support::Shape shape33_5 = {1};
-  support::reduce(a43.data(), shape33_1, a42.data(), shape33_3, shape33_4, shape33_5,
-                  support::Reduce::Sum, 0.25);
+  static const support::Shape shape36_1 = {32};
+  static const support::Shape shape36_3 = {32};
+  static const support::Shape shape36_4 = {32};
+  static const support::Shape shape36_5 = {1};
+  support::reduce(a43.data(), shape36_1, a42.data(), shape36_3, shape36_4, shape36_5,
+                  support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 square
   // t5.mesh:152:3 add
@@ -8706,7 +10464,7 @@ void T5Train::repeated1(
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a44p = a44.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
       const float s0 = a44p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
@@ -8717,21 +10475,21 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape35_1 = {32, 8};
-  static const support::Shape shape35_3 = {16, 1};
-  static const support::Shape shape35_4 = {2};
-  static const support::Shape shape35_5 = {8};
-  support::reduce(a46.data(), shape35_1, a45.data(), shape35_3, shape35_4, shape35_5,
-                  support::Reduce::Sum, 0.25);
+  static const support::Shape shape38_1 = {32};
+  static const support::Shape shape38_3 = {1};
+  static const support::Shape shape38_4 = {32};
+  static const support::Shape shape38_5 = {32};
+  support::reduce(a46.data(), shape38_1, a45.data(), shape38_3, shape38_4, shape38_5,
+                  support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape36_1 = {32, 2};
-  static const support::Shape shape36_3 = {16, 8};
-  static const support::Shape shape36_4 = {8};
-  static const support::Shape shape36_5 = {1};
-  support::reduce(a47.data(), shape36_1, a45.data(), shape36_3, shape36_4, shape36_5,
-                  support::Reduce::Sum, 0.125);
+  static const support::Shape shape39_1 = {32};
+  static const support::Shape shape39_3 = {32};
+  static const support::Shape shape39_4 = {32};
+  static const support::Shape shape39_5 = {1};
+  support::reduce(a47.data(), shape39_1, a45.data(), shape39_3, shape39_4, shape39_5,
+                  support::Reduce::Sum, 0.03125);
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
@@ -8742,14 +10500,12 @@ void T5Train::repeated1(
     const float *__restrict a47p = a47.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = a47p[i0];
-      const float s1 = r1;
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
       const float s3 = a48p[i0];
-      const float s4 = r3;
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       a48p[i0] = s6;
@@ -8758,270 +10514,56 @@ void T5Train::repeated1(
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape38_1 = {32};
-  static const support::Shape shape38_3 = {2};
-  static const support::Shape shape38_4 = {2};
-  static const support::Shape shape38_5 = {1};
-  support::reduce(a49.data(), shape38_1, a48.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 0.25);
+  static const support::Shape shape41_1 = {};
+  static const support::Shape shape41_3 = {};
+  static const support::Shape shape41_4 = {32};
+  static const support::Shape shape41_5 = {1};
+  support::reduce(a49.data(), shape41_1, a48.data(), shape41_3, shape41_4, shape41_5,
+                  support::Reduce::Sum, 0.015625);
 
   // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a51p = a51.data();
-    const float *__restrict a50p = a50.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a50p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a51p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape40_1 = {2, 8};
-  static const support::Shape shape40_3 = {256, 32};
-  static const support::Shape shape40_4 = {32};
-  static const support::Shape shape40_5 = {1};
-  support::reduce(a52.data(), shape40_1, a51.data(), shape40_3, shape40_4, shape40_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a53p = a53.data();
-    const float *__restrict a52p = a52.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a52p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a53p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a53p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape42_1 = {2, 32};
-  static const support::Shape shape42_3 = {256, 1};
-  static const support::Shape shape42_4 = {8};
-  static const support::Shape shape42_5 = {32};
-  support::reduce(a54.data(), shape42_1, a51.data(), shape42_3, shape42_4, shape42_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape43_1 = {2};
-  static const support::Shape shape43_3 = {8};
-  static const support::Shape shape43_4 = {8};
-  static const support::Shape shape43_5 = {1};
-  support::reduce(a55.data(), shape43_1, a53.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 0.125);
-
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a56p = a56.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a55p = a55.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a53p[i0 * 8 + i1];
-        const float s1 = a55p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a56p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a57p = a57.data();
-    float *__restrict a58p = a58.data();
-    const float *__restrict a54p = a54.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a54p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a57p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a57p[i0] = s6;
-      a58p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a59p = a59.data();
-    float *__restrict a60p = a60.data();
-    const float *__restrict a50p = a50.data();
-    const float *__restrict a56p = a56.data();
-    const float *__restrict a58p = a58.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a50p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a56p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a58p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a59p[i0 * 256 + i1 * 32 + i2] = s4;
-          a60p[i0 * 256 + i1 * 32 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape47_1 = {};
-  static const support::Shape shape47_3 = {};
-  static const support::Shape shape47_4 = {2, 8, 32};
-  static const support::Shape shape47_5 = {256, 32, 1};
-  support::reduce(a61.data(), shape47_1, a60.data(), shape47_3, shape47_4, shape47_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a63p = a63.data();
-    const float *__restrict a62p = a62.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a62p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a63p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape49_1 = {32};
-  static const support::Shape shape49_3 = {32};
-  static const support::Shape shape49_4 = {32};
-  static const support::Shape shape49_5 = {1};
-  support::reduce(a64.data(), shape49_1, a63.data(), shape49_3, shape49_4, shape49_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a66p = a66.data();
-    const float *__restrict a65p = a65.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a65p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a66p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape51_1 = {32};
-  static const support::Shape shape51_3 = {1};
-  static const support::Shape shape51_4 = {32};
-  static const support::Shape shape51_5 = {32};
-  support::reduce(a67.data(), shape51_1, a66.data(), shape51_3, shape51_4, shape51_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape52_1 = {32};
-  static const support::Shape shape52_3 = {32};
-  static const support::Shape shape52_4 = {32};
-  static const support::Shape shape52_5 = {1};
-  support::reduce(a68.data(), shape52_1, a66.data(), shape52_3, shape52_4, shape52_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a69p = a69.data();
-    const float *__restrict a68p = a68.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
+    float *__restrict a50p = a50.data();
+    const float *__restrict a44p = a44.data();
+    const float *__restrict a48p = a48.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a68p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a69p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a69p[i0] = s6;
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a44p[i0 * 32 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a48p[i0];
+        const float s3 = (s1 / s2);
+        a50p[i0 * 32 + i1] = s3;
+      }
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape54_1 = {};
-  static const support::Shape shape54_3 = {};
-  static const support::Shape shape54_4 = {32};
-  static const support::Shape shape54_5 = {1};
-  support::reduce(a70.data(), shape54_1, a69.data(), shape54_3, shape54_4, shape54_5,
+  static const support::Shape shape43_1 = {32};
+  static const support::Shape shape43_3 = {1};
+  static const support::Shape shape43_4 = {32};
+  static const support::Shape shape43_5 = {32};
+  support::reduce(a51.data(), shape43_1, a50.data(), shape43_3, shape43_4, shape43_5,
                   support::Reduce::Sum, 0.015625);
 }
 
-void T5Train::repeated2(
+void T5Train::repeated3(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
     support::ConstView a8, support::View a9, support::View a10, support::View a11,
     support::ConstView a12, support::ConstView a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::ConstView a18, support::View a19,
-    support::View a20, support::View a21, support::ConstView a22, support::ConstView a23,
-    support::View a24, support::ConstView a25, support::View a26, support::View a27,
-    support::ConstView a28, support::View a29, support::View a30, support::View a31,
-    support::ConstView a32, support::ConstView a33, support::View a34, support::ConstView a35,
-    support::View a36, support::View a37, support::ConstView a38, support::View a39,
-    support::View a40, support::View a41, support::ConstView a42, support::ConstView a43,
-    support::View a44, support::ConstView a45, support::View a46, support::View a47,
-    support::ConstView a48, support::View a49, support::View a50, support::View a51,
-    support::ConstView a52, support::ConstView a53, support::View a54, support::ConstView a55,
-    support::View a56, support::View a57, support::ConstView a58, support::View a59,
-    support::View a60, support::View a61, support::ConstView a62, support::View a63,
-    support::View a64, support::ConstView a65, support::View a66, support::View a67,
-    support::View a68, support::View a69, support::ConstView a70, support::View a71,
-    support::View a72, support::View a73, support::ConstView a74, support::ConstView a75,
-    support::View a76, support::ConstView a77, support::View a78, support::View a79,
-    support::ConstView a80, support::View a81, support::View a82, support::View a83) {
+    support::View a16, support::ConstView a17, support::ConstView a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::View a28, support::ConstView a29, support::View a30, support::ConstView a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::View a39,
+    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
+    support::View a44, support::ConstView a45, support::ConstView a46, support::View a47,
+    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
+    support::ConstView a52, support::View a53, support::ConstView a54, support::View a55) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 div
@@ -9053,14 +10595,12 @@ void T5Train::repeated2(
     const float *__restrict a3p = a3.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 256; ++i0) {
       const float s0 = a3p[i0];
-      const float s1 = r1;
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
       const float s3 = a5p[i0];
-      const float s4 = r3;
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       const float s7 = 1.0f / support::fsqrt(s6);
@@ -9069,28 +10609,22 @@ void T5Train::repeated2(
     }
   }
 
+  // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a5p = a5.data();
     const float *__restrict a8p = a8.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a8p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a2p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a7p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a9p[i0 * 16 + i1 * 8 + i2] = s4;
-          a10p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a1p[i0];
+        const float s1 = a5p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a8p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a9p[i0 * 8 + i1] = s4;
       }
     }
   }
@@ -9099,185 +10633,229 @@ void T5Train::repeated2(
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 2, 8};
-  static const support::Shape shape3_5 = {16, 8, 1};
-  support::reduce(a11.data(), shape3_1, a10.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.0009765625);
+  static const support::Shape shape3_4 = {32, 8};
+  static const support::Shape shape3_5 = {8, 1};
+  support::reduce(a10.data(), shape3_1, a9.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.00390625);
 
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float s0 = a10p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a11p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
     const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a12p[i0 * 2 + i1];
-        const float s1 = a13p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a14p[i0 * 2 + i1] = s3;
-      }
-    }
+    const float s0 = a12p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a14p[0] = s5;
   }
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a16p = a16.data();
-    float *__restrict a17p = a17.data();
     const float *__restrict a15p = a15.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a16p[i0] = s6;
-      a17p[i0] = s7;
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a15p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a2p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a7p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a11p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a14p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a16p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a16p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
+      }
     }
   }
 
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a19p = a19.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a14p = a14.data();
     const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a18p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a14p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a17p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a19p[i0 * 16 + i1 * 8 + i2] = s4;
-          a20p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
+        const float s0 = a17p[i0 * 2 + i1];
+        const float s1 = a18p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a19p[i0 * 2 + i1] = s3;
       }
     }
   }
 
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32, 2, 8};
-  static const support::Shape shape7_5 = {16, 8, 1};
-  support::reduce(a21.data(), shape7_1, a20.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.0009765625);
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = a20p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a21p[i0];
+      const float s4 = a6p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a21p[i0] = s6;
+      a22p[i0] = s7;
+    }
+  }
 
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a24p = a24.data();
-    const float *__restrict a22p = a22.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a21p = a21.data();
     const float *__restrict a23p = a23.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a22p[i0 * 2 + i1];
-        const float s1 = a23p[i0];
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a18p[i0];
+        const float s1 = a21p[i0 * 8 + i1];
         const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a24p[i0 * 2 + i1] = s3;
+        const float s3 = a23p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a24p[i0 * 8 + i1] = s4;
       }
     }
   }
 
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32, 8};
+  static const support::Shape shape10_5 = {8, 1};
+  support::reduce(a25.data(), shape10_1, a24.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.00390625);
+
+  // t5.mesh:152:3 sqrt
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
     const float *__restrict a25p = a25.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a26p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a26p[i0] = s6;
-      a27p[i0] = s7;
-    }
+    const float s0 = a25p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a26p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a27p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a28p[0] = s5;
   }
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a26p = a26.data();
     const float *__restrict a28p = a28.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a27p = a27.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a28p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a24p[i0 * 2 + i1];
+          const float s0 = a29p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a19p[i0 * 2 + i1];
           const float s2 = (s0 * s1);
-          const float s3 = a27p[i0 * 8 + i2];
+          const float s3 = a22p[i0 * 8 + i2];
           const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a29p[i0 * 16 + i1 * 8 + i2] = s4;
-          a30p[i0 * 16 + i1 * 8 + i2] = s5;
+          const float s5 = a26p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a28p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a30p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a30p[i0 * 16 + i1 * 8 + i2] = s10;
         }
       }
     }
   }
 
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32, 2, 8};
-  static const support::Shape shape11_5 = {16, 8, 1};
-  support::reduce(a31.data(), shape11_1, a30.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.0009765625);
-
   // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a34p = a34.data();
+    float *__restrict a33p = a33.data();
+    const float *__restrict a31p = a31.data();
     const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a32p[i0 * 2 + i1];
-        const float s1 = a33p[i0];
+        const float s0 = a31p[i0 * 2 + i1];
+        const float s1 = a32p[i0];
         const float s2 = (s0 / s1);
         const float s3 = 1.0f / support::fsqrt(s2);
-        a34p[i0 * 2 + i1] = s3;
+        a33p[i0 * 2 + i1] = s3;
       }
     }
   }
@@ -9288,419 +10866,218 @@ void T5Train::repeated2(
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
+    float *__restrict a35p = a35.data();
     float *__restrict a36p = a36.data();
-    float *__restrict a37p = a37.data();
-    const float *__restrict a35p = a35.data();
+    const float *__restrict a34p = a34.data();
     const float *__restrict a4p = a4.data();
     const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = r1;
+      const float s0 = a34p[i0];
+      const float s1 = a4p[0];
       const float s2 = (s0 * s1);
-      const float s3 = a36p[i0];
-      const float s4 = r3;
+      const float s3 = a35p[i0];
+      const float s4 = a6p[0];
       const float s5 = (s3 * s4);
       const float s6 = (s5 + s2);
       const float s7 = 1.0f / support::fsqrt(s6);
-      a36p[i0] = s6;
-      a37p[i0] = s7;
+      a35p[i0] = s6;
+      a36p[i0] = s7;
     }
   }
 
+  // t5.mesh:152:3 div
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a39p = a39.data();
-    float *__restrict a40p = a40.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a34p = a34.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a35p = a35.data();
     const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a38p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a34p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a37p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a39p[i0 * 16 + i1 * 8 + i2] = s4;
-          a40p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a32p[i0];
+        const float s1 = a35p[i0 * 8 + i1];
+        const float s2 = (s0 / s1);
+        const float s3 = a37p[i0 * 8 + i1];
+        const float s4 = (s3 * s2);
+        a38p[i0 * 8 + i1] = s4;
       }
     }
   }
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {32, 2, 8};
-  static const support::Shape shape15_5 = {16, 8, 1};
-  support::reduce(a41.data(), shape15_1, a40.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.0009765625);
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {32, 8};
+  static const support::Shape shape17_5 = {8, 1};
+  support::reduce(a39.data(), shape17_1, a38.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.00390625);
 
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a40p = a40.data();
+    const float *__restrict a39p = a39.data();
+    const float s0 = a39p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a40p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a42p = a42.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a41p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a42p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a44p = a44.data();
-    const float *__restrict a42p = a42.data();
     const float *__restrict a43p = a43.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a42p = a42.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a42p[i0 * 2 + i1];
-        const float s1 = a43p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a44p[i0 * 2 + i1] = s3;
+        for (int64_t i2 = 0; i2 < 8; ++i2) {
+          const float s0 = a43p[i0 * 16 + i1 * 8 + i2];
+          const float s1 = a33p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a36p[i0 * 8 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = a40p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a42p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a44p[i0 * 16 + i1 * 8 + i2];
+          const float s10 = (s9 - s8);
+          a44p[i0 * 16 + i1 * 8 + i2] = s10;
+        }
       }
     }
   }
 
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
+  // t5.mesh:152:3 div
   // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
     const float *__restrict a45p = a45.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a45p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a46p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a46p[i0] = s6;
-      a47p[i0] = s7;
+    const float *__restrict a46p = a46.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = a45p[i0 * 8 + i1];
+        const float s1 = a46p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a47p[i0 * 8 + i1] = s3;
+      }
     }
   }
 
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
+  // t5.mesh:152:3 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a49p = a49.data();
-    float *__restrict a50p = a50.data();
     const float *__restrict a48p = a48.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a47p = a47.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a48p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a44p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a47p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a49p[i0 * 16 + i1 * 8 + i2] = s4;
-          a50p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
-      }
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a48p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a49p[i0] = s1;
     }
   }
 
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {32, 2, 8};
-  static const support::Shape shape19_5 = {16, 8, 1};
-  support::reduce(a51.data(), shape19_1, a50.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a54p = a54.data();
+    float *__restrict a51p = a51.data();
+    const float *__restrict a50p = a50.data();
+    const float s0 = a50p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a51p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a53p = a53.data();
     const float *__restrict a52p = a52.data();
-    const float *__restrict a53p = a53.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a52p[i0 * 2 + i1];
-        const float s1 = a53p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a54p[i0 * 2 + i1] = s3;
-      }
-    }
+    const float *__restrict a13p = a13.data();
+    const float s0 = a52p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a53p[0] = s5;
   }
 
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a56p = a56.data();
-    float *__restrict a57p = a57.data();
-    const float *__restrict a55p = a55.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a55p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a56p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a56p[i0] = s6;
-      a57p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a59p = a59.data();
-    float *__restrict a60p = a60.data();
-    const float *__restrict a58p = a58.data();
+    float *__restrict a55p = a55.data();
     const float *__restrict a54p = a54.data();
-    const float *__restrict a57p = a57.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a58p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a54p[i0 * 2 + i1];
+    const float *__restrict a47p = a47.data();
+    const float *__restrict a49p = a49.data();
+    const float *__restrict a51p = a51.data();
+    const float *__restrict a53p = a53.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a54p[i0 * 256 + i1 * 32 + i2];
+          const float s1 = a47p[i0 * 8 + i1];
           const float s2 = (s0 * s1);
-          const float s3 = a57p[i0 * 8 + i2];
+          const float s3 = a49p[i0 * 32 + i2];
           const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a59p[i0 * 16 + i1 * 8 + i2] = s4;
-          a60p[i0 * 16 + i1 * 8 + i2] = s5;
+          const float s5 = a51p[0];
+          const float s6 = (s4 / s5);
+          const float s7 = a53p[0];
+          const float s8 = (s6 * s7);
+          const float s9 = a55p[i0 * 256 + i1 * 32 + i2];
+          const float s10 = (s9 - s8);
+          a55p[i0 * 256 + i1 * 32 + i2] = s10;
         }
       }
     }
   }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32, 2, 8};
-  static const support::Shape shape23_5 = {16, 8, 1};
-  support::reduce(a61.data(), shape23_1, a60.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a63p = a63.data();
-    const float *__restrict a62p = a62.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a62p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a63p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a63p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape25_1 = {32};
-  static const support::Shape shape25_3 = {1};
-  static const support::Shape shape25_4 = {32};
-  static const support::Shape shape25_5 = {32};
-  support::reduce(a64.data(), shape25_1, a65.data(), shape25_3, shape25_4, shape25_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape26_1 = {};
-  static const support::Shape shape26_3 = {};
-  static const support::Shape shape26_4 = {32};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a66.data(), shape26_1, a63.data(), shape26_3, shape26_4, shape26_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a67p = a67.data();
-    const float *__restrict a63p = a63.data();
-    const float *__restrict a66p = a66.data();
-    const float r1 = a66p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a63p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a67p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a68p = a68.data();
-    float *__restrict a69p = a69.data();
-    const float *__restrict a64p = a64.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a64p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a68p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a68p[i0] = s6;
-      a69p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a71p = a71.data();
-    float *__restrict a72p = a72.data();
-    const float *__restrict a70p = a70.data();
-    const float *__restrict a67p = a67.data();
-    const float *__restrict a69p = a69.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a70p[i0 * 32 + i1];
-        const float s1 = a67p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a69p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a71p[i0 * 32 + i1] = s4;
-        a72p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape30_1 = {};
-  static const support::Shape shape30_3 = {};
-  static const support::Shape shape30_4 = {32, 32};
-  static const support::Shape shape30_5 = {32, 1};
-  support::reduce(a73.data(), shape30_1, a72.data(), shape30_3, shape30_4, shape30_5,
-                  support::Reduce::Sum, 0.00048828125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a76p = a76.data();
-    const float *__restrict a74p = a74.data();
-    const float *__restrict a75p = a75.data();
-    const float r1 = a75p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a74p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a76p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a78p = a78.data();
-    float *__restrict a79p = a79.data();
-    const float *__restrict a77p = a77.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a77p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a78p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a78p[i0] = s6;
-      a79p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a81p = a81.data();
-    float *__restrict a82p = a82.data();
-    const float *__restrict a80p = a80.data();
-    const float *__restrict a76p = a76.data();
-    const float *__restrict a79p = a79.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a80p[i0 * 32 + i1];
-        const float s1 = a76p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a79p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a81p[i0 * 32 + i1] = s4;
-        a82p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape34_1 = {};
-  static const support::Shape shape34_3 = {};
-  static const support::Shape shape34_4 = {32, 32};
-  static const support::Shape shape34_5 = {32, 1};
-  support::reduce(a83.data(), shape34_1, a82.data(), shape34_3, shape34_4, shape34_5,
-                  support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated3(
+void T5Train::repeated4(
     support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
     support::ConstView a4, support::ConstView a5, support::ConstView a6, support::ConstView a7,
     support::View a8, support::View a9, support::View a10, support::View a11,
@@ -10083,7 +11460,423 @@ void T5Train::repeated3(
   }
 }
 
-void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+void T5Train::repeated5(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::View a10, support::View a11,
+    support::ConstView a12, support::ConstView a13, support::View a14, support::ConstView a15,
+    support::View a16, support::ConstView a17, support::ConstView a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::View a28, support::ConstView a29, support::View a30, support::ConstView a31,
+    support::View a32, support::View a33, support::View a34, support::View a35, support::View a36,
+    support::View a37, support::View a38, support::View a39, support::View a40) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a2p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a2p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a5p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a7p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a4p[0];
+      const float s1 = a2p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a8p[i0];
+      const float s4 = (s3 * s2);
+      a9p[i0] = s4;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float s0 = a10p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a11p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a12p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a14p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a15p[i0 * 32 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a7p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a11p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a14p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a16p[i0 * 32 + i1];
+        const float s10 = (s9 - s8);
+        a16p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a17p[i0];
+      const float s1 = a18p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a19p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a20p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a21p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a21p[i0] = s6;
+      a22p[i0] = s7;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a18p[0];
+      const float s1 = a21p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a23p[i0];
+      const float s4 = (s3 * s2);
+      a24p[i0] = s4;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a25.data(), shape12_1, a24.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
+    const float s0 = a25p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a26p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a27p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a28p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a29p[i0 * 32 + i1];
+        const float s1 = a19p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a22p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a26p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a28p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a30p[i0 * 32 + i1];
+        const float s10 = (s9 - s8);
+        a30p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a32p = a32.data();
+    float *__restrict a33p = a33.data();
+    float *__restrict a34p = a34.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a31p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = a1p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = a32p[i0];
+      const float s7 = a3p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = a31p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      a32p[i0] = s9;
+      a33p[i0] = s12;
+      a34p[i0] = s13;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a35.data(), shape17_1, a34.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a36p = a36.data();
+    const float *__restrict a35p = a35.data();
+    const float s0 = a35p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a36p[0] = s5;
+  }
+
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a37p[i0];
+      const float s1 = s0 * s0;
+      a38p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(a39.data(), shape20_1, a38.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a40p = a40.data();
+    const float *__restrict a39p = a39.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a39p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a40p[0] = s5;
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a40p = a40.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a33p[i0];
+      const float s1 = a36p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = a40p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = a37p[i0];
+      const float s6 = (s5 - s4);
+      a37p[i0] = s6;
+    }
+  }
+}
+
+void T5Train::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
                         support::ConstView a3, support::ConstView a4, support::View a5,
                         support::ConstView a6, support::View a7, support::ConstView a8,
                         support::View a9, support::ConstView a10, support::View a11,
@@ -10411,904 +12204,6 @@ void T5Train::repeated4(support::View a0, support::ConstView a1, support::ConstV
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan24.run(a38.data(), a43.data(), a44.data(), 1.0f, 0.0f);
-}
-
-void T5Train::repeated5(support::ConstView a0, support::View a1, support::View a2, support::View a3,
-                        support::ConstView a4, support::View a5, support::ConstView a6,
-                        support::View a7, support::ConstView a8, support::View a9,
-                        support::View a10, support::View a11, support::View a12, support::View a13,
-                        support::ConstView a14, support::View a15, support::View a16,
-                        support::View a17, support::View a18, support::View a19,
-                        support::ConstView a20, support::View a21, support::View a22,
-                        support::View a23, support::View a24, support::View a25, support::View a26,
-                        support::View a27, support::View a28, support::View a29, support::View a30,
-                        support::View a31, support::ConstView a32, support::View a33,
-                        support::View a34, support::ConstView a35, support::View a36,
-                        support::View a37, support::View a38, support::View a39,
-                        support::View a40) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a1p = a1.data();
-    const float *__restrict a0p = a0.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a1p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape1_1 = {32, 8};
-  static const support::Shape shape1_3 = {16, 1};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {8};
-  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape2_1 = {32, 2};
-  static const support::Shape shape2_3 = {16, 8};
-  static const support::Shape shape2_4 = {8};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a5p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {2};
-  static const support::Shape shape4_4 = {2};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a9p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape6_1 = {32, 8};
-  static const support::Shape shape6_3 = {16, 1};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {8};
-  support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape7_1 = {32, 2};
-  static const support::Shape shape7_3 = {16, 8};
-  static const support::Shape shape7_4 = {8};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a11.data(), shape7_1, a9.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a12p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a12p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {2};
-  static const support::Shape shape9_4 = {2};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a13.data(), shape9_1, a12.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a15p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape11_1 = {32, 8};
-  static const support::Shape shape11_3 = {16, 1};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {8};
-  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape12_1 = {32, 2};
-  static const support::Shape shape12_3 = {16, 8};
-  static const support::Shape shape12_4 = {8};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a17.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a17p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a18p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a18p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.25);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a20p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a21p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape16_1 = {2, 8};
-  static const support::Shape shape16_3 = {256, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(a22.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a23p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a23p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {256, 1};
-  static const support::Shape shape18_4 = {8};
-  static const support::Shape shape18_5 = {32};
-  support::reduce(a24.data(), shape18_1, a21.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape19_1 = {2};
-  static const support::Shape shape19_3 = {8};
-  static const support::Shape shape19_4 = {8};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(a25.data(), shape19_1, a23.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a25p = a25.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a23p[i0 * 8 + i1];
-        const float s1 = a25p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a26p[i0 * 8 + i1] = s3;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a27p = a27.data();
-    float *__restrict a28p = a28.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a24p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a27p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a27p[i0] = s6;
-      a28p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a28p = a28.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 8; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = a20p[i0 * 256 + i1 * 32 + i2];
-          const float s1 = a26p[i0 * 8 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a28p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a29p[i0 * 256 + i1 * 32 + i2] = s4;
-          a30p[i0 * 256 + i1 * 32 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {2, 8, 32};
-  static const support::Shape shape23_5 = {256, 32, 1};
-  support::reduce(a31.data(), shape23_1, a30.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a33p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape25_1 = {32};
-  static const support::Shape shape25_3 = {32};
-  static const support::Shape shape25_4 = {32};
-  static const support::Shape shape25_5 = {1};
-  support::reduce(a34.data(), shape25_1, a33.data(), shape25_3, shape25_4, shape25_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
-  {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      a36p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape27_1 = {32};
-  static const support::Shape shape27_3 = {1};
-  static const support::Shape shape27_4 = {32};
-  static const support::Shape shape27_5 = {32};
-  support::reduce(a37.data(), shape27_1, a36.data(), shape27_3, shape27_4, shape27_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape28_1 = {32};
-  static const support::Shape shape28_3 = {32};
-  static const support::Shape shape28_4 = {32};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(a38.data(), shape28_1, a36.data(), shape28_3, shape28_4, shape28_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a39p = a39.data();
-    const float *__restrict a38p = a38.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a38p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a39p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a39p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape30_1 = {};
-  static const support::Shape shape30_3 = {};
-  static const support::Shape shape30_4 = {32};
-  static const support::Shape shape30_5 = {1};
-  support::reduce(a40.data(), shape30_1, a39.data(), shape30_3, shape30_4, shape30_5,
-                  support::Reduce::Sum, 0.015625);
-}
-
-void T5Train::repeated6(
-    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
-    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-    support::ConstView a8, support::View a9, support::View a10, support::View a11,
-    support::ConstView a12, support::ConstView a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::ConstView a18, support::View a19,
-    support::View a20, support::View a21, support::ConstView a22, support::ConstView a23,
-    support::View a24, support::ConstView a25, support::View a26, support::View a27,
-    support::ConstView a28, support::View a29, support::View a30, support::View a31,
-    support::ConstView a32, support::View a33, support::View a34, support::ConstView a35,
-    support::View a36, support::View a37, support::View a38, support::View a39,
-    support::ConstView a40, support::View a41, support::View a42, support::View a43,
-    support::ConstView a44, support::ConstView a45, support::View a46, support::ConstView a47,
-    support::View a48, support::View a49, support::ConstView a50, support::View a51,
-    support::View a52, support::View a53) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a0p[i0 * 2 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a2p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    float *__restrict a7p = a7.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a3p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a5p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a5p[i0] = s6;
-      a7p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a8p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a2p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a7p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a9p[i0 * 16 + i1 * 8 + i2] = s4;
-          a10p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32, 2, 8};
-  static const support::Shape shape3_5 = {16, 8, 1};
-  support::reduce(a11.data(), shape3_1, a10.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a13p = a13.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a12p[i0 * 2 + i1];
-        const float s1 = a13p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a14p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    float *__restrict a17p = a17.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a16p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a16p[i0] = s6;
-      a17p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    float *__restrict a20p = a20.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a17p = a17.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a18p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a14p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a17p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a19p[i0 * 16 + i1 * 8 + i2] = s4;
-          a20p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32, 2, 8};
-  static const support::Shape shape7_5 = {16, 8, 1};
-  support::reduce(a21.data(), shape7_1, a20.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a22p[i0 * 2 + i1];
-        const float s1 = a23p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        a24p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a26p = a26.data();
-    float *__restrict a27p = a27.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a25p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a26p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a26p[i0] = s6;
-      a27p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a29p = a29.data();
-    float *__restrict a30p = a30.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 8; ++i2) {
-          const float s0 = a28p[i0 * 16 + i1 * 8 + i2];
-          const float s1 = a24p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = a27p[i0 * 8 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          a29p[i0 * 16 + i1 * 8 + i2] = s4;
-          a30p[i0 * 16 + i1 * 8 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32, 2, 8};
-  static const support::Shape shape11_5 = {16, 8, 1};
-  support::reduce(a31.data(), shape11_1, a30.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.0009765625);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a32p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a33p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a33p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape13_1 = {32};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {32};
-  support::reduce(a34.data(), shape13_1, a35.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {32};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a36.data(), shape14_1, a33.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a36p = a36.data();
-    const float r1 = a36p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a33p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a37p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a38p = a38.data();
-    float *__restrict a39p = a39.data();
-    const float *__restrict a34p = a34.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a34p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a38p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a38p[i0] = s6;
-      a39p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a41p = a41.data();
-    float *__restrict a42p = a42.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a37p = a37.data();
-    const float *__restrict a39p = a39.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a40p[i0 * 32 + i1];
-        const float s1 = a37p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a39p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a41p[i0 * 32 + i1] = s4;
-        a42p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {32, 32};
-  static const support::Shape shape18_5 = {32, 1};
-  support::reduce(a43.data(), shape18_1, a42.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.00048828125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a46p = a46.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a45p = a45.data();
-    const float r1 = a45p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a46p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a48p = a48.data();
-    float *__restrict a49p = a49.data();
-    const float *__restrict a47p = a47.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a4p[0];
-    const float r3 = a6p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a47p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a48p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a48p[i0] = s6;
-      a49p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a51p = a51.data();
-    float *__restrict a52p = a52.data();
-    const float *__restrict a50p = a50.data();
-    const float *__restrict a46p = a46.data();
-    const float *__restrict a49p = a49.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a50p[i0 * 32 + i1];
-        const float s1 = a46p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a49p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a51p[i0 * 32 + i1] = s4;
-        a52p[i0 * 32 + i1] = s5;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {32, 32};
-  static const support::Shape shape22_5 = {32, 1};
-  support::reduce(a53.data(), shape22_1, a52.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.00048828125);
 }
 
 void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -11861,433 +12756,16 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   }
 }
 
-void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                        support::View a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::ConstView a7, support::View a8,
-                        support::ConstView a9, support::View a10, support::ConstView a11,
-                        support::ConstView a12, support::View a13, support::ConstView a14,
-                        support::View a15, support::View a16, support::View a17, support::View a18,
-                        support::View a19, support::View a20, support::View a21,
-                        support::View a22) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float r1 = a1p[0];
-    const float r2 = a2p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a3p[i0];
-      const float s6 = (s5 - s4);
-      a3p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    const float s0 = a4p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a5p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float s0 = a6p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a7p[0];
-    const float s5 = (s3 * s4);
-    a8p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a5p[0];
-    const float r2 = a8p[0];
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a10p[i0];
-      const float s6 = (s5 - s4);
-      a10p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a13p = a13.data();
-    float *__restrict a15p = a15.data();
-    float *__restrict a16p = a16.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a14p = a14.data();
-    const float r1 = a12p[0];
-    const float r3 = a14p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a11p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a13p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a11p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a13p[i0] = s9;
-      a15p[i0] = s12;
-      a16p[i0] = s13;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(a17.data(), shape5_1, a16.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    const float s0 = a17p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a18p[0] = s5;
-  }
-
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = s0 * s0;
-      a20p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(a21.data(), shape8_1, a20.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a7p = a7.data();
-    const float s0 = a21p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a7p[0];
-    const float s5 = (s3 * s4);
-    a22p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a22p = a22.data();
-    const float r1 = a18p[0];
-    const float r2 = a22p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a19p[i0];
-      const float s6 = (s5 - s4);
-      a19p[i0] = s6;
-    }
-  }
-}
-
-void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::ConstView a6, support::ConstView a7, support::View a8,
-                         support::ConstView a9, support::View a10, support::ConstView a11,
-                         support::View a12, support::ConstView a13, support::View a14,
-                         support::ConstView a15, support::View a16, support::ConstView a17,
-                         support::View a18, support::ConstView a19, support::View a20,
-                         support::ConstView a21, support::View a22) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    const float r1 = a1p[0];
-    const float r2 = a2p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a3p[i0];
-      const float s6 = (s5 - s4);
-      a3p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a4p = a4.data();
-    const float s0 = a4p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a5p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a6p = a6.data();
-    const float *__restrict a7p = a7.data();
-    const float s0 = a6p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a7p[0];
-    const float s5 = (s3 * s4);
-    a8p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a10p = a10.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a8p = a8.data();
-    const float r1 = a5p[0];
-    const float r2 = a8p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a9p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a10p[i0];
-      const float s6 = (s5 - s4);
-      a10p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a11p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a12p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a7p = a7.data();
-    const float s0 = a13p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a7p[0];
-    const float s5 = (s3 * s4);
-    a14p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a14p = a14.data();
-    const float r1 = a12p[0];
-    const float r2 = a14p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a15p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a16p[i0];
-      const float s6 = (s5 - s4);
-      a16p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a17p = a17.data();
-    const float s0 = a17p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a18p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a7p = a7.data();
-    const float s0 = a19p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a7p[0];
-    const float s5 = (s3 * s4);
-    a20p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a22p = a22.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a18p = a18.data();
-    const float *__restrict a20p = a20.data();
-    const float r1 = a18p[0];
-    const float r2 = a20p[0];
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a22p[i0];
-      const float s6 = (s5 - s4);
-      a22p[i0] = s6;
-    }
-  }
-}
-
-void T5Train::repeated11(support::ConstView a0, support::View a1, support::View a2,
-                         support::ConstView a3, support::View a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::View a8,
-                         support::ConstView a9, support::View a10, support::View a11,
-                         support::ConstView a12, support::View a13, support::View a14,
-                         support::ConstView a15, support::View a16, support::View a17,
-                         support::ConstView a18, support::View a19, support::View a20,
-                         support::ConstView a21, support::View a22, support::View a23,
-                         support::ConstView a24, support::View a25, support::View a26,
-                         support::ConstView a27, support::View a28, support::View a29) {
+void T5Train::repeated9(support::ConstView a0, support::View a1, support::View a2,
+                        support::ConstView a3, support::View a4, support::View a5,
+                        support::ConstView a6, support::View a7, support::View a8,
+                        support::ConstView a9, support::View a10, support::View a11,
+                        support::ConstView a12, support::View a13, support::View a14,
+                        support::ConstView a15, support::View a16, support::View a17,
+                        support::ConstView a18, support::View a19, support::View a20,
+                        support::ConstView a21, support::View a22, support::View a23,
+                        support::ConstView a24, support::View a25, support::View a26,
+                        support::ConstView a27, support::View a28, support::View a29) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:152:3 square
@@ -12501,174 +12979,7 @@ void T5Train::repeated11(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::ConstView a3, support::View a4, support::View a5,
-                         support::View a6, support::View a7, support::View a8, support::View a9,
-                         support::View a10, support::ConstView a11, support::View a12,
-                         support::ConstView a13, support::View a14, support::ConstView a15,
-                         support::View a16) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 square
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    float *__restrict a4p = a4.data();
-    float *__restrict a5p = a5.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = r1;
-      const float s5 = (s3 * s4);
-      const float s6 = a2p[i0];
-      const float s7 = r3;
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = a0p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      a2p[i0] = s9;
-      a4p[i0] = s12;
-      a5p[i0] = s13;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a6p = a6.data();
-    const float s0 = a6p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a7p[0] = s5;
-  }
-
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = s0 * s0;
-      a9p[i0] = s1;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a10p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a12p[0] = s5;
-  }
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a12p = a12.data();
-    const float r1 = a7p[0];
-    const float r2 = a12p[0];
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a8p[i0];
-      const float s6 = (s5 - s4);
-      a8p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a14p = a14.data();
-    const float *__restrict a13p = a13.data();
-    const float s0 = a13p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a14p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a11p = a11.data();
-    const float s0 = a15p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a11p[0];
-    const float s5 = (s3 * s4);
-    a16p[0] = s5;
-  }
-}
-
-void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
@@ -12836,7 +13147,293 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
-void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::ConstView a13, support::View a14,
+                         support::ConstView a15, support::View a16) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a2p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a2p[i0] = s6;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {8};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a4.data(), shape1_1, a2.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a4p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a5p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:152:3 rsqrt
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = 1.0f / support::fsqrt(s0);
+      a7p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      const float s0 = a4p[0];
+      const float s1 = a2p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a8p[i0];
+      const float s4 = (s3 * s2);
+      a9p[i0] = s4;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {8};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float s0 = a10p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a11p[0] = s5;
+  }
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    const float s0 = a12p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a13p[0];
+    const float s5 = (s3 * s4);
+    a14p[0] = s5;
+  }
+
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a15p[i0 * 2 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a7p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = a11p[0];
+        const float s6 = (s4 / s5);
+        const float s7 = a14p[0];
+        const float s8 = (s6 * s7);
+        const float s9 = a16p[i0 * 2 + i1];
+        const float s10 = (s9 - s8);
+        a16p[i0 * 2 + i1] = s10;
+      }
+    }
+  }
+}
+
+void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::View a6, support::View a7, support::View a8, support::View a9,
+                         support::View a10, support::ConstView a11, support::View a12) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = a1p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = a2p[i0];
+      const float s7 = a3p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = a0p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      a2p[i0] = s9;
+      a4p[i0] = s12;
+      a5p[i0] = s13;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float s0 = a6p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    a7p[0] = s5;
+  }
+
+  // t5.mesh:152:3 square
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = s0 * s0;
+      a9p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a12p = a12.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    const float s0 = a10p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = a11p[0];
+    const float s5 = (s3 * s4);
+    a12p[0] = s5;
+  }
+
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
+  {
+    float *__restrict a8p = a8.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a4p[i0];
+      const float s1 = a7p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = a12p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = a8p[i0];
+      const float s6 = (s5 - s4);
+      a8p[i0] = s6;
+    }
+  }
+}
+
+void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                          support::View a3, support::View a4, support::ConstView a5,
                          support::View a6, support::ConstView a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
@@ -12932,7 +13529,7 @@ void T5Train::repeated14(support::ConstView a0, support::ConstView a1, support::
   einsumPlan7.run(einsumPlan7Operands, a16.data(), 1.0f, 0.0f);
 }
 
-void T5Train::repeated15(support::ConstView a0, support::View a1, support::View a2,
+void T5Train::repeated14(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8,
                          support::ConstView a9, support::View a10, support::View a11,
@@ -13067,133 +13664,7 @@ void T5Train::repeated15(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.00048828125);
 }
 
-void T5Train::repeated16(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::ConstView a3, support::View a4, support::ConstView a5,
-                         support::View a6, support::View a7, support::View a8, support::View a9,
-                         support::ConstView a10, support::View a11, support::View a12,
-                         support::View a13) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = a0p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a2p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      a2p[i0] = s6;
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
-  static const support::Shape shape1_1 = {2};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {8};
-  static const support::Shape shape1_5 = {2};
-  support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {8};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.125);
-
-  // t5.mesh:152:3 div
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a7p = a7.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a6p = a6.data();
-    const float r1 = a6p[0];
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      const float s0 = a2p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      a7p[i0] = s3;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 add
-  // t5.mesh:152:3 rsqrt
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a8p = a8.data();
-    float *__restrict a9p = a9.data();
-    const float *__restrict a4p = a4.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a3p = a3.data();
-    const float r1 = a1p[0];
-    const float r3 = a3p[0];
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = a4p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 * s1);
-      const float s3 = a8p[i0];
-      const float s4 = r3;
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      a8p[i0] = s6;
-      a9p[i0] = s7;
-    }
-  }
-
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a11p = a11.data();
-    float *__restrict a12p = a12.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a10p[i0 * 2 + i1];
-        const float s1 = a7p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a9p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        a11p[i0 * 2 + i1] = s4;
-        a12p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // t5.mesh:152:3 mean
-  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {8, 2};
-  static const support::Shape shape6_5 = {2, 1};
-  support::reduce(a13.data(), shape6_1, a12.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
-}
-
-void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10, support::ConstView a11,
@@ -13266,69 +13737,70 @@ void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
 }
 
-void T5Train::repeated18(support::ConstView a0, support::View a1, support::ConstView a2,
-                         support::ConstView a3, support::View a4, support::ConstView a5,
-                         support::View a6) {
+void T5Train::repeated16(support::View a0, support::ConstView a1, support::ConstView a2,
+                         support::View a3, support::ConstView a4, support::ConstView a5,
+                         support::View a6, support::View a7) {
   MESHRT_TRACE_SPAN(world_);
 
-  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "backward");
+  static const support::Shape shape0_1 = {2};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {8};
+  static const support::Shape shape0_5 = {2};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 0.125);
+
   // t5.mesh:152:3 mul
-  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
-    float *__restrict a1p = a1.data();
+    float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
-    const float s0 = a0p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    a1p[0] = s5;
-  }
-
-  // t5.mesh:152:3 sqrt
-  // t5.mesh:152:3 maximum
-  // t5.mesh:152:3 mul
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  {
-    float *__restrict a4p = a4.data();
     const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    const float s0 = a2p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = a3p[0];
-    const float s5 = (s3 * s4);
-    a4p[0] = s5;
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = a2p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a3p[i0];
+      const float s4 = a4p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a3p[i0] = s6;
+    }
   }
 
+  // t5.mesh:152:3 square
   // t5.mesh:152:3 div
-  // t5.mesh:152:3 mul
-  // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a4p = a4.data();
-    const float r1 = a1p[0];
-    const float r2 = a4p[0];
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a5p[i0];
-      const float s1 = r1;
-      const float s2 = (s0 / s1);
-      const float s3 = r2;
-      const float s4 = (s2 * s3);
-      const float s5 = a6p[i0];
-      const float s6 = (s5 - s4);
-      a6p[i0] = s6;
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a5p[i0 * 2 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a3p[i1];
+        const float s3 = (s1 / s2);
+        a6p[i0 * 2 + i1] = s3;
+      }
     }
   }
+
+  // t5.mesh:152:3 mean
+  MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
+  static const support::Shape shape3_1 = {8};
+  static const support::Shape shape3_3 = {2};
+  static const support::Shape shape3_4 = {2};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a7.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.25);
 }
 
-void T5Train::repeated19(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated17(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::View a3, support::ConstView a4, support::ConstView a5,
                          support::ConstView a6, support::ConstView a7, support::View a8,
                          support::View a9) {

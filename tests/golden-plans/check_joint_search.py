@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""The joint search of recompute, microbatches and ZeRO under a memory budget (issue 14, item 5;
-docs/planner.md, "Joint search"), on `meshc --emit=plan-json` / `--emit=plan` of the transformer
-example's train block with `--layout auto`:
+"""The joint search of pipeline stages, recompute, microbatches and ZeRO under a memory budget
+(issue 14, item 5; docs/planner.md, "Joint search"), on `meshc --emit=plan-json` / `--emit=plan`
+of the transformer example's train block with `--layout auto`:
 
     check_joint_search.py <case> <meshc> <transformer.mesh> [<golden dir>]
 
-budget: under a budget no layout meets alone, the plan fits, the report lists every combination
-    planned (each kind: recompute, microbatches, ZeRO), the chosen one is the fastest of those that
-    fit, and the plan is the chosen combination's (its step, memory, microbatching, ZeRO stage and
-    recompute section); the text report and the note on stderr name it; the jointSearch object
-    equals the golden file (MESHC_UPDATE_GOLDEN=1 rewrites it). Under a budget nothing meets, the
-    plain plan's error and a note with the smallest combination's need.
+budget: (3 layers: no stage count divides them on [2, 2]) under a budget no layout meets alone,
+    the plan fits, the report lists every combination planned (each kind: recompute,
+    microbatches, ZeRO), the chosen one is the fastest of those that fit, and the plan is the
+    chosen combination's (its step, memory, microbatching, ZeRO stage and recompute section); the
+    text report and the note on stderr name it; the jointSearch object equals the golden file
+    (MESHC_UPDATE_GOLDEN=1 rewrites it). Under a budget nothing meets, the plain plan's error and
+    a note with the smallest combination's need.
+stages: (4 layers) the same budget is met fastest by 2 pipeline stages: the plan is the stage
+    layout's (pipeline report) with the search's report; the stages were tried over each axis,
+    the chosen is the fastest that fits, faster than every unstaged one that fits, and the
+    pipeline's step, memory, microbatches and bubble are the chosen combination's.
 run: `meshc run --memory-budget --check`: the generated code of a plan the search chose (recompute,
     microbatches and ZeRO together) trains 3 steps and matches the interpreter.
 gpt3: the GPT-3 175B train block's shape at 1/8 of its width and 1/12 of its depth on
@@ -23,8 +28,9 @@ import re
 import subprocess
 import sys
 
-SMALL = ["--function", "lm_train", "--dim", "layers=4", "--dim", "batch=16", "--dim", "seq=128",
+SMALL = ["--function", "lm_train", "--dim", "layers=3", "--dim", "batch=16", "--dim", "seq=128",
          "--dim", "mem=128", "--layout", "auto"]
+STAGED = [arg if arg != "layers=3" else "layers=4" for arg in SMALL]
 
 
 def meshc(binary, example, *args):
@@ -96,8 +102,59 @@ def budget_case(binary, example, golden_dir):
     tight = meshc(binary, example, "--emit=plan", *SMALL, "--memory-budget", "1MiB")
     expect(tight.returncode == 1 and "error: no layout of train block 'lm_train' fits the memory "
            "budget of 1.0 MiB per device" in tight.stderr and
-           "note: with recomputation, microbatches and ZeRO, train block 'lm_train' needs at least"
+           "note: with stages, recomputation, microbatches and ZeRO, train block 'lm_train' needs "
+           "at least"
            in tight.stderr, "under 1 MiB nothing fits: the error and the smallest need", tight)
+
+
+def check_staged_choice(plan, proc, budget_bytes):
+    """The plan is the stage layout the joint search chose, and the choice is the fastest that
+    fits; returns the search's report and the choice."""
+    expect("pipeline" in plan and "jointSearch" in plan, "the plan is a pipeline's, with the "
+           "joint search's report", proc)
+    joint, p = plan["jointSearch"], plan["pipeline"]
+    considered, chosen = joint["considered"], joint["chosen"]
+    fitting = [c for c in considered if c["fits"]]
+    expect(all((c["memoryBytes"] <= budget_bytes) == c["fits"] for c in considered),
+           "each combination's 'fits' is its memory against the budget", proc)
+    expect(chosen["stages"] > 1 and chosen["stepSeconds"] == min(c["stepSeconds"] for c in fitting),
+           "stages are chosen, the fastest of the combinations that fit", proc)
+    def same(a, b):  # the pipeline's JSON has 9 significant digits
+        return abs(a - b) <= 1e-8 * abs(b)
+    expect(same(p["step_seconds"], chosen["stepSeconds"]) and
+           same(p["peak_memory_bytes"], chosen["memoryBytes"]) and
+           chosen["memoryBytes"] <= budget_bytes and
+           p["microbatches"] == chosen["microbatches"] and p["axis"] == chosen["stageAxis"] and
+           len(p["stages"]) == chosen["stages"],
+           "the pipeline's step, memory, microbatches and stages are the chosen combination's", proc)
+    m, stages = p["microbatches"], len(p["stages"])
+    expect(abs(p["bubble_fraction"] - (stages - 1) / (m + stages - 1)) < 1e-9,
+           "the pipeline's bubble is (p - 1) / (m + p - 1)", proc)
+    return joint, chosen
+
+
+def stages_case(binary, example):
+    args = [*STAGED, "--memory-budget", "8MiB"]
+    proc = meshc(binary, example, "--emit=plan-json", *args)
+    expect(proc.returncode == 0, "a plan under 8 MiB", proc)
+    joint, chosen = check_staged_choice(json.loads(proc.stdout)[0], proc, 8 << 20)
+    considered = joint["considered"]
+    unstaged = [c for c in considered if c["stages"] == 1]
+    expect(unstaged and not unstaged[0]["fits"] and any(c["fits"] for c in unstaged) and
+           all(c["stepSeconds"] > chosen["stepSeconds"] for c in unstaged if c["fits"]),
+           "unstaged combinations fit too, all slower than the stages", proc)
+    expect({(c["stageAxis"], c["stages"]) for c in considered if c["stages"] > 1} ==
+           {("data", 2), ("model", 2)}, "2 stages were tried over each axis of [data=2, model=2]",
+           proc)
+    report = meshc(binary, example, "--emit=plan", *args)
+    expect(report.returncode == 0 and "(pipeline stages)" in report.stdout and
+           "\njoint search (no layout fits the budget of 8.0 MiB alone" in report.stdout and
+           re.search(r"\n  chosen: 2 pipeline stages over '(data|model)', \d+ microbatches of "
+                     r"batch: the fastest", report.stdout),
+           "--emit=plan is the pipeline's report with the joint search's section", report)
+    expect(re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 8.0 "
+                     r"MiB alone: planned with 2 pipeline stages over", report.stderr),
+           "a note on stderr names the stages", report)
 
 
 def gpt3_case(binary, example):
@@ -109,16 +166,20 @@ def gpt3_case(binary, example):
     proc = meshc(binary, example, "--emit=plan-json", *args)
     expect(proc.returncode == 0, "the GPT-3-shaped block fits 1 GiB per device", proc)
     plan = json.loads(proc.stdout)[0]
-    check_choice(plan, proc, 1 << 30)
+    if "pipeline" in plan:
+        check_staged_choice(plan, proc, 1 << 30)
+    else:
+        check_choice(plan, proc, 1 << 30)
 
 
 def run_case(binary, example):
     """`meshc run --memory-budget` builds the joint search's plan (here the repeated layer
-    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]) and --check compares 3 train
-    steps' losses and final params with the interpreter's plain training."""
+    recomputed, 2 microbatches and ZeRO stage 3 on [data=2, model=2]; 3 layers, which no stage
+    count divides there) and --check compares 3 train steps' losses and final params with the
+    interpreter's plain training."""
     import tempfile
     with tempfile.TemporaryDirectory() as cache:
-        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=2",
+        proc = meshc(binary, "run", example, "--function", "lm_train", "--dim", "layers=3",
                      "--dim", "batch=8", "--dim", "seq=64", "--dim", "mem=64", "--layout", "auto",
                      "--memory-budget", "1500KiB", "--steps", "3", "--check", "--cache-dir", cache,
                      "--opt=-O1")
@@ -138,6 +199,7 @@ def main():
     case, binary, example = sys.argv[1:4]
     golden_dir = sys.argv[4] if len(sys.argv) > 4 else os.path.dirname(os.path.abspath(__file__))
     {"budget": lambda: budget_case(binary, example, golden_dir),
+     "stages": lambda: stages_case(binary, example),
      "gpt3": lambda: gpt3_case(binary, example),
      "run": lambda: run_case(binary, example)}[case]()
 

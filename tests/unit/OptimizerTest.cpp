@@ -168,9 +168,10 @@ struct Trained {
   ir::Function fn;
 };
 
-/// Lowers the train block with `o`, runs `steps` steps in the interpreter and the reference,
-/// and compares every param after every step.
-void compareWithReference(const Options& o, int steps) {
+/// Lowers the train block with `o` (`splitDims` as the module's layout would split them), runs
+/// `steps` steps in the interpreter and the reference, and compares every param after every step.
+void compareWithReference(const Options& o, int steps,
+                          const std::set<std::string>& splitDims = {}) {
   std::string source = fmt::format(R"(
 dim r = 3
 dim c = 4
@@ -191,7 +192,7 @@ train t(tw: f32[r, c], tb: f32[c]) {{
   INFO(trained.errors);
   REQUIRE(module);
   ir::Function fn = module->functions.at(0);
-  REQUIRE(train::lowerTraining(fn, trained.diag));
+  REQUIRE(train::lowerTraining(fn, trained.diag, splitDims));
 
   interp::Options opts;
   opts.seed = 4;
@@ -264,6 +265,11 @@ TEST_CASE("adafactor: factored (rank 2) and unfactored (rank 1) moments, clippin
        {{"lr", 0.05}, {"decay_rate", 0.6}, {"clip_threshold", 0.5}, {"beta1", 0.9}, {"eps2", 0.5}},
        "constant"},
       3);
+  // The clipping's mean of u^2 is summed over the split factored dim first (Optimizer.cpp):
+  // over c (the default, and c split), or over r (only r split); the same values either way.
+  for (const std::set<std::string>& split : {std::set<std::string>{"c"}, {"r"}, {"r", "c"}})
+    compareWithReference({"adafactor", {{"lr", 0.05}, {"clip_threshold", 0.5}}, "constant"}, 3,
+                         split);
 }
 
 TEST_CASE("learning-rate schedules at several steps", "[optimizer]") {

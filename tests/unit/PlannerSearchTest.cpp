@@ -621,43 +621,26 @@ namespace {
 
 /// An example's train block through the training phase, planned under its own layout on `mesh`.
 SpmdFunction plannedExampleStep(const std::string& example, const std::string& function,
-                                std::vector<ir::MeshAxis> mesh) {
+                                std::vector<ir::MeshAxis> mesh,
+                                const std::string& machineName = "8xh100") {
   SemaOptions options;
   options.mesh = mesh;
   Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + example, options);
   INFO(compiled.errors);
   REQUIRE(compiled.module);
   for (ir::Function& fn : compiled.module->functions)
-    REQUIRE(train::lowerTraining(fn, compiled.diag));
+    REQUIRE(train::lowerTraining(fn, compiled.diag, train::pinnedDims(*compiled.module)));
   Mesh planned;
   planned.axes = mesh;
   Layout pinned;
   for (const ir::DimLayout& entry : compiled.module->layout)
     if (!entry.isAuto) pinned.axes[entry.dim] = entry.axes;
   std::optional<SpmdFunction> spmd = lowerToSpmd(*compiled.module, compiled.fn(function), planned,
-                                                 pinned, machine("8xh100"), compiled.diag);
+                                                 pinned, machine(machineName), compiled.diag);
   compiled.errorStream.flush();
   INFO(compiled.errors);
   REQUIRE(spmd);
   return std::move(*spmd);
-}
-
-/// Per op: the ops whose results it reads, directly or through other ops.
-std::vector<std::set<size_t>> ancestors(const SpmdFunction& fn) {
-  std::map<SpmdValueId, size_t> producer;
-  std::vector<std::set<size_t>> result(fn.ops.size());
-  for (size_t i = 0; i < fn.ops.size(); ++i) {
-    for (SpmdValueId operand : fn.ops[i].operands) {
-      auto it = producer.find(operand);
-      if (it == producer.end() || it->second == i) continue;
-      result[i].insert(it->second);
-      result[i].insert(result[it->second].begin(), result[it->second].end());
-    }
-    producer[fn.ops[i].result] = i;
-    for (SpmdValueId id : fn.ops[i].results)
-      producer[id] = i;
-  }
-  return result;
 }
 
 /// Every value is defined before it is read (the merged program is in dependency order).
@@ -719,36 +702,33 @@ TEST_CASE("lm_train on [data=2, model=2]: merged collectives, 2 of them scalar")
   CHECK(norm[0]->collective.axes == AxisList{"model"});
 }
 
-TEST_CASE("Adafactor's update: one all-reduce per group and dependent stage") {
+TEST_CASE("Adafactor's update: one all-reduce per group") {
   // moe_train's adafactor: per weight, the factored statistics (row and column means of g^2),
   // the mean of the new row statistic, and the RMS of the update are partial sums over the
-  // split dims. Unmerged they were 12 all-reduces on [2, 2], one per weight and statistic.
+  // split dims. Unmerged they were 12 all-reduces on [2, 2], one per weight and statistic; merged,
+  // one per group and dependent stage (statistics, then the RMS of the update, which read them)
+  // until the RMS's sum ran over the split dim first (train/Optimizer.cpp).
   for (std::vector<ir::MeshAxis> mesh : {std::vector<ir::MeshAxis>{{"data", 2}, {"model", 2}},
                                          std::vector<ir::MeshAxis>{{"data", 1}, {"model", 4}}}) {
-    SpmdFunction fn = plannedExampleStep("moe.mesh", "moe_train", mesh);
+    // On the cpu machine: on 8xh100 the reshard of a small partial vector (a row statistic) by a
+    // reduce-scatter and an all-gather ties with its all-reduce and wins by rounding; those are
+    // not merged.
+    SpmdFunction fn = plannedExampleStep("moe.mesh", "moe_train", mesh, "cpu");
     checkDefinedBeforeUse(fn);
-    std::vector<std::set<size_t>> reads = ancestors(fn);
-    std::map<SpmdValueId, Phase> phaseOf;
-    for (const SpmdOp& op : fn.ops)
-      phaseOf[op.result] = op.phase;
-    // The collectives that resolve some value of the update, per group of axes.
+    // The optimizer's collectives (the gradients' bucket, the statistics, the sums of squares),
+    // per group of axes: those at moe.mesh:131, the `minimize` line that every optimizer op
+    // carries.
     std::map<AxisList, std::vector<size_t>> byGroup;
     for (size_t i = 0; i < fn.ops.size(); ++i) {
       const SpmdOp& op = fn.ops[i];
-      if (op.kind != SpmdOp::Kind::Collective || op.collective.kind == CollectiveKind::LocalSlice)
-        continue;
-      if (std::any_of(op.operands.begin(), op.operands.end(),
-                      [&](SpmdValueId id) { return phaseOf[id] == Phase::Update; }))
+      if (op.kind == SpmdOp::Kind::Collective && op.loc.line == 131 &&
+          op.collective.kind != CollectiveKind::LocalSlice)
         byGroup[op.collective.axes].push_back(i);
     }
-    REQUIRE_FALSE(byGroup.empty());
+    CHECK(byGroup.count(AxisList{"model"}) == 1);
     for (const auto& [axes, ops] : byGroup) {
       CAPTURE(mesh.size(), axes);
-      // Statistics, then the mean of the row statistic, then the update's RMS: at most three,
-      // each needing the one before (else they would be one).
-      CHECK(ops.size() <= 3);
-      for (size_t k = 1; k < ops.size(); ++k)
-        CHECK(reads[ops[k]].count(ops[k - 1]) == 1);
+      CHECK(ops.size() == 1);
     }
   }
 }

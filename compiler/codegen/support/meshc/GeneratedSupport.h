@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -47,6 +48,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 namespace meshc::gen {
 
@@ -1472,6 +1475,18 @@ inline void sliceDim(View out, ConstView in, const Shape& inSizes, size_t dimInd
   int64_t rows = view.size / blocks;
   copyRowsBlock(out.data(), rows, 0, in.data(), view.size, block * rows, rows, view.outer,
                 view.inner);
+}
+
+/// OpenMP waits by sleeping unless the user chose otherwise: with OMP_WAIT_POLICY unset, the
+/// threads of a parallel region (the GEMMs', the large loops') spin after it, taking the core
+/// from the rank threads, the other processes or the other team members they wait for (a step
+/// ran 4-18x slower on a loaded 2-core machine, bench/README.md). libgomp reads the variable
+/// once, when it is loaded, so the runner sets it and starts itself again (same pid, same
+/// arguments); if that fails it carries on with OpenMP's default. Call it first in main().
+inline void usePassiveOpenMPWaits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  ::execv("/proc/self/exe", argv);
 }
 
 /// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
