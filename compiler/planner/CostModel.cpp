@@ -28,6 +28,13 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
   return computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
 }
 
+double genericEinsumSeconds(const Machine& machine, double points, double flops, double bytes,
+                            ir::DType dtype) {
+  return std::max(points * machine.einsumPointSeconds,
+                  computeSeconds(machine, flops, bytes, dtype)) +
+         machine.loopLatencySeconds;
+}
+
 bool modelsLoops(const Machine& machine) {
   return machine.vectorFlops > 0;
 }

@@ -24,6 +24,13 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
                    double smallestDim = 0);
 
+/// An einsum the runtime runs as its generic strided loop (meshrt's EinsumPlan: three or more
+/// operands, or an output dim in neither operand), over `points` local points of its space (the
+/// product of every dim's local size): max(points x einsum_point_seconds, the roofline) plus a
+/// kernel call's fixed cost. Only on machines with einsum_point_seconds (else a GEMM).
+double genericEinsumSeconds(const Machine& machine, double points, double flops, double bytes,
+                            ir::DType dtype);
+
 /// Whether `machine` describes its loops and kernels (vector_flops given): ops are then priced
 /// as the generated code runs them (loopShareSeconds, rowKernelSeconds), else by the roofline.
 bool modelsLoops(const Machine& machine);

@@ -907,8 +907,10 @@ private:
                                                          dtypeBytes(resultType.dtype));
       break;
     }
-    // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm).
+    // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm), or
+    // into meshrt's generic einsum loop where no GEMM expresses it.
     bool gemm = op.kind == OpKind::Einsum && op.operands.size() >= 2;
+    bool generic = gemm && machine_.einsumPointSeconds > 0 && isGenericEinsum(fn_, op);
     bool loops = modelsLoops(machine_) && !gemm;
     for (size_t k = 0; k < op.operands.size(); ++k)
       if (!loops || !(loopRole_.inRegister & (1u << std::min<size_t>(k, 31))))
@@ -916,10 +918,12 @@ private:
             static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
     if (!loops || loopRole_.stored)
       out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
-    out.computeSeconds = (gemm    ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
-                          : loops ? kernelSeconds(op, out)
-                                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
-                         oversubscription_;
+    out.computeSeconds =
+        (generic ? genericEinsumSeconds(machine_, localElements, out.flops, out.bytes, dtype)
+         : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+         : loops ? kernelSeconds(op, out)
+                 : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+        oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
   }
@@ -2285,6 +2289,13 @@ void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
     return dims;
   };
   if (op.kind == OpKind::Einsum && op.operands.size() >= 2) {
+    if (machine_.einsumPointSeconds > 0 && isGenericEinsum(fn_, op)) { // genericEinsumSeconds
+      term.fixedSeconds = machine_.loopLatencySeconds;
+      term.elementSeconds = machine_.einsumPointSeconds * term.einsumFlops /
+                            (2.0 * static_cast<double>(op.operands.size() - 1));
+      term.elementDims = term.involved;
+      return;
+    }
     term.fixedSeconds = machine_.gemmLatencySeconds;
     return;
   }

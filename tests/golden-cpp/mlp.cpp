@@ -655,9 +655,11 @@ void MlpTrain::runPart1(const Inputs &inputs) {
     const float *__restrict v31p = v31.data();
     const float *__restrict v64p = v64.data();
     const float *__restrict v49p = v49.data();
+    const float r1 = v64p[0];
+    const float r3 = v49p[0];
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
       const float s0 = v31p[i0];
-      const float s1 = v64p[0];
+      const float s1 = r1;
       const float s2 = (s0 * s1);
       const float s3 = v68p[i0];
       const float s4 = 0.9f;
@@ -666,7 +668,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
       const float s7 = 0.9f;
       const float s8 = (s6 * s7);
       const float s9 = (s2 + s8);
-      const float s10 = v49p[0];
+      const float s10 = r3;
       const float s11 = (s9 * s10);
       const float s12 = v4p[i0];
       const float s13 = (s12 - s11);
@@ -692,9 +694,11 @@ void MlpTrain::runPart1(const Inputs &inputs) {
     const float *__restrict v30p = v30.data();
     const float *__restrict v64p = v64.data();
     const float *__restrict v49p = v49.data();
+    const float r1 = v64p[0];
+    const float r3 = v49p[0];
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       const float s0 = v30p[i0];
-      const float s1 = v64p[0];
+      const float s1 = r1;
       const float s2 = (s0 * s1);
       const float s3 = v76p[i0];
       const float s4 = 0.9f;
@@ -703,7 +707,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
       const float s7 = 0.9f;
       const float s8 = (s6 * s7);
       const float s9 = (s2 + s8);
-      const float s10 = v49p[0];
+      const float s10 = r3;
       const float s11 = (s9 * s10);
       const float s12 = v5p[i0];
       const float s13 = (s12 - s11);
@@ -729,9 +733,11 @@ void MlpTrain::runPart1(const Inputs &inputs) {
     const float *__restrict v25p = v25.data();
     const float *__restrict v64p = v64.data();
     const float *__restrict v49p = v49.data();
+    const float r1 = v64p[0];
+    const float r3 = v49p[0];
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
       const float s0 = v25p[i0];
-      const float s1 = v64p[0];
+      const float s1 = r1;
       const float s2 = (s0 * s1);
       const float s3 = v83p[i0];
       const float s4 = 0.9f;
@@ -740,7 +746,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
       const float s7 = 0.9f;
       const float s8 = (s6 * s7);
       const float s9 = (s2 + s8);
-      const float s10 = v49p[0];
+      const float s10 = r3;
       const float s11 = (s9 * s10);
       const float s12 = v6p[i0];
       const float s13 = (s12 - s11);

@@ -216,7 +216,7 @@ namespace {
 
 // kRefinedJson plus GEMMs at half the peak when their smallest dim is 16, and loops: 1e8 simple
 // FLOP/s, exp & co. 20 FLOPs each, a dropout element 50, 1 us per nest or call, softmax 10 ns,
-// layer_norm 20 ns and reductions 2 ns per operand element.
+// layer_norm 20 ns and reductions 2 ns per operand element, 10 ns per point of a generic einsum.
 const char* kLoopsJson = R"({
   "name": "loops", "devices": 4, "peak_flops": 1e9, "memory_bandwidth": 1e9,
   "memory_bytes": 1e9, "cache_bytes": 1e6, "cache_bandwidth": 1e10,
@@ -225,7 +225,7 @@ const char* kLoopsJson = R"({
   "vector_flops": 1e8, "transcendental_flops": 20, "random_flops": 50,
   "loop_latency_seconds": 1e-6,
   "softmax_element_seconds": 1e-8, "layer_norm_element_seconds": 2e-8,
-  "reduce_element_seconds": 2e-9,
+  "reduce_element_seconds": 2e-9, "einsum_point_seconds": 1e-8,
   "intra": {"name": "link", "alpha_seconds": 1e-6, "bandwidth": 1e9}
 })";
 
@@ -434,6 +434,56 @@ program block(x: f32[batch, seq, d]) -> (y: f32[batch, seq, d]) {
     CHECK(found->exact);
     CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
   }
+}
+
+TEST_CASE("lowering: an einsum no GEMM expresses is priced per point of its space",
+          "[cost][lowering]") {
+  // t5's attention output: three operands, which meshrt runs as its generic loop.
+  Analyzed program(R"(
+mesh m[a = 2, b = 2]
+dim batch = 4
+dim s = 8
+dim k = 8
+dim h = 2
+dim e = 4
+dim d = 16
+program attend(w: f32[batch, h, s, k], v: f32[batch, k, h, e]) -> (y: f32[batch, s, d]) {
+  param o: f32[h, e, d] = normal()
+  let two = einsum(w, v -> batch, h, s, e)
+  y = einsum(w, v, o -> batch, s, d) + einsum(two, o -> batch, s, d)
+}
+)");
+  const ir::Function& fn = program.fn("attend");
+  int generic = 0;
+  for (const ir::Op& op : fn.ops)
+    generic += isGenericEinsum(fn, op) ? 1 : 0;
+  CHECK(generic == 1);
+  Machine m = parsed(kLoopsJson);
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*program.module, fn, meshOf({{"a", 1}, {"b", 1}}), Layout{}, m, program.diag);
+  REQUIRE(spmd);
+  std::vector<double> einsums;
+  for (const SpmdOp& op : spmd->ops)
+    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::Einsum)
+      einsums.push_back(op.seconds);
+  REQUIRE(einsums.size() == 3);
+  // The three-operand einsum: batch s d h k e = 4 x 8 x 16 x 2 x 8 x 4 points at 10 ns each,
+  // plus a call's fixed cost; the two-operand ones stay GEMMs (the GEMM's fixed cost, 5 us).
+  const double points = 4.0 * 8 * 16 * 2 * 8 * 4;
+  CHECK(std::count_if(einsums.begin(), einsums.end(), [&](double seconds) {
+          return seconds == Approx(points * 1e-8 + 1e-6);
+        }) == 1);
+  for (double seconds : einsums)
+    CHECK(seconds >= 5e-6);
+  // The search's lower bound counts the points too, and stays a bound.
+  std::vector<std::string> dims = {"batch", "s", "d"};
+  Mesh mesh = meshOf({{"a", 2}, {"b", 2}});
+  SearchResult oracle = bruteForceLayout(*program.module, fn, mesh, m, Layout{}, dims, {});
+  std::optional<SearchResult> found =
+      searchLayout(*program.module, fn, mesh, m, Layout{}, dims, {}, program.diag);
+  REQUIRE(found);
+  CHECK(found->exact);
+  CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
 }
 
 TEST_CASE("lowering: random fills at the machine's cost per random element", "[cost][lowering]") {
