@@ -185,6 +185,20 @@ private:
 /// Beyond this many states (meshes with many axes), the search gives up on optimality.
 constexpr size_t kMaxStates = 20'000;
 
+/// Costs this close (relative) are a tie, broken by fewer steps. The cost formulas make some
+/// paths equal by construction (an all-reduce, 2a + 2bn, against a reduce-scatter and an
+/// all-gather, a + bn each), and floating-point rounding must not pick the longer one: it costs
+/// a second latency, and only single all-reduces merge into buckets (MergeCollectives.h).
+constexpr double kTieTolerance = 1e-9;
+
+/// Whether reaching a state at (`seconds`, `steps`) beats having reached it at (`bestSeconds`,
+/// `bestSteps`): clearly cheaper, or as cheap within kTieTolerance with fewer steps.
+bool betterPath(double seconds, size_t steps, double bestSeconds, size_t bestSteps) {
+  double tolerance = kTieTolerance * std::max(seconds, bestSeconds);
+  if (seconds < bestSeconds - tolerance) return true;
+  return seconds <= bestSeconds + tolerance && steps < bestSteps;
+}
+
 /// Always legal, rarely optimal: resolve every partial axis, gather every split dim, slice.
 ReshardPath fallbackPath(const ir::TensorType& type, const TensorLayout& from,
                          const TensorLayout& to, const Mesh& mesh, const Machine& machine) {
@@ -260,11 +274,15 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
 
   while (!queue.empty()) {
     if (reached.size() > kMaxStates) return fallbackPath(type, from, to, mesh, machine);
-    auto [seconds, steps, unused, state] = queue.top();
+    TensorLayout state = std::get<3>(queue.top());
     queue.pop();
     Reached& here = reached[state];
     if (here.done) continue;
     here.done = true;
+    // The best path found, which a near-tie with fewer steps may have replaced after this
+    // entry was queued.
+    double seconds = here.seconds;
+    size_t steps = here.steps;
     if (state == to) {
       ReshardPath path;
       path.seconds = seconds;
@@ -276,14 +294,12 @@ std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorL
       std::reverse(path.steps.begin(), path.steps.end());
       return path;
     }
-    graph.forEachEdge(state, [&, seconds = seconds, steps = steps,
-                              &state = state](Collective collective, const TensorLayout& next,
-                                              double edgeSeconds) {
+    graph.forEachEdge(state, [&](Collective collective, const TensorLayout& next,
+                                 double edgeSeconds) {
       double total = seconds + edgeSeconds;
       auto [it, inserted] = reached.try_emplace(next);
       Reached& there = it->second;
-      if (!inserted && (there.done || std::make_pair(there.seconds, there.steps) <=
-                                          std::make_pair(total, steps + 1)))
+      if (!inserted && (there.done || !betterPath(total, steps + 1, there.seconds, there.steps)))
         return;
       there.seconds = total;
       there.steps = steps + 1;

@@ -38,9 +38,10 @@ struct ReshardPath {
   double seconds = 0;
 };
 
-/// The cheapest path from `from` to `to` (ties: fewer steps). `to` may keep some of `from`'s
-/// partial axes (a linear consumer that needs other splits keeps the sum lazy). nullopt when
-/// `from` or `to` is illegal for `type`, or `to` is partial over an axis `from` is not.
+/// The cheapest path from `from` to `to` (costs within a relative 1e-9 tie: fewer steps wins).
+/// `to` may keep some of `from`'s partial axes (a linear consumer that needs other splits keeps
+/// the sum lazy). nullopt when `from` or `to` is illegal for `type`, or `to` is partial over an
+/// axis `from` is not.
 std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorLayout& from,
                                        const TensorLayout& to, const Mesh& mesh,
                                        const Machine& machine);

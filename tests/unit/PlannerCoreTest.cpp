@@ -299,6 +299,19 @@ TEST_CASE("reshard: shortest paths over layout states", "[reshard]") {
     CHECK(p.steps[0].collective.axes == AxisList{"model"});
     CHECK(p.steps[0].collective.bytes == 4 * 64 * 4);
   }
+  SECTION("an all-reduce against reduce-scatter + all-gather, equal by the formulas: one step") {
+    // 2a + 2 (1/2) n b either way on 8xh100 [2, 2]; floating-point rounding used to make the
+    // pair cheaper by an ulp for some sizes, and the pair never merges into a bucket.
+    Machine h100 = machine("8xh100");
+    Mesh square = meshOf({{"data", 2}, {"model", 2}});
+    for (int64_t size : {2, 8, 16, 32, 64, 128, 512, 4096}) {
+      std::optional<ReshardPath> found =
+          planReshard(f32({{"d", size}}), split({{}}, {"model"}), split({{}}), square, h100);
+      REQUIRE(found);
+      INFO("d = " << size);
+      CHECK(kinds(*found) == std::vector{CollectiveKind::AllReduceSum});
+    }
+  }
   SECTION("partial max: all-reduce max") {
     TensorLayout from = split({{}, {}}, {"model"});
     from.partialIsMax = true;
