@@ -278,7 +278,7 @@ int planOrPipeline(const ir::Module& module, const PipelineOptions& options, Dia
   // The joint search may choose stages, reported as a stage layout's plan is.
   std::optional<JointStages> staged;
   std::optional<PlannedModule> planned =
-      planJointly(module, options, diag, argv0, &staged, /*recomputeWithStages=*/true);
+      planJointly(module, options, diag, argv0, &staged);
   if (!planned) return kExitInputError;
   if (staged)
     return planPipelines(staged->module, staged->stage, staged->options, diag, argv0, json, os,

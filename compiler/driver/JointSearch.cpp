@@ -153,13 +153,12 @@ ir::Module stagedModule(const ir::Module& module, const ir::Function& fn,
 
 class JointSearch {
 public:
-  /// `stages`: pipeline stages may be tried, with recomputation when `recomputeWithStages`.
+  /// `stages`: pipeline stages (with or without recomputation) may be tried.
   JointSearch(const ir::Module& module, const PipelineOptions& options,
               const plan::Machine& machine, double budget, DiagEngine& diag, const char* argv0,
-              bool stages, bool recomputeWithStages)
+              bool stages)
       : module_(module), options_(options), machine_(machine), budget_(budget), diag_(diag),
-        argv0_(argv0), quiet_(diag.sources(), llvm::nulls()), stages_(stages),
-        recomputeWithStages_(recomputeWithStages) {}
+        argv0_(argv0), quiet_(diag.sources(), llvm::nulls()), stages_(stages) {}
 
   /// Plans the combinations of `fn` (which does not fit alone) and returns the fastest that
   /// fits, with the report; nullopt when none does (`smallest` then has the least need).
@@ -253,8 +252,6 @@ private:
     std::string dim, why;
     std::vector<plan::JointCandidate> splits = stageSplits(module_, fn, dim, why);
     if (!why.empty()) report.notTried.push_back(why);
-    if (!recomputeWithStages_ && !splits.empty())
-      report.notTried.push_back("stages with recomputation: code generation does not take both");
     for (plan::JointCandidate& split : splits) {
       JointStages staged;
       staged.module = stagedModule(module_, fn, split, dim, staged.stage);
@@ -265,7 +262,7 @@ private:
       if (!report.microbatchDim.empty())
         staged.options.microbatches = report.microbatchDim + "=auto";
       std::optional<PipelineChoice> choice;
-      if (!searchPipeline(staged.module, staged.stage, staged.options, fn, recomputeWithStages_,
+      if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
                           quiet_, argv0_, choice) ||
           !choice) {
         report.notTried.push_back(
@@ -365,7 +362,7 @@ private:
   DiagEngine& diag_;
   const char* argv0_;
   DiagEngine quiet_;
-  bool stages_, recomputeWithStages_;
+  bool stages_;
 };
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
@@ -396,8 +393,7 @@ bool jointSearchApplies(const ir::Module& module, const PipelineOptions& options
 
 std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
                                          DiagEngine& diag, const char* argv0,
-                                         std::optional<JointStages>* staged,
-                                         bool recomputeWithStages) {
+                                         std::optional<JointStages>* staged) {
   PipelineOptions plain = options;
   plain.jointSearch = false;
   llvm::Expected<plan::Machine> machine = plan::loadMachine(options.machine);
@@ -418,8 +414,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   bool stagesAllowed = staged && llvm::count_if(module.functions, [&](const ir::Function& fn) {
                                    return selected(options, fn);
                                  }) == 1;
-  JointSearch search(module, options, *machine, budget, diag, argv0, stagesAllowed,
-                     recomputeWithStages);
+  JointSearch search(module, options, *machine, budget, diag, argv0, stagesAllowed);
   std::map<std::string, Planned> chosen;
   // Blocks that fit alone keep the plan that showed it (the usual planning would search the
   // same layout again: the same budget, mesh and options).

@@ -30,12 +30,10 @@ struct JointStages {
 /// planModule's work then: the selected functions planned as usual, and each train block that
 /// does not fit planned by the joint search. Errors as planModule's (when no combination fits,
 /// the plain plan's error and a note with the smallest combination's need). With `staged`, a
-/// train block selected alone may be given pipeline stages (with recomputation only when
-/// `recomputeWithStages`: code generation does not take both yet); when they are chosen,
-/// `*staged` says how and the plans returned are empty.
+/// train block selected alone may be given pipeline stages (with recomputation too); when they
+/// are chosen, `*staged` says how and the plans returned are empty.
 std::optional<PlannedModule> planJointly(const ir::Module& module, const PipelineOptions& options,
                                          DiagEngine& diag, const char* argv0,
-                                         std::optional<JointStages>* staged = nullptr,
-                                         bool recomputeWithStages = false);
+                                         std::optional<JointStages>* staged = nullptr);
 
 } // namespace meshc
