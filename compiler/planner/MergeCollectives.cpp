@@ -199,12 +199,16 @@ private:
     return true;
   }
 
-  /// The member of a group whose source, phase and operand order the merged op keeps.
-  size_t largestMember(const Group& group) const {
+  /// A group's members, the largest first: the merged op keeps its source, phase and operand
+  /// order, then the others' operands in order.
+  std::vector<size_t> membersLargestFirst(const Group& group) const {
     size_t largest = group.members.front();
     for (size_t member : group.members)
       if (units_[member].bytes > units_[largest].bytes) largest = member;
-    return largest;
+    std::vector<size_t> members{largest};
+    for (size_t member : group.members)
+      if (member != largest) members.push_back(member);
+    return members;
   }
 
   /// What rewrite() saves, summed in the same order (the same bits), without the ops.
@@ -213,11 +217,9 @@ private:
     for (size_t index : closed_) {
       const Group& group = groups_[index];
       if (group.members.size() == 1) continue;
-      size_t largest = largestMember(group);
-      saved += fn_.ops[units_[largest].first].seconds;
-      for (size_t member : group.members)
-        if (member != largest) saved += fn_.ops[units_[member].first].seconds;
-      Collective merged = fn_.ops[units_[largest].first].collective;
+      std::vector<size_t> members = membersLargestFirst(group);
+      for (size_t member : members) saved += fn_.ops[units_[member].first].seconds;
+      Collective merged = fn_.ops[units_[members.front()].first].collective;
       merged.kind = CollectiveKind::BucketedAllReduceSum;
       merged.bytes = group.bytes;
       saved -= collectiveSeconds(machine_, fn_.mesh, merged);
@@ -227,16 +229,13 @@ private:
 
   SpmdOp mergedOp(const Group& group, double& saved) const {
     if (group.members.size() == 1) return fn_.ops[units_[group.members.front()].first];
-    // The merged op keeps the source, phase and operand order of its largest member.
-    size_t largest = largestMember(group);
+    std::vector<size_t> members = membersLargestFirst(group);
+    size_t largest = members.front();
     SpmdOp op = fn_.ops[units_[largest].first];
     op.collective.kind = CollectiveKind::BucketedAllReduceSum;
     op.collective.bytes = group.bytes;
     op.operands.clear();
     op.results.clear();
-    std::vector<size_t> members{largest};
-    for (size_t member : group.members)
-      if (member != largest) members.push_back(member);
     std::vector<std::string> others; // the merged-in values, named
     for (size_t member : members) {
       const SpmdOp& single = fn_.ops[units_[member].first];
