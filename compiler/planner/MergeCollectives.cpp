@@ -218,7 +218,8 @@ private:
       const Group& group = groups_[index];
       if (group.members.size() == 1) continue;
       std::vector<size_t> members = membersLargestFirst(group);
-      for (size_t member : members) saved += fn_.ops[units_[member].first].seconds;
+      for (size_t member : members)
+        saved += fn_.ops[units_[member].first].seconds;
       Collective merged = fn_.ops[units_[members.front()].first].collective;
       merged.kind = CollectiveKind::BucketedAllReduceSum;
       merged.bytes = group.bytes;
