@@ -342,6 +342,10 @@ llvm::Error FunctionEmitter::emit() {
       "/// The bytes of the values computed once, in the constructor (constants, masks).\n"
       "static constexpr size_t kPersistentBytes = {};\n\n",
       kernels.arenaBytes, kernels.temporaryBytes, kernels.persistentBytes);
+  if (!kernels.stageArenaBytes.empty())
+    h += fmt::format("/// Pipeline stages: the arena bytes of each stage's ranks (their own "
+                     "temporaries only).\nstatic constexpr size_t kStageArenaBytes[] = {{{}}};\n\n",
+                     fmt::join(kernels.stageArenaBytes, ", "));
   if (fn.kind == ir::Function::Kind::Train) {
     if (hasUpdates()) h += stepDeclaration();
     h += "/// The number of steps taken: keys this step's random ops and dropout masks (and, "
@@ -403,7 +407,10 @@ llvm::Error FunctionEmitter::emit() {
         fmt::format("support::Buffer {}; // {}: {} local {}\n", paramMember(k), irFn.params[k].path,
                     plan::tensorLayoutString(global(id), layout(id)), list(sizesOf(local(id))));
   }
-  h += "support::Arena arena_{kArenaBytes}; // run()'s temporaries\n";
+  h += kernels.stageArenaBytes.empty()
+           ? "support::Arena arena_{kArenaBytes}; // run()'s temporaries\n"
+           : "support::Arena arena_{kStageArenaBytes[stage_]}; // run()'s temporaries on this "
+             "rank's stage\n";
   h += "support::Arena persistent_{kPersistentBytes}; // computed in the constructor\n";
   h += "};\n\n";
 
@@ -763,11 +770,13 @@ std::string FunctionEmitter::stageParamBytes() const {
       "held[size_t(world.rank())] += double(shard.data->size()) * sizeof(float);\n"
       "all += double(meshc::gen::product(shard.globalShape)) * sizeof(float);\n}}\n"
       "world.allReduce(held.data(), held.size(), meshrt::ReduceOp::Sum);\n"
-      "if (world.rank() == 0) std::printf(\"pipeline stages over {}: params and optimizer state "
+      "if (world.rank() == 0) std::printf(\"pipeline stages over {0}: params and optimizer state "
       "held per rank: %.0f bytes at most, %.0f at least, of %.0f in all\\n\", "
       "*std::max_element(held.begin(), held.end()), *std::min_element(held.begin(), held.end()), "
-      "all);\n}}\n",
-      kernels.stages.axis);
+      "all);\n"
+      "if (world.rank() == 0) std::printf(\"pipeline stages over {0}: run()'s arena per stage: "
+      "{1} bytes\\n\");\n}}\n",
+      kernels.stages.axis, fmt::join(kernels.stageArenaBytes, ", "));
 }
 
 std::string FunctionEmitter::runnerBody() const {

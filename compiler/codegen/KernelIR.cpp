@@ -220,6 +220,31 @@ LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts) 
   return ranges;
 }
 
+std::vector<uint64_t> bufferStages(const KernelFunction& fn, const std::vector<Stmt>& stmts) {
+  uint64_t every = fn.stages.count >= 64 ? ~uint64_t(0) : (uint64_t(1) << fn.stages.count) - 1;
+  std::vector<uint64_t> stages(fn.buffers.size(), fn.stages.count > 1 ? 0 : every);
+  if (fn.stages.count <= 1) return stages;
+  for (const Stmt& stmt : stmts) {
+    uint64_t mask = stmt.stageMask ? stmt.stageMask : every;
+    if (const Call* call = std::get_if<Call>(&stmt.node);
+        call && (call->callee == Callee::StageTransfer ||
+                 call->callee == Callee::StageTransferStarted))
+      mask = (uint64_t(1) << int64_t(call->args.at(2).value)) | uint64_t(call->args.at(3).value);
+    for (BufferId id : readsOf(stmt))
+      stages[size_t(id)] |= mask;
+    for (BufferId id : writesOf(stmt))
+      stages[size_t(id)] |= mask;
+  }
+  for (BufferId id : fn.outputs)
+    stages[size_t(id)] = every;
+  for (const KernelFunction::Update& update : fn.updates)
+    stages[size_t(update.value)] |= update.param < fn.paramStages.size() &&
+                                            fn.paramStages[update.param]
+                                        ? fn.paramStages[update.param]
+                                        : every;
+  return stages;
+}
+
 size_t copyStride(const Buffer& buffer) {
   size_t bytes = size_t(buffer.elements) * sizeof(float); // every dtype is held as float
   return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
@@ -289,6 +314,8 @@ public:
                        "bytes of temporaries, persistent {} bytes\n",
                        fn.name, fn.buffers.size(), arena, persistent, fn.arenaBytes,
                        fn.temporaryBytes, fn.persistentBytes);
+    if (!fn.stageArenaBytes.empty())
+      out += fmt::format("  arena per stage: {} bytes\n", fmt::join(fn.stageArenaBytes, ", "));
     for (const Buffer& buffer : fn.buffers) {
       if (buffer.storage == Storage::Arena && buffer.offset < 0 && fn.arenaBytes > 0)
         continue; // fused away: never stored
@@ -296,6 +323,7 @@ public:
                          ir::dtypeName(buffer.dtype), buffer.elements);
       if (buffer.index >= 0) out += fmt::format(" #{}", buffer.index);
       if (buffer.offset >= 0) out += fmt::format(" @{}", buffer.offset);
+      if (buffer.stages != 0) out += fmt::format(" on stages {:#x}", buffer.stages);
       if (!buffer.what.empty()) out += fmt::format(" \"{}\"", buffer.what);
       out += "\n";
     }

@@ -45,6 +45,9 @@ struct Buffer {
   /// Pipeline schedules (ScheduleMicrobatches.h): an activation kept from the forwards' loop for
   /// the backwards' has one copy per microbatch, microbatch m's at offset + m * stride.
   int64_t copies = 1;
+  /// Pipeline stages: the stages whose ranks touch it (Arena: they alone hold its bytes, the
+  /// arena of a stage is sized for its own buffers), one bit each; 0: every rank. planBuffers.
+  uint64_t stages = 0;
 };
 
 /// One argument of a kernel call; the printers spell each kind for their target.
@@ -272,6 +275,10 @@ struct LiveRanges {
   std::vector<size_t> first, last;
 };
 LiveRanges liveRanges(const KernelFunction& fn, const std::vector<Stmt>& stmts);
+/// Pipeline stages (KernelFunction::stages): per buffer, the stages whose ranks touch it in
+/// `stmts` (a statement's stageMask; a stage transfer's sender and receivers; a result: every
+/// stage, a param's update: its stages), one bit each; every stage's bits when there are none.
+std::vector<uint64_t> bufferStages(const KernelFunction& fn, const std::vector<Stmt>& stmts);
 /// The bytes between copies of a buffer with several (Buffer::copies): one slot, padded.
 size_t copyStride(const Buffer& buffer);
 
@@ -307,6 +314,8 @@ struct KernelFunction {
   std::vector<uint64_t> paramStages;
   std::vector<Subroutine> subroutines;
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
+  /// Pipeline stages: the arena bytes of each stage's ranks (arenaBytes is their largest).
+  std::vector<size_t> stageArenaBytes;
   /// The microbatch loop (FormMicrobatchLoop.h): the statements marked perMicrobatch run `count`
   /// times, microbatch m over the m-th of `count` slices of the inputs along `dim`.
   struct Microbatches {

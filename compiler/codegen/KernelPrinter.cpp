@@ -446,10 +446,18 @@ std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
   return out;
 }
 
-static std::string arenaOffset(const kir::Buffer& buffer) {
-  if (buffer.copies <= 1) return fmt::format("{}", buffer.offset);
-  // One copy per microbatch (a pipeline schedule's kept activation): this microbatch's.
-  return fmt::format("{} + size_t(microbatch_) * {}", buffer.offset, kir::copyStride(buffer));
+/// The arguments of arena_.view / slot / copy for `buffer`: its byte offset (and `count`).
+static std::string arenaSlot(const kir::Buffer& buffer, const std::string& count = "") {
+  std::string offset = buffer.copies <= 1
+                           ? fmt::format("{}", buffer.offset)
+                           // One copy per microbatch (a pipeline schedule's kept activation).
+                           : fmt::format("{} + size_t(microbatch_) * {}", buffer.offset,
+                                         kir::copyStride(buffer));
+  if (buffer.stages == 0) return count.empty() ? offset : offset + ", " + count;
+  // Held on some pipeline stages only, in their arenas: elsewhere an empty view.
+  std::string held = fmt::format("((uint64_t({:#x}) >> stage_) & 1)", buffer.stages);
+  std::string out = fmt::format("{} ? {} : 0", held, offset);
+  return count.empty() ? out : fmt::format("{}, {} ? {} : 0", out, held, count);
 }
 
 std::string StatementPrinter::declarations(const std::vector<kir::BufferId>& ids) {
@@ -474,8 +482,8 @@ std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
     return fmt::format("const support::Buffer& {} = {};\n", buffer.name,
                        paramMembers.at(size_t(buffer.index)));
   case kir::Storage::Arena:
-    return fmt::format("support::View {} = arena_.{}({}, {});\n", buffer.name,
-                       zero ? "slot" : "view", arenaOffset(buffer), buffer.elements);
+    return fmt::format("support::View {} = arena_.{}({});\n", buffer.name,
+                       zero ? "slot" : "view", arenaSlot(buffer, std::to_string(buffer.elements)));
   case kir::Storage::Persistent:
     return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
                        zero ? "slot" : "view", buffer.offset, buffer.elements);
@@ -594,7 +602,7 @@ std::string StatementPrinter::copy(const kir::Copy& c) {
   const kir::Buffer& to = fn.buffers[size_t(c.to)];
   if (!declared[size_t(c.to)] && to.storage == kir::Storage::Arena) {
     declared[size_t(c.to)] = true;
-    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, arenaOffset(to),
+    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, arenaSlot(to),
                        name(c.from));
   }
   std::string out = declare(c.to, false);

@@ -4,6 +4,7 @@
 #include <llvm/ADT/STLExtras.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace meshc::kir {
 namespace {
@@ -19,10 +20,15 @@ void planBuffers(KernelFunction& fn) {
   // the microbatch loop shares with the rest of run(): over the whole loop).
   constexpr size_t kNever = ~size_t(0);
   auto [first, last] = liveRanges(fn, fn.body);
+  // Pipeline stages: a buffer only some stages touch takes arena bytes on those only, so two
+  // buffers of different stages may share bytes, and each stage's arena is its own buffers'.
+  std::vector<uint64_t> stages = bufferStages(fn, fn.body);
 
   struct Slot {
     BufferId id;
-    size_t bytes, start, end, offset = 0;
+    size_t bytes, start, end;
+    uint64_t stages;
+    size_t offset = 0;
   };
   std::vector<Slot> slots;
   fn.persistentBytes = fn.temporaryBytes = fn.arenaBytes = 0;
@@ -36,7 +42,7 @@ void planBuffers(KernelFunction& fn) {
     } else if (buffer.storage == Storage::Arena) {
       buffer.offset = -1;
       if (first[id] == kNever) continue; // fused away: never stored
-      slots.push_back(Slot{BufferId(id), bytes, first[id], last[id]});
+      slots.push_back(Slot{BufferId(id), bytes, first[id], last[id], stages[id]});
       fn.temporaryBytes += bytes;
     }
   }
@@ -50,7 +56,8 @@ void planBuffers(KernelFunction& fn) {
     Slot& slot = slots[k];
     std::vector<const Slot*> conflicts;
     for (size_t other : placed)
-      if (slots[other].start <= slot.end && slot.start <= slots[other].end)
+      if (slots[other].start <= slot.end && slot.start <= slots[other].end &&
+          (slots[other].stages & slot.stages))
         conflicts.push_back(&slots[other]);
     llvm::sort(conflicts, [](const Slot* a, const Slot* b) { return a->offset < b->offset; });
     size_t offset = 0;
@@ -63,6 +70,16 @@ void planBuffers(KernelFunction& fn) {
     fn.arenaBytes = std::max(fn.arenaBytes, offset + padded(slot.bytes));
     fn.buffers[size_t(slot.id)].offset = int64_t(offset);
   }
+  fn.stageArenaBytes.assign(fn.stages.count > 1 ? size_t(fn.stages.count) : 0, 0);
+  for (size_t id = 0; id < fn.buffers.size(); ++id)
+    fn.buffers[id].stages = fn.stages.count > 1 && fn.buffers[id].storage == Storage::Arena &&
+                                    std::popcount(stages[id]) < fn.stages.count
+                                ? stages[id]
+                                : 0;
+  for (const Slot& slot : slots)
+    for (size_t s = 0; s < fn.stageArenaBytes.size(); ++s)
+      if ((slot.stages >> s) & 1)
+        fn.stageArenaBytes[s] = std::max(fn.stageArenaBytes[s], slot.offset + padded(slot.bytes));
 }
 
 } // namespace meshc::kir

@@ -4,6 +4,8 @@
 #include <llvm/ADT/STLExtras.h>
 #include <llvm/ADT/StringRef.h>
 
+#include <fmt/format.h>
+
 #include <bit>
 #include <map>
 
@@ -88,6 +90,12 @@ private:
       bool mine = inUpdates(k) == updates;
       if (mine)
         pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
+      if (mine && updates)
+        if (auto [now, before] = stagePartialSums(k, holders); now > 0) {
+          pending.insert(pending.begin() + std::ptrdiff_t(k), now - before, false);
+          k += now - 1; // placed, with the holders of what they write
+          continue;
+        }
       Stmt& stmt = body[k];
       if (mine && updates) {
         // With the params on their stages, a statement of the update runs on every stage that
@@ -212,6 +220,142 @@ private:
     if (loopBegin != kNone && k < loopBegin) loopBegin += parts.size() - 1;
     if (loopBegin != kNone && k <= loopEnd) loopEnd += parts.size() - 1;
     return parts.size() - 1;
+  }
+
+  /// A statement of the update summing scalars that no one stage holds all of (AdamW's global
+  /// norm: each param's sum of squared gradients is on its stage), `a + b + c + ...` first in a
+  /// loop over no dims, becomes: each stage sums the scalars it holds (a stage holding none: 0),
+  /// one all-reduce over the stage axis adds the stages' sums (the partial sums' all-reduce over
+  /// another axis, when one follows, also over the stage axis: one collective), and the rest of
+  /// the statement runs on every stage, so what reads its result (the clip scale) needs no
+  /// transfer either. The scalar collectives of a step do not grow with the stages. Returns the
+  /// statements at k now and before (the all-reduce it extended), {0, 0} when `k` is no such sum.
+  std::pair<size_t, size_t> stagePartialSums(size_t k, std::vector<uint64_t>& holders) {
+    const Loop* loop = std::get_if<Loop>(&body[k].node);
+    if (!loop || !llvm::all_of(loop->extents, [](int64_t extent) { return extent == 1; }))
+      return {0, 0};
+    // The sum: Load, Load, Add, then (Load, Add of the sum so far and that load) pairs.
+    const std::vector<Scalar>& scalars = loop->body;
+    auto load = [&](size_t i) {
+      return i < scalars.size() && scalars[i].kind == Scalar::Kind::Load &&
+             scalars[i].dtype == DType::F32;
+    };
+    auto add = [&](size_t i, size_t a, size_t b) {
+      return i < scalars.size() && scalars[i].kind == Scalar::Kind::Compute &&
+             scalars[i].op == ir::OpKind::Add && scalars[i].dtype == DType::F32 &&
+             scalars[i].args == std::vector<int>{int(a), int(b)};
+    };
+    if (!load(0) || !load(1) || !add(2, 0, 1)) return {0, 0};
+    size_t end = 3; // past the sum's last scalar
+    while (load(end) && add(end + 1, end - 1, end))
+      end += 2;
+    std::vector<int> terms = {scalars[0].read};
+    for (size_t i = 1; i < end; i += 2)
+      terms.push_back(scalars[i].read);
+    uint64_t common = every;
+    for (int read : terms)
+      common &= holders[size_t(loop->reads[size_t(read)].buffer)];
+    if (common != 0) return {0, 0}; // one stage holds them all: it sums them
+    // The rest reads the sum only of the chain, and otherwise what every stage holds.
+    int sum = int(end) - 1;
+    for (size_t i = end; i < scalars.size(); ++i) {
+      if (llvm::any_of(scalars[i].args, [&](int arg) { return arg < sum; })) return {0, 0};
+      if (scalars[i].kind == Scalar::Kind::Load &&
+          holders[size_t(loop->reads[size_t(scalars[i].read)].buffer)] != every)
+        return {0, 0};
+    }
+    for (const Store& store : loop->stores)
+      if (store.value < sum) return {0, 0};
+    bool whole = end == scalars.size() && loop->stores.size() == 1;
+
+    Stmt original = body[k];
+    const Loop& sums = std::get<Loop>(original.node);
+    std::string what = original.sources.empty() ? "a sum" : original.sources.back();
+    BufferId total = whole ? sums.stores.front().at.buffer
+                           : fn.addBuffer(Buffer{.name = fmt::format("stages_v{}", fn.buffers.size()),
+                                                 .what = "the stages' sums for " + what,
+                                                 .elements = 1});
+    Shape scalarStrides(sums.extents.size(), 0);
+    auto statement = [&](Loop node, uint64_t mask) {
+      Stmt stmt = original;
+      stmt.node = std::move(node);
+      stmt.stage = -1;
+      stmt.stageMask = mask;
+      return stmt;
+    };
+    // Each stage's sum of the terms it holds (a term held by several: the first of them).
+    std::vector<Stmt> out;
+    uint64_t idle = every;
+    for (int64_t s = 0; s < fn.stages.count; ++s) {
+      Loop part{.dims = sums.dims, .extents = sums.extents};
+      for (int read : terms) {
+        if (std::countr_zero(holders[size_t(sums.reads[size_t(read)].buffer)]) != s) continue;
+        part.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = int(part.reads.size())});
+        part.reads.push_back(sums.reads[size_t(read)]);
+        if (part.body.size() > 1)
+          part.body.push_back(Scalar{.kind = Scalar::Kind::Compute,
+                                     .op = ir::OpKind::Add,
+                                     .args = {int(part.body.size()) - 2,
+                                              int(part.body.size()) - 1}});
+      }
+      if (part.body.empty()) continue;
+      part.stores = {Store{.at = Access{total, scalarStrides}, .value = int(part.body.size()) - 1}};
+      out.push_back(statement(std::move(part), uint64_t(1) << s));
+      idle &= ~(uint64_t(1) << s);
+    }
+    if (idle)
+      out.push_back(statement(Loop{.dims = sums.dims,
+                                   .extents = sums.extents,
+                                   .stores = {Store{.at = Access{total, scalarStrides}, .value = 0}},
+                                   .body = {Scalar{.kind = Scalar::Kind::Const, .value = 0}}},
+                              idle));
+    // The all-reduce over the stages: the one that follows, over another axis, extended.
+    size_t before = 1;
+    Collective* next = k + 1 < body.size() ? std::get_if<Collective>(&body[k + 1].node) : nullptr;
+    if (whole && next && next->kind == plan::CollectiveKind::AllReduceSum &&
+        next->phase == Collective::Phase::Blocking && next->buffers == std::vector{total} &&
+        !llvm::is_contained(next->axes, fn.stages.axis)) {
+      Stmt merged = body[k + 1];
+      std::get<Collective>(merged.node).axes.insert(
+          std::get<Collective>(merged.node).axes.begin(), fn.stages.axis);
+      merged.stageMask = every;
+      out.push_back(std::move(merged));
+      before = 2;
+    } else {
+      out.push_back(Stmt{.node = Collective{.kind = plan::CollectiveKind::AllReduceSum,
+                                            .axes = {fn.stages.axis},
+                                            .buffers = {total}},
+                         .sources = {"the stages' partial sums for " + what},
+                         .phase = original.phase,
+                         .stageMask = every});
+    }
+    holders[size_t(total)] = every;
+    if (!whole) { // the rest, on every stage, reading the total first
+      Loop rest{.dims = sums.dims, .extents = sums.extents, .reads = {Access{total, scalarStrides}}};
+      rest.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = 0});
+      auto renumber = [&](int i) { return i == sum ? 0 : i - sum; };
+      for (size_t i = end; i < scalars.size(); ++i) {
+        Scalar scalar = sums.body[i];
+        for (int& arg : scalar.args)
+          arg = renumber(arg);
+        if (scalar.kind == Scalar::Kind::Load) {
+          scalar.read = int(rest.reads.size());
+          rest.reads.push_back(sums.reads[size_t(sums.body[i].read)]);
+        }
+        rest.body.push_back(std::move(scalar));
+      }
+      for (const Store& store : sums.stores) {
+        rest.stores.push_back(Store{.at = store.at, .value = renumber(store.value)});
+        holders[size_t(store.at.buffer)] = every;
+      }
+      rest.invariants = sums.invariants;
+      out.push_back(statement(std::move(rest), every));
+    }
+    size_t now = out.size();
+    body.erase(body.begin() + std::ptrdiff_t(k), body.begin() + std::ptrdiff_t(k + before));
+    body.insert(body.begin() + std::ptrdiff_t(k), std::make_move_iterator(out.begin()),
+                std::make_move_iterator(out.end()));
+    return {now, before};
   }
 
   /// Each param's stages: those of the forward and backward statements that read it

@@ -264,9 +264,12 @@ private:
     return size_t(buffer.elements) * sizeof(float);
   }
 
-  /// Planned arena slots of buffers alive at the same time must not share bytes.
+  /// Planned arena slots of buffers alive at the same time on the same stage must not share
+  /// bytes; a buffer held on some stages only (Buffer::stages) is touched there only and lies
+  /// in each one's arena.
   std::string overlaps() const {
     auto [first, last] = liveRanges(fn, body);
+    std::vector<uint64_t> touched = bufferStages(fn, body);
     std::vector<size_t> placed;
     for (size_t id = 0; id < fn.buffers.size(); ++id) {
       const Buffer& buffer = fn.buffers[id];
@@ -275,9 +278,17 @@ private:
       size_t bytes = slotBytes(buffer);
       if (size_t(buffer.offset) % kArenaAlignment || size_t(buffer.offset) + bytes > fn.arenaBytes)
         return fmt::format("{} is placed outside the arena", buffer.name);
+      if (buffer.stages != 0 && (touched[id] & ~buffer.stages))
+        return fmt::format("{} is held on stages {:#x} but touched on stages {:#x}", buffer.name,
+                           buffer.stages, touched[id]);
+      for (size_t s = 0; s < fn.stageArenaBytes.size(); ++s)
+        if ((buffer.stages == 0 || ((buffer.stages >> s) & 1)) &&
+            size_t(buffer.offset) + bytes > fn.stageArenaBytes[s])
+          return fmt::format("{} is placed outside stage {}'s arena", buffer.name, s);
       for (size_t other : placed) {
         const Buffer& b = fn.buffers[other];
-        bool together = first[id] <= last[other] && first[other] <= last[id];
+        bool together = first[id] <= last[other] && first[other] <= last[id] &&
+                        (buffer.stages == 0 || b.stages == 0 || (buffer.stages & b.stages));
         bool share = size_t(buffer.offset) < size_t(b.offset) + slotBytes(b) &&
                      size_t(b.offset) < size_t(buffer.offset) + bytes;
         if (together && share)

@@ -253,43 +253,70 @@ private:
     std::vector<plan::JointCandidate> splits = stageSplits(module_, fn, dim, why);
     if (!why.empty()) report.notTried.push_back(why);
     for (plan::JointCandidate& split : splits) {
-      JointStages staged;
-      staged.module = stagedModule(module_, fn, split, dim, staged.stage);
-      staged.options = options_;
-      staged.options.jointSearch = false;
-      staged.options.functions = {fn.name};
-      staged.options.memoryBudget = fmt::format("{}", budget_);
-      if (!report.microbatchDim.empty())
-        staged.options.microbatches = report.microbatchDim + "=auto";
-      std::optional<PipelineChoice> choice;
-      if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
-                          quiet_, argv0_, choice) ||
-          !choice) {
-        report.notTried.push_back(
-            fmt::format("{} stages over '{}': cannot be planned", split.stages, split.stageAxis));
-        continue;
+      // Without ZeRO first; when that does not fit, ZeRO stages 1-3 of each stage's plan over
+      // its data-parallel axes (ascending: the lower stage shards less and costs less), up to
+      // the first that fits.
+      for (int zero = 0; zero <= 3; ++zero) {
+        std::optional<bool> fits = considerSplit(fn, split, dim, zero, report, best, smallest);
+        if (!fits || *fits) break;
       }
-      Planned planned;
-      planned.candidate = split;
-      planned.candidate.microbatches = choice->microbatches;
-      planned.candidate.recompute = llvm::join(choice->recompute, ", ");
-      planned.candidate.stepSeconds = choice->stepSeconds;
-      planned.candidate.memoryBytes = choice->memoryBytes;
-      planned.candidate.fits = choice->fits;
-      size_t index = report.considered.size();
-      report.considered.push_back(planned.candidate);
-      smallest = std::min(smallest, choice->memoryBytes);
-      if (!choice->fits || (best && !faster(planned.candidate, best->candidate))) continue;
-      // The stage layout's plan runs these microbatches with this recomputation.
-      staged.options.microbatches =
-          report.microbatchDim.empty()
-              ? ""
-              : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
-      staged.options.recompute = choice->recompute;
-      planned.stages = std::move(staged);
-      best = std::move(planned);
-      report.chosen = int(index);
     }
+  }
+
+  /// One stage split of considerStages with ZeRO stage `zero` (0: none): its row in the report,
+  /// and `best` when it fits and is faster. Whether it fits; nullopt when it cannot be planned or
+  /// ZeRO changed nothing (no data-parallel weight to shard), noted.
+  std::optional<bool> considerSplit(const ir::Function& fn, plan::JointCandidate split,
+                                    const std::string& dim, int zero,
+                                    plan::JointSearchReport& report, std::optional<Planned>& best,
+                                    double& smallest) {
+    JointStages staged;
+    staged.module = stagedModule(module_, fn, split, dim, staged.stage);
+    staged.options = options_;
+    staged.options.jointSearch = false;
+    staged.options.functions = {fn.name};
+    staged.options.memoryBudget = fmt::format("{}", budget_);
+    staged.options.zero = zero > 0 ? std::to_string(zero) : "";
+    if (!report.microbatchDim.empty())
+      staged.options.microbatches = report.microbatchDim + "=auto";
+    std::optional<PipelineChoice> choice;
+    std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
+                                   zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");
+    if (!searchPipeline(staged.module, staged.stage, staged.options, fn, /*tryRecompute=*/true,
+                        quiet_, argv0_, choice) ||
+        !choice) {
+      report.notTried.push_back(what + ": cannot be planned");
+      return std::nullopt;
+    }
+    if (zero == 1 && !report.considered.empty() &&
+        report.considered.back().stages == split.stages &&
+        report.considered.back().stageAxis == split.stageAxis &&
+        report.considered.back().memoryBytes <= choice->memoryBytes) {
+      report.notTried.push_back(what + ": it saves no memory (no data-parallel weight)");
+      return std::nullopt;
+    }
+    Planned planned;
+    planned.candidate = split;
+    planned.candidate.microbatches = choice->microbatches;
+    planned.candidate.recompute = llvm::join(choice->recompute, ", ");
+    planned.candidate.zeroStage = zero;
+    planned.candidate.stepSeconds = choice->stepSeconds;
+    planned.candidate.memoryBytes = choice->memoryBytes;
+    planned.candidate.fits = choice->fits;
+    size_t index = report.considered.size();
+    report.considered.push_back(planned.candidate);
+    smallest = std::min(smallest, choice->memoryBytes);
+    if (!choice->fits || (best && !faster(planned.candidate, best->candidate))) return choice->fits;
+    // The stage layout's plan runs these microbatches with this recomputation and ZeRO stage.
+    staged.options.microbatches =
+        report.microbatchDim.empty()
+            ? ""
+            : fmt::format("{}={}", report.microbatchDim, choice->microbatches);
+    staged.options.recompute = choice->recompute;
+    planned.stages = std::move(staged);
+    best = std::move(planned);
+    report.chosen = int(index);
+    return true;
   }
 
   /// `fn` with `recompute`'s calls recomputed and `count` microbatches of `dim`, planned with

@@ -248,6 +248,7 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
     optionError(llvm::toString(machine.takeError()));
     return std::nullopt;
   }
+  machine->meshCopies = given.stageCopies;
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans || !finishPlans(*plans, given)) return std::nullopt;

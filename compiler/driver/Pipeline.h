@@ -48,6 +48,9 @@ struct PipelineOptions {
   /// search of stages, recompute, microbatches and ZeRO (JointSearch.h); false inside it.
   bool jointSearch = true;
   std::string pipelineSchedule = "1f1b"; // gpipe | 1f1b (PlanPipeline.h)
+  /// Planning one pipeline stage's mesh: the stages whose meshes share the machine's devices
+  /// (plan::Machine::meshCopies); 1 otherwise.
+  int64_t stageCopies = 1;
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;                  // > 0: train blocks take this many steps

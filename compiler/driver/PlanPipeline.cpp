@@ -89,6 +89,9 @@ PipelineOptions innerOptions(const ir::Module& module, const ir::DimLayout& stag
   if (!micro.dim.empty())
     options.dims.push_back(fmt::format("{}={}", micro.dim, module.dims.at(micro.dim) / count));
   options.functions = {fn.name};
+  // Every stage's ranks run on the machine at once (threads sharing cores are oversubscribed
+  // by all of them, not by one stage's mesh).
+  options.stageCopies = plan::Mesh{module.mesh}.axisSize(stage.axes.front());
   // The dims above are already one microbatch's: the inner plan is an ordinary one (planModule
   // would otherwise microbatch it again, Microbatches.h).
   options.microbatches.clear();
@@ -208,6 +211,7 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   }
   shape.layers = module.dims.at(stage.dim);
   shape.stages = plan::Mesh{module.mesh}.axisSize(stage.axes.front());
+  shape.pinnedSplit = stage.split;
   shape.microbatches = count;
   shape.schedule = schedule;
   candidate.boundaryBytes = innerFn ? boundaryBytes(*innerFn, stage.dim, plans[0]->spmd) : 0;
@@ -246,9 +250,12 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                                                 return fmt::format("{}={}", a.name, a.size);
                                               }),
                               ", "));
-  os << fmt::format("  layers   {} = {}, consecutive layers per stage, the rest (the ops outside "
-                    "the repeat: embedding, head, loss) on the last\n",
-                    stage.dim, module.dims.at(stage.dim));
+  os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
+                    "outside the repeat: embedding, head, loss) on the last\n",
+                    stage.dim, module.dims.at(stage.dim),
+                    stage.split.empty()
+                        ? ""
+                        : fmt::format(" as the layout pins them ({})", fmt::join(stage.split, ", ")));
   std::string microText =
       micro.dim.empty() ? "1 microbatch (--microbatches DIM=K splits the batch)"
                         : fmt::format("{} microbatch{} of {} = {}{}", c.microbatches,
@@ -355,7 +362,8 @@ const ir::DimLayout* stageLayoutOf(const ir::Module& module, const PipelineOptio
       diag.report(entry.loc.loc, Diag::ErrStageAxisShared, axis, found->dim, entry.dim);
       ok = false;
     }
-  // Sema already refused a layer count the stages do not divide (as for any laid-out dim).
+  // Sema checked a pinned split (its count, sum and stages) and allows a layer count the stages
+  // do not divide for a repeat's count only (balanceLayers splits it unevenly).
   for (const ir::Function* fn : selected(module, options)) {
     int64_t repeats = llvm::count_if(
         fn->repeats, [&](const ir::RepeatInfo& repeat) { return repeat.dim == found->dim; });

@@ -33,6 +33,7 @@ std::optional<PlannedModule> planStaged(const ir::Module& module, const ir::DimL
                            : fmt::format("{}: [{}]", entry.dim, llvm::join(entry.axes, ", ")));
   if (module.autoLayout) layout.push_back("auto");
   inner.mesh = mesh.empty() ? axis + "=1" : llvm::join(mesh, ",");
+  inner.stageCopies = stages; // all stages share the machine (PlanPipeline.cpp's innerOptions)
   inner.layout = llvm::join(layout, ", ");
   std::vector<std::string> files;
   std::optional<ir::Module> innerModule = loadModule(inner, diag, argv0, files);

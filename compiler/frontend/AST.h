@@ -279,6 +279,9 @@ struct LayoutDecl : Decl {
     Ident dim;
     bool isAuto = false;     // `dim: auto`
     std::vector<Ident> axes; // empty and !isAuto: pinned replicated
+    /// `layers: stage(3, 1)`: a repeat's layers pinned to the stages, each stage's count.
+    std::vector<int64_t> split;
+    Loc splitLoc; // the '('
   };
   std::vector<Entry> entries;
   bool autoRest = false; // the bare `auto` item

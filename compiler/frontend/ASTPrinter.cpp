@@ -114,7 +114,9 @@ private:
         if (entry.isAuto)
           os_ << "auto\n";
         else
-          os_ << "[" << names(entry.axes) << "]\n";
+          os_ << "[" << names(entry.axes) << "]"
+              << (entry.split.empty() ? "" : fmt::format("({})", fmt::join(entry.split, ", ")))
+              << "\n";
       }
       if (layout.autoRest) line(indent + 1, "Auto", layout.autoLoc) << "\n";
       return;

@@ -394,11 +394,22 @@ bool Parser::parseLayoutItem(LayoutDecl& layout) {
   return true;
 }
 
-/// axes ::= IDENT | 'auto' | '[' [ IDENT { ',' IDENT } ] ']'
+/// axes ::= IDENT [ '(' INTEGER { ',' INTEGER } ')' ] | 'auto' | '[' [ IDENT { ',' IDENT } ] ']'
+/// (the counts: a repeat's layers per pipeline stage, pinned)
 bool Parser::parseAxes(LayoutDecl::Entry& entry) {
   if (is(Tok::Ident)) {
     entry.axes.push_back(identFrom(consume()));
-    return true;
+    if (!is(Tok::LParen)) return true;
+    entry.splitLoc = consume().loc;
+    do {
+      int64_t layers = 0;
+      if (is(Tok::Number) && tok().malformed) return false; // already reported by the lexer
+      if (!is(Tok::Number) || !tok().isInteger || tok().text.getAsInteger(10, layers))
+        return error("a layer count");
+      consume();
+      entry.split.push_back(layers);
+    } while (consumeIf(Tok::Comma));
+    return expect(Tok::RParen, "',' or ')'");
   }
   if (consumeIf(Tok::KwAuto)) {
     entry.isAuto = true;

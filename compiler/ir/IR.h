@@ -209,6 +209,9 @@ struct DimLayout {
   std::vector<std::string> axes;
   bool isAuto = false;
   Location loc;
+  /// A repeat's count over a stage axis with the layers of each stage pinned (`layers:
+  /// stage(3, 1)`); empty: the planner balances them.
+  std::vector<int64_t> split;
 };
 
 struct Module {

@@ -163,7 +163,7 @@ private:
     expect("=");
     module.dims[name] = integer();
   }
-  /// layout item, item, ...   with item: NAME: [a, b] | NAME: auto | auto
+  /// layout item, item, ...   with item: NAME: [a, b] | NAME: [s](3, 1) | NAME: auto | auto
   void readLayout(Module& module) {
     do {
       std::string name = expectIdentifier();
@@ -178,6 +178,12 @@ private:
         entry.isAuto = true;
       else
         entry.axes = nameList("[", "]");
+      if (accept("(")) { // a stage split: the layers of each stage
+        do
+          entry.split.push_back(integer());
+        while (ok() && accept(","));
+        expect(")");
+      }
       module.layout.push_back(entry);
     } while (ok() && accept(","));
   }

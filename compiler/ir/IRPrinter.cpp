@@ -110,7 +110,10 @@ void printModule(const Module& module, llvm::raw_ostream& os) {
     for (const DimLayout& entry : module.layout)
       items.push_back(entry.isAuto
                           ? fmt::format("{}: auto", entry.dim)
-                          : fmt::format("{}: [{}]", entry.dim, fmt::join(entry.axes, ", ")));
+                          : fmt::format("{}: [{}]{}", entry.dim, fmt::join(entry.axes, ", "),
+                                        entry.split.empty()
+                                            ? ""
+                                            : fmt::format("({})", fmt::join(entry.split, ", "))));
     if (module.autoLayout) items.push_back("auto");
     os << fmt::format("layout {}\n", fmt::join(items, ", "));
   }

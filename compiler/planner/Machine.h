@@ -23,6 +23,10 @@ struct Machine {
   std::string description;
   int64_t numDevices = 1;
   int64_t devicesPerNode = 1; // devices sharing the fast link; mesh axes spanning nodes use `inter`
+  /// Pipeline stages: a stage's plan is made on its own mesh, but all the stages' meshes run on
+  /// the machine at once, so its ranks share the devices with this many meshes (oversubscription
+  /// counts them all); 1 otherwise. Not read from a machine file.
+  int64_t meshCopies = 1;
   double peakFlops = 0;       // per device, dense matmul, f32 (or the dtype it is quoted for)
   double peakFlopsBf16 = 0;   // per device, bf16/f16 tensor cores (0: same as peakFlops)
   double memoryBandwidth = 0; // bytes/s per device

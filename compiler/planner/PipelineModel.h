@@ -49,6 +49,8 @@ struct PipelineShape {
   /// (the layer's own figure then holds only what a recomputed layer keeps, its inputs); on the
   /// last stage only what exceeds one microbatch's rest activations, which are freed by then.
   double recomputeWorkingBytes = 0;
+  /// The layers of each stage as the layout pins them (`layers: stage(3, 1)`); empty: balanced.
+  std::vector<int64_t> pinnedSplit;
 };
 
 struct StagePrediction {
@@ -77,7 +79,8 @@ struct PipelinePrediction {
 std::vector<int64_t> balanceLayers(const StageWork& layer, const StageWork& rest, int64_t layers,
                                    int64_t stages);
 
-/// The step's prediction: the per-stage split from balanceLayers, then the schedule's timeline.
+/// The step's prediction: the per-stage split from balanceLayers (or the pinned one), then the
+/// schedule's timeline.
 PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest,
                                    const PipelineShape& shape);
 

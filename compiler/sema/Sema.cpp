@@ -888,6 +888,17 @@ private:
   std::vector<const ast::LayoutDecl*> layouts_;
   std::vector<const ast::Decl*> functions_;
   std::set<std::pair<std::string, std::string>> reportedPairs_;
+  /// Layout entries that only a repeat's count may have (checkStageCounts): a stage split, or
+  /// one axis that does not divide the dim (uneven stages).
+  struct StageCount {
+    std::string dim;
+    llvm::SMLoc loc;
+    bool split = false;
+    int64_t size = 0, product = 0;
+    std::string axes;
+  };
+  std::vector<StageCount> stageCounts_;
+  void checkStageCounts();
   const ast::File* currentFile_ = nullptr; // the file collect() is reading
   ir::Module module_;
 };
@@ -1172,7 +1183,32 @@ void ModuleLowerer::checkLayout() {
       }
       if (!ok) continue;
       int64_t size = dim->second.size;
-      if (size % product != 0) {
+      if (!entry.split.empty()) { // `layers: stage(3, 1)`: the layers of each stage
+        int64_t sum = 0;
+        for (size_t s = 0; s < entry.split.size(); ++s)
+          sum += entry.split[s];
+        auto empty = llvm::find_if(entry.split, [](int64_t layers) { return layers <= 0; });
+        if (empty != entry.split.end()) {
+          reporter_.report(entry.splitLoc, Diag::ErrStageSplitEmpty, entry.dim.name,
+                           empty - entry.split.begin());
+          continue;
+        }
+        if (int64_t(entry.split.size()) != product) {
+          reporter_.report(entry.splitLoc, Diag::ErrStageSplitCount, entry.dim.name,
+                           entry.split.size(), info.axes.front(), product);
+          continue;
+        }
+        if (sum != size) {
+          reporter_.report(entry.splitLoc, Diag::ErrStageSplitSum, entry.dim.name, sum,
+                           entry.dim.name, size);
+          continue;
+        }
+        stageCounts_.push_back({entry.dim.name, entry.splitLoc, true, size, product, ""});
+      } else if (size % product != 0 && info.axes.size() == 1) {
+        // Uneven stages when only a repeat counts over it (checkStageCounts), else an error.
+        stageCounts_.push_back({entry.dim.name, entry.dim.loc, false, size, product,
+                                info.axes.front()});
+      } else if (size % product != 0) {
         std::string axes = joinNames(info.axes, " x ");
         if (info.axes.size() > 1) axes += fmt::format(" = {}", product);
         reporter_.report(entry.dim.loc, Diag::ErrNotDivisible, entry.dim.name, size, product, axes);
@@ -1182,6 +1218,7 @@ void ModuleLowerer::checkLayout() {
       out.dim = entry.dim.name;
       out.axes = info.axes;
       out.isAuto = info.isAuto;
+      out.split = entry.split;
       ir::Location location;
       location.loc = entry.dim.loc;
       if (unsigned buffer = sm_.FindBufferContainingLoc(entry.dim.loc)) {
@@ -1193,6 +1230,25 @@ void ModuleLowerer::checkLayout() {
       module_.layout.push_back(std::move(out));
       globals_.layout.emplace(entry.dim.name, std::move(info));
     }
+  }
+}
+
+void ModuleLowerer::checkStageCounts() {
+  for (const StageCount& count : stageCounts_) {
+    bool repeated = false, tensor = false;
+    for (const ir::Function& fn : module_.functions) {
+      repeated = repeated || llvm::any_of(fn.repeats, [&](const ir::RepeatInfo& repeat) {
+                   return repeat.dim == count.dim;
+                 });
+      for (const ir::Value& value : fn.values)
+        tensor = tensor || value.type.hasDim(count.dim);
+    }
+    if (repeated && !tensor) continue;
+    if (count.split)
+      reporter_.report(count.loc, Diag::ErrStageSplitNotRepeat, count.dim);
+    else
+      reporter_.report(count.loc, Diag::ErrNotDivisible, count.dim, count.size, count.product,
+                       count.axes);
   }
 }
 
@@ -1270,6 +1326,7 @@ std::optional<ir::Module> ModuleLowerer::run() {
   for (const auto& [name, info] : globals_.dims)
     if (info.local) module_.dims[name] = info.size;
   checkParamsAcrossFunctions(module_.functions, reporter_);
+  checkStageCounts();
   checkRecompute();
   // Defs that no program or train block inlined are checked on their own (their arguments as
   // inputs), so that their errors are found too.

@@ -159,6 +159,9 @@ def main():
             overrides += ["--layout", layout]
         tag = mesh.replace("=", "").replace(",", "_") + "".join(
             "_" + re.sub(r"[^A-Za-z0-9]+", "", option) for option in extra)
+        # A pinned stage split (`layers: stage(1, 3)`) is another build of the same mesh.
+        for split in re.findall(r"\(([\d, ]+)\)", layout):
+            tag += "_split" + re.sub(r"\D+", "_", split)
         base = os.path.join(args.workdir, f"{stem}-{tag}")
         start = time.time()
         fault = [f"--inject-fault={args.inject_fault}"] if args.inject_fault and index == 1 else []
