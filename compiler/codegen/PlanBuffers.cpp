@@ -46,11 +46,16 @@ void planBuffers(KernelFunction& fn) {
       fn.temporaryBytes += bytes;
     }
   }
-  // First fit, largest first, among the slots whose live ranges overlap.
+  // First fit, largest first, among the slots whose live ranges overlap; under pipeline stages
+  // the buffers of more stages first, so that each stage's own pack above the shared ones and a
+  // lighter stage ends lower.
   std::vector<size_t> order(slots.size());
   for (size_t k = 0; k < order.size(); ++k)
     order[k] = k;
-  llvm::stable_sort(order, [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
+  llvm::stable_sort(order, [&](size_t a, size_t b) {
+    return std::make_pair(std::popcount(slots[a].stages), slots[a].bytes) >
+           std::make_pair(std::popcount(slots[b].stages), slots[b].bytes);
+  });
   std::vector<size_t> placed;
   for (size_t k : order) {
     Slot& slot = slots[k];

@@ -329,6 +329,7 @@ private:
                          .phase = original.phase,
                          .stageMask = every});
     }
+    holders.resize(fn.buffers.size(), every); // `total` may be new
     holders[size_t(total)] = every;
     if (!whole) { // the rest, on every stage, reading the total first
       Loop rest{.dims = sums.dims, .extents = sums.extents, .reads = {Access{total, scalarStrides}}};
@@ -429,6 +430,9 @@ private:
     std::map<std::pair<size_t, BufferId>, uint64_t> sends; // (writer, value) -> stages to reach
     for (size_t k = 0; k < body.size(); ++k) {
       uint64_t runs = body[k].stageMask ? body[k].stageMask : every;
+      // A collective over the stage axis reads each stage's own value (stagePartialSums).
+      const Collective* collective = std::get_if<Collective>(&body[k].node);
+      if (collective && llvm::is_contained(collective->axes, fn.stages.axis)) runs = 0;
       for (BufferId id : readsOf(body[k])) {
         uint64_t need = runs & ~have[size_t(id)];
         if (!need || writer[size_t(id)] == kNone) continue;
@@ -436,7 +440,7 @@ private:
         have[size_t(id)] |= need;
       }
       for (BufferId id : writesOf(body[k])) {
-        have[size_t(id)] = runs;
+        have[size_t(id)] = runs ? runs : every;
         writer[size_t(id)] = k;
       }
       if (loopBegin != kNone && k == loopEnd) // the all-reduce over the stages follows

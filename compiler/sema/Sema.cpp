@@ -1085,6 +1085,9 @@ std::unique_ptr<ast::LayoutDecl> ModuleLowerer::parseLayoutOption(const std::str
     if (identStart(*start))
       while (cur != end && identChar(*cur))
         ++cur;
+    else if (std::isdigit(static_cast<unsigned char>(*start)))
+      while (cur != end && std::isdigit(static_cast<unsigned char>(*cur)))
+        ++cur;
     token.text.assign(start, cur);
     return token;
   };
@@ -1128,6 +1131,20 @@ std::unique_ptr<ast::LayoutDecl> ModuleLowerer::parseLayoutOption(const std::str
       entry.isAuto = true;
     } else if (isIdent(token)) {
       entry.axes.push_back({token.text, token.loc});
+      if (cur != end && *cur == '(') { // a stage split, `stage(3, 1)`
+        token = next();
+        entry.splitLoc = token.loc;
+        do {
+          token = next();
+          int64_t layers = 0;
+          if (token.text.empty() || !std::isdigit(static_cast<unsigned char>(token.text[0])) ||
+              llvm::StringRef(token.text).getAsInteger(10, layers))
+            return fail(token, "a layer count");
+          entry.split.push_back(layers);
+          token = next();
+        } while (token.text == ",");
+        if (token.text != ")") return fail(token, "',' or ')'");
+      }
     } else {
       return fail(token, "a mesh axis, '[' or 'auto'");
     }

@@ -737,3 +737,71 @@ TEST_CASE("schedule-microbatches: GPipe's two loops, kept activations copied per
     CHECK(verifyKernels(wrong).find("under 1F1B") != std::string::npos);
   }
 }
+
+TEST_CASE("split-stages: a sum of scalars held on different stages becomes each stage's sum and "
+          "one all-reduce over the stages") {
+  TwoStages t(false);
+  // The update sums a scalar of each stage (AdamW's global norm: each param's sum of squared
+  // gradients) and takes its square root; p0's update reads the result.
+  BufferId s0 = t.b.fn.addBuffer(Buffer{.name = "s0", .elements = 1});
+  BufferId s1 = t.b.fn.addBuffer(Buffer{.name = "s1", .elements = 1});
+  BufferId sum = t.b.fn.addBuffer(Buffer{.name = "sum", .elements = 1});
+  BufferId norm = t.b.fn.addBuffer(Buffer{.name = "norm", .elements = 1});
+  Stmt update = t.b.fn.body.back();
+  t.b.fn.body.pop_back();
+  t.b.loop(s0, ir::OpKind::Mul, {t.acc, t.acc}, 1);
+  t.b.loop(s1, ir::OpKind::Mul, {t.p1, t.p1}, 1);
+  t.b.loop(sum, ir::OpKind::Add, {s0, s1}, 1);
+  t.b.loop(norm, ir::OpKind::Sqrt, {sum}, 1);
+  for (size_t k = t.b.fn.body.size() - 4; k < t.b.fn.body.size(); ++k)
+    t.b.fn.body[k].phase = plan::Phase::Update;
+  std::get<Loop>(update.node).reads.push_back(Access{norm, {0}});
+  t.b.fn.body.push_back(update);
+  REQUIRE(verifyKernels(t.b.fn) == "");
+
+  splitStages(t.b.fn);
+  // Each stage sums what it holds into `sum`; one all-reduce over the stages adds them; the
+  // square root runs where it is read (p0's update, stage 0); no scalar goes point to point.
+  std::vector<uint64_t> sumWriters;
+  for (const Stmt& stmt : t.b.fn.body)
+    if (std::holds_alternative<Loop>(stmt.node) && llvm::is_contained(writesOf(stmt), sum))
+      sumWriters.push_back(stmt.stageMask);
+  CHECK(sumWriters == std::vector<uint64_t>{1, 2});
+  int overStages = 0;
+  for (const Stmt& stmt : t.b.fn.body)
+    if (const auto* c = std::get_if<Collective>(&stmt.node))
+      overStages += c->axes == std::vector<std::string>{"stage"} &&
+                    c->buffers == std::vector<BufferId>{sum};
+  CHECK(overStages == 1);
+  CHECK(t.writerOf(norm).stageMask == 1);
+  for (const Call* call : t.calls(Callee::StageTransfer))
+    for (BufferId scalar : {s0, s1, sum, norm})
+      CHECK(!llvm::is_contained(call->reads, scalar));
+  planBuffers(t.b.fn);
+  CHECK(verifyKernels(t.b.fn) == "");
+}
+
+TEST_CASE("plan-buffers: buffers of different stages share bytes; each stage's arena its own") {
+  Builder b;
+  b.fn.stages = {"stage", 2, false};
+  BufferId x = b.buffer(64, Storage::Input), u = b.buffer(16), v = b.buffer(64);
+  BufferId u2 = b.buffer(16), v2 = b.buffer(64);
+  b.loop(u, ir::OpKind::Neg, {x}, 16);
+  b.fn.body.back().stageMask = 1;
+  b.loop(v, ir::OpKind::Neg, {x}, 64);
+  b.fn.body.back().stageMask = 2;
+  b.loop(u2, ir::OpKind::Exp, {u}, 16); // u and v are alive together, on different stages
+  b.fn.body.back().stageMask = 1;
+  b.loop(v2, ir::OpKind::Exp, {v}, 64);
+  b.fn.body.back().stageMask = 2;
+  planBuffers(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  CHECK(b.fn.buffers[size_t(u)].stages == 1);
+  CHECK(b.fn.buffers[size_t(v)].stages == 2);
+  CHECK(b.fn.buffers[size_t(u)].offset == b.fn.buffers[size_t(v)].offset);
+  CHECK(b.fn.stageArenaBytes == std::vector<size_t>{2 * 64, 2 * 256});
+  CHECK(b.fn.arenaBytes == 2 * 256);
+  // The verifier rejects a buffer touched on a stage that does not hold it.
+  b.fn.body.back().stageMask = 3;
+  CHECK(verifyKernels(b.fn).find("touched on stages") != std::string::npos);
+}
