@@ -90,9 +90,16 @@ private:
       bool mine = inUpdates(k) == updates;
       if (mine)
         pending.insert(pending.begin() + std::ptrdiff_t(k), splitCollective(k, holders), false);
-      if (mine && updates)
+      // A sum over the stages' scalars in the update, or, without a microbatch loop (nothing to
+      // pipeline), in a statement of no layer's.
+      if (mine && (updates || (loopBegin == kNone && body[k].stage < 0)))
         if (auto [now, before] = stagePartialSums(k, holders); now > 0) {
           pending.insert(pending.begin() + std::ptrdiff_t(k), now - before, false);
+          backwardWrote.resize(fn.buffers.size(), false); // the stages' sum may be new
+          for (size_t placed = k; placed < k + now; ++placed)
+            if (isBackward(body[placed], backwardWrote))
+              for (BufferId id : writesOf(body[placed]))
+                backwardWrote[size_t(id)] = true;
           k += now - 1; // placed, with the holders of what they write
           continue;
         }

@@ -134,10 +134,13 @@ def check_staged_choice(plan, proc, budget_bytes):
 
 
 def stages_case(binary, example):
-    args = [*STAGED, "--memory-budget", "8MiB"]
+    # 4 ranks share the 2-core `cpu` machine however they are split into stages, so stages are
+    # not faster than the unstaged plans that fit (44.1 ms under 8 MiB: 4 microbatches); under
+    # 5300 KiB only ZeRO-3 with 4 microbatches fits unstaged, and 2 stages are faster.
+    args = [*STAGED, "--memory-budget", "5300KiB"]
     proc = meshc(binary, example, "--emit=plan-json", *args)
-    expect(proc.returncode == 0, "a plan under 8 MiB", proc)
-    joint, chosen = check_staged_choice(json.loads(proc.stdout)[0], proc, 8 << 20)
+    expect(proc.returncode == 0, "a plan under 5300 KiB", proc)
+    joint, chosen = check_staged_choice(json.loads(proc.stdout)[0], proc, 5300 << 10)
     considered = joint["considered"]
     unstaged = [c for c in considered if c["stages"] == 1]
     expect(unstaged and not unstaged[0]["fits"] and any(c["fits"] for c in unstaged) and
@@ -148,13 +151,36 @@ def stages_case(binary, example):
            proc)
     report = meshc(binary, example, "--emit=plan", *args)
     expect(report.returncode == 0 and "(pipeline stages)" in report.stdout and
-           "\njoint search (no layout fits the budget of 8.0 MiB alone" in report.stdout and
+           "\njoint search (no layout fits the budget of 5.2 MiB alone" in report.stdout and
            re.search(r"\n  chosen: 2 pipeline stages over '(data|model)', \d+ microbatches of "
                      r"batch: the fastest", report.stdout),
            "--emit=plan is the pipeline's report with the joint search's section", report)
-    expect(re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 8.0 "
+    expect(re.search(r"note: no layout of train block 'lm_train' fits the memory budget of 5.2 "
                      r"MiB alone: planned with 2 pipeline stages over", report.stderr),
            "a note on stderr names the stages", report)
+
+
+def stages_zero_case(binary, example):
+    """Stages with ZeRO: wider layers (d_model 256, d_ff 1024, seq 32) whose weights and
+    optimizer state dominate; under 15,000,000 bytes per device nothing fits unstaged (ZeRO-3
+    with the layer recomputed needs 15.1 MB) nor staged without ZeRO, and 2 stages whose plans are
+    ZeRO-3'd over the stage's data-parallel axis fit (15.0 MB)."""
+    budget = 15000000
+    args = ["--function", "lm_train", "--dim", "layers=4", "--dim", "batch=16", "--dim", "seq=32",
+            "--dim", "mem=32", "--dim", "d_model=256", "--dim", "d_ff=1024", "--layout", "auto",
+            "--memory-budget", str(budget)]
+    proc = meshc(binary, example, "--emit=plan-json", *args)
+    expect(proc.returncode == 0, "a plan under 15,000,000 bytes", proc)
+    joint, chosen = check_staged_choice(json.loads(proc.stdout)[0], proc, budget)
+    staged = [c for c in joint["considered"] if c["stages"] > 1]
+    expect(chosen["zeroStage"] > 0, f"the stages' plans are ZeRO'd (stage {chosen['zeroStage']})",
+           proc)
+    for axis in {c["stageAxis"] for c in staged}:
+        rows = [c["zeroStage"] for c in staged if c["stageAxis"] == axis]
+        expect(rows == list(range(len(rows))) and not any(
+            c["fits"] for c in staged if c["stageAxis"] == axis and c["zeroStage"] < rows[-1]),
+               f"2 stages over '{axis}': ZeRO stages {rows} in order, up to the first that fits",
+               proc)
 
 
 def gpt3_case(binary, example):
@@ -200,6 +226,7 @@ def main():
     golden_dir = sys.argv[4] if len(sys.argv) > 4 else os.path.dirname(os.path.abspath(__file__))
     {"budget": lambda: budget_case(binary, example, golden_dir),
      "stages": lambda: stages_case(binary, example),
+     "stages_zero": lambda: stages_zero_case(binary, example),
      "gpt3": lambda: gpt3_case(binary, example),
      "run": lambda: run_case(binary, example)}[case]()
 

@@ -72,6 +72,20 @@ def main():
                f"[{mesh}]: the update's collectives over the stage axis are {want}",
                f"got {over_stage}")
 
+    # Without microbatches the step sends the carried activation forward, its gradient back and
+    # the loss to the first stage; the global norm's scalars stay on their stages (19 transfers
+    # before: one per param of stage 1 and the clip scale back).
+    kernels = run(binary, transformer, "--emit=kernels", "--function", "lm_train", "--dim",
+                  "batch=8", "--dim", "layers=4", "--mesh=stage=2,data=2", "--layout",
+                  "batch: data, layers: stage")
+    transfers = re.findall(r"# to the stages that read (\S+)\n\s*call stageTransfer", kernels)
+    over_stage = [axes for axes in COLLECTIVE.findall(kernels)
+                  if "stage" in [axis.strip() for axis in axes.split(",")]]
+    expect(len(transfers) == 3 and "x" in transfers and "loss" in transfers and
+           over_stage == ["stage"], "[stage=2, data=2] without microbatches: 3 transfers "
+           "(activation, gradient, loss), the norm's sum all-reduced over the stages",
+           f"{transfers} {over_stage}")
+
     # Per-stage arenas on the 3 + 1 split.
     tied_args = ["--microbatches=batch=2", "--pipeline-schedule=1f1b"]
     kernels = run(binary, tied, "--emit=kernels", *tied_args)
