@@ -36,9 +36,11 @@ import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER = os.path.join(HERE, "CheckpointDriver.cpp")
 sys.path.insert(0, HERE)
 from checked_run import run  # noqa: E402
 from compare_outputs import read_outputs  # noqa: E402
+from generated_build import build_once  # noqa: E402
 from tolerance import coarsened_paths, compare_values, path_dtypes_of, typical_scale  # noqa: E402,E501
 
 
@@ -66,13 +68,15 @@ def build(args, index, config):
               with_stderr=True), end="")
     unity = base + ".ckpt.cpp"
     with open(unity, "w") as f:
-        f.write(f'#include "{stem}.cpp"\n#include "{os.path.join(HERE, "CheckpointDriver.cpp")}"\n')
+        f.write(f'#include "{stem}.cpp"\n#include "{DRIVER}"\n')
     defines = [f'-DMESHC_CKPT_HEADER="{stem}.h"', f"-DMESHC_CKPT_CLASS={args.cls}"]
     defines += ["-DMESHC_CKPT_TRAIN"] if args.train else [f"-DMESHC_CKPT_OUTPUT={args.output}"]
     binary = base + ".ckpt.bin"
-    run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", workdir] + defines
-        + [flag for inc in args.include for flag in ("-I", inc)]
-        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    build_once([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", workdir] + defines
+               + [flag for inc in args.include for flag in ("-I", inc)]
+               + [unity, "-o", binary] + args.lib + ["-lpthread"],
+               binary, args.workdir, [unity, base + ".h", base + ".cpp", DRIVER], args.include,
+               args.lib)
     return binary
 
 

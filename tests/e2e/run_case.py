@@ -26,6 +26,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
+from generated_build import GENERATED, build_once
 from tolerance import coarsened_paths, path_dtypes_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,10 +98,12 @@ def main():
     start = time.time()
     binary = base + ".bin"
     # The example's directory too: the headers of its user kernels (extern def) are relative to it.
-    run([args.cxx, args.opt, *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir, "-I",
-         os.path.dirname(os.path.abspath(args.example))]
-        + [flag for inc in args.include for flag in ("-I", inc)]
-        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    includes = args.include + [os.path.dirname(os.path.abspath(args.example))]
+    reused = build_once([args.cxx, args.opt, *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
+                        + [flag for inc in includes for flag in ("-I", inc)]
+                        + [unity, "-o", binary] + args.lib + ["-lpthread"],
+                        binary, args.workdir, [unity] + [base + ext for ext in GENERATED],
+                        includes, args.lib)
     build_s = time.time() - start
 
     actual, expected = base + ".actual", base + ".expected"
@@ -116,7 +119,8 @@ def main():
     run_s = time.time() - start
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")
-    print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s, run {run_s:.2f} s")
+    print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s{' (reused)' if reused else ''}, "
+          f"run {run_s:.2f} s")
     # A bf16/f16 op rounds its result to that dtype (and each rank's partial sums before an
     # all-reduce, where the interpreter rounds the whole sum once): every output it feeds, f32
     # ones included, carries that rounding, and only those (tolerance.py's path dtype).

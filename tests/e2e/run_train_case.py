@@ -38,7 +38,6 @@ Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --in
 Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag adds a flag to the
 build of the generated code (compile and link), as run_case.py's."""
 import argparse
-import hashlib
 import os
 import re
 import shlex
@@ -47,6 +46,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
+from generated_build import GENERATED, build_once
 from tolerance import coarsened_paths, compare_values, path_dtypes_of
 
 
@@ -169,33 +169,11 @@ def main():
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
                     f'#include "{os.path.basename(base)}.main.cpp"\n')
         binary = base + ".bin"
-        command = ([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
-                   + [flag for inc in args.include for flag in ("-I", inc)]
-                   + [unity, "-o", binary] + args.lib + ["-lpthread"])
-        # A binary built from the same generated code with the same command (another case
-        # sharing the workdir, e.g. the MPI run of a threads case) is reused.
-        stamp = hashlib.sha256()
-        for part in [base + ".h", base + ".cpp", base + ".main.cpp"]:
-            with open(part, "rb") as f:
-                stamp.update(f.read())
-        stamp.update(" ".join(command).encode())
-        # ... and the same runtime: the project's headers and the libraries, by modification time.
-        for inc in args.include:
-            if not inc.startswith("/usr"):
-                for root, _, files in sorted(os.walk(inc)):
-                    for name in sorted(files):
-                        stamp.update(f"{name}:{os.path.getmtime(os.path.join(root, name))}".encode())
-        for lib in args.lib:
-            if os.path.exists(lib):
-                stamp.update(f"{lib}:{os.path.getmtime(lib)}".encode())
-        stamp = stamp.hexdigest()
-        stamp_file = binary + ".sha256"
-        reused = (os.path.exists(binary) and os.path.exists(stamp_file)
-                  and open(stamp_file).read() == stamp)
-        if not reused:
-            run(command)
-            with open(stamp_file, "w") as f:
-                f.write(stamp)
+        reused = build_once([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
+                            + [flag for inc in args.include for flag in ("-I", inc)]
+                            + [unity, "-o", binary] + args.lib + ["-lpthread"],
+                            binary, args.workdir, [unity] + [base + ext for ext in GENERATED],
+                            args.include, args.lib)
         built = time.time() - start
         dump = base + f".steps{args.steps}"
         start = time.time()

@@ -1,0 +1,77 @@
+"""Builds a generated program's translation unit once per content: the e2e scripts' one way to
+compile and link generated code (run_case.py, run_train_case.py, checkpoint_case.py).
+
+Many cases generate the same code: the MPI and traced runs of a threads case, an example whose
+own layout is the one `layout auto` chooses. Compiling it is most of a case's time (CI time:
+tests/CMakeLists.txt), so a binary goes into a cache shared by the cases (`<workdir>/../bincache`,
+keyed by the sha256 of the generated sources, the build command with the case's own directory
+written as `<workdir>`, the project's runtime headers and the libraries, both by modification
+time) and a case with the same key links the cached binary instead of building it again."""
+import hashlib
+import os
+import shutil
+import tempfile
+
+from checked_run import run
+
+# What `meshc --emit=cpp --cpp-runner -o BASE` writes, after BASE.
+GENERATED = (".h", ".cpp", ".main.cpp")
+
+
+def _runtime_files(includes, libs):
+    """What a binary links besides its sources: the project's headers and the libraries (system
+    headers do not change between cases)."""
+    files = [lib for lib in libs if os.path.exists(lib)]
+    for inc in includes:
+        if not inc.startswith("/usr"):
+            for root, _, names in sorted(os.walk(inc)):
+                files += [os.path.join(root, name) for name in sorted(names)]
+    return files
+
+
+def _key(command, workdir, sources, runtime):
+    key = hashlib.sha256()
+    for path in sources:
+        with open(path, "rb") as f:
+            key.update(f.read())
+    key.update(" ".join(command).replace(workdir, "<workdir>").encode())
+    for path in runtime:
+        key.update(f"{path}:{os.path.getmtime(path)}".encode())
+    return key.hexdigest()
+
+
+def build_once(command, binary, workdir, sources, includes, libs):
+    """Runs `command`, the compile and link of `sources` (every file the translation unit reads
+    besides the runtime) into `binary`, unless the cache holds a binary of the same key: then
+    `binary` is that one. Returns True when it was reused."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(workdir)), "bincache")
+    os.makedirs(cache, exist_ok=True)
+    runtime = _runtime_files(includes, libs)
+    _forget_stale(cache, runtime)
+    cached = os.path.join(cache, _key(command, os.path.abspath(workdir), sources, runtime))
+    # The binary may be a link to a cached one: a new build must not write through it.
+    if os.path.exists(binary):
+        os.remove(binary)
+    if os.path.exists(cached):
+        os.link(cached, binary)
+        return True
+    run(command)
+    # Another case may finish the same build at the same time: publish by an atomic rename.
+    fd, staged = tempfile.mkstemp(dir=cache)
+    os.close(fd)
+    shutil.copyfile(binary, staged)
+    os.chmod(staged, 0o755)
+    os.replace(staged, cached)
+    return False
+
+
+def _forget_stale(cache, runtime):
+    """Removes the binaries built before the runtime last changed: their keys cannot come again,
+    and a developer's tree would otherwise keep every build it ever made."""
+    newest = max((os.path.getmtime(path) for path in runtime), default=0)
+    for entry in os.scandir(cache):
+        try:
+            if entry.stat().st_mtime < newest:
+                os.remove(entry.path)
+        except FileNotFoundError:  # another case removed or published it meanwhile
+            pass
