@@ -1,5 +1,6 @@
 """Builds a generated program's translation unit once per content: the e2e scripts' one way to
-compile and link generated code (run_case.py, run_train_case.py, checkpoint_case.py).
+compile and link generated code (run_case.py, run_train_case.py, checkpoint_case.py), with the
+options they share (add_build_options).
 
 Many cases generate the same code: the MPI and traced runs of a threads case, an example whose
 own layout is the one `layout auto` chooses. Compiling it is most of a case's time (CI time:
@@ -38,6 +39,32 @@ def _key(command, workdir, sources, runtime):
     for path in runtime:
         key.update(f"{path}:{os.path.getmtime(path)}".encode())
     return key.hexdigest()
+
+
+def add_build_options(parser):
+    """The options every e2e script builds generated code with."""
+    parser.add_argument("--cxx", default="c++")
+    parser.add_argument("--include", action="append", default=[])
+    parser.add_argument("--lib", action="append", default=[],
+                        help="the libraries in link order: meshrt_launch's (and meshrt_mpi's and "
+                             "MPI's), then meshrt_kernels, meshrt, OpenBLAS")
+    parser.add_argument("--cxx-flag", action="append", default=[],
+                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
+    parser.add_argument("--prelude",
+                        help="a header included first, precompiled for these flags "
+                             "(tests/e2e/generated_prelude.h)")
+
+
+def build_generated(args, unity, binary, workdir, sources, opt="-O1", extra=(),
+                    extra_includes=()):
+    """Compiles and links `unity` (which includes `sources`) into `binary` with the options of
+    add_build_options, once per content (build_once). Returns True when it was reused."""
+    includes = list(args.include) + list(extra_includes)
+    prelude = ["-include", args.prelude] if args.prelude and not args.cxx_flag else []
+    command = ([args.cxx, opt, *args.cxx_flag, "-std=c++20", "-w", "-I", workdir, *extra]
+               + [flag for inc in includes for flag in ("-I", inc)] + prelude
+               + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    return build_once(command, binary, workdir, [unity] + list(sources), includes, args.lib)
 
 
 def build_once(command, binary, workdir, sources, includes, libs):

@@ -46,7 +46,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
-from generated_build import GENERATED, build_once
+from generated_build import GENERATED, add_build_options, build_generated
 from tolerance import coarsened_paths, compare_values, path_dtypes_of
 
 
@@ -118,9 +118,7 @@ def main():
     parser.add_argument("--meshc", required=True)
     parser.add_argument("--example", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--cxx", default="c++")
-    parser.add_argument("--include", action="append", default=[])
-    parser.add_argument("--lib", action="append", default=[])
+    add_build_options(parser)
     parser.add_argument("--mesh", action="append", required=True,
                         help="MESH|LAYOUT[|EXTRA]: the first is the reference; EXTRA are meshc "
                              "options for code generation only, space-separated")
@@ -136,8 +134,6 @@ def main():
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the second mesh")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
-    parser.add_argument("--cxx-flag", action="append", default=[],
-                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if args.expect_failure and not args.inject_fault:
         parser.error("--expect-failure needs --inject-fault")
@@ -169,11 +165,8 @@ def main():
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
                     f'#include "{os.path.basename(base)}.main.cpp"\n')
         binary = base + ".bin"
-        reused = build_once([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
-                            + [flag for inc in args.include for flag in ("-I", inc)]
-                            + [unity, "-o", binary] + args.lib + ["-lpthread"],
-                            binary, args.workdir, [unity] + [base + ext for ext in GENERATED],
-                            args.include, args.lib)
+        reused = build_generated(args, unity, binary, args.workdir,
+                                 [base + ext for ext in GENERATED])
         built = time.time() - start
         dump = base + f".steps{args.steps}"
         start = time.time()
