@@ -227,8 +227,8 @@ std::vector<uint64_t> bufferStages(const KernelFunction& fn, const std::vector<S
   for (const Stmt& stmt : stmts) {
     uint64_t mask = stmt.stageMask ? stmt.stageMask : every;
     if (const Call* call = std::get_if<Call>(&stmt.node);
-        call && (call->callee == Callee::StageTransfer ||
-                 call->callee == Callee::StageTransferStarted))
+        call &&
+        (call->callee == Callee::StageTransfer || call->callee == Callee::StageTransferStarted))
       mask = (uint64_t(1) << int64_t(call->args.at(2).value)) | uint64_t(call->args.at(3).value);
     for (BufferId id : readsOf(stmt))
       stages[size_t(id)] |= mask;
@@ -238,10 +238,10 @@ std::vector<uint64_t> bufferStages(const KernelFunction& fn, const std::vector<S
   for (BufferId id : fn.outputs)
     stages[size_t(id)] = every;
   for (const KernelFunction::Update& update : fn.updates)
-    stages[size_t(update.value)] |= update.param < fn.paramStages.size() &&
-                                            fn.paramStages[update.param]
-                                        ? fn.paramStages[update.param]
-                                        : every;
+    stages[size_t(update.value)] |=
+        update.param < fn.paramStages.size() && fn.paramStages[update.param]
+            ? fn.paramStages[update.param]
+            : every;
   return stages;
 }
 

@@ -448,11 +448,11 @@ std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
 
 /// The arguments of arena_.view / slot / copy for `buffer`: its byte offset (and `count`).
 static std::string arenaSlot(const kir::Buffer& buffer, const std::string& count = "") {
-  std::string offset = buffer.copies <= 1
-                           ? fmt::format("{}", buffer.offset)
-                           // One copy per microbatch (a pipeline schedule's kept activation).
-                           : fmt::format("{} + size_t(microbatch_) * {}", buffer.offset,
-                                         kir::copyStride(buffer));
+  std::string offset =
+      buffer.copies <= 1
+          ? fmt::format("{}", buffer.offset)
+          // One copy per microbatch (a pipeline schedule's kept activation).
+          : fmt::format("{} + size_t(microbatch_) * {}", buffer.offset, kir::copyStride(buffer));
   if (buffer.stages == 0) return count.empty() ? offset : offset + ", " + count;
   // Held on some pipeline stages only, in their arenas: elsewhere an empty view.
   std::string held = fmt::format("((uint64_t({:#x}) >> stage_) & 1)", buffer.stages);
@@ -482,8 +482,8 @@ std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
     return fmt::format("const support::Buffer& {} = {};\n", buffer.name,
                        paramMembers.at(size_t(buffer.index)));
   case kir::Storage::Arena:
-    return fmt::format("support::View {} = arena_.{}({});\n", buffer.name,
-                       zero ? "slot" : "view", arenaSlot(buffer, std::to_string(buffer.elements)));
+    return fmt::format("support::View {} = arena_.{}({});\n", buffer.name, zero ? "slot" : "view",
+                       arenaSlot(buffer, std::to_string(buffer.elements)));
   case kir::Storage::Persistent:
     return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
                        zero ? "slot" : "view", buffer.offset, buffer.elements);

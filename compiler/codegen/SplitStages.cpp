@@ -278,10 +278,11 @@ private:
     Stmt original = body[k];
     const Loop& sums = std::get<Loop>(original.node);
     std::string what = original.sources.empty() ? "a sum" : original.sources.back();
-    BufferId total = whole ? sums.stores.front().at.buffer
-                           : fn.addBuffer(Buffer{.name = fmt::format("stages_v{}", fn.buffers.size()),
-                                                 .what = "the stages' sums for " + what,
-                                                 .elements = 1});
+    BufferId total = whole
+                         ? sums.stores.front().at.buffer
+                         : fn.addBuffer(Buffer{.name = fmt::format("stages_v{}", fn.buffers.size()),
+                                               .what = "the stages' sums for " + what,
+                                               .elements = 1});
     Shape scalarStrides(sums.extents.size(), 0);
     auto statement = [&](Loop node, uint64_t mask) {
       Stmt stmt = original;
@@ -300,10 +301,10 @@ private:
         part.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = int(part.reads.size())});
         part.reads.push_back(sums.reads[size_t(read)]);
         if (part.body.size() > 1)
-          part.body.push_back(Scalar{.kind = Scalar::Kind::Compute,
-                                     .op = ir::OpKind::Add,
-                                     .args = {int(part.body.size()) - 2,
-                                              int(part.body.size()) - 1}});
+          part.body.push_back(
+              Scalar{.kind = Scalar::Kind::Compute,
+                     .op = ir::OpKind::Add,
+                     .args = {int(part.body.size()) - 2, int(part.body.size()) - 1}});
       }
       if (part.body.empty()) continue;
       part.stores = {Store{.at = Access{total, scalarStrides}, .value = int(part.body.size()) - 1}};
@@ -311,11 +312,12 @@ private:
       idle &= ~(uint64_t(1) << s);
     }
     if (idle)
-      out.push_back(statement(Loop{.dims = sums.dims,
-                                   .extents = sums.extents,
-                                   .stores = {Store{.at = Access{total, scalarStrides}, .value = 0}},
-                                   .body = {Scalar{.kind = Scalar::Kind::Const, .value = 0}}},
-                              idle));
+      out.push_back(
+          statement(Loop{.dims = sums.dims,
+                         .extents = sums.extents,
+                         .stores = {Store{.at = Access{total, scalarStrides}, .value = 0}},
+                         .body = {Scalar{.kind = Scalar::Kind::Const, .value = 0}}},
+                    idle));
     // The all-reduce over the stages: the one that follows, over another axis, extended.
     size_t before = 1;
     Collective* next = k + 1 < body.size() ? std::get_if<Collective>(&body[k + 1].node) : nullptr;
@@ -323,8 +325,8 @@ private:
         next->phase == Collective::Phase::Blocking && next->buffers == std::vector{total} &&
         !llvm::is_contained(next->axes, fn.stages.axis)) {
       Stmt merged = body[k + 1];
-      std::get<Collective>(merged.node).axes.insert(
-          std::get<Collective>(merged.node).axes.begin(), fn.stages.axis);
+      std::get<Collective>(merged.node)
+          .axes.insert(std::get<Collective>(merged.node).axes.begin(), fn.stages.axis);
       merged.stageMask = every;
       out.push_back(std::move(merged));
       before = 2;
@@ -339,7 +341,8 @@ private:
     holders.resize(fn.buffers.size(), every); // `total` may be new
     holders[size_t(total)] = every;
     if (!whole) { // the rest, on every stage, reading the total first
-      Loop rest{.dims = sums.dims, .extents = sums.extents, .reads = {Access{total, scalarStrides}}};
+      Loop rest{
+          .dims = sums.dims, .extents = sums.extents, .reads = {Access{total, scalarStrides}}};
       rest.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = 0});
       auto renumber = [&](int i) { return i == sum ? 0 : i - sum; };
       for (size_t i = end; i < scalars.size(); ++i) {

@@ -277,8 +277,7 @@ private:
     staged.options.functions = {fn.name};
     staged.options.memoryBudget = fmt::format("{}", budget_);
     staged.options.zero = zero > 0 ? std::to_string(zero) : "";
-    if (!report.microbatchDim.empty())
-      staged.options.microbatches = report.microbatchDim + "=auto";
+    if (!report.microbatchDim.empty()) staged.options.microbatches = report.microbatchDim + "=auto";
     std::optional<PipelineChoice> choice;
     std::string what = fmt::format("{} stages over '{}'{}", split.stages, split.stageAxis,
                                    zero > 0 ? fmt::format(" with ZeRO stage {}", zero) : "");

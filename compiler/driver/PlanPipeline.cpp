@@ -253,9 +253,9 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
   os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
                     "outside the repeat: embedding, head, loss) on the last\n",
                     stage.dim, module.dims.at(stage.dim),
-                    stage.split.empty()
-                        ? ""
-                        : fmt::format(" as the layout pins them ({})", fmt::join(stage.split, ", ")));
+                    stage.split.empty() ? ""
+                                        : fmt::format(" as the layout pins them ({})",
+                                                      fmt::join(stage.split, ", ")));
   std::string microText =
       micro.dim.empty() ? "1 microbatch (--microbatches DIM=K splits the batch)"
                         : fmt::format("{} microbatch{} of {} = {}{}", c.microbatches,

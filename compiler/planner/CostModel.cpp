@@ -69,9 +69,9 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes) {
 }
 
 double oversubscription(const Machine& machine, const Mesh& mesh) {
-  return std::max(1.0, static_cast<double>(mesh.numDevices() *
-                                            std::max<int64_t>(machine.meshCopies, 1)) /
-                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+  return std::max(
+      1.0, static_cast<double>(mesh.numDevices() * std::max<int64_t>(machine.meshCopies, 1)) /
+               static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
 }
 
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {

@@ -92,9 +92,8 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
                                    const PipelineShape& shape) {
   PipelinePrediction prediction;
   int64_t p = std::max<int64_t>(shape.stages, 1), m = std::max<int64_t>(shape.microbatches, 1);
-  std::vector<int64_t> counts = shape.pinnedSplit.empty()
-                                    ? balanceLayers(layer, rest, shape.layers, p)
-                                    : shape.pinnedSplit;
+  std::vector<int64_t> counts =
+      shape.pinnedSplit.empty() ? balanceLayers(layer, rest, shape.layers, p) : shape.pinnedSplit;
   if (p > 1)
     prediction.p2pSeconds =
         shape.link.alphaSeconds + (shape.link.bandwidthBytesPerS > 0

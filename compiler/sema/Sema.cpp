@@ -1223,8 +1223,8 @@ void ModuleLowerer::checkLayout() {
         stageCounts_.push_back({entry.dim.name, entry.splitLoc, true, size, product, ""});
       } else if (size % product != 0 && info.axes.size() == 1) {
         // Uneven stages when only a repeat counts over it (checkStageCounts), else an error.
-        stageCounts_.push_back({entry.dim.name, entry.dim.loc, false, size, product,
-                                info.axes.front()});
+        stageCounts_.push_back(
+            {entry.dim.name, entry.dim.loc, false, size, product, info.axes.front()});
       } else if (size % product != 0) {
         std::string axes = joinNames(info.axes, " x ");
         if (info.axes.size() > 1) axes += fmt::format(" = {}", product);

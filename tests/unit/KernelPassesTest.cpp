@@ -770,8 +770,8 @@ TEST_CASE("split-stages: a sum of scalars held on different stages becomes each 
   int overStages = 0;
   for (const Stmt& stmt : t.b.fn.body)
     if (const auto* c = std::get_if<Collective>(&stmt.node))
-      overStages += c->axes == std::vector<std::string>{"stage"} &&
-                    c->buffers == std::vector<BufferId>{sum};
+      overStages +=
+          c->axes == std::vector<std::string>{"stage"} && c->buffers == std::vector<BufferId>{sum};
   CHECK(overStages == 1);
   CHECK(t.writerOf(norm).stageMask == 1);
   for (const Call* call : t.calls(Callee::StageTransfer))
