@@ -88,12 +88,14 @@ def main():
     expect(runs["1f1b", 8]["bubble_fraction"] < runs["1f1b", 1]["bubble_fraction"],
            "more microbatches, a smaller bubble")
 
-    # The parts are the plans': one layer's forward = plan(2 layers) - plan(1 layer).
-    def forward_seconds(layers):
+    # The parts are the plans': one layer's forward = plan(2 layers) - plan(1 layer), on a machine
+    # with a device per rank (on `cpu`'s 2 cores the 16 ranks of all stages share them 4 times as
+    # much as the 4 ranks of one stage's mesh would alone, and a stage's plan counts them all).
+    def forward_seconds(layers, machine="h100-cluster", mesh="data=2,model=2",
+                        layout="batch:data, heads:model, d_ff:model, vocab:model"):
         """The `by phase` forward time of the plan report."""
         proc = subprocess.run([binary, example, "--emit=plan", "--function", "lm_train",
-                               "--mesh", "data=2,model=2", "--layout",
-                               "batch:data, heads:model, d_ff:model, vocab:model", "--dim",
+                               "--machine", machine, "--mesh", mesh, "--layout", layout, "--dim",
                                f"layers={layers}", "--dim", "batch=4"],
                               capture_output=True, text=True, timeout=300)
         units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -104,7 +106,17 @@ def main():
                 return float(words[at + 1]) * units[words[at + 2]]
         sys.exit(f"FAIL: no 'by phase' line\n{proc.stdout}")
     layer = forward_seconds(2) - forward_seconds(1)
-    stage1 = runs["1f1b", 4]["stages"][1]
+    stage1 = pipeline(binary, example, *base, "--microbatches", "batch=4", "--pipeline-schedule",
+                      "1f1b", "--machine", "h100-cluster")["stages"][1]
+    # On `cpu` (2 cores), 4 stages of one rank each run 2 ranks per core: a stage's forward is
+    # twice its layers' on one rank alone (no collectives: the oversubscription factor exactly).
+    alone = forward_seconds(2, "cpu", "data=1", "layers: []") - forward_seconds(1, "cpu", "data=1",
+                                                                             "layers: []")
+    shared = pipeline(binary, example, "--mesh", "stage=4", "--layout", "layers: stage", "--dim",
+                      "layers=8", "--dim", "batch=16", "--microbatches", "batch=4")["stages"][1]
+    expect(close(shared["forward_seconds"], 2 * shared["layers"] * alone, 3e-3),
+           "4 one-rank stages on 2 cores: a stage's forward = 2 x its layers x one layer alone",
+           f"{shared['forward_seconds']} vs 2 x {shared['layers']} x {alone}")
     # The report prints 4 significant figures: their difference is known to about 2e-3.
     expect(close(stage1["forward_seconds"], stage1["layers"] * layer, 3e-3),
            "a middle stage's forward = its layers x (plan at 2 layers - plan at 1 layer)",
