@@ -85,7 +85,8 @@ TEST_CASE("along: f32 layer_norm rows within 4 u of |e| + 1, also far from zero"
         variance /= double(size);
         for (int64_t i = 0; i < size; ++i) {
           double exact = (x[i] - mean) / std::sqrt(variance + 1e-5);
-          double error = std::fabs(y[size_t(row * size + i)] - exact) / ((std::fabs(exact) + 1) * kU);
+          double error =
+              std::fabs(y[size_t(row * size + i)] - exact) / ((std::fabs(exact) + 1) * kU);
           worst = std::max(worst, error);
         }
       }
@@ -94,8 +95,7 @@ TEST_CASE("along: f32 layer_norm rows within 4 u of |e| + 1, also far from zero"
     }
 }
 
-TEST_CASE("gather: an embedding lookup's row copies, zeros for ids outside the block",
-          "[gather]") {
+TEST_CASE("gather: an embedding lookup's row copies, zeros for ids outside the block", "[gather]") {
   // A [2, 3] id tensor, rows of 5 from a block of 4 table rows starting at global row 2.
   const int64_t rowsInBlock = 4, width = 5, start = 2;
   std::vector<float> table(size_t(rowsInBlock * width));

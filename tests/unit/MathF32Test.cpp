@@ -156,8 +156,7 @@ TEST_CASE("f32 tanh, sigmoid and gelu: within 2, 3 and 4 ulp (gelu: for x >= -1)
   // gelu's negative tail is x e^{2u} / (1 + e^{2u}) with 2u ~ -0.14 x^3 rounded in f32: its
   // relative error is 2u's absolute one, about 2 |2u| ulps (measured 4 + 2.08 |2u|), so the
   // bound is 4 ulp for x >= -1 and 4 + 2.5 |2u| ulp below, down to underflow.
-  Worst gelu = worstError(
-      xs, f32::gelu, geluExact, [](float x) { return x >= -1.0f; });
+  Worst gelu = worstError(xs, f32::gelu, geluExact, [](float x) { return x >= -1.0f; });
   INFO("gelu, x >= -1: " << gelu.ulps << " ulp at " << gelu.at);
   CHECK(gelu.ulps <= 4.0);
   std::vector<float> tail;

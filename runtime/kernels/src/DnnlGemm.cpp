@@ -158,13 +158,12 @@ DnnlGemm::Bound& DnnlGemm::boundFor(int threads, bool accumulate) const {
   if (slot) return *slot;
   std::shared_ptr<const Variant> v = variant(threads, accumulate);
   const dnnl::engine& engine = cpuEngine();
-  slot = std::make_unique<Bound>(Bound{v->primitive, threadStream(),
-                                       dnnl::memory(aDesc_, engine, DNNL_MEMORY_NONE),
-                                       dnnl::memory(bDesc_, engine, DNNL_MEMORY_NONE),
-                                       dnnl::memory(cDesc_, engine, DNNL_MEMORY_NONE),
-                                       dnnl::memory({{1}, Type::f32, Tag::x}, engine),
-                                       dnnl::memory(v->scratchpad, engine, DNNL_MEMORY_NONE),
-                                       v->scratchpad.get_size()});
+  slot = std::make_unique<Bound>(
+      Bound{v->primitive, threadStream(), dnnl::memory(aDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory(bDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory(cDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory({{1}, Type::f32, Tag::x}, engine),
+            dnnl::memory(v->scratchpad, engine, DNNL_MEMORY_NONE), v->scratchpad.get_size()});
   return *slot;
 }
 

@@ -1091,10 +1091,11 @@ inline void softmaxRow(float* y, const float* x, int64_t size) {
 inline void layerNormRow(float* y, const float* x, int64_t size, double count, double eps) {
   double mean = detail::sumRun(x, size) / count;
   float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
-  double variance = detail::sumLanes(x, size, [meanHigh, meanLow](float v) {
-                      float centered = (v - meanHigh) - meanLow;
-                      return centered * centered;
-                    }) /
+  double variance = detail::sumLanes(x, size,
+                                     [meanHigh, meanLow](float v) {
+                                       float centered = (v - meanHigh) - meanLow;
+                                       return centered * centered;
+                                     }) /
                     count;
   float scale = float(1 / std::sqrt(variance + eps));
   for (int64_t i = 0; i < size; ++i)
@@ -1379,7 +1380,8 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
       std::all_of(tableStrides.begin(), tableStrides.end() - 1,
                   [](int64_t stride) { return stride == 0; })) {
     int64_t run = outSizes[last];
-    Shape points(outSizes.begin(), outSizes.end() - 1), idPoint(idStrides.begin(), idStrides.end() - 1);
+    Shape points(outSizes.begin(), outSizes.end() - 1),
+        idPoint(idStrides.begin(), idStrides.end() - 1);
     Shape outPoint = rowMajorStrides(points);
     for (int64_t& stride : outPoint)
       stride *= run;

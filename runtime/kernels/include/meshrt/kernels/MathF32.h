@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <cstring>
 
-
 namespace meshrt::kernels::f32 {
 namespace detail {
 
