@@ -12,6 +12,7 @@ meshc's ranks are threads with one oneDNN thread each. Also counts the collectiv
 issues in the train step: meshc's from `meshc --emit=plan`, JAX's from the optimized HLO.
 
 usage: bench/lm_sharded.py [--build-dir build] [--rounds 5] [--steps 10] [--old-build-dir OLD]
+                           [--functions lm,lm_train]
        (--old-build-dir: another meshc build, e.g. main's, timed in the same rounds)
        (bench/compare.py runs this with the train-step comparisons)"""
 import argparse
@@ -171,7 +172,7 @@ def jax_contender(function, log_dir, pin=()):
                               log_dir)
 
 
-def contenders(build_dir, log_dir, old_build_dir=None):
+def contenders(build_dir, log_dir, old_build_dir=None, functions=("lm", "lm_train")):
     """meshc's lm and lm_train on 4 thread ranks and JAX's on 4 host devices, pinned to CORES;
     with `old_build_dir`, also another meshc's (its compiler, headers and libraries), built into
     this build's work directory, as "old meshc ..."."""
@@ -183,7 +184,8 @@ def contenders(build_dir, log_dir, old_build_dir=None):
     builds = [("meshc", build_dir, "")] + ([("old meshc", old_build_dir, "old-")]
                                            if old_build_dir else [])
     result = []
-    for function, class_name in (("lm", "Lm"), ("lm_train", "LmTrain")):
+    for function in functions:
+        class_name = {"lm": "Lm", "lm_train": "LmTrain"}[function]
         for name, build, prefix in builds:
             binary = benchlib.build_server(build, os.path.join(work, prefix + function),
                                            common + ["--function", function], class_name)
@@ -197,6 +199,8 @@ def rows(results):
     result = []
     for label, function in ((f"lm forward, 4 ranks [{MESH}]", "lm"),
                             (f"lm_train step, 4 ranks [{MESH}]", "lm_train")):
+        if f"meshc {function}" not in results:
+            continue
         result += benchlib.ratio_rows(label, results, f"meshc {function}", [f"jax {function}"])
         if f"old meshc {function}" in results:
             result += benchlib.ratio_rows(f"{label}, old meshc", results,
@@ -223,6 +227,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--old-build-dir",
                         help="also time another meshc build (e.g. main's) in the same rounds")
+    parser.add_argument("--functions", default="lm,lm_train",
+                        help="which to time: lm, lm_train or both (comma-separated)")
     parser.add_argument("--collectives", action="store_true",
                         help="only count the collectives per lm_train step (no timing)")
     args = parser.parse_args()
@@ -235,10 +241,11 @@ def main():
     print(f"transformer.mesh lm and lm_train on [{MESH}], sizes {SIZES}, {CORES} cores; "
           f"{args.rounds} rounds of {args.steps} steps")
     runners = contenders(args.build_dir, os.path.join(args.build_dir, "bench-lm-sharded"),
-                         args.old_build_dir)
+                         args.old_build_dir, args.functions.split(","))
     results = benchlib.alternate(runners, args.rounds, args.steps)
     benchlib.print_table(rows(results))
-    print(collective_line(args.build_dir, runners[-1]))
+    if "lm_train" in args.functions.split(","):
+        print(collective_line(args.build_dir, runners[-1]))
     return 0
 
 
