@@ -887,14 +887,6 @@ inline double sumRun(const float* x, int64_t count) {
   return sumRun(x, count, [](float v) { return double(v); });
 }
 
-/// The sum of (x - mean)^2 over a run.
-inline double sumSquaredDeviations(const float* x, int64_t count, double mean) {
-  return sumRun(x, count, [mean](float v) {
-    double centered = double(v) - mean;
-    return centered * centered;
-  });
-}
-
 /// The sum of e^(x - max) over a run: f32 exponentials summed in double.
 inline double sumExpRun(const float* x, int64_t count, float max) {
   return sumRun(x, count, [max](float v) { return double(meshrt::kernels::f32::exp(v - max)); });
