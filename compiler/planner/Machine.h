@@ -50,10 +50,6 @@ struct Machine {
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
   double layerNormElementSeconds = 0; // layer_norm: per operand element
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
-  // An einsum that the runtime cannot run as one GEMM (three or more operands, or an output dim
-  // in neither operand): its generic strided loop's time per point of the einsum's space (0:
-  // priced as a GEMM).
-  double einsumPointSeconds = 0;
   Link intra; // inside a node
   Link inter; // between nodes (unused when devicesPerNode >= numDevices)
 };
