@@ -97,10 +97,10 @@ std::vector<Stmt> rewrite(KernelFunction& fn, const Stmt& stmt, const Gemm& gemm
     loop.reads.push_back(Access{gemm.out, outStrides});
     loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = 1, .dtype = DType::F32});
     loop.body.push_back(Scalar{.kind = Scalar::Kind::Const, .value = gemm.beta});
-    loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul,
-                               .args = {1, 2}, .dtype = DType::F32});
-    loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add,
-                               .args = {0, 3}, .dtype = DType::F32});
+    loop.body.push_back(Scalar{
+        .kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {1, 2}, .dtype = DType::F32});
+    loop.body.push_back(Scalar{
+        .kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 3}, .dtype = DType::F32});
     value = 4;
   }
   loop.stores.push_back(Store{Access{gemm.out, outStrides}, value});

@@ -54,9 +54,8 @@ private:
     } else {
       auto needed = [&](int64_t d) {
         if (contains(output_, d)) return true;
-        return std::any_of(live.begin(), live.end(), [&](size_t t) {
-          return t != a && t != b && contains(terms_[t], d);
-        });
+        return std::any_of(live.begin(), live.end(),
+                           [&](size_t t) { return t != a && t != b && contains(terms_[t], d); });
       };
       for (int64_t d : left)
         if (contains(right, d) && needed(d)) step.dims.push_back(d);

@@ -50,8 +50,8 @@ struct Machine {
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
   double layerNormElementSeconds = 0; // layer_norm: per operand element
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
-  Link intra; // inside a node
-  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
+  Link intra;                         // inside a node
+  Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
 };
 
 /// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",

@@ -23,9 +23,9 @@
 #include <algorithm>
 #include <cmath>
 #include <compare>
-#include <optional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -839,7 +839,7 @@ private:
 
     ir::DType dtype = resultType.dtype;
     double localElements = 1, globalElements = 1;
-    double gemmSmallest = 0; // a two-operand einsum's smallest of m, n and k
+    double gemmSmallest = 0;                // a two-operand einsum's smallest of m, n and k
     std::optional<Contraction> contraction; // an einsum that codegen contracts pairwise
     switch (op.kind) {
     case OpKind::Input:
@@ -871,9 +871,9 @@ private:
         // output dim no operand has takes its size from the result.
         std::map<std::string, std::pair<int64_t, int64_t>> resultSizes;
         for (size_t i = 0; i < resultType.dims.size(); ++i)
-          resultSizes[resultType.dims[i].name] = {
-              resultType.dims[i].size,
-              resultType.dims[i].size / splitFactor(mesh_, out.result.dimAxes[i])};
+          resultSizes[resultType.dims[i].name] = {resultType.dims[i].size,
+                                                  resultType.dims[i].size /
+                                                      splitFactor(mesh_, out.result.dimAxes[i])};
         auto sizeOf = [&](bool local) {
           return [&sizes, &resultSizes, local](const std::string& name) -> int64_t {
             if (auto it = sizes.find(name); it != sizes.end())
@@ -941,14 +941,14 @@ private:
     if (!loops || loopRole_.stored)
       out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
     out.computeSeconds =
-        (contraction ? contractionSeconds(machine_, *contraction,
-                                          static_cast<double>(localBytes(resultType, out.result,
-                                                                         mesh_) /
-                                                              dtypeBytes(resultType.dtype)),
-                                          dtype)
-         : gemm      ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
-         : loops     ? kernelSeconds(op, out)
-                     : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
+        (contraction
+             ? contractionSeconds(machine_, *contraction,
+                                  static_cast<double>(localBytes(resultType, out.result, mesh_) /
+                                                      dtypeBytes(resultType.dtype)),
+                                  dtype)
+         : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
+         : loops ? kernelSeconds(op, out)
+                 : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
         oversubscription_;
     double peak = peakFor(machine_, dtype);
     out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;

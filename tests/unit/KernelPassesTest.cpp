@@ -745,8 +745,8 @@ TEST_CASE("contract-pairwise: a three-operand einsum as two GEMMs, fewest FLOPs 
   // weights.values first: 2 b h s k e + 2 b h s e d = 16384 + 32768 FLOPs; values.o first:
   // 32768 + 32768; weights.o first: 2 b h s k e d, more than both.
   const int64_t b = 2, h = 4, s = 8, k = 16, e = 8, d = 32;
-  plan::Contraction order = plan::planContraction({{0, 1, 2, 3}, {0, 3, 1, 4}, {1, 4, 5}},
-                                                  {0, 2, 5}, {b, h, s, k, e, d});
+  plan::Contraction order =
+      plan::planContraction({{0, 1, 2, 3}, {0, 3, 1, 4}, {1, 4, 5}}, {0, 2, 5}, {b, h, s, k, e, d});
   REQUIRE(order.steps.size() == 2);
   CHECK(order.steps[0].left == 0);
   CHECK(order.steps[0].right == 1);

@@ -472,9 +472,8 @@ program attend(w: f32[batch, h, s, k], v: f32[batch, k, h, e]) -> (y: f32[batch,
     return gemmSeconds(m, flops, 4 * elements, ir::DType::F32, smallest);
   };
   const double wv = gemm(4096, 512 + 256 + 256, 4), ot = gemm(8192, 128 + 256 + 512, 8);
-  CHECK(std::count_if(einsums.begin(), einsums.end(), [&](double seconds) {
-          return seconds == Approx(wv + ot);
-        }) == 1);
+  CHECK(std::count_if(einsums.begin(), einsums.end(),
+                      [&](double seconds) { return seconds == Approx(wv + ot); }) == 1);
   for (double seconds : einsums)
     CHECK(seconds >= 5e-6);
   // The search's lower bound counts the fewest FLOPs of any order, and stays a bound.

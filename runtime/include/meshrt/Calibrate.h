@@ -223,7 +223,7 @@ struct LoopRates {
   double callSeconds = 0;                  // a kernel call or loop nest over a few elements
   double softmaxElementSeconds = 0;        // softmax and log_softmax along the last dim
   double layerNormElementSeconds = 0;
-  double reduceElementSeconds = 0;        // sum along the last dim
+  double reduceElementSeconds = 0; // sum along the last dim
 };
 
 /// Best time of `body()` over `repetitions` runs (one more first, as a warm-up).
