@@ -11,7 +11,7 @@
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "call_seconds": ..., "softmax_element_seconds": ...,
 //              "layer_norm_element_seconds":
-//              ..., "reduce_element_seconds": ..., "einsum_point_seconds": ...},
+//              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...}}
 // (the last on the threads backend only).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
