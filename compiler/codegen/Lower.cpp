@@ -1,6 +1,7 @@
 // The code generation pipeline (Lower.h): the one place that lists the kernel passes in order.
 #include "codegen/Lower.h"
 
+#include "codegen/ContractPairwise.h"
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
@@ -22,6 +23,10 @@ namespace meshc::kir {
 
 const std::vector<KernelPass>& kernelPasses() {
   static const std::vector<KernelPass> passes = {
+      {"contract-pairwise",
+       "einsums of three or more operands (or a broadcast output dim) become pairwise GEMMs in "
+       "the order of fewest FLOPs, then a broadcast copy",
+       contractPairwise},
       {"fold-constants",
        "literals into the loops that read them, constant arithmetic evaluated, scales into GEMM "
        "alpha",

@@ -307,7 +307,7 @@ int calibrateCommand(const char* argv0) {
   // Loops and kernels: the probe's rates as the machine's fields (CostModel.h, loopShareSeconds
   // and rowKernelSeconds); a transcendental element in simple FLOPs at the vector rate.
   double vectorFlops = 0, transcendentalFlops = 0, randomFlops = 0, loopLatency = 0,
-         softmaxElement = 0, layerNormElement = 0, reduceElement = 0, einsumPoint = 0;
+         softmaxElement = 0, layerNormElement = 0, reduceElement = 0;
   if (const llvm::json::Object* loops = report->getObject("loops")) {
     vectorFlops = loops->getNumber("vector_flops").getValueOr(0);
     transcendentalFlops =
@@ -317,7 +317,6 @@ int calibrateCommand(const char* argv0) {
     softmaxElement = loops->getNumber("softmax_element_seconds").getValueOr(0);
     layerNormElement = loops->getNumber("layer_norm_element_seconds").getValueOr(0);
     reduceElement = loops->getNumber("reduce_element_seconds").getValueOr(0);
-    einsumPoint = loops->getNumber("einsum_point_seconds").getValueOr(0);
   }
 
   char date[32];
@@ -355,7 +354,6 @@ int calibrateCommand(const char* argv0) {
       {"softmax_element_seconds", softmaxElement},
       {"layer_norm_element_seconds", layerNormElement},
       {"reduce_element_seconds", reduceElement},
-      {"einsum_point_seconds", einsumPoint},
       {"intra", llvm::json::Object{{"name", std::string(calibrateBackend)},
                                    {"alpha_seconds", link.alphaSeconds},
                                    {"bandwidth", link.bandwidth}}},
@@ -390,9 +388,7 @@ int calibrateCommand(const char* argv0) {
                  "fused "
                  "dropout's time per element at that rate, loop_latency_seconds a kernel "
                  "call on [4, 4], and per element of [128, 128] along the last dim softmax and "
-                 "log_softmax (their mean), layer_norm and sum, and einsum_point_seconds a "
-                 "point of meshrt's generic einsum loop (x[i,j] y[j,k] z[k,l] -> [i,l], 32 "
-                 "each); no bf16 hardware assumed",
+                 "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
                  command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
   };
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";

@@ -1,5 +1,7 @@
 #include "planner/CostModel.h"
 
+#include "planner/Reshard.h"
+
 #include <algorithm>
 
 namespace meshc::plan {
@@ -28,11 +30,20 @@ double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType
   return computeSeconds(machine, flops * slowdown, bytes, dtype) + machine.gemmLatencySeconds;
 }
 
-double genericEinsumSeconds(const Machine& machine, double points, double flops, double bytes,
-                            ir::DType dtype) {
-  return std::max(points * machine.einsumPointSeconds,
-                  computeSeconds(machine, flops, bytes, dtype)) +
-         machine.loopLatencySeconds;
+double contractionSeconds(const Machine& machine, const Contraction& contraction,
+                          double outElements, ir::DType dtype) {
+  double bytesPer = static_cast<double>(dtypeBytes(dtype)), seconds = 0;
+  for (const ContractionStep& step : contraction.steps) {
+    double elements = static_cast<double>(step.leftElements + step.rightElements + step.elements);
+    seconds += gemmSeconds(machine, step.flops, elements * bytesPer, dtype, step.smallest);
+  }
+  if (!contraction.broadcast.empty()) {
+    double product = static_cast<double>(contraction.steps.back().elements);
+    seconds += modelsLoops(machine)
+                   ? loopShareSeconds(machine, 0, 0, (product + outElements) * bytesPer, true)
+                   : computeSeconds(machine, 0, (product + outElements) * bytesPer, dtype);
+  }
+  return seconds;
 }
 
 bool modelsLoops(const Machine& machine) {

@@ -4,6 +4,7 @@
 // thread ranks) are 0 in a description without them, which then costs as before.
 #pragma once
 
+#include "planner/Contraction.h"
 #include "planner/Machine.h"
 #include "planner/SpmdIR.h"
 
@@ -24,12 +25,12 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 double gemmSeconds(const Machine& machine, double flops, double bytes, ir::DType dtype,
                    double smallestDim = 0);
 
-/// An einsum the runtime runs as its generic strided loop (meshrt's EinsumPlan: three or more
-/// operands, or an output dim in neither operand), over `points` local points of its space (the
-/// product of every dim's local size): max(points x einsum_point_seconds, the roofline) plus a
-/// kernel call's fixed cost. Only on machines with einsum_point_seconds (else a GEMM).
-double genericEinsumSeconds(const Machine& machine, double points, double flops, double bytes,
-                            ir::DType dtype);
+/// An einsum that code generation contracts pairwise (Contraction.h: three or more operands, or
+/// an output dim no operand has): each step a GEMM (gemmSeconds, its terms' and result's bytes),
+/// then, with broadcast dims, the copy of the product over the output's `outElements` (a loop
+/// nest reading the product and writing the output).
+double contractionSeconds(const Machine& machine, const Contraction& contraction,
+                          double outElements, ir::DType dtype);
 
 /// Whether `machine` describes its loops and kernels (vector_flops given): ops are then priced
 /// as the generated code runs them (loopShareSeconds, rowKernelSeconds), else by the roofline.

@@ -17,17 +17,6 @@ bool isLoopOp(const ir::Function& fn, const ir::Op& op) {
   return ir::opTraits(op.kind).isElementwise();
 }
 
-bool isGenericEinsum(const ir::Function& fn, const ir::Op& op) {
-  if (op.kind != OpKind::Einsum || op.operands.size() < 2) return false;
-  if (op.operands.size() > 2) return true;
-  const ir::TensorType& a = fn.typeOf(op.operands[0]);
-  const ir::TensorType& b = fn.typeOf(op.operands[1]);
-  return std::any_of(fn.typeOf(op.result).dims.begin(), fn.typeOf(op.result).dims.end(),
-                     [&](const ir::Dim& dim) {
-                       return dim.size != 1 && !a.hasDim(dim.name) && !b.hasDim(dim.name);
-                     });
-}
-
 bool isTranscendental(OpKind kind) {
   switch (kind) {
   case OpKind::Exp:

@@ -29,10 +29,6 @@ struct LoopRole {
 /// elsewhere it is the identity).
 bool isLoopOp(const ir::Function& fn, const ir::Op& op);
 
-/// Whether meshrt runs einsum `op` as its generic strided loop rather than a GEMM (EinsumPlan's
-/// classification): three or more operands, or a result dim that neither of two operands has.
-bool isGenericEinsum(const ir::Function& fn, const ir::Op& op);
-
 /// exp, log, tanh, sigmoid, gelu, sin, cos, pow: a libm-like call per element, not a few vector
 /// instructions.
 bool isTranscendental(ir::OpKind kind);

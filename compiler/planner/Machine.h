@@ -54,12 +54,8 @@ struct Machine {
   double softmaxElementSeconds = 0;   // softmax, log_softmax, logsumexp: per operand element
   double layerNormElementSeconds = 0; // layer_norm: per operand element
   double reduceElementSeconds = 0;    // sum, mean, max, min: per operand element
-  // An einsum that the runtime cannot run as one GEMM (three or more operands, or an output dim
-  // in neither operand): its generic strided loop's time per point of the einsum's space (0:
-  // priced as a GEMM).
-  double einsumPointSeconds = 0;
-  Link intra; // inside a node
-  Link inter; // between nodes (unused when devicesPerNode >= numDevices)
+  Link intra;                         // inside a node
+  Link inter;                         // between nodes (unused when devicesPerNode >= numDevices)
 };
 
 /// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster",

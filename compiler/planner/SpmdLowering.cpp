@@ -25,6 +25,7 @@
 #include <compare>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -838,7 +839,8 @@ private:
 
     ir::DType dtype = resultType.dtype;
     double localElements = 1, globalElements = 1;
-    double gemmSmallest = 0; // a two-operand einsum's smallest of m, n and k
+    double gemmSmallest = 0;                // a two-operand einsum's smallest of m, n and k
+    std::optional<Contraction> contraction; // an einsum that codegen contracts pairwise
     switch (op.kind) {
     case OpKind::Input:
     case OpKind::Param:
@@ -861,10 +863,31 @@ private:
         globalElements *= static_cast<double>(size.first);
         localElements *= static_cast<double>(size.second);
       }
-      double perPoint = op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0;
-      out.globalFlops = perPoint * globalElements;
-      out.flops = perPoint * localElements;
+      out.globalFlops = op.operands.size() > 1 ? 2.0 * globalElements : globalElements;
+      out.flops = op.operands.size() > 1 ? 2.0 * localElements : localElements;
       if (op.operands.size() == 2) gemmSmallest = smallestGemmDim(op, sizes);
+      if (op.operands.size() >= 2) {
+        // What codegen's contract-pairwise pass runs: a chain of GEMMs (Contraction.h). An
+        // output dim no operand has takes its size from the result.
+        std::map<std::string, std::pair<int64_t, int64_t>> resultSizes;
+        for (size_t i = 0; i < resultType.dims.size(); ++i)
+          resultSizes[resultType.dims[i].name] = {resultType.dims[i].size,
+                                                  resultType.dims[i].size /
+                                                      splitFactor(mesh_, out.result.dimAxes[i])};
+        auto sizeOf = [&](bool local) {
+          return [&sizes, &resultSizes, local](const std::string& name) -> int64_t {
+            if (auto it = sizes.find(name); it != sizes.end())
+              return local ? it->second.second : it->second.first;
+            return local ? resultSizes.at(name).second : resultSizes.at(name).first;
+          };
+        };
+        Contraction local = planContraction(fn_, op, sizeOf(true));
+        if (local.rewritten()) {
+          contraction = std::move(local);
+          out.flops = contraction->flops;
+          out.globalFlops = planContraction(fn_, op, sizeOf(false)).flops;
+        }
+      }
       break;
     }
     case OpKind::ReduceSum:
@@ -907,10 +930,9 @@ private:
                                                          dtypeBytes(resultType.dtype));
       break;
     }
-    // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm), or
-    // into meshrt's generic einsum loop where no GEMM expresses it.
+    // An einsum of two or more operands is a call into the GEMM library (codegen's Gemm), or a
+    // chain of them (contract-pairwise).
     bool gemm = op.kind == OpKind::Einsum && op.operands.size() >= 2;
-    bool generic = gemm && machine_.einsumPointSeconds > 0 && isGenericEinsum(fn_, op);
     bool loops = modelsLoops(machine_) && !gemm;
     for (size_t k = 0; k < op.operands.size(); ++k)
       if (!loops || !(loopRole_.inRegister & (1u << std::min<size_t>(k, 31))))
@@ -919,7 +941,11 @@ private:
     if (!loops || loopRole_.stored)
       out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
     out.computeSeconds =
-        (generic ? genericEinsumSeconds(machine_, localElements, out.flops, out.bytes, dtype)
+        (contraction
+             ? contractionSeconds(machine_, *contraction,
+                                  static_cast<double>(localBytes(resultType, out.result, mesh_) /
+                                                      dtypeBytes(resultType.dtype)),
+                                  dtype)
          : gemm  ? gemmSeconds(machine_, out.flops, out.bytes, dtype, gemmSmallest)
          : loops ? kernelSeconds(op, out)
                  : computeSeconds(machine_, out.flops, out.bytes, dtype)) *
@@ -2262,7 +2288,14 @@ void PlanEvaluator::Impl::prepareBound() {
       double points = 1;
       for (int d : involved_[i])
         points *= static_cast<double>(dimSizes_[d]);
-      term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
+      term.einsumFlops = points;
+      if (op.operands.size() >= 2) {
+        // The fewest FLOPs of any order over the global sizes: no rank's local order (the
+        // fewest over its local sizes) does less than that over the split of every dim.
+        term.einsumFlops = planContraction(fn_, op, [&](const std::string& name) {
+                             return dimSizes_[size_t(dimIndex_.at(name))];
+                           }).flops;
+      }
     }
     // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
     if (loops || (op.kind == OpKind::Einsum && op.operands.size() >= 2))
@@ -2289,14 +2322,8 @@ void PlanEvaluator::Impl::boundLoopTerms(const ir::Op& op, const LoopRole& role,
     return dims;
   };
   if (op.kind == OpKind::Einsum && op.operands.size() >= 2) {
-    if (machine_.einsumPointSeconds > 0 && isGenericEinsum(fn_, op)) { // genericEinsumSeconds
-      term.fixedSeconds = machine_.loopLatencySeconds;
-      term.elementSeconds = machine_.einsumPointSeconds * term.einsumFlops /
-                            (2.0 * static_cast<double>(op.operands.size() - 1));
-      term.elementDims = term.involved;
-      return;
-    }
-    term.fixedSeconds = machine_.gemmLatencySeconds;
+    // One GEMM per pairwise step (contract-pairwise), whatever the order.
+    term.fixedSeconds = machine_.gemmLatencySeconds * static_cast<double>(op.operands.size() - 1);
     return;
   }
   const ir::TensorType& result = fn_.typeOf(op.result);

@@ -963,12 +963,12 @@ void Translate::computeInvariants() {
 
 Translate::Outputs Translate::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "translate");
-  // Arena: 23040 bytes for 245056 bytes of temporaries (placed by liveness).
+  // Arena: 23040 bytes for 253248 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v306 = arena_.view(6144, 512);
+  support::View v306 = arena_.view(4096, 512);
   support::View v314 = arena_.view(2048, 16);
 
   Outputs outputs;
@@ -1099,7 +1099,7 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v47 = param3_encoder_attention_0_q;
   support::View v51 = arena_.view(8192, 512);
@@ -1110,15 +1110,16 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v56 = arena_.view(4096, 1024);
   support::View v57 = arena_.view(8192, 1024);
   support::View v58 = arena_.view(4096, 1024);
+  support::View v59_c0 = arena_.view(8192, 512);
   const support::Buffer &v50 = param6_encoder_attention_0_o;
-  support::View v59 = arena_.view(8192, 1024);
-  repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
+  support::View v59 = arena_.view(4096, 1024);
+  repeated3(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v59_c0, v50, v59);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
   const support::Buffer &v154 = param19_decoder_relative_bias_table;
   support::View v153 = persistent_.view(23296, 64);
-  support::View v155 = arena_.view(4096, 128);
+  support::View v155 = arena_.view(8192, 128);
   static const support::Shape shape11_1 = {8, 8, 2};
   static const support::Shape shape11_3 = {0, 0, 1};
   static const support::Shape shape11_5 = {8, 1, 0};
@@ -1146,7 +1147,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:40:25", "forward");
-  support::View v175 = arena_.view(4096, 512);
+  support::View v175 = arena_.view(8192, 512);
   {
     float *__restrict v175p = v175.data();
     const float *__restrict v172p = v172.data();
@@ -1159,7 +1160,7 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  support::View v176 = arena_.view(6144, 16);
+  support::View v176 = arena_.view(10240, 16);
   static const support::Shape shape14_1 = {2, 8};
   static const support::Shape shape14_3 = {256, 32};
   static const support::Shape shape14_4 = {32};
@@ -1170,7 +1171,7 @@ void Translate::runPart0(const Inputs &inputs) {
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(6208, 16);
+  support::View v179 = arena_.view(10304, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -1183,23 +1184,24 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  // 9 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   const support::Buffer &v173 = param20_decoder_rms_norm_0_scale;
-  support::View v181 = arena_.view(4096, 512);
+  support::View v181 = arena_.view(8192, 512);
   const support::Buffer &v182 = param21_decoder_attention_0_q;
-  support::View v186 = arena_.view(6144, 256);
+  support::View v186 = arena_.view(10240, 256);
   const support::Buffer &v183 = param22_decoder_attention_0_k;
-  support::View v187 = arena_.view(7168, 256);
+  support::View v187 = arena_.view(11264, 256);
   const support::Buffer &v184 = param23_decoder_attention_0_v;
   support::View v189 = arena_.view(12288, 256);
-  support::View v191 = arena_.view(4096, 256);
-  support::View v192 = arena_.view(5120, 256);
-  support::View v193 = arena_.view(4096, 256);
+  support::View v191 = arena_.view(8192, 256);
+  support::View v192 = arena_.view(9216, 256);
+  support::View v193 = arena_.view(8192, 256);
+  support::View v194_c0 = arena_.view(9216, 256);
   const support::Buffer &v185 = param24_decoder_attention_0_o;
   support::View v194 = arena_.view(20480, 512);
   repeated2(v172, v179, v173, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192, v193,
-            v185, v194);
+            v194_c0, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
@@ -1208,17 +1210,17 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v61 = arena_.view(4096, 1024);
+  support::View v61 = arena_.view(8192, 1024);
   support::View v63 = arena_.view(12288, 1024);
   support::View v64 = arena_.view(0, 32);
-  support::View v67 = arena_.view(8192, 32);
+  support::View v67 = arena_.view(4096, 32);
   const support::Buffer &v62 = param7_encoder_rms_norm_1_0_scale;
   support::View v69 = arena_.view(0, 1024);
   const support::Buffer &v70 = param8_encoder_dense_relu_dense_0_wi;
-  support::View v72 = arena_.view(8192, 1024);
+  support::View v72 = arena_.view(4096, 1024);
   support::View v73 = arena_.view(0, 1024);
   const support::Buffer &v71 = param9_encoder_dense_relu_dense_0_wo;
-  support::View v74 = arena_.view(8192, 1024);
+  support::View v74 = arena_.view(4096, 1024);
   support::View v76 = arena_.view(0, 1024);
   support::View v78 = arena_.view(12288, 1024);
   support::View v79 = arena_.view(4096, 32);
@@ -1228,7 +1230,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated1(v37, v59, v61, v63, v64, v67, v62, v69, v70, v72, v73, v71, v74, v76, v78, v79, v82,
             v77, v84);
 
-  // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   const support::Buffer &v85 = param11_encoder_attention_1_q;
   support::View v89 = arena_.view(8192, 512);
@@ -1239,9 +1241,10 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v94 = arena_.view(4096, 1024);
   support::View v95 = arena_.view(8192, 1024);
   support::View v96 = arena_.view(4096, 1024);
+  support::View v97_c0 = arena_.view(8192, 512);
   const support::Buffer &v88 = param14_encoder_attention_1_o;
-  support::View v97 = arena_.view(8192, 1024);
-  repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
+  support::View v97 = arena_.view(4096, 1024);
+  repeated3(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v97_c0, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
@@ -1249,17 +1252,17 @@ void Translate::runPart0(const Inputs &inputs) {
 
   // 12 statements from t5.mesh:104:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
-  support::View v99 = arena_.view(4096, 1024);
+  support::View v99 = arena_.view(8192, 1024);
   support::View v101 = arena_.view(12288, 1024);
   support::View v102 = arena_.view(0, 32);
-  support::View v105 = arena_.view(8192, 32);
+  support::View v105 = arena_.view(4096, 32);
   const support::Buffer &v100 = param15_encoder_rms_norm_1_1_scale;
   support::View v107 = arena_.view(0, 1024);
   const support::Buffer &v108 = param16_encoder_dense_relu_dense_1_wi;
-  support::View v110 = arena_.view(8192, 1024);
+  support::View v110 = arena_.view(4096, 1024);
   support::View v111 = arena_.view(0, 1024);
   const support::Buffer &v109 = param17_encoder_dense_relu_dense_1_wo;
-  support::View v112 = arena_.view(8192, 1024);
+  support::View v112 = arena_.view(4096, 1024);
   support::View v114 = arena_.view(0, 1024);
   support::View v116 = arena_.view(12288, 1024);
   support::View v117 = arena_.view(4096, 32);
@@ -1284,7 +1287,7 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  // 24 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v196 = arena_.view(8192, 512);
   support::View v198 = arena_.view(10240, 512);
@@ -1302,6 +1305,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v169 = persistent_.view(26432, 256);
   support::View v215 = arena_.view(10240, 512);
   support::View v216 = arena_.view(14336, 512);
+  support::View v217_c0 = arena_.view(16384, 256);
   const support::Buffer &v208 = param29_decoder_attention_1_0_o;
   support::View v217 = arena_.view(10240, 512);
   support::View v219 = arena_.view(12288, 512);
@@ -1320,15 +1324,15 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v234 = arena_.view(8192, 512);
   support::View v240 = arena_.view(12288, 16);
   repeated0(v172, v194, v196, v198, v199, v202, v197, v204, v205, v209, v122, v206, v210, v207,
-            v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v227, v228,
-            v230, v231, v229, v232, v234, v236, v237, v240);
+            v212, v214, v169, v215, v216, v217_c0, v208, v217, v219, v221, v222, v225, v220, v227,
+            v228, v230, v231, v229, v232, v234, v236, v237, v240);
 }
 
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  // 9 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v234 = arena_.view(8192, 512);
   support::View v240 = arena_.view(12288, 16);
@@ -1343,17 +1347,18 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v252 = arena_.view(10240, 256);
   support::View v161 = arena_.view(22528, 128);
   support::View v253 = arena_.view(11264, 256);
-  support::View v254 = arena_.view(12288, 256);
+  support::View v254 = arena_.view(10240, 256);
+  support::View v255_c0 = arena_.view(12288, 256);
   const support::Buffer &v246 = param37_decoder_attention_1_o;
   support::View v255 = arena_.view(10240, 512);
   repeated2(v234, v240, v235, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253, v254,
-            v246, v255);
+            v255_c0, v246, v255);
 
   // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
-  // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  // 24 statements from t5.mesh:121:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v257 = arena_.view(12288, 512);
   support::View v259 = arena_.view(14336, 512);
@@ -1372,33 +1377,34 @@ void Translate::runPart1(const Inputs &inputs) {
   support::View v169 = persistent_.view(26432, 256);
   support::View v276 = arena_.view(6144, 512);
   support::View v277 = arena_.view(4096, 512);
+  support::View v278_c0 = arena_.view(6144, 256);
   const support::Buffer &v269 = param42_decoder_attention_1_1_o;
-  support::View v278 = arena_.view(6144, 512);
-  support::View v280 = arena_.view(4096, 512);
+  support::View v278 = arena_.view(4096, 512);
+  support::View v280 = arena_.view(6144, 512);
   support::View v282 = arena_.view(8192, 512);
-  support::View v283 = arena_.view(6144, 16);
+  support::View v283 = arena_.view(4096, 16);
   support::View v286 = arena_.view(8192, 16);
   const support::Buffer &v281 = param43_decoder_rms_norm_2_1_scale;
-  support::View v288 = arena_.view(6144, 512);
+  support::View v288 = arena_.view(4096, 512);
   const support::Buffer &v289 = param44_decoder_dense_relu_dense_1_wi;
   support::View v291 = arena_.view(8192, 512);
-  support::View v292 = arena_.view(6144, 512);
+  support::View v292 = arena_.view(4096, 512);
   const support::Buffer &v290 = param45_decoder_dense_relu_dense_1_wo;
   support::View v293 = arena_.view(8192, 512);
   support::View v297 = arena_.view(10240, 512);
-  support::View v298 = arena_.view(4096, 16);
-  support::View v295 = arena_.view(6144, 512);
+  support::View v298 = arena_.view(6144, 16);
+  support::View v295 = arena_.view(4096, 512);
   support::View v301 = arena_.view(8192, 16);
   repeated0(v234, v255, v257, v259, v260, v263, v258, v265, v266, v270, v122, v267, v271, v268,
-            v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v288, v289,
-            v291, v292, v290, v293, v295, v297, v298, v301);
+            v273, v275, v169, v276, v277, v278_c0, v269, v278, v280, v282, v283, v286, v281, v288,
+            v289, v291, v292, v290, v293, v295, v297, v298, v301);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
   // t5.mesh:125:29 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   const support::Buffer &v296 = param46_decoder_rms_norm_scale;
-  support::View v305 = arena_.view(4096, 512);
+  support::View v305 = arena_.view(6144, 512);
   {
     float *__restrict v305p = v305.data();
     const float *__restrict v295p = v295.data();
@@ -1421,7 +1427,7 @@ void Translate::runPart1(const Inputs &inputs) {
   // t5.mesh:125:10 einsum -> logits
   MESHRT_TRACE("gemm", "t5.mesh:125:10", "forward");
   support::View v123 = arena_.view(0, 1024);
-  support::View v306 = arena_.view(6144, 512);
+  support::View v306 = arena_.view(4096, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1486,18 +1492,16 @@ void Translate::runPart1(const Inputs &inputs) {
   group_model.allReduce(v314.data(), v314.size(), meshrt::ReduceOp::Min);
 }
 
-void Translate::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                          support::View a3, support::View a4, support::View a5,
-                          support::ConstView a6, support::View a7, support::ConstView a8,
-                          support::View a9, support::ConstView a10, support::ConstView a11,
-                          support::View a12, support::ConstView a13, support::View a14,
-                          support::View a15, support::ConstView a16, support::View a17,
-                          support::View a18, support::ConstView a19, support::View a20,
-                          support::View a21, support::View a22, support::View a23,
-                          support::View a24, support::ConstView a25, support::View a26,
-                          support::ConstView a27, support::View a28, support::View a29,
-                          support::ConstView a30, support::View a31, support::View a32,
-                          support::View a33, support::View a34, support::View a35) {
+void Translate::repeated0(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+    support::View a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::ConstView a10, support::ConstView a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::View a23,
+    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::View a30, support::ConstView a31,
+    support::View a32, support::View a33, support::View a34, support::View a35, support::View a36) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
@@ -1619,57 +1623,61 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, inputs, d_kv, d_model
+  // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan10Operands[] = {a18.data(), a14.data(), a19.data()};
-  einsumPlan10.run(einsumPlan10Operands, a20.data(), 1.0f, 0.0f);
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan10.run(a18.data(), a14.data(), a19.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, targets
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan11.run(a20.data(), a19.data(), a21.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
   MESHRT_TRACE_SITE("t5.mesh:122:11");
-  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
-    float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
+    float *__restrict a23p = a23.data();
     const float *__restrict a2p = a2.data();
-    const float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = a2p[i0];
-      const float s1 = a20p[i0];
+      const float s1 = a21p[i0];
       const float s2 = (s0 + s1);
       const float s3 = s2 * s2;
-      a21p[i0] = s2;
-      a22p[i0] = s3;
+      a22p[i0] = s2;
+      a23p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape13_1 = {2, 8};
-  static const support::Shape shape13_3 = {256, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a23.data(), shape13_1, a22.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a24.data(), shape14_1, a23.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a24p = a24.data();
-    const float *__restrict a23p = a23.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a23p[i0];
+      const float s0 = a24p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a24p[i0] = s3;
+      a25p[i0] = s3;
     }
   }
 
@@ -1677,18 +1685,18 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
-    float *__restrict a26p = a26.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a24p = a24.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a22p = a22.data();
     const float *__restrict a25p = a25.data();
+    const float *__restrict a26p = a26.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a24p[i0];
+        const float s0 = a22p[i0 * 32 + i1];
+        const float s1 = a25p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = a25p[i1];
+        const float s3 = a26p[i1];
         const float s4 = (s2 * s3);
-        a26p[i0 * 32 + i1] = s4;
+        a27p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -1696,72 +1704,72 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
+  einsumPlan17.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
+    float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a28p[i0];
+      const float s0 = a29p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a29p[i0] = s1;
+      a30p[i0] = s1;
     }
   }
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a30.data(), a31.data(), a32.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
   MESHRT_TRACE_SITE("t5.mesh:123:11");
-  group_model.allReduce(a31.data(), a31.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a32.data(), a32.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
-    float *__restrict a32p = a32.data();
     float *__restrict a33p = a33.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a31p = a31.data();
+    float *__restrict a34p = a34.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a32p = a32.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a21p[i0];
-      const float s1 = a31p[i0];
+      const float s0 = a22p[i0];
+      const float s1 = a32p[i0];
       const float s2 = (s0 + s1);
       const float s3 = s2 * s2;
-      a32p[i0] = s2;
-      a33p[i0] = s3;
+      a33p[i0] = s2;
+      a34p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape21_1 = {2, 8};
-  static const support::Shape shape21_3 = {256, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(a34.data(), shape21_1, a33.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape22_1 = {2, 8};
+  static const support::Shape shape22_3 = {256, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a35.data(), shape22_1, a34.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a34p = a34.data();
+    float *__restrict a36p = a36.data();
+    const float *__restrict a35p = a35.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a34p[i0];
+      const float s0 = a35p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a35p[i0] = s3;
+      a36p[i0] = s3;
     }
   }
 }
@@ -1934,8 +1942,8 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                           support::View a3, support::ConstView a4, support::View a5,
                           support::ConstView a6, support::View a7, support::ConstView a8,
                           support::View a9, support::View a10, support::ConstView a11,
-                          support::View a12, support::View a13, support::ConstView a14,
-                          support::View a15) {
+                          support::View a12, support::View a13, support::View a14,
+                          support::ConstView a15, support::View a16) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:12 mul
@@ -2015,20 +2023,24 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, targets_keys, d_kv, d_model
+  // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 8, 8, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan7Operands[] = {a13.data(), a9.data(), a14.data()};
-  einsumPlan7.run(einsumPlan7Operands, a15.data(), 1.0f, 0.0f);
+      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan7.run(a13.data(), a9.data(), a14.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, targets
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(a15.data(), a14.data(), a16.data(), 1.0f, 0.0f);
 }
 
 void Translate::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
                           support::ConstView a3, support::View a4, support::ConstView a5,
                           support::View a6, support::View a7, support::ConstView a8,
-                          support::View a9, support::View a10, support::ConstView a11,
-                          support::View a12) {
+                          support::View a9, support::View a10, support::View a11,
+                          support::ConstView a12, support::View a13) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
@@ -2088,13 +2100,17 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
+  // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
-  einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan6.run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, inputs
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan7.run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
 }
 
 Translate::Inputs Translate::synthesizeInputs(uint64_t seed) const {
@@ -3968,7 +3984,7 @@ void T5Train::computeInvariants() {
 
 T5Train::Outputs T5Train::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "t5_train");
-  // Arena: 188544 bytes for 1080324 bytes of temporaries (placed by liveness).
+  // Arena: 194688 bytes for 1096708 bytes of temporaries (placed by liveness).
   support::checkShape("input", "input_ids", inputs.input_ids, {2, 16});
   support::checkShape("input", "target_ids", inputs.target_ids, {2, 8});
   runPart0(inputs);
@@ -3977,8 +3993,8 @@ T5Train::Outputs T5Train::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v315 = arena_.view(188480, 1);
-  support::View v313 = arena_.view(188416, 1);
+  support::View v315 = arena_.view(194624, 1);
+  support::View v313 = arena_.view(194560, 1);
 
   // The step's updates.
   ++step_;
@@ -4032,7 +4048,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:118:17 shift
   MESHRT_TRACE("shift", "t5.mesh:118:17", "forward");
   const support::Buffer &v1 = inputs.target_ids.data;
-  support::View v170 = arena_.view(185856, 16);
+  support::View v170 = arena_.view(192000, 16);
   static const support::Shape shape3_2 = {2, 8};
   support::shift(v170, v1, shape3_2, 1, 1, nullptr);
 
@@ -4060,7 +4076,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v750 = arena_.view(186176, 1);
+  support::View v750 = arena_.view(192320, 1);
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
@@ -4083,7 +4099,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v792 = arena_.view(186240, 1);
+  support::View v792 = arena_.view(192384, 1);
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32, 32};
@@ -4105,12 +4121,12 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v1044 = arena_.view(4096, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v1086 = arena_.view(4096, 1024);
-  support::View v857 = arena_.view(186304, 1);
-  support::View v899 = arena_.view(186368, 1);
-  support::View v941 = arena_.view(186432, 1);
-  support::View v981 = arena_.view(186496, 1);
-  support::View v1045 = arena_.view(186560, 1);
-  support::View v1087 = arena_.view(186624, 1);
+  support::View v857 = arena_.view(192448, 1);
+  support::View v899 = arena_.view(192512, 1);
+  support::View v941 = arena_.view(192576, 1);
+  support::View v981 = arena_.view(192640, 1);
+  support::View v1045 = arena_.view(192704, 1);
+  support::View v1087 = arena_.view(192768, 1);
   repeated14(v47, v856, v857, v48, v898, v899, v49, v940, v941, v50, v980, v981, v70, v1044, v1045,
              v71, v1086, v1087);
 
@@ -4128,12 +4144,12 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v1339 = arena_.view(4096, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v1381 = arena_.view(4096, 1024);
-  support::View v1152 = arena_.view(186688, 1);
-  support::View v1194 = arena_.view(186752, 1);
-  support::View v1236 = arena_.view(186816, 1);
-  support::View v1276 = arena_.view(186880, 1);
-  support::View v1340 = arena_.view(186944, 1);
-  support::View v1382 = arena_.view(187008, 1);
+  support::View v1152 = arena_.view(192832, 1);
+  support::View v1194 = arena_.view(192896, 1);
+  support::View v1236 = arena_.view(192960, 1);
+  support::View v1276 = arena_.view(193024, 1);
+  support::View v1340 = arena_.view(193088, 1);
+  support::View v1382 = arena_.view(193152, 1);
   repeated14(v85, v1151, v1152, v86, v1193, v1194, v87, v1235, v1236, v88, v1275, v1276, v108,
              v1339, v1340, v109, v1381, v1382);
 
@@ -4153,7 +4169,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 
   // t5.mesh:152:3 mean
   MESHRT_TRACE("mean", "t5.mesh:152:3", "update");
-  support::View v1446 = arena_.view(187072, 1);
+  support::View v1446 = arena_.view(193216, 1);
   static const support::Shape shape12_1 = {};
   static const support::Shape shape12_3 = {};
   static const support::Shape shape12_4 = {8, 2};
@@ -4183,16 +4199,16 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v1887 = arena_.view(4096, 1024);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
   support::View v1929 = arena_.view(4096, 1024);
-  support::View v1511 = arena_.view(187136, 1);
-  support::View v1553 = arena_.view(187200, 1);
-  support::View v1595 = arena_.view(187264, 1);
-  support::View v1635 = arena_.view(187328, 1);
-  support::View v1700 = arena_.view(187392, 1);
-  support::View v1742 = arena_.view(187456, 1);
-  support::View v1784 = arena_.view(187520, 1);
-  support::View v1824 = arena_.view(187584, 1);
-  support::View v1888 = arena_.view(187648, 1);
-  support::View v1930 = arena_.view(187712, 1);
+  support::View v1511 = arena_.view(193280, 1);
+  support::View v1553 = arena_.view(193344, 1);
+  support::View v1595 = arena_.view(193408, 1);
+  support::View v1635 = arena_.view(193472, 1);
+  support::View v1700 = arena_.view(193536, 1);
+  support::View v1742 = arena_.view(193600, 1);
+  support::View v1784 = arena_.view(193664, 1);
+  support::View v1824 = arena_.view(193728, 1);
+  support::View v1888 = arena_.view(193792, 1);
+  support::View v1930 = arena_.view(193856, 1);
   repeated9(v182, v1510, v1511, v183, v1552, v1553, v184, v1594, v1595, v185, v1634, v1635, v205,
             v1699, v1700, v206, v1741, v1742, v207, v1783, v1784, v208, v1823, v1824, v228, v1887,
             v1888, v229, v1929, v1930);
@@ -4219,16 +4235,16 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v2371 = arena_.view(4096, 1024);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
   support::View v2413 = arena_.view(4096, 1024);
-  support::View v1995 = arena_.view(187776, 1);
-  support::View v2037 = arena_.view(187840, 1);
-  support::View v2079 = arena_.view(187904, 1);
-  support::View v2119 = arena_.view(187968, 1);
-  support::View v2184 = arena_.view(188032, 1);
-  support::View v2226 = arena_.view(188096, 1);
-  support::View v2268 = arena_.view(188160, 1);
-  support::View v2308 = arena_.view(188224, 1);
-  support::View v2372 = arena_.view(188288, 1);
-  support::View v2414 = arena_.view(188352, 1);
+  support::View v1995 = arena_.view(193920, 1);
+  support::View v2037 = arena_.view(193984, 1);
+  support::View v2079 = arena_.view(194048, 1);
+  support::View v2119 = arena_.view(194112, 1);
+  support::View v2184 = arena_.view(194176, 1);
+  support::View v2226 = arena_.view(194240, 1);
+  support::View v2268 = arena_.view(194304, 1);
+  support::View v2308 = arena_.view(194368, 1);
+  support::View v2372 = arena_.view(194432, 1);
+  support::View v2414 = arena_.view(194496, 1);
   repeated9(v243, v1994, v1995, v244, v2036, v2037, v245, v2078, v2079, v246, v2118, v2119, v266,
             v2183, v2184, v267, v2225, v2226, v268, v2267, v2268, v269, v2307, v2308, v289, v2371,
             v2372, v290, v2413, v2414);
@@ -4269,7 +4285,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v44 = arena_.view(184832, 32);
+  support::View v44 = arena_.view(190976, 32);
   {
     float *__restrict v44p = v44.data();
     const float *__restrict v41p = v41.data();
@@ -4307,7 +4323,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 7 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v51 = arena_.view(129024, 512);
   support::View v52 = arena_.view(131072, 512);
@@ -4315,8 +4331,9 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::View v56 = arena_.view(12288, 1024);
   support::View v57 = arena_.view(16384, 1024);
   support::View v58 = arena_.view(12288, 1024);
+  support::View v59_c0 = arena_.view(178176, 512);
   support::View v59 = arena_.view(16384, 1024);
-  repeated15(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v50, v59);
+  repeated15(v46, v47, v51, v48, v52, v49, v54, v56, v34, v57, v58, v59_c0, v50, v59);
 
   // t5.mesh:56:10 gather
   MESHRT_TRACE("gather", "t5.mesh:56:10", "forward");
@@ -4379,7 +4396,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
-  support::View v179 = arena_.view(185920, 16);
+  support::View v179 = arena_.view(192064, 16);
   {
     float *__restrict v179p = v179.data();
     const float *__restrict v176p = v176.data();
@@ -4392,26 +4409,27 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // 8 statements from t5.mesh:40:12 mul (1 of 2)
+  // 9 statements from t5.mesh:40:12 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v172 = arena_.view(126976, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
   support::View v181 = arena_.view(137216, 512);
   support::View v182(param21_decoder_attention_0_q); // updated in place
-  support::View v186 = arena_.view(178176, 256);
+  support::View v186 = arena_.view(182272, 256);
   support::View v183(param22_decoder_attention_0_k); // updated in place
-  support::View v187 = arena_.view(179200, 256);
+  support::View v187 = arena_.view(183296, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
-  support::View v189 = arena_.view(180224, 256);
+  support::View v189 = arena_.view(184320, 256);
   support::View v191 = arena_.view(20480, 256);
   support::View v161 = arena_.view(94208, 128);
   support::View v192 = arena_.view(21504, 256);
-  support::View v193 = arena_.view(181248, 256);
+  support::View v193 = arena_.view(185344, 256);
+  support::View v194_c0 = arena_.view(188416, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   support::View v180 = arena_.view(135168, 512);
   support::View v194 = arena_.view(90112, 512);
-  repeated13(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
-             v193, v185, v194);
+  repeated12(v172, v179, v173, v180, v181, v182, v186, v183, v187, v184, v189, v191, v161, v192,
+             v193, v194_c0, v185, v194);
 
   // t5.mesh:104:11 bucketed_all_reduce_sum (resolve the partial sum of %58 over model for add at
   // 104:11; merged with 1 more partial sum over model (%195): 6.0 KiB in one buffer)
@@ -4425,7 +4443,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v61 = arena_.view(20480, 1024);
   support::View v63 = arena_.view(24576, 1024);
   support::View v64 = arena_.view(16384, 32);
-  support::View v67 = arena_.view(184960, 32);
+  support::View v67 = arena_.view(191104, 32);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
   support::View v69 = arena_.view(24576, 1024);
   support::View v70(param8_encoder_dense_relu_dense_0_wi); // updated in place
@@ -4436,7 +4454,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v76 = arena_.view(40960, 1024);
   support::View v78 = arena_.view(45056, 1024);
   support::View v79 = arena_.view(36864, 32);
-  support::View v82 = arena_.view(185088, 32);
+  support::View v82 = arena_.view(191232, 32);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
   support::View v68 = arena_.view(16384, 1024);
   support::View v83 = arena_.view(36864, 1024);
@@ -4444,7 +4462,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   repeated10(v37, v59, v61, v63, v64, v67, v62, v68, v69, v70, v72, v73, v71, v74, v76, v78, v79,
              v82, v77, v83, v84);
 
-  // 7 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:80:17");
   support::View v85(param11_encoder_attention_1_q); // updated in place
   support::View v89 = arena_.view(139264, 512);
@@ -4456,9 +4474,10 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v34 = arena_.view(57344, 512);
   support::View v95 = arena_.view(53248, 1024);
   support::View v96 = arena_.view(49152, 1024);
+  support::View v97_c0 = arena_.view(180224, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
   support::View v97 = arena_.view(53248, 1024);
-  repeated15(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v88, v97);
+  repeated15(v84, v85, v89, v86, v90, v87, v92, v94, v34, v95, v96, v97_c0, v88, v97);
 
   // t5.mesh:104:11 all_reduce_sum (resolve the partial sum of %94 over model for add at 104:11)
   MESHRT_TRACE_SITE("t5.mesh:104:11");
@@ -4469,7 +4488,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v99 = arena_.view(57344, 1024);
   support::View v101 = arena_.view(61440, 1024);
   support::View v102 = arena_.view(53248, 32);
-  support::View v105 = arena_.view(185216, 32);
+  support::View v105 = arena_.view(191360, 32);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
   support::View v107 = arena_.view(61440, 1024);
   support::View v108(param16_encoder_dense_relu_dense_1_wi); // updated in place
@@ -4480,7 +4499,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v114 = arena_.view(77824, 1024);
   support::View v116 = arena_.view(81920, 1024);
   support::View v117 = arena_.view(73728, 32);
-  support::View v120 = arena_.view(185344, 32);
+  support::View v120 = arena_.view(191488, 32);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
   support::View v106 = arena_.view(53248, 1024);
   support::View v121 = arena_.view(73728, 1024);
@@ -4504,16 +4523,16 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // 23 statements from t5.mesh:121:11 add -> x (1 of 2)
+  // 24 statements from t5.mesh:121:11 add -> x (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v196 = arena_.view(145408, 512);
   support::View v198 = arena_.view(92160, 512);
   support::View v199 = arena_.view(90112, 16);
-  support::View v202 = arena_.view(185984, 16);
+  support::View v202 = arena_.view(192128, 16);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
   support::View v204 = arena_.view(149504, 512);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
-  support::View v209 = arena_.view(182272, 256);
+  support::View v209 = arena_.view(186368, 256);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
   support::View v210 = arena_.view(114688, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
@@ -4522,12 +4541,13 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v169 = persistent_.view(26432, 256);
   support::View v215 = arena_.view(92160, 512);
   support::View v216 = arena_.view(118784, 512);
+  support::View v217_c0 = arena_.view(189440, 256);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
   support::View v217 = arena_.view(90112, 512);
   support::View v219 = arena_.view(120832, 512);
   support::View v221 = arena_.view(92160, 512);
   support::View v222 = arena_.view(90112, 16);
-  support::View v225 = arena_.view(186048, 16);
+  support::View v225 = arena_.view(192192, 16);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
   support::View v227 = arena_.view(124928, 512);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
@@ -4540,12 +4560,12 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v203 = arena_.view(147456, 512);
   support::View v226 = arena_.view(122880, 512);
   support::View v234 = arena_.view(106496, 512);
-  support::View v240 = arena_.view(186112, 16);
+  support::View v240 = arena_.view(192256, 16);
   repeated8(v172, v194, v196, v198, v199, v202, v197, v203, v204, v205, v209, v122, v206, v210,
-            v207, v212, v214, v169, v215, v216, v208, v217, v219, v221, v222, v225, v220, v226,
-            v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
+            v207, v212, v214, v169, v215, v216, v217_c0, v208, v217, v219, v221, v222, v225, v220,
+            v226, v227, v228, v230, v231, v229, v232, v234, v236, v237, v240);
 
-  // 8 statements from t5.mesh:40:12 mul (2 of 2)
+  // 9 statements from t5.mesh:40:12 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
   support::View v242 = arena_.view(151552, 512);
@@ -4558,22 +4578,23 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v252 = arena_.view(90112, 256);
   support::View v253 = arena_.view(91136, 256);
   support::View v254 = arena_.view(175104, 256);
+  support::View v255_c0 = arena_.view(187392, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
   support::View v241 = arena_.view(108544, 512);
   support::View v255 = arena_.view(90112, 512);
-  repeated13(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
-             v254, v246, v255);
+  repeated12(v234, v240, v235, v241, v242, v243, v247, v244, v248, v245, v250, v252, v161, v253,
+             v254, v255_c0, v246, v255);
 
   // t5.mesh:121:11 all_reduce_sum (resolve the partial sum of %246 over model for add at 121:11)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   group_model.allReduce(v255.data(), v255.size(), meshrt::ReduceOp::Sum);
 
-  // 23 statements from t5.mesh:121:11 add -> x (2 of 2)
+  // 24 statements from t5.mesh:121:11 add -> x (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:121:11");
   support::View v257 = arena_.view(153600, 512);
   support::View v259 = arena_.view(92160, 512);
   support::View v260 = arena_.view(90112, 16);
-  support::View v263 = arena_.view(183296, 16);
+  support::View v263 = arena_.view(190464, 16);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
   support::View v265 = arena_.view(157696, 512);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
@@ -4585,12 +4606,13 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v275 = arena_.view(90112, 512);
   support::View v276 = arena_.view(92160, 512);
   support::View v277 = arena_.view(102400, 512);
+  support::View v278_c0 = arena_.view(177152, 256);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
   support::View v278 = arena_.view(90112, 512);
   support::View v280 = arena_.view(104448, 512);
   support::View v282 = arena_.view(92160, 512);
   support::View v283 = arena_.view(90112, 16);
-  support::View v286 = arena_.view(177152, 16);
+  support::View v286 = arena_.view(190528, 16);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
   support::View v288 = arena_.view(161792, 512);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
@@ -4603,10 +4625,10 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::View v264 = arena_.view(155648, 512);
   support::View v287 = arena_.view(159744, 512);
   support::View v295 = arena_.view(92160, 512);
-  support::View v301 = arena_.view(177216, 16);
+  support::View v301 = arena_.view(190592, 16);
   repeated8(v234, v255, v257, v259, v260, v263, v258, v264, v265, v266, v270, v122, v267, v271,
-            v268, v273, v275, v169, v276, v277, v269, v278, v280, v282, v283, v286, v281, v287,
-            v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
+            v268, v273, v275, v169, v276, v277, v278_c0, v269, v278, v280, v282, v283, v286, v281,
+            v287, v288, v289, v291, v292, v290, v293, v295, v297, v298, v301);
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
@@ -4683,7 +4705,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:149:20 sum -> token_logp
   MESHRT_TRACE("sum", "t5.mesh:149:20", "forward");
-  support::View v310 = arena_.view(177280, 16);
+  support::View v310 = arena_.view(190656, 16);
   static const support::Shape shape18_1 = {2, 8};
   static const support::Shape shape18_3 = {256, 32};
   static const support::Shape shape18_4 = {32};
@@ -4760,7 +4782,7 @@ void T5Train::runPart1(const Inputs &inputs) {
 
   // t5.mesh:150:24 mean -> target_probability
   MESHRT_TRACE("mean", "t5.mesh:150:24", "forward");
-  support::View v313 = arena_.view(188416, 1);
+  support::View v313 = arena_.view(194560, 1);
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8};
@@ -4775,7 +4797,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:151:15 mean
   MESHRT_TRACE("mean", "t5.mesh:151:15", "forward");
-  support::View v310 = arena_.view(177280, 16);
+  support::View v310 = arena_.view(190656, 16);
   support::View v314 = arena_.view(86016, 1);
   static const support::Shape shape0_1 = {};
   static const support::Shape shape0_3 = {};
@@ -4786,7 +4808,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:151:14 neg -> loss
   MESHRT_TRACE("loop", "t5.mesh:151:14", "forward");
-  support::View v315 = arena_.view(188480, 1);
+  support::View v315 = arena_.view(194624, 1);
   {
     float *__restrict v315p = v315.data();
     const float *__restrict v314p = v314.data();
@@ -4824,7 +4846,7 @@ void T5Train::runPart2(const Inputs &inputs) {
 
   // t5.mesh:40:53 sum -> grad/decoder/rms_norm/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  support::View v339 = arena_.view(185472, 32);
+  support::View v339 = arena_.view(191616, 32);
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {1};
   static const support::Shape shape4_4 = {2, 8};
@@ -4837,7 +4859,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v296(param46_decoder_rms_norm_scale); // updated in place
-  support::View v301 = arena_.view(177216, 16);
+  support::View v301 = arena_.view(190592, 16);
   support::View v295 = arena_.view(92160, 512);
   support::View v340 = arena_.view(90112, 512);
   support::View v341 = arena_.view(163840, 512);
@@ -4863,7 +4885,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // 25 statements from t5.mesh:40:12 sum (1 of 2)
+  // 26 statements from t5.mesh:40:12 sum (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v342 = arena_.view(165888, 16);
   support::View v353 = arena_.view(163840, 512);
@@ -4878,17 +4900,19 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v287 = arena_.view(159744, 512);
   support::View v363 = arena_.view(161792, 512);
   support::View v281(param43_decoder_rms_norm_2_1_scale); // updated in place
-  support::View v286 = arena_.view(177152, 16);
+  support::View v286 = arena_.view(190528, 16);
   support::View v280 = arena_.view(104448, 512);
   support::View v366 = arena_.view(159744, 512);
   support::View v367 = arena_.view(161792, 512);
   support::View v368 = arena_.view(163840, 16);
   support::View v377 = arena_.view(161792, 512);
-  support::View v273 = arena_.view(100352, 512);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
+  support::View v378_c0 = arena_.view(163840, 256);
+  support::View v273 = arena_.view(100352, 512);
   support::View v378 = arena_.view(104448, 512);
   support::View v277 = arena_.view(102400, 512);
   support::View v379 = arena_.view(159744, 512);
+  support::View v278_c0 = arena_.view(177152, 256);
   support::View v381 = arena_.view(100352, 512);
   support::View v382 = arena_.view(165888, 32);
   support::View v384 = arena_.view(100352, 512);
@@ -4900,16 +4924,16 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
   support::View v355 = arena_.view(90112, 1024);
   support::View v360 = arena_.view(94208, 1024);
-  support::View v364 = arena_.view(185600, 32);
+  support::View v364 = arena_.view(191744, 32);
   support::View v380 = arena_.view(163840, 512);
   support::View v385 = arena_.view(177152, 256);
   support::View v388 = arena_.view(98304, 1024);
   support::View v389 = arena_.view(167936, 512);
   support::View v391 = arena_.view(102400, 1024);
-  repeated6(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
-            v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v273, v269,
-            v378, v277, v379, v380, v381, v382, v384, v271, v385, v270, v386, v268, v388, v122,
-            v389, v267, v391);
+  repeated5(v342, v341, v295, v301, v340, v353, v290, v354, v292, v355, v291, v358, v289, v359,
+            v288, v360, v287, v363, v364, v281, v286, v280, v366, v367, v368, v377, v269, v378_c0,
+            v273, v378, v277, v379, v278_c0, v380, v381, v382, v384, v271, v385, v270, v386, v268,
+            v388, v122, v389, v267, v391);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
@@ -4944,27 +4968,29 @@ void T5Train::runPart2(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
-  // 20 statements from t5.mesh:40:53 mul (1 of 2)
+  // 21 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v264 = arena_.view(155648, 512);
   support::View v398 = arena_.view(157696, 512);
   support::View v258(param38_decoder_rms_norm_1_1_scale); // updated in place
-  support::View v263 = arena_.view(183296, 16);
+  support::View v263 = arena_.view(190464, 16);
   support::View v257 = arena_.view(153600, 512);
   support::View v401 = arena_.view(155648, 512);
   support::View v402 = arena_.view(157696, 512);
   support::View v403 = arena_.view(161792, 16);
   support::View v412 = arena_.view(157696, 512);
-  support::View v250 = arena_.view(174080, 256);
   support::View v246(param37_decoder_attention_1_o); // updated in place
+  support::View v413_c0 = arena_.view(153600, 256);
+  support::View v250 = arena_.view(174080, 256);
   support::View v413 = arena_.view(155648, 256);
   support::View v254 = arena_.view(175104, 256);
   support::View v414 = arena_.view(165888, 256);
+  support::View v255_c0 = arena_.view(187392, 256);
   support::View v416 = arena_.view(156672, 256);
   support::View v417 = arena_.view(161792, 32);
   support::View v419 = arena_.view(156672, 256);
   support::View v248 = arena_.view(173056, 256);
-  support::View v421 = arena_.view(183296, 256);
+  support::View v421 = arena_.view(187392, 256);
   support::View v247 = arena_.view(172032, 256);
   support::View v422 = arena_.view(174080, 256);
   support::View v245(param36_decoder_attention_1_v); // updated in place
@@ -4974,15 +5000,15 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v427 = arena_.view(165888, 512);
   support::View v243(param34_decoder_attention_1_q); // updated in place
   support::View v430 = arena_.view(174080, 512);
-  support::View v399 = arena_.view(185728, 32);
+  support::View v399 = arena_.view(191872, 32);
   support::View v415 = arena_.view(153600, 512);
-  support::View v420 = arena_.view(184320, 128);
+  support::View v420 = arena_.view(190464, 128);
   support::View v425 = arena_.view(161792, 512);
   support::View v429 = arena_.view(172032, 512);
   support::View v431 = arena_.view(176128, 512);
-  repeated7(v394, v264, v398, v399, v258, v263, v377, v257, v401, v402, v403, v412, v250, v246,
-            v413, v254, v414, v415, v416, v417, v419, v420, v248, v421, v247, v422, v245, v424,
-            v242, v425, v244, v427, v429, v243, v430, v431);
+  repeated7(v394, v264, v398, v399, v258, v263, v377, v257, v401, v402, v403, v412, v246, v413_c0,
+            v250, v413, v254, v414, v255_c0, v415, v416, v417, v419, v420, v248, v421, v247, v422,
+            v245, v424, v242, v425, v244, v427, v429, v243, v430, v431);
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %415 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
@@ -5004,14 +5030,14 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v241 = arena_.view(108544, 512);
   support::View v435 = arena_.view(151552, 512);
   support::View v235(param33_decoder_rms_norm_1_scale); // updated in place
-  support::View v240 = arena_.view(186112, 16);
+  support::View v240 = arena_.view(192256, 16);
   support::View v234 = arena_.view(106496, 512);
-  support::View v436 = arena_.view(183296, 32);
+  support::View v436 = arena_.view(187392, 32);
   support::View v438 = arena_.view(108544, 512);
   support::View v439 = arena_.view(151552, 512);
   repeated17(v431, v241, v435, v436, v235, v240, v412, v234, v438, v439);
 
-  // 25 statements from t5.mesh:40:12 sum (2 of 2)
+  // 26 statements from t5.mesh:40:12 sum (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:12");
   support::View v440 = arena_.view(157696, 16);
   support::View v449 = arena_.view(151552, 512);
@@ -5026,22 +5052,24 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v226 = arena_.view(122880, 512);
   support::View v458 = arena_.view(124928, 512);
   support::View v220(param30_decoder_rms_norm_2_0_scale); // updated in place
-  support::View v225 = arena_.view(186048, 16);
+  support::View v225 = arena_.view(192192, 16);
   support::View v219 = arena_.view(120832, 512);
   support::View v461 = arena_.view(122880, 512);
   support::View v462 = arena_.view(124928, 512);
   support::View v463 = arena_.view(157696, 16);
   support::View v472 = arena_.view(151552, 512);
-  support::View v212 = arena_.view(116736, 512);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
+  support::View v473_c0 = arena_.view(124928, 256);
+  support::View v212 = arena_.view(116736, 512);
   support::View v473 = arena_.view(120832, 512);
   support::View v216 = arena_.view(118784, 512);
   support::View v474 = arena_.view(122880, 512);
+  support::View v217_c0 = arena_.view(189440, 256);
   support::View v476 = arena_.view(116736, 512);
   support::View v477 = arena_.view(124928, 32);
   support::View v479 = arena_.view(116736, 512);
   support::View v210 = arena_.view(114688, 512);
-  support::View v209 = arena_.view(182272, 256);
+  support::View v209 = arena_.view(186368, 256);
   support::View v481 = arena_.view(165888, 512);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
@@ -5053,10 +5081,10 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v483 = arena_.view(114688, 1024);
   support::View v485 = arena_.view(174080, 512);
   support::View v487 = arena_.view(118784, 1024);
-  repeated6(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
-            v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v212, v208,
-            v473, v216, v474, v475, v476, v477, v479, v210, v480, v209, v481, v207, v483, v122,
-            v485, v206, v487);
+  repeated5(v440, v439, v234, v240, v438, v449, v229, v450, v231, v451, v230, v453, v228, v454,
+            v227, v455, v226, v458, v459, v220, v225, v219, v461, v462, v463, v472, v208, v473_c0,
+            v212, v473, v216, v474, v217_c0, v475, v476, v477, v479, v210, v480, v209, v481, v207,
+            v483, v122, v485, v206, v487);
 
   // t5.mesh:81:21 add
   // t5.mesh:82:23 add
@@ -5120,30 +5148,32 @@ void T5Train::runPart3(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 20 statements from t5.mesh:40:53 mul (2 of 2)
+  // 21 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v490 = arena_.view(81920, 512);
   support::View v203 = arena_.view(147456, 512);
   support::View v494 = arena_.view(83968, 512);
   support::View v197(param25_decoder_rms_norm_1_0_scale); // updated in place
-  support::View v202 = arena_.view(185984, 16);
+  support::View v202 = arena_.view(192128, 16);
   support::View v472 = arena_.view(151552, 512);
   support::View v196 = arena_.view(145408, 512);
   support::View v497 = arena_.view(83968, 512);
   support::View v498 = arena_.view(98304, 512);
   support::View v499 = arena_.view(81920, 16);
   support::View v508 = arena_.view(102400, 512);
-  support::View v189 = arena_.view(180224, 256);
   support::View v185(param24_decoder_attention_0_o); // updated in place
+  support::View v509_c0 = arena_.view(82944, 256);
+  support::View v189 = arena_.view(184320, 256);
   support::View v509 = arena_.view(81920, 256);
-  support::View v193 = arena_.view(181248, 256);
+  support::View v193 = arena_.view(185344, 256);
   support::View v510 = arena_.view(83968, 256);
+  support::View v194_c0 = arena_.view(188416, 256);
   support::View v512 = arena_.view(82944, 256);
   support::View v513 = arena_.view(84992, 32);
   support::View v515 = arena_.view(82944, 256);
-  support::View v187 = arena_.view(179200, 256);
+  support::View v187 = arena_.view(183296, 256);
   support::View v518 = arena_.view(100352, 256);
-  support::View v186 = arena_.view(178176, 256);
+  support::View v186 = arena_.view(182272, 256);
   support::View v519 = arena_.view(98304, 256);
   support::View v184(param23_decoder_attention_0_v); // updated in place
   support::View v521 = arena_.view(81920, 512);
@@ -5158,9 +5188,9 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v522 = arena_.view(120832, 512);
   support::View v526 = arena_.view(145408, 512);
   support::View v528 = arena_.view(104448, 512);
-  repeated7(v490, v203, v494, v495, v197, v202, v472, v196, v497, v498, v499, v508, v189, v185,
-            v509, v193, v510, v511, v512, v513, v515, v516, v187, v518, v186, v519, v184, v521,
-            v181, v522, v183, v524, v526, v182, v527, v528);
+  repeated7(v490, v203, v494, v495, v197, v202, v472, v196, v497, v498, v499, v508, v185, v509_c0,
+            v189, v509, v193, v510, v194_c0, v511, v512, v513, v515, v516, v187, v518, v186, v519,
+            v184, v521, v181, v522, v183, v524, v526, v182, v527, v528);
 
   // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
@@ -5176,7 +5206,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   support::View v488 = arena_.view(122880, 1024);
   support::View v115(param18_encoder_rms_norm_scale); // updated in place
-  support::View v120 = arena_.view(185344, 32);
+  support::View v120 = arena_.view(191488, 32);
   support::View v114 = arena_.view(77824, 1024);
   support::View v557 = arena_.view(81920, 1024);
   support::View v558 = arena_.view(98304, 1024);
@@ -5301,7 +5331,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v180 = arena_.view(135168, 512);
   support::View v532 = arena_.view(77824, 512);
   support::View v173(param20_decoder_rms_norm_0_scale); // updated in place
-  support::View v179 = arena_.view(185920, 16);
+  support::View v179 = arena_.view(192064, 16);
   support::View v172 = arena_.view(126976, 512);
   support::View v533 = arena_.view(135168, 32);
   support::View v535 = arena_.view(77824, 512);
@@ -5361,7 +5391,7 @@ void T5Train::runPart3(const Inputs &inputs) {
 
   // t5.mesh:96:10 einsum
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
-  support::View v170 = arena_.view(185856, 16);
+  support::View v170 = arena_.view(192000, 16);
   support::View v547 = arena_.view(77824, 1024);
   static const support::Shape shape12_1 = {32, 32};
   static const support::Shape shape12_3 = {0, 1};
@@ -5376,7 +5406,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   MESHRT_TRACE("loop", "t5.mesh:83:60", "backward");
-  support::View v420 = arena_.view(184320, 128);
+  support::View v420 = arena_.view(190464, 128);
   support::View v548 = arena_.view(102400, 128);
   {
     float *__restrict v548p = v548.data();
@@ -5450,22 +5480,24 @@ void T5Train::runPart3(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan18.run(v572.data(), v107.data(), v574.data(), 1.0f, 0.0f);
 
-  // 28 statements from t5.mesh:40:53 mul (1 of 2)
+  // 29 statements from t5.mesh:40:53 mul (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v106 = arena_.view(53248, 1024);
   support::View v577 = arena_.view(61440, 1024);
   support::View v100(param15_encoder_rms_norm_1_1_scale); // updated in place
-  support::View v105 = arena_.view(185216, 32);
+  support::View v105 = arena_.view(191360, 32);
   support::View v99 = arena_.view(57344, 1024);
   support::View v580 = arena_.view(53248, 1024);
   support::View v581 = arena_.view(61440, 1024);
   support::View v582 = arena_.view(65536, 32);
   support::View v591 = arena_.view(61440, 1024);
-  support::View v92 = arena_.view(143360, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
+  support::View v592_c0 = arena_.view(57344, 512);
+  support::View v92 = arena_.view(143360, 512);
   support::View v592 = arena_.view(53248, 1024);
   support::View v96 = arena_.view(49152, 1024);
   support::View v593 = arena_.view(65536, 512);
+  support::View v97_c0 = arena_.view(180224, 512);
   support::View v595 = arena_.view(57344, 1024);
   support::View v596 = arena_.view(67584, 64);
   support::View v598 = arena_.view(57344, 1024);
@@ -5484,7 +5516,7 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v83 = arena_.view(36864, 1024);
   support::View v614 = arena_.view(45056, 1024);
   support::View v77(param10_encoder_rms_norm_1_scale); // updated in place
-  support::View v82 = arena_.view(185088, 32);
+  support::View v82 = arena_.view(191232, 32);
   support::View v76 = arena_.view(40960, 1024);
   support::View v617 = arena_.view(36864, 1024);
   support::View v618 = arena_.view(45056, 1024);
@@ -5497,10 +5529,10 @@ void T5Train::runPart3(const Inputs &inputs) {
   support::View v611 = arena_.view(49152, 512);
   support::View v615 = arena_.view(98304, 32);
   support::View v628 = arena_.view(45056, 1024);
-  repeated4(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v92, v88, v592,
-            v96, v593, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87, v603, v84, v604,
-            v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76, v617, v618,
-            v619, v628);
+  repeated4(v573, v106, v577, v578, v100, v105, v568, v99, v580, v581, v582, v591, v88, v592_c0,
+            v92, v592, v96, v593, v97_c0, v594, v595, v596, v598, v599, v90, v600, v89, v601, v87,
+            v603, v84, v604, v86, v606, v608, v85, v609, v610, v611, v83, v614, v615, v77, v82, v76,
+            v617, v618, v619, v628);
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
@@ -5572,23 +5604,25 @@ void T5Train::runPart4(const Inputs &inputs) {
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
 
-  // 28 statements from t5.mesh:40:53 mul (2 of 2)
+  // 29 statements from t5.mesh:40:53 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   support::View v68 = arena_.view(16384, 1024);
   support::View v637 = arena_.view(24576, 1024);
   support::View v62(param7_encoder_rms_norm_1_0_scale); // updated in place
-  support::View v67 = arena_.view(184960, 32);
+  support::View v67 = arena_.view(191104, 32);
   support::View v628 = arena_.view(45056, 1024);
   support::View v61 = arena_.view(20480, 1024);
   support::View v640 = arena_.view(16384, 1024);
   support::View v641 = arena_.view(24576, 1024);
   support::View v642 = arena_.view(28672, 32);
   support::View v651 = arena_.view(24576, 1024);
-  support::View v54 = arena_.view(133120, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
+  support::View v652_c0 = arena_.view(20480, 512);
+  support::View v54 = arena_.view(133120, 512);
   support::View v652 = arena_.view(16384, 1024);
   support::View v58 = arena_.view(12288, 1024);
   support::View v653 = arena_.view(28672, 512);
+  support::View v59_c0 = arena_.view(178176, 512);
   support::View v655 = arena_.view(20480, 1024);
   support::View v656 = arena_.view(30720, 64);
   support::View v658 = arena_.view(20480, 1024);
@@ -5607,7 +5641,7 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v45 = arena_.view(4096, 1024);
   support::View v675 = arena_.view(8192, 1024);
   support::View v38(param2_encoder_rms_norm_0_scale); // updated in place
-  support::View v44 = arena_.view(184832, 32);
+  support::View v44 = arena_.view(190976, 32);
   support::View v37 = arena_.view(0, 1024);
   support::View v678 = arena_.view(4096, 1024);
   support::View v679 = arena_.view(8192, 1024);
@@ -5620,10 +5654,10 @@ void T5Train::runPart4(const Inputs &inputs) {
   support::View v672 = arena_.view(12288, 512);
   support::View v676 = arena_.view(63616, 32);
   support::View v689 = arena_.view(8192, 1024);
-  repeated4(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v54, v50, v652, v58,
-            v653, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664, v46, v665, v48,
-            v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678, v679, v680,
-            v689);
+  repeated4(v633, v68, v637, v638, v62, v67, v628, v61, v640, v641, v642, v651, v50, v652_c0, v54,
+            v652, v58, v653, v59_c0, v654, v655, v656, v658, v659, v52, v661, v51, v662, v49, v664,
+            v46, v665, v48, v667, v669, v47, v670, v671, v672, v45, v675, v676, v38, v44, v37, v678,
+            v679, v680, v689);
 
   // t5.mesh:96:10 einsum
   MESHRT_TRACE("einsum", "t5.mesh:96:10", "backward");
@@ -5700,22 +5734,22 @@ void T5Train::runPart4(const Inputs &inputs) {
   // (target_probability, loss, grad/decoder/rms_norm/scale, ...) over data resolved together, 85.6
   // KiB in one buffer)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v313 = arena_.view(188416, 1);
-  support::View v315 = arena_.view(188480, 1);
-  support::View v339 = arena_.view(185472, 32);
+  support::View v313 = arena_.view(194560, 1);
+  support::View v315 = arena_.view(194624, 1);
+  support::View v339 = arena_.view(191616, 32);
   support::View v355 = arena_.view(90112, 1024);
   support::View v360 = arena_.view(94208, 1024);
-  support::View v364 = arena_.view(185600, 32);
+  support::View v364 = arena_.view(191744, 32);
   support::View v380 = arena_.view(163840, 512);
   support::View v389 = arena_.view(167936, 512);
   support::View v393 = arena_.view(159744, 512);
   support::View v395 = arena_.view(169984, 512);
-  support::View v399 = arena_.view(185728, 32);
+  support::View v399 = arena_.view(191872, 32);
   support::View v415 = arena_.view(153600, 512);
   support::View v425 = arena_.view(161792, 512);
   support::View v429 = arena_.view(172032, 512);
   support::View v432 = arena_.view(155648, 512);
-  support::View v436 = arena_.view(183296, 32);
+  support::View v436 = arena_.view(187392, 32);
   support::View v451 = arena_.view(106496, 1024);
   support::View v455 = arena_.view(110592, 1024);
   support::View v459 = arena_.view(177152, 32);
@@ -6405,7 +6439,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v742 = arena_.view(64, 8);
   support::View v743 = arena_.view(192, 1);
   support::View v746 = arena_.view(64, 1);
-  support::View v750 = arena_.view(186176, 1);
+  support::View v750 = arena_.view(192320, 1);
   support::View v710 = arena_.view(69056, 1);
   support::View v754 = arena_.view(192, 1);
   support::View v694 = arena_.view(68352, 16);
@@ -6512,7 +6546,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   // t5.mesh:152:3 maximum
   // t5.mesh:152:3 mul
   MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
-  support::View v792 = arena_.view(186240, 1);
+  support::View v792 = arena_.view(192384, 1);
   support::View v796 = arena_.view(320, 1);
   {
     float *__restrict v796p = v796.data();
@@ -6581,7 +6615,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v850 = arena_.view(1024, 256);
   support::View v851 = arena_.view(2304, 1);
   support::View v854 = arena_.view(1024, 1);
-  support::View v857 = arena_.view(186304, 1);
+  support::View v857 = arena_.view(192448, 1);
   support::View v861 = arena_.view(1088, 1);
   support::View v672 = arena_.view(12288, 512);
   support::View v47(param3_encoder_attention_0_q);      // updated in place
@@ -6592,7 +6626,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v892 = arena_.view(1024, 256);
   support::View v893 = arena_.view(2304, 1);
   support::View v896 = arena_.view(1024, 1);
-  support::View v899 = arena_.view(186368, 1);
+  support::View v899 = arena_.view(192512, 1);
   support::View v903 = arena_.view(1088, 1);
   support::View v669 = arena_.view(51200, 512);
   support::View v48(param4_encoder_attention_0_k);      // updated in place
@@ -6603,7 +6637,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v934 = arena_.view(1024, 256);
   support::View v935 = arena_.view(2304, 1);
   support::View v938 = arena_.view(1024, 1);
-  support::View v941 = arena_.view(186432, 1);
+  support::View v941 = arena_.view(192576, 1);
   support::View v945 = arena_.view(1088, 1);
   support::View v665 = arena_.view(47104, 512);
   support::View v49(param5_encoder_attention_0_v);      // updated in place
@@ -6613,7 +6647,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v952(param59_encoder_attention_0_o_vc); // updated in place
   support::View v966 = arena_.view(0, 64);
   support::View v978 = arena_.view(320, 1);
-  support::View v981 = arena_.view(186496, 1);
+  support::View v981 = arena_.view(192640, 1);
   support::View v985 = arena_.view(384, 1);
   support::View v654 = arena_.view(32768, 512);
   support::View v50(param6_encoder_attention_0_o); // updated in place
@@ -6635,7 +6669,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1038 = arena_.view(256, 32);
   support::View v1039 = arena_.view(384, 1);
   support::View v1042 = arena_.view(256, 1);
-  support::View v1045 = arena_.view(186560, 1);
+  support::View v1045 = arena_.view(192704, 1);
   support::View v1049 = arena_.view(320, 1);
   support::View v634 = arena_.view(36864, 1024);
   support::View v70(param8_encoder_dense_relu_dense_0_wi);       // updated in place
@@ -6646,7 +6680,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1080 = arena_.view(256, 32);
   support::View v1081 = arena_.view(384, 1);
   support::View v1084 = arena_.view(256, 1);
-  support::View v1087 = arena_.view(186624, 1);
+  support::View v1087 = arena_.view(192768, 1);
   support::View v1091 = arena_.view(320, 1);
   support::View v630 = arena_.view(40960, 1024);
   support::View v71(param9_encoder_dense_relu_dense_0_wo); // updated in place
@@ -6667,7 +6701,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1145 = arena_.view(1024, 256);
   support::View v1146 = arena_.view(2304, 1);
   support::View v1149 = arena_.view(1024, 1);
-  support::View v1152 = arena_.view(186688, 1);
+  support::View v1152 = arena_.view(192832, 1);
   support::View v1156 = arena_.view(1088, 1);
   support::View v611 = arena_.view(49152, 512);
   support::View v85(param11_encoder_attention_1_q);      // updated in place
@@ -6678,7 +6712,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1187 = arena_.view(1024, 256);
   support::View v1188 = arena_.view(2304, 1);
   support::View v1191 = arena_.view(1024, 1);
-  support::View v1194 = arena_.view(186752, 1);
+  support::View v1194 = arena_.view(192896, 1);
   support::View v1198 = arena_.view(1088, 1);
   support::View v608 = arena_.view(102400, 512);
   support::View v86(param12_encoder_attention_1_k);      // updated in place
@@ -6689,7 +6723,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1229 = arena_.view(1024, 256);
   support::View v1230 = arena_.view(2304, 1);
   support::View v1233 = arena_.view(1024, 1);
-  support::View v1236 = arena_.view(186816, 1);
+  support::View v1236 = arena_.view(192960, 1);
   support::View v1240 = arena_.view(1088, 1);
   support::View v604 = arena_.view(100352, 512);
   support::View v87(param13_encoder_attention_1_v);      // updated in place
@@ -6699,7 +6733,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1247(param73_encoder_attention_1_o_vc); // updated in place
   support::View v1261 = arena_.view(0, 64);
   support::View v1273 = arena_.view(320, 1);
-  support::View v1276 = arena_.view(186880, 1);
+  support::View v1276 = arena_.view(193024, 1);
   support::View v1280 = arena_.view(384, 1);
   support::View v594 = arena_.view(81920, 512);
   support::View v88(param14_encoder_attention_1_o); // updated in place
@@ -6738,7 +6772,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1333 = arena_.view(256, 32);
   support::View v1334 = arena_.view(384, 1);
   support::View v1337 = arena_.view(256, 1);
-  support::View v1340 = arena_.view(186944, 1);
+  support::View v1340 = arena_.view(193088, 1);
   support::View v1344 = arena_.view(320, 1);
   support::View v574 = arena_.view(69632, 1024);
   support::View v108(param16_encoder_dense_relu_dense_1_wi);     // updated in place
@@ -6749,7 +6783,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1375 = arena_.view(256, 32);
   support::View v1376 = arena_.view(384, 1);
   support::View v1379 = arena_.view(256, 1);
-  support::View v1382 = arena_.view(187008, 1);
+  support::View v1382 = arena_.view(193152, 1);
   support::View v1386 = arena_.view(320, 1);
   support::View v570 = arena_.view(73728, 1024);
   support::View v109(param17_encoder_dense_relu_dense_1_wo); // updated in place
@@ -6763,7 +6797,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1405 = arena_.view(128, 32);
   support::View v1406 = arena_.view(256, 1);
   support::View v1409 = arena_.view(128, 1);
-  repeated5(v1311, v721, v1309, v713, v1322, v1324, v1310, v1325, v1330, v1333, v1334, v1337, v1340,
+  repeated6(v1311, v721, v1309, v713, v1322, v1324, v1310, v1325, v1330, v1333, v1334, v1337, v1340,
             v710, v1344, v574, v108, v1350, v1363, v1366, v1357, v1351, v1367, v1372, v1375, v1376,
             v1379, v1382, v1386, v570, v109, v556, v1392, v1398, v1399, v1400, v1403, v115, v1405,
             v1406, v1409);
@@ -6777,7 +6811,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1439 = arena_.view(64, 8);
   support::View v1440 = arena_.view(192, 1);
   support::View v1443 = arena_.view(64, 1);
-  support::View v1446 = arena_.view(187072, 1);
+  support::View v1446 = arena_.view(193216, 1);
   support::View v1450 = arena_.view(192, 1);
   support::View v154(param19_decoder_relative_bias_table); // updated in place
   repeated11(v1417, v721, v1415, v713, v1428, v1430, v1416, v1431, v1436, v1439, v1440, v1443,
@@ -6795,7 +6829,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1469 = arena_.view(128, 32);
   support::View v1470 = arena_.view(256, 1);
   support::View v1473 = arena_.view(128, 1);
-  repeated12(v533, v721, v1456, v713, v1462, v1463, v1464, v1467, v173, v1469, v1470, v710, v1473);
+  repeated13(v533, v721, v1456, v713, v1462, v1463, v1464, v1467, v173, v1469, v1470, v710, v1473);
 
   // 26 statements from t5.mesh:152:3 div (1 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
@@ -6805,7 +6839,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1504 = arena_.view(1024, 256);
   support::View v1505 = arena_.view(2304, 1);
   support::View v1508 = arena_.view(1024, 1);
-  support::View v1511 = arena_.view(187136, 1);
+  support::View v1511 = arena_.view(193280, 1);
   support::View v1515 = arena_.view(1088, 1);
   support::View v182(param21_decoder_attention_0_q); // updated in place
   support::View v1537 = arena_.view(2048, 64);
@@ -6814,7 +6848,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1546 = arena_.view(1024, 256);
   support::View v1547 = arena_.view(2304, 1);
   support::View v1550 = arena_.view(1024, 1);
-  support::View v1553 = arena_.view(187200, 1);
+  support::View v1553 = arena_.view(193344, 1);
   support::View v1557 = arena_.view(1088, 1);
   support::View v183(param22_decoder_attention_0_k); // updated in place
   support::View v1579 = arena_.view(2048, 64);
@@ -6823,13 +6857,13 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1588 = arena_.view(1024, 256);
   support::View v1589 = arena_.view(2304, 1);
   support::View v1592 = arena_.view(1024, 1);
-  support::View v1595 = arena_.view(187264, 1);
+  support::View v1595 = arena_.view(193408, 1);
   support::View v1599 = arena_.view(1088, 1);
   support::View v184(param23_decoder_attention_0_v); // updated in place
   support::View v1619 = arena_.view(256, 16);
   support::View v1620 = arena_.view(0, 64);
   support::View v1632 = arena_.view(320, 1);
-  support::View v1635 = arena_.view(187328, 1);
+  support::View v1635 = arena_.view(193472, 1);
   support::View v1639 = arena_.view(384, 1);
   support::View v185(param24_decoder_attention_0_o); // updated in place
   repeated3(v1479, v1492, v1495, v1486, v721, v1480, v713, v1496, v1501, v1504, v1505, v1508, v1511,
@@ -6856,7 +6890,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1693 = arena_.view(1024, 256);
   support::View v1694 = arena_.view(2304, 1);
   support::View v1697 = arena_.view(1024, 1);
-  support::View v1700 = arena_.view(187392, 1);
+  support::View v1700 = arena_.view(193536, 1);
   support::View v1704 = arena_.view(1088, 1);
   support::View v205(param26_decoder_attention_1_0_q); // updated in place
   support::View v1726 = arena_.view(2048, 64);
@@ -6865,7 +6899,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1735 = arena_.view(1024, 256);
   support::View v1736 = arena_.view(2304, 1);
   support::View v1739 = arena_.view(1024, 1);
-  support::View v1742 = arena_.view(187456, 1);
+  support::View v1742 = arena_.view(193600, 1);
   support::View v1746 = arena_.view(1088, 1);
   support::View v206(param27_decoder_attention_1_0_k); // updated in place
   support::View v1768 = arena_.view(2048, 64);
@@ -6874,13 +6908,13 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1777 = arena_.view(1024, 256);
   support::View v1778 = arena_.view(2304, 1);
   support::View v1781 = arena_.view(1024, 1);
-  support::View v1784 = arena_.view(187520, 1);
+  support::View v1784 = arena_.view(193664, 1);
   support::View v1788 = arena_.view(1088, 1);
   support::View v207(param28_decoder_attention_1_0_v); // updated in place
   support::View v1808 = arena_.view(256, 16);
   support::View v1809 = arena_.view(0, 64);
   support::View v1821 = arena_.view(320, 1);
-  support::View v1824 = arena_.view(187584, 1);
+  support::View v1824 = arena_.view(193728, 1);
   support::View v1828 = arena_.view(384, 1);
   support::View v208(param29_decoder_attention_1_0_o); // updated in place
   support::View v459 = arena_.view(177152, 32);
@@ -6900,7 +6934,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1881 = arena_.view(256, 32);
   support::View v1882 = arena_.view(384, 1);
   support::View v1885 = arena_.view(256, 1);
-  support::View v1888 = arena_.view(187648, 1);
+  support::View v1888 = arena_.view(193792, 1);
   support::View v1892 = arena_.view(320, 1);
   support::View v228(param31_decoder_dense_relu_dense_0_wi); // updated in place
   support::View v1914 = arena_.view(0, 32);
@@ -6909,10 +6943,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1923 = arena_.view(256, 32);
   support::View v1924 = arena_.view(384, 1);
   support::View v1927 = arena_.view(256, 1);
-  support::View v1930 = arena_.view(187712, 1);
+  support::View v1930 = arena_.view(193856, 1);
   support::View v1934 = arena_.view(320, 1);
   support::View v229(param32_decoder_dense_relu_dense_0_wo); // updated in place
-  support::View v436 = arena_.view(183296, 32);
+  support::View v436 = arena_.view(187392, 32);
   support::View v1940(param105_decoder_rms_norm_1_scale_v); // updated in place
   support::View v1946 = arena_.view(0, 32);
   support::View v1947 = arena_.view(128, 32);
@@ -6928,7 +6962,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v1988 = arena_.view(1024, 256);
   support::View v1989 = arena_.view(2304, 1);
   support::View v1992 = arena_.view(1024, 1);
-  support::View v1995 = arena_.view(187776, 1);
+  support::View v1995 = arena_.view(193920, 1);
   support::View v1999 = arena_.view(1088, 1);
   support::View v243(param34_decoder_attention_1_q); // updated in place
   support::View v2021 = arena_.view(2048, 64);
@@ -6937,7 +6971,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2030 = arena_.view(1024, 256);
   support::View v2031 = arena_.view(2304, 1);
   support::View v2034 = arena_.view(1024, 1);
-  support::View v2037 = arena_.view(187840, 1);
+  support::View v2037 = arena_.view(193984, 1);
   support::View v2041 = arena_.view(1088, 1);
   support::View v244(param35_decoder_attention_1_k); // updated in place
   support::View v2063 = arena_.view(2048, 64);
@@ -6946,16 +6980,16 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2072 = arena_.view(1024, 256);
   support::View v2073 = arena_.view(2304, 1);
   support::View v2076 = arena_.view(1024, 1);
-  support::View v2079 = arena_.view(187904, 1);
+  support::View v2079 = arena_.view(194048, 1);
   support::View v2083 = arena_.view(1088, 1);
   support::View v245(param36_decoder_attention_1_v); // updated in place
   support::View v2103 = arena_.view(256, 16);
   support::View v2104 = arena_.view(0, 64);
   support::View v2116 = arena_.view(320, 1);
-  support::View v2119 = arena_.view(187968, 1);
+  support::View v2119 = arena_.view(194112, 1);
   support::View v2123 = arena_.view(384, 1);
   support::View v246(param37_decoder_attention_1_o); // updated in place
-  support::View v399 = arena_.view(185728, 32);
+  support::View v399 = arena_.view(191872, 32);
   support::View v2129(param114_decoder_rms_norm_1_1_scale_v); // updated in place
   support::View v2135 = arena_.view(0, 32);
   support::View v2136 = arena_.view(128, 32);
@@ -6988,7 +7022,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2177 = arena_.view(1024, 256);
   support::View v2178 = arena_.view(2304, 1);
   support::View v2181 = arena_.view(1024, 1);
-  support::View v2184 = arena_.view(188032, 1);
+  support::View v2184 = arena_.view(194176, 1);
   support::View v2188 = arena_.view(1088, 1);
   support::View v266(param39_decoder_attention_1_1_q); // updated in place
   support::View v2210 = arena_.view(2048, 64);
@@ -6997,7 +7031,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2219 = arena_.view(1024, 256);
   support::View v2220 = arena_.view(2304, 1);
   support::View v2223 = arena_.view(1024, 1);
-  support::View v2226 = arena_.view(188096, 1);
+  support::View v2226 = arena_.view(194240, 1);
   support::View v2230 = arena_.view(1088, 1);
   support::View v267(param40_decoder_attention_1_1_k); // updated in place
   support::View v2252 = arena_.view(2048, 64);
@@ -7006,13 +7040,13 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2261 = arena_.view(1024, 256);
   support::View v2262 = arena_.view(2304, 1);
   support::View v2265 = arena_.view(1024, 1);
-  support::View v2268 = arena_.view(188160, 1);
+  support::View v2268 = arena_.view(194304, 1);
   support::View v2272 = arena_.view(1088, 1);
   support::View v268(param41_decoder_attention_1_1_v); // updated in place
   support::View v2292 = arena_.view(256, 16);
   support::View v2293 = arena_.view(0, 64);
   support::View v2305 = arena_.view(320, 1);
-  support::View v2308 = arena_.view(188224, 1);
+  support::View v2308 = arena_.view(194368, 1);
   support::View v2312 = arena_.view(384, 1);
   support::View v269(param42_decoder_attention_1_1_o); // updated in place
   repeated3(v2152, v2165, v2168, v2159, v721, v2153, v713, v2169, v2174, v2177, v2178, v2181, v2184,
@@ -7023,7 +7057,7 @@ void T5Train::runPart5(const Inputs &inputs) {
 
   // 7 statements from t5.mesh:152:3 square (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
-  support::View v364 = arena_.view(185600, 32);
+  support::View v364 = arena_.view(191744, 32);
   support::View v2318(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2324 = arena_.view(0, 32);
   support::View v2325 = arena_.view(128, 32);
@@ -7033,7 +7067,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2331 = arena_.view(128, 32);
   support::View v2332 = arena_.view(256, 1);
   support::View v2335 = arena_.view(128, 1);
-  repeated12(v364, v721, v2318, v713, v2324, v2325, v2326, v2329, v281, v2331, v2332, v710, v2335);
+  repeated13(v364, v721, v2318, v713, v2324, v2325, v2326, v2329, v281, v2331, v2332, v710, v2335);
 
   // 23 statements from t5.mesh:152:3 mul (2 of 2)
   MESHRT_TRACE_SITE("t5.mesh:152:3");
@@ -7044,7 +7078,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2365 = arena_.view(256, 32);
   support::View v2366 = arena_.view(384, 1);
   support::View v2369 = arena_.view(256, 1);
-  support::View v2372 = arena_.view(188288, 1);
+  support::View v2372 = arena_.view(194432, 1);
   support::View v2376 = arena_.view(320, 1);
   support::View v289(param44_decoder_dense_relu_dense_1_wi); // updated in place
   support::View v2398 = arena_.view(0, 32);
@@ -7053,10 +7087,10 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2407 = arena_.view(256, 32);
   support::View v2408 = arena_.view(384, 1);
   support::View v2411 = arena_.view(256, 1);
-  support::View v2414 = arena_.view(188352, 1);
+  support::View v2414 = arena_.view(194496, 1);
   support::View v2418 = arena_.view(320, 1);
   support::View v290(param45_decoder_dense_relu_dense_1_wo); // updated in place
-  support::View v339 = arena_.view(185472, 32);
+  support::View v339 = arena_.view(191616, 32);
   support::View v2424(param128_decoder_rms_norm_scale_v); // updated in place
   support::View v2430 = arena_.view(0, 32);
   support::View v2431 = arena_.view(128, 32);
@@ -7066,7 +7100,7 @@ void T5Train::runPart5(const Inputs &inputs) {
   support::View v2437 = arena_.view(128, 32);
   support::View v2438 = arena_.view(256, 1);
   support::View v2441 = arena_.view(128, 1);
-  repeated5(v2343, v721, v2341, v713, v2354, v2356, v2342, v2357, v2362, v2365, v2366, v2369, v2372,
+  repeated6(v2343, v721, v2341, v713, v2354, v2356, v2342, v2357, v2362, v2365, v2366, v2369, v2372,
             v710, v2376, v360, v289, v2382, v2395, v2398, v2389, v2383, v2399, v2404, v2407, v2408,
             v2411, v2414, v2418, v355, v290, v339, v2424, v2430, v2431, v2432, v2435, v296, v2437,
             v2438, v2441);
@@ -11165,15 +11199,16 @@ void T5Train::repeated4(
     support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
     support::ConstView a4, support::ConstView a5, support::ConstView a6, support::ConstView a7,
     support::View a8, support::View a9, support::View a10, support::View a11,
-    support::ConstView a12, support::ConstView a13, support::View a14, support::ConstView a15,
-    support::View a16, support::View a17, support::View a18, support::View a19, support::View a20,
-    support::View a21, support::ConstView a22, support::View a23, support::ConstView a24,
-    support::View a25, support::ConstView a26, support::View a27, support::ConstView a28,
-    support::View a29, support::ConstView a30, support::View a31, support::View a32,
-    support::ConstView a33, support::View a34, support::View a35, support::View a36,
-    support::ConstView a37, support::View a38, support::View a39, support::ConstView a40,
-    support::ConstView a41, support::ConstView a42, support::View a43, support::View a44,
-    support::View a45, support::View a46) {
+    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+    support::ConstView a16, support::View a17, support::ConstView a18, support::View a19,
+    support::View a20, support::View a21, support::View a22, support::View a23,
+    support::ConstView a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::ConstView a35,
+    support::View a36, support::View a37, support::View a38, support::ConstView a39,
+    support::View a40, support::View a41, support::ConstView a42, support::ConstView a43,
+    support::ConstView a44, support::View a45, support::View a46, support::View a47,
+    support::View a48) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
@@ -11279,164 +11314,163 @@ void T5Train::repeated4(
   }
 
   // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, inputs, d_model, inputs_keys, heads, d_kv
+  // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 16, 32, 16, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan5Operands[] = {a11.data(), a12.data(), a13.data()};
-  einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
+  // dims: batch, inputs_keys, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan6Operands[] = {a11.data(), a15.data(), a13.data()};
-  einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan6.run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, heads, inputs, inputs_keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan7.run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan7Operands[] = {a11.data(), a15.data(), a12.data()};
-  einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
+  // dims: batch, inputs, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a14p = a14.data();
+    float *__restrict a20p = a20.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a15p[i0];
+      const float s0 = a15p[i0];
+      const float s1 = a16p[i0];
       const float s2 = (s0 * s1);
-      a18p[i0] = s2;
+      a20p[i0] = s2;
     }
   }
 
   // t5.mesh:84:17 sum
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape9_1 = {2, 2, 16};
-  static const support::Shape shape9_3 = {512, 256, 16};
-  static const support::Shape shape9_4 = {16};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape10_1 = {2, 2, 16};
+  static const support::Shape shape10_3 = {512, 256, 16};
+  static const support::Shape shape10_4 = {16};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a19p = a19.data();
+    float *__restrict a22p = a22.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a14p[i0 * 16 + i1];
-        const float s1 = a19p[i0];
+        const float s0 = a15p[i0 * 16 + i1];
+        const float s1 = a21p[i0];
         const float s2 = (s0 - s1);
-        const float s3 = a15p[i0 * 16 + i1];
+        const float s3 = a16p[i0 * 16 + i1];
         const float s4 = (s3 * s2);
-        a20p[i0 * 16 + i1] = s4;
+        a22p[i0 * 16 + i1] = s4;
       }
     }
   }
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  static const support::Shape shape11_1 = {2, 16, 16};
-  static const support::Shape shape11_3 = {256, 16, 1};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {512};
-  support::reduce(a21.data(), shape11_1, a20.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape12_1 = {2, 16, 16};
+  static const support::Shape shape12_3 = {256, 16, 1};
+  static const support::Shape shape12_4 = {2};
+  static const support::Shape shape12_5 = {512};
+  support::reduce(a23.data(), shape12_1, a22.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  einsumPlan13.run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, inputs, inputs_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  einsumPlan14.run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  einsumPlan15.run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  einsumPlan16.run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  einsumPlan17.run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
+  einsumPlan18.run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(a23.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a34p = a34.data();
+    float *__restrict a37p = a37.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = a31p[i0];
+      const float s0 = a29p[i0];
+      const float s1 = a33p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = a34p[i0];
+      const float s3 = a36p[i0];
       const float s4 = (s2 + s3);
-      a35p[i0] = s4;
+      a37p[i0] = s4;
     }
   }
 
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %588 over model for mul at 40:53)
   MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request5 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
+  auto request5 = support::startAllReduce(group_model, {a37}, meshrt::ReduceOp::Sum);
 
   // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan21.run(a23.data(), a28.data(), a36.data(), 1.0f, 0.0f);
+  einsumPlan22.run(a25.data(), a30.data(), a38.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
@@ -11444,24 +11478,24 @@ void T5Train::repeated4(
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a35p = a35.data();
+    float *__restrict a40p = a40.data();
     const float *__restrict a37p = a37.data();
+    const float *__restrict a39p = a39.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a35p[i0];
-      const float s1 = a37p[i0];
+      const float s0 = a37p[i0];
+      const float s1 = a39p[i0];
       const float s2 = (s0 * s1);
-      a38p[i0] = s2;
+      a40p[i0] = s2;
     }
   }
 
   // t5.mesh:40:53 sum -> grad/encoder/rms_norm[1]/scale
   MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape24_1 = {32};
-  static const support::Shape shape24_3 = {1};
-  static const support::Shape shape24_4 = {2, 16};
-  static const support::Shape shape24_5 = {512, 32};
-  support::reduce(a39.data(), shape24_1, a38.data(), shape24_3, shape24_4, shape24_5,
+  static const support::Shape shape25_1 = {32};
+  static const support::Shape shape25_3 = {1};
+  static const support::Shape shape25_4 = {2, 16};
+  static const support::Shape shape25_5 = {512, 32};
+  support::reduce(a41.data(), shape25_1, a40.data(), shape25_3, shape25_4, shape25_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:53 mul
@@ -11470,37 +11504,37 @@ void T5Train::repeated4(
   // t5.mesh:40:12 mul
   MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
   {
-    float *__restrict a43p = a43.data();
-    float *__restrict a44p = a44.data();
-    const float *__restrict a35p = a35.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a11p = a11.data();
+    float *__restrict a45p = a45.data();
+    float *__restrict a46p = a46.data();
+    const float *__restrict a37p = a37.data();
     const float *__restrict a42p = a42.data();
+    const float *__restrict a43p = a43.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a44p = a44.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a35p[i0 * 32 + i1];
-        const float s1 = a40p[i1];
+        const float s0 = a37p[i0 * 32 + i1];
+        const float s1 = a42p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a41p[i0];
+        const float s3 = a43p[i0];
         const float s4 = (s2 * s3);
         const float s5 = a11p[i0 * 32 + i1];
         const float s6 = (s5 + s4);
-        const float s7 = a42p[i0 * 32 + i1];
+        const float s7 = a44p[i0 * 32 + i1];
         const float s8 = (s2 * s7);
-        a43p[i0 * 32 + i1] = s6;
-        a44p[i0 * 32 + i1] = s8;
+        a45p[i0 * 32 + i1] = s6;
+        a46p[i0 * 32 + i1] = s8;
       }
     }
   }
 
   // t5.mesh:40:12 sum
   MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape26_1 = {2, 16};
-  static const support::Shape shape26_3 = {512, 32};
-  static const support::Shape shape26_4 = {32};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a45.data(), shape26_1, a44.data(), shape26_3, shape26_4, shape26_5,
+  static const support::Shape shape27_1 = {2, 16};
+  static const support::Shape shape27_3 = {512, 32};
+  static const support::Shape shape27_4 = {32};
+  static const support::Shape shape27_5 = {1};
+  support::reduce(a47.data(), shape27_1, a46.data(), shape27_3, shape27_4, shape27_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:40:25 mul
@@ -11514,37 +11548,364 @@ void T5Train::repeated4(
   // t5.mesh:40:25 add
   MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
   {
-    float *__restrict a46p = a46.data();
-    const float *__restrict a42p = a42.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a45p = a45.data();
+    float *__restrict a48p = a48.data();
+    const float *__restrict a44p = a44.data();
     const float *__restrict a43p = a43.data();
+    const float *__restrict a47p = a47.data();
+    const float *__restrict a45p = a45.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a42p[i0 * 32 + i1];
+        const float s0 = a44p[i0 * 32 + i1];
         const float s1 = 2.0f;
         const float s2 = (s0 * s1);
-        const float s3 = a41p[i0];
+        const float s3 = a43p[i0];
         const float s4 = s3 * s3;
-        const float s5 = a41p[i0];
+        const float s5 = a43p[i0];
         const float s6 = (s5 * s4);
         const float s7 = -0.5f;
         const float s8 = (s6 * s7);
-        const float s9 = a45p[i0];
+        const float s9 = a47p[i0];
         const float s10 = (s9 * s8);
         const float s11 = 0.03125f;
         const float s12 = (s10 * s11);
         const float s13 = s12;
         const float s14 = (s13 * s2);
-        const float s15 = a43p[i0 * 32 + i1];
+        const float s15 = a45p[i0 * 32 + i1];
         const float s16 = (s15 + s14);
-        a46p[i0 * 32 + i1] = s16;
+        a48p[i0 * 32 + i1] = s16;
       }
     }
   }
 }
 
 void T5Train::repeated5(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+    support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
+    support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
+    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
+    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
+    support::View a44, support::ConstView a45, support::View a46) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
+  static const support::Shape shape0_1 = {2, 8};
+  static const support::Shape shape0_3 = {256, 32};
+  static const support::Shape shape0_4 = {32};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:14 square
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:20 mul
+  // t5.mesh:40:20 broadcast
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a2p[i0 * 32 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = a3p[i0];
+        const float s4 = s3 * s3;
+        const float s5 = a3p[i0];
+        const float s6 = (s5 * s4);
+        const float s7 = -0.5f;
+        const float s8 = (s6 * s7);
+        const float s9 = a0p[i0];
+        const float s10 = (s9 * s8);
+        const float s11 = 0.03125f;
+        const float s12 = (s10 * s11);
+        const float s13 = s12;
+        const float s14 = (s13 * s2);
+        const float s15 = a4p[i0 * 32 + i1];
+        const float s16 = (s15 + s14);
+        a5p[i0 * 32 + i1] = s16;
+      }
+    }
+  }
+
+  // t5.mesh:91:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
+  // dims: batch, targets, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
+  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
+  // dims: batch, targets, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan3.run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
+
+  // t5.mesh:91:17 gt
+  // t5.mesh:91:17 where
+  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = 0.0f;
+      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+      const float s3 = a7p[i0];
+      const float s4 = 0.0f;
+      const float s5 = (s2 != 0 ? s3 : s4);
+      a11p[i0] = s5;
+    }
+  }
+
+  // t5.mesh:91:22 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
+  // dims: batch, targets, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
+
+  // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
+  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
+  // dims: batch, targets, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
+  group_model.wait(request0);
+
+  // t5.mesh:40:53 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a13p[i0];
+      const float s1 = a16p[i0];
+      const float s2 = (s0 * s1);
+      a17p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
+  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
+  static const support::Shape shape10_1 = {32};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 8};
+  static const support::Shape shape10_5 = {256, 32};
+  support::reduce(a18.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // t5.mesh:40:53 mul
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:12 add
+  // t5.mesh:40:12 mul
+  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
+  {
+    float *__restrict a22p = a22.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a13p[i0 * 32 + i1];
+        const float s1 = a19p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a20p[i0];
+        const float s4 = (s2 * s3);
+        const float s5 = a5p[i0 * 32 + i1];
+        const float s6 = (s5 + s4);
+        const float s7 = a21p[i0 * 32 + i1];
+        const float s8 = (s2 * s7);
+        a22p[i0 * 32 + i1] = s6;
+        a23p[i0 * 32 + i1] = s8;
+      }
+    }
+  }
+
+  // t5.mesh:40:12 sum
+  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
+  static const support::Shape shape12_1 = {2, 8};
+  static const support::Shape shape12_3 = {256, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a24.data(), shape12_1, a23.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:14 square
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:14 mul
+  // t5.mesh:40:20 mul
+  // t5.mesh:40:20 broadcast
+  // t5.mesh:40:25 mul
+  // t5.mesh:40:25 add
+  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = a20p[i0];
+        const float s4 = s3 * s3;
+        const float s5 = a20p[i0];
+        const float s6 = (s5 * s4);
+        const float s7 = -0.5f;
+        const float s8 = (s6 * s7);
+        const float s9 = a24p[i0];
+        const float s10 = (s9 * s8);
+        const float s11 = 0.03125f;
+        const float s12 = (s10 * s11);
+        const float s13 = s12;
+        const float s14 = (s13 * s2);
+        const float s15 = a22p[i0 * 32 + i1];
+        const float s16 = (s15 + s14);
+        a25p[i0 * 32 + i1] = s16;
+      }
+    }
+  }
+
+  // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, inputs, heads, d_kv, targets
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan15.run(a28.data(), a27.data(), a29.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan16.run(a30.data(), a27.data(), a31.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan17.run(a25.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+
+  // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
+  {
+    float *__restrict a34p = a34.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = a29p[i0];
+      const float s1 = a30p[i0];
+      const float s2 = (s0 * s1);
+      a34p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:84:17 sum
+  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
+  static const support::Shape shape19_1 = {2, 2, 8};
+  static const support::Shape shape19_3 = {256, 128, 16};
+  static const support::Shape shape19_4 = {16};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(a35.data(), shape19_1, a34.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
+
+  // t5.mesh:84:17 sub
+  // t5.mesh:84:17 mul
+  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
+  {
+    float *__restrict a36p = a36.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a29p[i0 * 16 + i1];
+        const float s1 = a35p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = a30p[i0 * 16 + i1];
+        const float s4 = (s3 * s2);
+        a36p[i0 * 16 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan21.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
+  // dims: batch, heads, targets, inputs, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan22.run(a36.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan23.run(a31.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan24.run(a31.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
+  // dims: batch, inputs, heads, d_kv, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan25(
+      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan25.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+}
+
+void T5Train::repeated6(
     support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
     support::View a4, support::View a5, support::ConstView a6, support::View a7,
     support::ConstView a8, support::View a9, support::View a10, support::View a11,
@@ -11976,348 +12337,19 @@ void T5Train::repeated5(
   }
 }
 
-void T5Train::repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
-                        support::ConstView a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::View a9, support::ConstView a10, support::View a11,
-                        support::ConstView a12, support::View a13, support::ConstView a14,
-                        support::View a15, support::ConstView a16, support::View a17,
-                        support::View a18, support::ConstView a19, support::ConstView a20,
-                        support::ConstView a21, support::View a22, support::View a23,
-                        support::View a24, support::View a25, support::ConstView a26,
-                        support::ConstView a27, support::View a28, support::ConstView a29,
-                        support::View a30, support::View a31, support::View a32, support::View a33,
-                        support::View a34, support::ConstView a35, support::View a36,
-                        support::ConstView a37, support::View a38, support::ConstView a39,
-                        support::View a40, support::ConstView a41, support::View a42,
-                        support::ConstView a43, support::View a44) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape0_1 = {2, 8};
-  static const support::Shape shape0_3 = {256, 32};
-  static const support::Shape shape0_4 = {32};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:14 square
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:20 mul
-  // t5.mesh:40:20 broadcast
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a5p = a5.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a4p = a4.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a3p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a0p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a4p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a5p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
-
-  // t5.mesh:91:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
-  MESHRT_TRACE("gemm", "t5.mesh:91:10", "backward");
-  // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan3.run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
-
-  // t5.mesh:91:17 gt
-  // t5.mesh:91:17 where
-  MESHRT_TRACE("loop", "t5.mesh:91:17", "backward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a7p = a7.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = a7p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      a11p[i0] = s5;
-    }
-  }
-
-  // t5.mesh:91:22 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
-
-  // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %345 over model for mul at 40:53)
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  auto request0 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
-
-  // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
-  MESHRT_TRACE("gemm", "t5.mesh:91:22", "backward");
-  // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
-
-  MESHRT_TRACE_SITE("t5.mesh:40:53");
-  group_model.wait(request0);
-
-  // t5.mesh:40:53 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a13p[i0];
-      const float s1 = a16p[i0];
-      const float s2 = (s0 * s1);
-      a17p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:40:53 sum -> grad/decoder/rms_norm#2[1]/scale
-  MESHRT_TRACE("sum", "t5.mesh:40:53", "backward");
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 8};
-  static const support::Shape shape10_5 = {256, 32};
-  support::reduce(a18.data(), shape10_1, a17.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
-
-  // t5.mesh:40:53 mul
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:12 add
-  // t5.mesh:40:12 mul
-  MESHRT_TRACE("loop", "t5.mesh:40:53", "backward");
-  {
-    float *__restrict a22p = a22.data();
-    float *__restrict a23p = a23.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a5p = a5.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a20p[i0];
-        const float s4 = (s2 * s3);
-        const float s5 = a5p[i0 * 32 + i1];
-        const float s6 = (s5 + s4);
-        const float s7 = a21p[i0 * 32 + i1];
-        const float s8 = (s2 * s7);
-        a22p[i0 * 32 + i1] = s6;
-        a23p[i0 * 32 + i1] = s8;
-      }
-    }
-  }
-
-  // t5.mesh:40:12 sum
-  MESHRT_TRACE("sum", "t5.mesh:40:12", "backward");
-  static const support::Shape shape12_1 = {2, 8};
-  static const support::Shape shape12_3 = {256, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(a24.data(), shape12_1, a23.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
-
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:14 square
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:14 mul
-  // t5.mesh:40:20 mul
-  // t5.mesh:40:20 broadcast
-  // t5.mesh:40:25 mul
-  // t5.mesh:40:25 add
-  MESHRT_TRACE("loop", "t5.mesh:40:25", "backward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a22p = a22.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = a20p[i0];
-        const float s4 = s3 * s3;
-        const float s5 = a20p[i0];
-        const float s6 = (s5 * s4);
-        const float s7 = -0.5f;
-        const float s8 = (s6 * s7);
-        const float s9 = a24p[i0];
-        const float s10 = (s9 * s8);
-        const float s11 = 0.03125f;
-        const float s12 = (s10 * s11);
-        const float s13 = s12;
-        const float s14 = (s13 * s2);
-        const float s15 = a22p[i0 * 32 + i1];
-        const float s16 = (s15 + s14);
-        a25p[i0 * 32 + i1] = s16;
-      }
-    }
-  }
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, inputs, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 8, 32, 16, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan14Operands[] = {a25.data(), a26.data(), a27.data()};
-  einsumPlan14.run(einsumPlan14Operands, a28.data(), 1.0f, 0.0f);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 8, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan15Operands[] = {a25.data(), a29.data(), a27.data()};
-  einsumPlan15.run(einsumPlan15Operands, a30.data(), 1.0f, 0.0f);
-
-  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 8, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan16Operands[] = {a25.data(), a29.data(), a26.data()};
-  einsumPlan16.run(einsumPlan16Operands, a31.data(), 1.0f, 0.0f);
-
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a29p[i0];
-      const float s2 = (s0 * s1);
-      a32p[i0] = s2;
-    }
-  }
-
-  // t5.mesh:84:17 sum
-  MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape18_1 = {2, 2, 8};
-  static const support::Shape shape18_3 = {256, 128, 16};
-  static const support::Shape shape18_4 = {16};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a33.data(), shape18_1, a32.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // t5.mesh:84:17 sub
-  // t5.mesh:84:17 mul
-  MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a33p = a33.data();
-    const float *__restrict a29p = a29.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = a28p[i0 * 16 + i1];
-        const float s1 = a33p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = a29p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        a34p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
-  // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan20.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
-  // dims: batch, heads, targets, inputs, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan21.run(a34.data(), a37.data(), a38.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan22.run(a30.data(), a39.data(), a40.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(a30.data(), a41.data(), a42.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
-  // dims: batch, inputs, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
-      {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan24.run(a38.data(), a43.data(), a44.data(), 1.0f, 0.0f);
-}
-
 void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                         support::View a3, support::ConstView a4, support::ConstView a5,
                         support::ConstView a6, support::ConstView a7, support::View a8,
                         support::View a9, support::View a10, support::View a11,
-                        support::ConstView a12, support::ConstView a13, support::View a14,
-                        support::ConstView a15, support::View a16, support::View a17,
-                        support::View a18, support::View a19, support::View a20, support::View a21,
-                        support::ConstView a22, support::View a23, support::ConstView a24,
-                        support::View a25, support::ConstView a26, support::View a27,
-                        support::ConstView a28, support::View a29, support::ConstView a30,
-                        support::View a31, support::View a32, support::ConstView a33,
-                        support::View a34, support::View a35) {
+                        support::ConstView a12, support::View a13, support::ConstView a14,
+                        support::View a15, support::ConstView a16, support::View a17,
+                        support::ConstView a18, support::View a19, support::View a20,
+                        support::View a21, support::View a22, support::View a23,
+                        support::ConstView a24, support::View a25, support::ConstView a26,
+                        support::View a27, support::ConstView a28, support::View a29,
+                        support::ConstView a30, support::View a31, support::ConstView a32,
+                        support::View a33, support::View a34, support::ConstView a35,
+                        support::View a36, support::View a37) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:40:53 mul
@@ -12423,151 +12455,150 @@ void T5Train::repeated7(support::ConstView a0, support::ConstView a1, support::V
   }
 
   // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, targets_keys, heads, d_kv
+  // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 8, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan5Operands[] = {a11.data(), a12.data(), a13.data()};
-  einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, targets_keys, d_kv
+  // dims: batch, targets_keys, heads, d_kv, targets
   static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 8, 32, 2, 8, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan6Operands[] = {a11.data(), a15.data(), a13.data()};
-  einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
+      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan6.run(a14.data(), a13.data(), a15.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
+  // dims: batch, heads, targets, targets_keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan7.run(a16.data(), a13.data(), a17.data(), 1.0f, 0.0f);
 
   // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "backward");
-  // dims: batch, targets, d_model, heads, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 8, 32, 2, 8, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan7Operands[] = {a11.data(), a15.data(), a12.data()};
-  einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a14p = a14.data();
+    float *__restrict a20p = a20.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a15p[i0];
+      const float s0 = a15p[i0];
+      const float s1 = a16p[i0];
       const float s2 = (s0 * s1);
-      a18p[i0] = s2;
+      a20p[i0] = s2;
     }
   }
 
   // t5.mesh:84:17 sum
   MESHRT_TRACE("sum", "t5.mesh:84:17", "backward");
-  static const support::Shape shape9_1 = {2, 2, 8};
-  static const support::Shape shape9_3 = {128, 64, 8};
-  static const support::Shape shape9_4 = {8};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape10_1 = {2, 2, 8};
+  static const support::Shape shape10_3 = {128, 64, 8};
+  static const support::Shape shape10_4 = {8};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a21.data(), shape10_1, a20.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:84:17 sub
   // t5.mesh:84:17 mul
   MESHRT_TRACE("loop", "t5.mesh:84:17", "backward");
   {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a19p = a19.data();
+    float *__restrict a22p = a22.data();
     const float *__restrict a15p = a15.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
-        const float s0 = a14p[i0 * 8 + i1];
-        const float s1 = a19p[i0];
+        const float s0 = a15p[i0 * 8 + i1];
+        const float s1 = a21p[i0];
         const float s2 = (s0 - s1);
-        const float s3 = a15p[i0 * 8 + i1];
+        const float s3 = a16p[i0 * 8 + i1];
         const float s4 = (s3 * s2);
-        a20p[i0 * 8 + i1] = s4;
+        a22p[i0 * 8 + i1] = s4;
       }
     }
   }
 
   // t5.mesh:83:60 sum
   MESHRT_TRACE("sum", "t5.mesh:83:60", "backward");
-  static const support::Shape shape11_1 = {2, 8, 8};
-  static const support::Shape shape11_3 = {64, 8, 1};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {128};
-  support::reduce(a21.data(), shape11_1, a20.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape12_1 = {2, 8, 8};
+  static const support::Shape shape12_3 = {64, 8, 1};
+  static const support::Shape shape12_4 = {2};
+  static const support::Shape shape12_5 = {128};
+  support::reduce(a23.data(), shape12_1, a22.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  einsumPlan13.run(a22.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // t5.mesh:83:16 einsum
   MESHRT_TRACE("gemm", "t5.mesh:83:16", "backward");
   // dims: batch, heads, targets, targets_keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  einsumPlan14.run(a22.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  einsumPlan15.run(a17.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
   // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
   MESHRT_TRACE("gemm", "t5.mesh:82:23", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+  einsumPlan16.run(a17.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+  einsumPlan17.run(a27.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
   MESHRT_TRACE("gemm", "t5.mesh:81:21", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
+  einsumPlan18.run(a27.data(), a30.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:80:17 einsum
   MESHRT_TRACE("gemm", "t5.mesh:80:17", "backward");
   // dims: batch, targets, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(a23.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a25.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // t5.mesh:81:21 add
   // t5.mesh:80:17 add
   MESHRT_TRACE("loop", "t5.mesh:81:21", "backward");
   {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a34p = a34.data();
+    float *__restrict a37p = a37.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a27p[i0];
-      const float s1 = a31p[i0];
+      const float s0 = a29p[i0];
+      const float s1 = a33p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = a34p[i0];
+      const float s3 = a36p[i0];
       const float s4 = (s2 + s3);
-      a35p[i0] = s4;
+      a37p[i0] = s4;
     }
   }
 }
@@ -12578,12 +12609,13 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
                         support::View a10, support::ConstView a11, support::ConstView a12,
                         support::View a13, support::ConstView a14, support::View a15,
                         support::View a16, support::ConstView a17, support::View a18,
-                        support::View a19, support::ConstView a20, support::View a21,
+                        support::View a19, support::View a20, support::ConstView a21,
                         support::View a22, support::View a23, support::View a24, support::View a25,
-                        support::ConstView a26, support::View a27, support::View a28,
-                        support::ConstView a29, support::View a30, support::View a31,
-                        support::ConstView a32, support::View a33, support::View a34,
-                        support::View a35, support::View a36, support::View a37) {
+                        support::View a26, support::ConstView a27, support::View a28,
+                        support::View a29, support::ConstView a30, support::View a31,
+                        support::View a32, support::ConstView a33, support::View a34,
+                        support::View a35, support::View a36, support::View a37,
+                        support::View a38) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:121:11 add -> x
@@ -12706,58 +12738,63 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[0]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, inputs, d_kv, d_model
+  // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan10Operands[] = {a19.data(), a15.data(), a20.data()};
-  einsumPlan10.run(einsumPlan10Operands, a21.data(), 1.0f, 0.0f);
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan10.run(a19.data(), a15.data(), a20.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, targets
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan11.run(a21.data(), a20.data(), a22.data(), 1.0f, 0.0f);
 
   // t5.mesh:122:11 all_reduce_sum (resolve the partial sum of %210 over model for add at 122:11)
   MESHRT_TRACE_SITE("t5.mesh:122:11");
-  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:122:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:122:11", "forward");
   {
-    float *__restrict a22p = a22.data();
     float *__restrict a23p = a23.data();
+    float *__restrict a24p = a24.data();
     const float *__restrict a2p = a2.data();
-    const float *__restrict a21p = a21.data();
+    const float *__restrict a22p = a22.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = a2p[i0];
-      const float s1 = a21p[i0];
+      const float s1 = a22p[i0];
       const float s2 = (s0 + s1);
       const float s3 = s2 * s2;
-      a22p[i0] = s2;
-      a23p[i0] = s3;
+      a23p[i0] = s2;
+      a24p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape13_1 = {2, 8};
-  static const support::Shape shape13_3 = {256, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(a24.data(), shape13_1, a23.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape14_1 = {2, 8};
+  static const support::Shape shape14_3 = {256, 32};
+  static const support::Shape shape14_4 = {32};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a25.data(), shape14_1, a24.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a24p[i0];
+      const float s0 = a25p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a25p[i0] = s3;
+      a26p[i0] = s3;
     }
   }
 
@@ -12765,20 +12802,20 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:40:53 mul
   MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
   {
-    float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a25p = a25.data();
+    float *__restrict a29p = a29.data();
+    const float *__restrict a23p = a23.data();
     const float *__restrict a26p = a26.data();
+    const float *__restrict a27p = a27.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a22p[i0 * 32 + i1];
-        const float s1 = a25p[i0];
+        const float s0 = a23p[i0 * 32 + i1];
+        const float s1 = a26p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = a26p[i1];
+        const float s3 = a27p[i1];
         const float s4 = (s2 * s3);
-        a27p[i0 * 32 + i1] = s2;
-        a28p[i0 * 32 + i1] = s4;
+        a28p[i0 * 32 + i1] = s2;
+        a29p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -12786,72 +12823,72 @@ void T5Train::repeated8(support::ConstView a0, support::ConstView a1, support::V
   // t5.mesh:91:22 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:22", "forward");
   // dims: batch, targets, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  einsumPlan17.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // t5.mesh:91:17 relu
   MESHRT_TRACE("loop", "t5.mesh:91:17", "forward");
   {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a31p = a31.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a30p[i0];
+      const float s0 = a31p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a31p[i0] = s1;
+      a32p[i0] = s1;
     }
   }
 
   // t5.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "t5.mesh:91:10", "forward");
   // dims: batch, targets, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // t5.mesh:123:11 all_reduce_sum (resolve the partial sum of %224 over model for add at 123:11)
   MESHRT_TRACE_SITE("t5.mesh:123:11");
-  group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a34.data(), a34.size(), meshrt::ReduceOp::Sum);
 
   // t5.mesh:123:11 add -> x
   // t5.mesh:40:25 square
   MESHRT_TRACE("loop", "t5.mesh:123:11", "forward");
   {
-    float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a33p = a33.data();
+    float *__restrict a36p = a36.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a34p = a34.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a22p[i0];
-      const float s1 = a33p[i0];
+      const float s0 = a23p[i0];
+      const float s1 = a34p[i0];
       const float s2 = (s0 + s1);
       const float s3 = s2 * s2;
-      a34p[i0] = s2;
-      a35p[i0] = s3;
+      a35p[i0] = s2;
+      a36p[i0] = s3;
     }
   }
 
   // t5.mesh:40:20 mean
   MESHRT_TRACE("mean", "t5.mesh:40:20", "forward");
-  static const support::Shape shape21_1 = {2, 8};
-  static const support::Shape shape21_3 = {256, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(a36.data(), shape21_1, a35.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape22_1 = {2, 8};
+  static const support::Shape shape22_3 = {256, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a37.data(), shape22_1, a36.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.03125);
 
   // t5.mesh:40:45 add
   // t5.mesh:40:14 rsqrt
   MESHRT_TRACE("loop", "t5.mesh:40:45", "forward");
   {
-    float *__restrict a37p = a37.data();
-    const float *__restrict a36p = a36.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
-      const float s0 = a36p[i0];
+      const float s0 = a37p[i0];
       const float s1 = 1e-06f;
       const float s2 = (s0 + s1);
       const float s3 = 1.0f / support::fsqrt(s2);
-      a37p[i0] = s3;
+      a38p[i0] = s3;
     }
   }
 }
@@ -13411,7 +13448,108 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
   }
 }
 
-void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
+void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                         support::View a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::ConstView a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::View a14,
+                         support::View a15, support::ConstView a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // t5.mesh:40:12 mul
+  // t5.mesh:40:53 mul -> n
+  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
+  {
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a1p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a2p[i1];
+        const float s4 = (s2 * s3);
+        a3p[i0 * 32 + i1] = s2;
+        a4p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // t5.mesh:80:17 einsum -> queries
+  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // t5.mesh:81:21 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // t5.mesh:82:23 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
+  // dims: batch, targets, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:16 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
+  // dims: batch, targets, heads, d_kv, targets_keys
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan4.run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+
+  // t5.mesh:83:60 add -> logits
+  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a11p[i0 * 128 + i1];
+        const float s1 = a12p[i1];
+        const float s2 = (s0 + s1);
+        a13p[i0 * 128 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:84:17 softmax -> weights
+  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
+  static const support::Shape shape6_2 = {2, 2, 8};
+  static const support::Shape shape6_3 = {128, 64, 8};
+  static const support::Shape shape6_4 = {128, 64, 8};
+  static const support::Shape shape6_5 = {8};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a14.data(), a13.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::Softmax, 1e-05, 8, nullptr);
+
+  // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum -> grad/decoder/attention[0]/o
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: batch, heads, targets, targets_keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan7.run(a14.data(), a10.data(), a15.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, targets
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(a16.data(), a15.data(), a17.data(), 1.0f, 0.0f);
+}
+
+void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::View a10, support::ConstView a11, support::View a12) {
@@ -13541,102 +13679,6 @@ void T5Train::repeated12(support::ConstView a0, support::ConstView a1, support::
       a8p[i0] = s6;
     }
   }
-}
-
-void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                         support::View a3, support::View a4, support::ConstView a5,
-                         support::View a6, support::ConstView a7, support::View a8,
-                         support::ConstView a9, support::View a10, support::View a11,
-                         support::ConstView a12, support::View a13, support::View a14,
-                         support::ConstView a15, support::View a16) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // t5.mesh:40:12 mul
-  // t5.mesh:40:53 mul -> n
-  MESHRT_TRACE("loop", "t5.mesh:40:12", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a1p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = a2p[i1];
-        const float s4 = (s2 * s3);
-        a3p[i0 * 32 + i1] = s2;
-        a4p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // t5.mesh:80:17 einsum -> queries
-  MESHRT_TRACE("gemm", "t5.mesh:80:17", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
-
-  // t5.mesh:81:21 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:81:21", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-
-  // t5.mesh:82:23 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:82:23", "forward");
-  // dims: batch, targets, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(a4.data(), a9.data(), a10.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:16 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:83:16", "forward");
-  // dims: batch, targets, heads, d_kv, targets_keys
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(a6.data(), a8.data(), a11.data(), 1.0f, 0.0f);
-
-  // t5.mesh:83:60 add -> logits
-  MESHRT_TRACE("loop", "t5.mesh:83:60", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a11p[i0 * 128 + i1];
-        const float s1 = a12p[i1];
-        const float s2 = (s0 + s1);
-        a13p[i0 * 128 + i1] = s2;
-      }
-    }
-  }
-
-  // t5.mesh:84:17 softmax -> weights
-  MESHRT_TRACE("softmax", "t5.mesh:84:17", "forward");
-  static const support::Shape shape6_2 = {2, 2, 8};
-  static const support::Shape shape6_3 = {128, 64, 8};
-  static const support::Shape shape6_4 = {128, 64, 8};
-  static const support::Shape shape6_5 = {8};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a14.data(), a13.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::Softmax, 1e-05, 8, nullptr);
-
-  // t5.mesh:85:10 einsum
-  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, targets, targets_keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 2, 8, 8, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan7Operands[] = {a14.data(), a10.data(), a15.data()};
-  einsumPlan7.run(einsumPlan7Operands, a16.data(), 1.0f, 0.0f);
 }
 
 void T5Train::repeated14(support::ConstView a0, support::View a1, support::View a2,
@@ -13777,8 +13819,8 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
 void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::View a10, support::ConstView a11,
-                         support::View a12) {
+                         support::View a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13) {
   MESHRT_TRACE_SPAN(world_);
 
   // t5.mesh:80:17 einsum -> queries
@@ -13837,14 +13879,19 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // t5.mesh:85:10 einsum
+  // t5.mesh:85:10 einsum -> grad/encoder/attention[0]/o
   MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
-  // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
+  // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
-  einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan6.run(a10.data(), a6.data(), a11.data(), 1.0f, 0.0f);
+
+  // t5.mesh:85:10 einsum
+  MESHRT_TRACE("gemm", "t5.mesh:85:10", "forward");
+  // dims: heads, d_kv, d_model, batch, inputs
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan7.run(a12.data(), a11.data(), a13.data(), 1.0f, 0.0f);
 }
 
 void T5Train::repeated16(support::View a0, support::ConstView a1, support::ConstView a2,

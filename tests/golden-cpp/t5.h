@@ -46,7 +46,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 23040;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 245056;
+  static constexpr size_t kTemporaryBytes = 253248;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 27712;
 
@@ -94,11 +94,11 @@ public:
                  support::ConstView a8, support::View a9, support::ConstView a10,
                  support::ConstView a11, support::View a12, support::ConstView a13,
                  support::View a14, support::View a15, support::ConstView a16, support::View a17,
-                 support::View a18, support::ConstView a19, support::View a20, support::View a21,
-                 support::View a22, support::View a23, support::View a24, support::ConstView a25,
-                 support::View a26, support::ConstView a27, support::View a28, support::View a29,
-                 support::ConstView a30, support::View a31, support::View a32, support::View a33,
-                 support::View a34, support::View a35);
+                 support::View a18, support::View a19, support::ConstView a20, support::View a21,
+                 support::View a22, support::View a23, support::View a24, support::View a25,
+                 support::ConstView a26, support::View a27, support::ConstView a28,
+                 support::View a29, support::View a30, support::ConstView a31, support::View a32,
+                 support::View a33, support::View a34, support::View a35, support::View a36);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::ConstView a8, support::View a9, support::View a10, support::ConstView a11,
@@ -107,12 +107,12 @@ public:
   void repeated2(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                  support::View a3, support::ConstView a4, support::View a5, support::ConstView a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::ConstView a11, support::View a12, support::View a13,
-                 support::ConstView a14, support::View a15);
+                 support::ConstView a11, support::View a12, support::View a13, support::View a14,
+                 support::ConstView a15, support::View a16);
   void repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::ConstView a11, support::View a12);
+                 support::View a11, support::ConstView a12, support::View a13);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 
@@ -329,9 +329,9 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 188544;
+  static constexpr size_t kArenaBytes = 194688;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1080324;
+  static constexpr size_t kTemporaryBytes = 1096708;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 40640;
 
@@ -493,18 +493,31 @@ public:
   void repeated4(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::ConstView a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::ConstView a13,
-                 support::View a14, support::ConstView a15, support::View a16, support::View a17,
-                 support::View a18, support::View a19, support::View a20, support::View a21,
-                 support::ConstView a22, support::View a23, support::ConstView a24,
+                 support::View a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15, support::ConstView a16,
+                 support::View a17, support::ConstView a18, support::View a19, support::View a20,
+                 support::View a21, support::View a22, support::View a23, support::ConstView a24,
                  support::View a25, support::ConstView a26, support::View a27,
                  support::ConstView a28, support::View a29, support::ConstView a30,
-                 support::View a31, support::View a32, support::ConstView a33, support::View a34,
-                 support::View a35, support::View a36, support::ConstView a37, support::View a38,
-                 support::View a39, support::ConstView a40, support::ConstView a41,
-                 support::ConstView a42, support::View a43, support::View a44, support::View a45,
-                 support::View a46);
-  void repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
+                 support::ConstView a35, support::View a36, support::View a37, support::View a38,
+                 support::ConstView a39, support::View a40, support::View a41,
+                 support::ConstView a42, support::ConstView a43, support::ConstView a44,
+                 support::View a45, support::View a46, support::View a47, support::View a48);
+  void
+  repeated5(support::View a0, support::ConstView a1, support::ConstView a2, support::ConstView a3,
+            support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+            support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+            support::ConstView a12, support::View a13, support::ConstView a14, support::View a15,
+            support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
+            support::ConstView a20, support::ConstView a21, support::View a22, support::View a23,
+            support::View a24, support::View a25, support::ConstView a26, support::View a27,
+            support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+            support::ConstView a32, support::View a33, support::View a34, support::View a35,
+            support::View a36, support::ConstView a37, support::View a38, support::ConstView a39,
+            support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
+            support::View a44, support::ConstView a45, support::View a46);
+  void repeated6(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::View a5, support::ConstView a6,
                  support::View a7, support::ConstView a8, support::View a9, support::View a10,
                  support::View a11, support::ConstView a12, support::ConstView a13,
@@ -516,41 +529,28 @@ public:
                  support::View a30, support::ConstView a31, support::View a32, support::View a33,
                  support::View a34, support::View a35, support::View a36, support::View a37,
                  support::View a38, support::View a39, support::View a40);
-  void repeated6(support::View a0, support::ConstView a1, support::ConstView a2,
-                 support::ConstView a3, support::ConstView a4, support::View a5,
-                 support::ConstView a6, support::View a7, support::ConstView a8, support::View a9,
-                 support::ConstView a10, support::View a11, support::ConstView a12,
-                 support::View a13, support::ConstView a14, support::View a15,
-                 support::ConstView a16, support::View a17, support::View a18,
-                 support::ConstView a19, support::ConstView a20, support::ConstView a21,
-                 support::View a22, support::View a23, support::View a24, support::View a25,
-                 support::ConstView a26, support::ConstView a27, support::View a28,
-                 support::ConstView a29, support::View a30, support::View a31, support::View a32,
-                 support::View a33, support::View a34, support::ConstView a35, support::View a36,
-                 support::ConstView a37, support::View a38, support::ConstView a39,
-                 support::View a40, support::ConstView a41, support::View a42,
-                 support::ConstView a43, support::View a44);
   void repeated7(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::ConstView a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7, support::View a8, support::View a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::ConstView a13,
-                 support::View a14, support::ConstView a15, support::View a16, support::View a17,
-                 support::View a18, support::View a19, support::View a20, support::View a21,
-                 support::ConstView a22, support::View a23, support::ConstView a24,
+                 support::View a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15, support::ConstView a16,
+                 support::View a17, support::ConstView a18, support::View a19, support::View a20,
+                 support::View a21, support::View a22, support::View a23, support::ConstView a24,
                  support::View a25, support::ConstView a26, support::View a27,
                  support::ConstView a28, support::View a29, support::ConstView a30,
-                 support::View a31, support::View a32, support::ConstView a33, support::View a34,
-                 support::View a35);
+                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
+                 support::ConstView a35, support::View a36, support::View a37);
   void repeated8(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
                  support::ConstView a12, support::View a13, support::ConstView a14,
                  support::View a15, support::View a16, support::ConstView a17, support::View a18,
-                 support::View a19, support::ConstView a20, support::View a21, support::View a22,
-                 support::View a23, support::View a24, support::View a25, support::ConstView a26,
-                 support::View a27, support::View a28, support::ConstView a29, support::View a30,
-                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
-                 support::View a35, support::View a36, support::View a37);
+                 support::View a19, support::View a20, support::ConstView a21, support::View a22,
+                 support::View a23, support::View a24, support::View a25, support::View a26,
+                 support::ConstView a27, support::View a28, support::View a29,
+                 support::ConstView a30, support::View a31, support::View a32,
+                 support::ConstView a33, support::View a34, support::View a35, support::View a36,
+                 support::View a37, support::View a38);
   void repeated9(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10, support::View a11,
@@ -571,15 +571,15 @@ public:
                   support::View a7, support::ConstView a8, support::View a9, support::View a10,
                   support::View a11, support::ConstView a12, support::ConstView a13,
                   support::View a14, support::ConstView a15, support::View a16);
-  void repeated12(support::ConstView a0, support::ConstView a1, support::View a2,
-                  support::ConstView a3, support::View a4, support::View a5, support::View a6,
-                  support::View a7, support::View a8, support::View a9, support::View a10,
-                  support::ConstView a11, support::View a12);
-  void repeated13(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+  void repeated12(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                   support::View a3, support::View a4, support::ConstView a5, support::View a6,
                   support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
                   support::View a11, support::ConstView a12, support::View a13, support::View a14,
-                  support::ConstView a15, support::View a16);
+                  support::View a15, support::ConstView a16, support::View a17);
+  void repeated13(support::ConstView a0, support::ConstView a1, support::View a2,
+                  support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                  support::View a7, support::View a8, support::View a9, support::View a10,
+                  support::ConstView a11, support::View a12);
   void repeated14(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
                   support::View a4, support::View a5, support::ConstView a6, support::View a7,
                   support::View a8, support::ConstView a9, support::View a10, support::View a11,
@@ -588,7 +588,7 @@ public:
   void repeated15(support::ConstView a0, support::ConstView a1, support::View a2,
                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                   support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                  support::ConstView a11, support::View a12);
+                  support::View a11, support::ConstView a12, support::View a13);
   void repeated16(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                   support::ConstView a4, support::ConstView a5, support::View a6, support::View a7);
   void repeated17(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,

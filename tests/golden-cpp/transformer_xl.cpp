@@ -518,11 +518,11 @@ void XlTrain::computeInvariants() {
 
 XlTrain::Outputs XlTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xl_train");
-  // Arena: 104768 bytes for 363504 bytes of temporaries (placed by liveness).
+  // Arena: 106816 bytes for 367600 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 8});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v135 = arena_.view(104704, 1);
+  support::View v135 = arena_.view(106752, 1);
   support::View v26 = arena_.view(59392, 512);
   support::View v75 = arena_.view(83968, 512);
 
@@ -603,7 +603,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   group_model.allReduce(v23.data(), v23.size(), meshrt::ReduceOp::Sum);
 
-  // 25 statements from transformer_xl.mesh:79:17 rename (1 of 2)
+  // 26 statements from transformer_xl.mesh:79:17 rename (1 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   support::View v34 = arena_.view(32768, 1024);
   const support::Buffer &v24 = param1_decoder_xl_layer_0_memory;
@@ -624,6 +624,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v50 = persistent_.view(26240, 128);
   support::View v52 = arena_.view(28672, 512);
   support::View v53 = arena_.view(65536, 512);
+  support::View v54_c0 = arena_.view(104448, 256);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
   support::View v54 = arena_.view(24576, 512);
   support::View v56 = arena_.view(67584, 512);
@@ -643,10 +644,10 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v26 = arena_.view(59392, 512);
   support::View v73 = arena_.view(81920, 512);
   repeated2(v26, v23, v34, v24, v27, v35, v28, v36, v29, v37, v21, v30, v38, v32, v39, v40, v33,
-            v41, v42, v50, v52, v53, v31, v54, v56, v59, v57, v58, v61, v62, v64, v65, v63, v66,
-            v68, v71, v69, v70, v73);
+            v41, v42, v50, v52, v53, v54_c0, v31, v54, v56, v59, v57, v58, v61, v62, v64, v65, v63,
+            v66, v68, v71, v69, v70, v73);
 
-  // 25 statements from transformer_xl.mesh:79:17 rename (2 of 2)
+  // 26 statements from transformer_xl.mesh:79:17 rename (2 of 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:79:17");
   support::View v83 = arena_.view(36864, 1024);
   const support::Buffer &v74 = param15_decoder_xl_layer_1_memory;
@@ -667,6 +668,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v91 = arena_.view(43008, 512);
   support::View v101 = arena_.view(45056, 512);
   support::View v102 = arena_.view(86016, 512);
+  support::View v103_c0 = arena_.view(105472, 256);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
   support::View v103 = arena_.view(40960, 512);
   support::View v105 = arena_.view(88064, 512);
@@ -686,8 +688,8 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::View v75 = arena_.view(83968, 512);
   support::View v122 = arena_.view(94208, 512);
   repeated2(v75, v73, v83, v74, v76, v84, v77, v85, v78, v86, v21, v79, v87, v81, v88, v89, v82,
-            v90, v91, v50, v101, v102, v80, v103, v105, v108, v106, v107, v110, v111, v113, v114,
-            v112, v115, v117, v120, v118, v119, v122);
+            v90, v91, v50, v101, v102, v103_c0, v80, v103, v105, v108, v106, v107, v110, v111, v113,
+            v114, v112, v115, v117, v120, v118, v119, v122);
 
   // transformer_xl.mesh:91:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:91:10", "forward");
@@ -803,7 +805,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
 
   // transformer_xl.mesh:100:74 div -> loss
   MESHRT_TRACE("loop", "transformer_xl.mesh:100:74", "forward");
-  support::View v135 = arena_.view(104704, 1);
+  support::View v135 = arena_.view(106752, 1);
   {
     float *__restrict v135p = v135.data();
     const float *__restrict v130p = v130.data();
@@ -897,7 +899,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
+  // 55 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v153 = arena_.view(98304, 512);
@@ -936,15 +938,17 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v194 = arena_.view(94272, 16);
   support::View v196 = arena_.view(94336, 16);
   support::View v199 = arena_.view(92160, 512);
-  support::View v86 = arena_.view(55296, 512);
   support::View v80(param20_decoder_xl_layer_1_relative_attention_o); // updated in place
+  support::View v200_c0 = arena_.view(90112, 256);
+  support::View v86 = arena_.view(55296, 512);
   support::View v200 = arena_.view(88064, 512);
   support::View v102 = arena_.view(86016, 512);
-  support::View v201 = arena_.view(90112, 512);
-  support::View v203 = arena_.view(55296, 512);
+  support::View v201 = arena_.view(55296, 512);
+  support::View v103_c0 = arena_.view(105472, 256);
+  support::View v203 = arena_.view(94208, 512);
   support::View v204 = arena_.view(96256, 32);
   support::View v50 = persistent_.view(26240, 128);
-  support::View v208 = arena_.view(55296, 512);
+  support::View v208 = arena_.view(94208, 512);
   support::View v87 = arena_.view(24576, 2048);
   support::View v209 = arena_.view(88064, 256);
   support::View v90 = arena_.view(103424, 256);
@@ -965,28 +969,28 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v222 = arena_.view(24576, 512);
   support::View v226 = arena_.view(26624, 512);
   support::View v73 = arena_.view(81920, 512);
-  support::View v156 = arena_.view(104448, 32);
-  support::View v159 = arena_.view(104576, 32);
+  support::View v156 = arena_.view(106496, 32);
+  support::View v159 = arena_.view(106624, 32);
   support::View v175 = arena_.view(45056, 1024);
   support::View v182 = arena_.view(49152, 1024);
   support::View v183 = arena_.view(99328, 32);
   support::View v186 = arena_.view(99456, 32);
-  support::View v202 = arena_.view(94208, 512);
+  support::View v202 = arena_.view(90112, 512);
   support::View v211 = arena_.view(99584, 16);
   support::View v215 = arena_.view(99648, 16);
   support::View v216 = arena_.view(88064, 512);
-  support::View v218 = arena_.view(96256, 512);
-  support::View v221 = arena_.view(90112, 512);
+  support::View v218 = arena_.view(94208, 512);
+  support::View v221 = arena_.view(96256, 512);
   support::View v225 = arena_.view(36864, 512);
   support::View v228 = arena_.view(28672, 512);
   repeated1(v156, v153, v120, v158, v159, v160, v117, v162, v163, v166, v118, v157, v167, v168,
             v170, v173, v112, v174, v114, v175, v113, v178, v111, v179, v181, v110, v182, v183,
-            v108, v185, v186, v187, v105, v189, v190, v192, v106, v184, v193, v194, v196, v199, v86,
-            v80, v200, v102, v201, v202, v203, v204, v50, v208, v87, v209, v90, v210, v211, v85,
-            v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77, v219, v220, v221,
-            v76, v222, v226, v73, v225, v228);
+            v108, v185, v186, v187, v105, v189, v190, v192, v106, v184, v193, v194, v196, v199, v80,
+            v200_c0, v86, v200, v102, v201, v103_c0, v202, v203, v204, v50, v208, v87, v209, v90,
+            v210, v211, v85, v212, v88, v213, v214, v215, v21, v216, v78, v217, v83, v218, v77,
+            v219, v220, v221, v76, v222, v226, v73, v225, v228);
 
-  // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
+  // 55 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (2 of
   // 2)
   MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   support::View v71 = arena_.view(79872, 512);
@@ -1024,14 +1028,16 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v265 = arena_.view(67648, 16);
   support::View v267 = arena_.view(55296, 16);
   support::View v270 = arena_.view(53248, 512);
-  support::View v37 = arena_.view(63488, 512);
   support::View v31(param6_decoder_xl_layer_0_relative_attention_o); // updated in place
+  support::View v271_c0 = arena_.view(67584, 256);
+  support::View v37 = arena_.view(63488, 512);
   support::View v271 = arena_.view(38912, 512);
   support::View v53 = arena_.view(65536, 512);
   support::View v272 = arena_.view(55296, 512);
-  support::View v274 = arena_.view(63488, 512);
+  support::View v54_c0 = arena_.view(104448, 256);
+  support::View v274 = arena_.view(67584, 512);
   support::View v275 = arena_.view(69632, 32);
-  support::View v279 = arena_.view(63488, 512);
+  support::View v279 = arena_.view(67584, 512);
   support::View v38 = arena_.view(16384, 2048);
   support::View v280 = arena_.view(65536, 256);
   support::View v41 = arena_.view(101376, 256);
@@ -1040,7 +1046,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v283 = arena_.view(66560, 256);
   support::View v39 = arena_.view(100352, 256);
   support::View v284 = arena_.view(38912, 512);
-  support::View v285 = arena_.view(63488, 256);
+  support::View v285 = arena_.view(67584, 256);
   support::View v29(param4_decoder_xl_layer_0_relative_attention_v); // updated in place
   support::View v288 = arena_.view(0, 1024);
   support::View v34 = arena_.view(32768, 1024);
@@ -1057,9 +1063,9 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v253 = arena_.view(28672, 1024);
   support::View v254 = arena_.view(71680, 32);
   support::View v257 = arena_.view(71808, 32);
-  support::View v273 = arena_.view(67584, 512);
+  support::View v273 = arena_.view(63488, 512);
   support::View v282 = arena_.view(69632, 16);
-  support::View v286 = arena_.view(64512, 16);
+  support::View v286 = arena_.view(65536, 16);
   support::View v287 = arena_.view(61440, 512);
   support::View v289 = arena_.view(12288, 512);
   support::View v292 = arena_.view(14336, 512);
@@ -1067,10 +1073,10 @@ void XlTrain::runPart1(const Inputs &inputs) {
   support::View v299 = arena_.view(4096, 512);
   repeated1(v229, v228, v71, v231, v232, v233, v68, v235, v236, v238, v69, v230, v239, v240, v242,
             v245, v63, v246, v65, v247, v64, v249, v62, v250, v252, v61, v253, v254, v59, v256,
-            v257, v258, v56, v260, v261, v263, v57, v255, v264, v265, v267, v270, v37, v31, v271,
-            v53, v272, v273, v274, v275, v50, v279, v38, v280, v41, v281, v282, v36, v283, v39,
-            v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292, v27, v293,
-            v297, v23, v296, v299);
+            v257, v258, v56, v260, v261, v263, v57, v255, v264, v265, v267, v270, v31, v271_c0, v37,
+            v271, v53, v272, v54_c0, v273, v274, v275, v50, v279, v38, v280, v41, v281, v282, v36,
+            v283, v39, v284, v285, v286, v21, v287, v29, v288, v34, v289, v28, v290, v291, v292,
+            v27, v293, v297, v23, v296, v299);
 
   // transformer_xl.mesh:87:11 einsum
   MESHRT_TRACE("einsum", "transformer_xl.mesh:87:11", "backward");
@@ -2506,16 +2512,16 @@ void XlTrain::repeated1(
     support::View a29, support::View a30, support::View a31, support::ConstView a32,
     support::View a33, support::View a34, support::View a35, support::ConstView a36,
     support::View a37, support::View a38, support::View a39, support::View a40, support::View a41,
-    support::ConstView a42, support::ConstView a43, support::View a44, support::ConstView a45,
-    support::View a46, support::View a47, support::View a48, support::View a49,
-    support::ConstView a50, support::View a51, support::ConstView a52, support::View a53,
-    support::ConstView a54, support::View a55, support::View a56, support::ConstView a57,
-    support::View a58, support::ConstView a59, support::View a60, support::View a61,
-    support::View a62, support::ConstView a63, support::View a64, support::ConstView a65,
+    support::ConstView a42, support::View a43, support::ConstView a44, support::View a45,
+    support::ConstView a46, support::View a47, support::ConstView a48, support::View a49,
+    support::View a50, support::View a51, support::ConstView a52, support::View a53,
+    support::ConstView a54, support::View a55, support::ConstView a56, support::View a57,
+    support::View a58, support::ConstView a59, support::View a60, support::ConstView a61,
+    support::View a62, support::View a63, support::View a64, support::ConstView a65,
     support::View a66, support::ConstView a67, support::View a68, support::ConstView a69,
-    support::View a70, support::View a71, support::View a72, support::ConstView a73,
-    support::View a74, support::View a75, support::ConstView a76, support::View a77,
-    support::View a78) {
+    support::View a70, support::ConstView a71, support::View a72, support::View a73,
+    support::View a74, support::ConstView a75, support::View a76, support::View a77,
+    support::ConstView a78, support::View a79, support::View a80) {
   MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias
@@ -2886,56 +2892,55 @@ void XlTrain::repeated1(
   }
 
   // transformer_xl.mesh:64:10 einsum
+  // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
-  // dims: batch, segment, d_model, context, heads, d_kv
+  // dims: batch, segment, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan29(
-      {{2, 8, 32, 16, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan29Operands[] = {a41.data(), a42.data(), a43.data()};
-  einsumPlan29.run(einsumPlan29Operands, a44.data(), 1.0f, 0.0f);
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan29.run(a41.data(), a42.data(), a43.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
-  // dims: batch, segment, d_model, heads, context, d_kv
+  // dims: batch, context, heads, d_kv, segment
   static const meshrt::kernels::EinsumPlan einsumPlan30(
-      {{2, 8, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan30Operands[] = {a41.data(), a45.data(), a43.data()};
-  einsumPlan30.run(einsumPlan30Operands, a46.data(), 1.0f, 0.0f);
+      {{2, 16, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan30.run(a44.data(), a43.data(), a45.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
+  // dims: batch, heads, segment, context, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan31.run(a46.data(), a43.data(), a47.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[1]/relative_attention/o
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "backward");
-  // dims: batch, segment, d_model, heads, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan31(
-      {{2, 8, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan31Operands[] = {a41.data(), a45.data(), a42.data()};
-  einsumPlan31.run(einsumPlan31Operands, a47.data(), 1.0f, 0.0f);
+  // dims: batch, segment, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan32.run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:63:17 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
-    float *__restrict a48p = a48.data();
-    const float *__restrict a44p = a44.data();
+    float *__restrict a50p = a50.data();
     const float *__restrict a45p = a45.data();
+    const float *__restrict a46p = a46.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a44p[i0];
-      const float s1 = a45p[i0];
+      const float s0 = a45p[i0];
+      const float s1 = a46p[i0];
       const float s2 = (s0 * s1);
-      a48p[i0] = s2;
+      a50p[i0] = s2;
     }
   }
 
   // transformer_xl.mesh:63:17 sum
   MESHRT_TRACE("sum", "transformer_xl.mesh:63:17", "backward");
-  static const support::Shape shape33_1 = {2, 2, 8};
-  static const support::Shape shape33_3 = {256, 128, 16};
-  static const support::Shape shape33_4 = {16};
-  static const support::Shape shape33_5 = {1};
-  support::reduce(a49.data(), shape33_1, a48.data(), shape33_3, shape33_4, shape33_5,
+  static const support::Shape shape34_1 = {2, 2, 8};
+  static const support::Shape shape34_3 = {256, 128, 16};
+  static const support::Shape shape34_4 = {16};
+  static const support::Shape shape34_5 = {1};
+  support::reduce(a51.data(), shape34_1, a50.data(), shape34_3, shape34_4, shape34_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:63:17 sub
@@ -2944,25 +2949,25 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:62:37 mul
   MESHRT_TRACE("loop", "transformer_xl.mesh:63:17", "backward");
   {
-    float *__restrict a51p = a51.data();
-    const float *__restrict a44p = a44.data();
-    const float *__restrict a49p = a49.data();
+    float *__restrict a53p = a53.data();
     const float *__restrict a45p = a45.data();
-    const float *__restrict a50p = a50.data();
+    const float *__restrict a51p = a51.data();
+    const float *__restrict a46p = a46.data();
+    const float *__restrict a52p = a52.data();
     for (int64_t i0 = 0; i0 < 4; ++i0) {
       for (int64_t i1 = 0; i1 < 8; ++i1) {
         for (int64_t i2 = 0; i2 < 16; ++i2) {
-          const float s0 = a44p[i0 * 128 + i1 * 16 + i2];
-          const float s1 = a49p[i0 * 8 + i1];
+          const float s0 = a45p[i0 * 128 + i1 * 16 + i2];
+          const float s1 = a51p[i0 * 8 + i1];
           const float s2 = (s0 - s1);
-          const float s3 = a45p[i0 * 128 + i1 * 16 + i2];
+          const float s3 = a46p[i0 * 128 + i1 * 16 + i2];
           const float s4 = (s3 * s2);
-          const float s5 = a50p[i1 + i2 * 8];
+          const float s5 = a52p[i1 + i2 * 8];
           const float s6 = 0.0f;
           const float s7 = (s5 != 0 ? s4 : s6);
           const float s8 = 0.35355338f;
           const float s9 = (s7 * s8);
-          a51p[i0 * 128 + i1 * 16 + i2] = s9;
+          a53p[i0 * 128 + i1 * 16 + i2] = s9;
         }
       }
     }
@@ -2971,139 +2976,139 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan35(
+  static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan35.run(a51.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+  einsumPlan36.run(a53.data(), a54.data(), a55.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:18 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:61:18", "backward");
   // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan36(
+  static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan36.run(a51.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+  einsumPlan37.run(a53.data(), a56.data(), a57.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:61:33 sum -> grad/decoder/xl_layer[1]/relative_attention/position_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:61:33", "backward");
-  static const support::Shape shape37_1 = {2, 8};
-  static const support::Shape shape37_3 = {8, 1};
-  static const support::Shape shape37_4 = {2, 8};
-  static const support::Shape shape37_5 = {128, 16};
-  support::reduce(a56.data(), shape37_1, a53.data(), shape37_3, shape37_4, shape37_5,
+  static const support::Shape shape38_1 = {2, 8};
+  static const support::Shape shape38_3 = {8, 1};
+  static const support::Shape shape38_4 = {2, 8};
+  static const support::Shape shape38_5 = {128, 16};
+  support::reduce(a58.data(), shape38_1, a55.data(), shape38_3, shape38_4, shape38_5,
                   support::Reduce::Sum, 1.0);
-
-  // transformer_xl.mesh:60:17 einsum
-  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
-  // dims: batch, heads, segment, context, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
-      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan38.run(a51.data(), a57.data(), a58.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
   // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan39(
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan39.run(a53.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:60:17 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:60:17", "backward");
+  // dims: batch, heads, segment, context, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan40(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan39.run(a51.data(), a59.data(), a60.data(), 1.0f, 0.0f);
+  einsumPlan40.run(a53.data(), a61.data(), a62.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:60:32 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:60:32", "backward");
   {
-    float *__restrict a61p = a61.data();
-    const float *__restrict a53p = a53.data();
-    const float *__restrict a58p = a58.data();
+    float *__restrict a63p = a63.data();
+    const float *__restrict a55p = a55.data();
+    const float *__restrict a60p = a60.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = a53p[i0];
-      const float s1 = a58p[i0];
+      const float s0 = a55p[i0];
+      const float s1 = a60p[i0];
       const float s2 = (s0 + s1);
-      a61p[i0] = s2;
+      a63p[i0] = s2;
     }
   }
 
   // transformer_xl.mesh:60:32 sum -> grad/decoder/xl_layer[1]/relative_attention/content_bias
   MESHRT_TRACE("sum", "transformer_xl.mesh:60:32", "backward");
-  static const support::Shape shape41_1 = {2, 8};
-  static const support::Shape shape41_3 = {8, 1};
-  static const support::Shape shape41_4 = {2, 8};
-  static const support::Shape shape41_5 = {128, 16};
-  support::reduce(a62.data(), shape41_1, a58.data(), shape41_3, shape41_4, shape41_5,
+  static const support::Shape shape42_1 = {2, 8};
+  static const support::Shape shape42_3 = {8, 1};
+  static const support::Shape shape42_4 = {2, 8};
+  static const support::Shape shape42_5 = {128, 16};
+  support::reduce(a64.data(), shape42_1, a60.data(), shape42_3, shape42_4, shape42_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer_xl.mesh:59:19 einsum -> grad/decoder/xl_layer[1]/relative_attention/r
   MESHRT_TRACE("gemm", "transformer_xl.mesh:59:19", "backward");
   // dims: segment, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan42(
+  static const meshrt::kernels::EinsumPlan einsumPlan43(
       {{8, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan42.run(a55.data(), a63.data(), a64.data(), 1.0f, 0.0f);
+  einsumPlan43.run(a57.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan43(
+  static const meshrt::kernels::EinsumPlan einsumPlan44(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan43.run(a46.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+  einsumPlan44.run(a47.data(), a67.data(), a68.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:58:16 einsum -> grad/decoder/xl_layer[1]/relative_attention/v
   MESHRT_TRACE("gemm", "transformer_xl.mesh:58:16", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan44(
+  static const meshrt::kernels::EinsumPlan einsumPlan45(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan44.run(a46.data(), a67.data(), a68.data(), 1.0f, 0.0f);
+  einsumPlan45.run(a47.data(), a69.data(), a70.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan45(
+  static const meshrt::kernels::EinsumPlan einsumPlan46(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan45.run(a60.data(), a69.data(), a70.data(), 1.0f, 0.0f);
+  einsumPlan46.run(a62.data(), a71.data(), a72.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:57:14 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:57:14", "backward");
   {
-    float *__restrict a71p = a71.data();
-    const float *__restrict a66p = a66.data();
-    const float *__restrict a70p = a70.data();
+    float *__restrict a73p = a73.data();
+    const float *__restrict a68p = a68.data();
+    const float *__restrict a72p = a72.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a66p[i0];
-      const float s1 = a70p[i0];
+      const float s0 = a68p[i0];
+      const float s1 = a72p[i0];
       const float s2 = (s0 + s1);
-      a71p[i0] = s2;
+      a73p[i0] = s2;
     }
   }
 
   // transformer_xl.mesh:57:14 einsum -> grad/decoder/xl_layer[1]/relative_attention/k
   MESHRT_TRACE("gemm", "transformer_xl.mesh:57:14", "backward");
   // dims: batch, context, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan47(
+  static const meshrt::kernels::EinsumPlan einsumPlan48(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan47.run(a60.data(), a67.data(), a72.data(), 1.0f, 0.0f);
+  einsumPlan48.run(a62.data(), a69.data(), a74.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:56:17 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan48(
+  static const meshrt::kernels::EinsumPlan einsumPlan49(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan48.run(a61.data(), a73.data(), a74.data(), 1.0f, 0.0f);
+  einsumPlan49.run(a63.data(), a75.data(), a76.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:55:17 slice
   MESHRT_TRACE("slice", "transformer_xl.mesh:55:17", "backward");
-  support::zero(a75);
-  static const support::Shape shape49_2 = {2, 32};
-  static const support::Shape shape49_3 = {256, 1};
-  static const support::Shape shape49_4 = {512, 1};
-  support::copyWindow(a75.data(), a71.data(), shape49_2, shape49_3, shape49_4, 32, 32, 8, 16,
+  support::zero(a77);
+  static const support::Shape shape50_2 = {2, 32};
+  static const support::Shape shape50_3 = {256, 1};
+  static const support::Shape shape50_4 = {512, 1};
+  support::copyWindow(a77.data(), a73.data(), shape50_2, shape50_3, shape50_4, 32, 32, 8, 16,
                       int64_t(-8));
 
   // transformer_xl.mesh:56:17 bucketed_all_reduce_sum (resolve the partial sum of %212 over model
   // for add at 56:17; merged with 1 more partial sum over model (%227): 4.0 KiB in one buffer)
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
-  auto request1 = support::startAllReduce(group_model, {a74, a75}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {a76, a77}, meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:56:17 einsum -> grad/decoder/xl_layer[1]/relative_attention/q
   MESHRT_TRACE("gemm", "transformer_xl.mesh:56:17", "backward");
   // dims: batch, segment, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan51(
+  static const meshrt::kernels::EinsumPlan einsumPlan52(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan51.run(a61.data(), a76.data(), a77.data(), 1.0f, 0.0f);
+  einsumPlan52.run(a63.data(), a78.data(), a79.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request1);
@@ -3112,34 +3117,32 @@ void XlTrain::repeated1(
   // transformer_xl.mesh:55:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:56:17", "backward");
   {
-    float *__restrict a78p = a78.data();
+    float *__restrict a80p = a80.data();
     const float *__restrict a41p = a41.data();
-    const float *__restrict a74p = a74.data();
-    const float *__restrict a75p = a75.data();
+    const float *__restrict a76p = a76.data();
+    const float *__restrict a77p = a77.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = a41p[i0];
-      const float s1 = a74p[i0];
+      const float s1 = a76p[i0];
       const float s2 = (s0 + s1);
-      const float s3 = a75p[i0];
+      const float s3 = a77p[i0];
       const float s4 = (s2 + s3);
-      a78p[i0] = s4;
+      a80p[i0] = s4;
     }
   }
 }
 
-void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
-                        support::ConstView a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::View a9, support::ConstView a10, support::ConstView a11,
-                        support::View a12, support::ConstView a13, support::View a14,
-                        support::View a15, support::ConstView a16, support::View a17,
-                        support::View a18, support::ConstView a19, support::View a20,
-                        support::View a21, support::ConstView a22, support::View a23,
-                        support::View a24, support::View a25, support::ConstView a26,
-                        support::ConstView a27, support::View a28, support::ConstView a29,
-                        support::View a30, support::View a31, support::ConstView a32,
-                        support::View a33, support::View a34, support::View a35,
-                        support::ConstView a36, support::ConstView a37, support::View a38) {
+void XlTrain::repeated2(
+    support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::ConstView a10, support::ConstView a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::ConstView a19,
+    support::View a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::View a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a36, support::ConstView a37, support::ConstView a38, support::View a39) {
   MESHRT_TRACE_SPAN(world_);
 
   // transformer_xl.mesh:79:17 rename
@@ -3275,61 +3278,66 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
                  shape12_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
   // transformer_xl.mesh:64:10 einsum
+  // transformer_xl.mesh:64:10 einsum -> grad/decoder/xl_layer[0]/relative_attention/o
   MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
-  // dims: batch, heads, segment, context, d_kv, d_model
+  // dims: batch, heads, segment, context, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 2, 8, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan13Operands[] = {a21.data(), a9.data(), a22.data()};
-  einsumPlan13.run(einsumPlan13Operands, a23.data(), 1.0f, 0.0f);
+      {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan13.run(a21.data(), a9.data(), a22.data(), 1.0f, 0.0f);
+
+  // transformer_xl.mesh:64:10 einsum
+  MESHRT_TRACE("gemm", "transformer_xl.mesh:64:10", "forward");
+  // dims: heads, d_kv, d_model, batch, segment
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan14.run(a23.data(), a22.data(), a24.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:80:18 all_reduce_sum (resolve the partial sum of %53 over model for add at
   // 80:18)
   MESHRT_TRACE_SITE("transformer_xl.mesh:80:18");
-  group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a24.data(), a24.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:80:18 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:80:18", "forward");
   {
-    float *__restrict a24p = a24.data();
+    float *__restrict a25p = a25.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
       const float s0 = a1p[i0];
-      const float s1 = a23p[i0];
+      const float s1 = a24p[i0];
       const float s2 = (s0 + s1);
-      a24p[i0] = s2;
+      a25p[i0] = s2;
     }
   }
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape16_2 = {2, 8};
-  static const support::Shape shape16_3 = {256, 32};
-  static const support::Shape shape16_4 = {256, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(a25.data(), a24.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape17_2 = {2, 8};
+  static const support::Shape shape17_3 = {256, 32};
+  static const support::Shape shape17_4 = {256, 32};
+  static const support::Shape shape17_5 = {32};
+  static const support::Shape shape17_6 = {1};
+  static const support::Shape shape17_7 = {1};
+  support::along(a26.data(), a25.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
+                 shape17_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> h
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a25p = a25.data();
+    float *__restrict a29p = a29.data();
     const float *__restrict a26p = a26.data();
     const float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a25p[i0 * 32 + i1];
-        const float s1 = a26p[i1];
+        const float s0 = a26p[i0 * 32 + i1];
+        const float s1 = a27p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a27p[i1];
+        const float s3 = a28p[i1];
         const float s4 = (s2 + s3);
-        a28p[i0 * 32 + i1] = s4;
+        a29p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -3337,75 +3345,75 @@ void XlTrain::repeated2(support::View a0, support::ConstView a1, support::View a
   // transformer_xl.mesh:70:22 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:22", "forward");
   // dims: batch, segment, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+  einsumPlan19.run(a29.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:70:17 relu
   MESHRT_TRACE("loop", "transformer_xl.mesh:70:17", "forward");
   {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a30p = a30.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a31p = a31.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a30p[i0];
+      const float s0 = a31p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a31p[i0] = s1;
+      a32p[i0] = s1;
     }
   }
 
   // transformer_xl.mesh:70:10 einsum
   MESHRT_TRACE("gemm", "transformer_xl.mesh:70:10", "forward");
   // dims: batch, segment, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+  einsumPlan21.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // transformer_xl.mesh:81:17 all_reduce_sum (resolve the partial sum of %64 over model for add at
   // 81:17)
   MESHRT_TRACE_SITE("transformer_xl.mesh:81:17");
-  group_model.allReduce(a33.data(), a33.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a34.data(), a34.size(), meshrt::ReduceOp::Sum);
 
   // transformer_xl.mesh:81:17 add
   MESHRT_TRACE("loop", "transformer_xl.mesh:81:17", "forward");
   {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a33p = a33.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a34p = a34.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = a28p[i0];
-      const float s1 = a33p[i0];
+      const float s0 = a29p[i0];
+      const float s1 = a34p[i0];
       const float s2 = (s0 + s1);
-      a34p[i0] = s2;
+      a35p[i0] = s2;
     }
   }
 
   // transformer_xl.mesh:32:10 layer_norm
   MESHRT_TRACE("layer_norm", "transformer_xl.mesh:32:10", "forward");
-  static const support::Shape shape23_2 = {2, 8};
-  static const support::Shape shape23_3 = {256, 32};
-  static const support::Shape shape23_4 = {256, 32};
-  static const support::Shape shape23_5 = {32};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(a35.data(), a34.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape24_2 = {2, 8};
+  static const support::Shape shape24_3 = {256, 32};
+  static const support::Shape shape24_4 = {256, 32};
+  static const support::Shape shape24_5 = {32};
+  static const support::Shape shape24_6 = {1};
+  static const support::Shape shape24_7 = {1};
+  support::along(a36.data(), a35.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
+                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // transformer_xl.mesh:32:33 mul
   // transformer_xl.mesh:32:40 add -> x
   MESHRT_TRACE("loop", "transformer_xl.mesh:32:33", "forward");
   {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a35p = a35.data();
+    float *__restrict a39p = a39.data();
     const float *__restrict a36p = a36.data();
     const float *__restrict a37p = a37.data();
+    const float *__restrict a38p = a38.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a35p[i0 * 32 + i1];
-        const float s1 = a36p[i1];
+        const float s0 = a36p[i0 * 32 + i1];
+        const float s1 = a37p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a37p[i1];
+        const float s3 = a38p[i1];
         const float s4 = (s2 + s3);
-        a38p[i0 * 32 + i1] = s4;
+        a39p[i0 * 32 + i1] = s4;
       }
     }
   }

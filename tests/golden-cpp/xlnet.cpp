@@ -341,11 +341,11 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 344128 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 352320 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v191 = arena_.view(0, 1024);
+  support::View v191 = arena_.view(4096, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v191.begin(), v191.end())};
@@ -558,12 +558,14 @@ void Predict::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 21 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 23 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
+  support::View v70_c0 = arena_.view(45056, 512);
   const support::Buffer &v35 = param7_xlnet_xlnet_layer_0_two_stream_attention_o;
   support::View v70 = arena_.view(32768, 1024);
+  support::View v71_c0 = arena_.view(45056, 512);
   support::View v71 = arena_.view(36864, 1024);
   support::View v73 = arena_.view(40960, 1024);
   support::View v75 = arena_.view(32768, 1024);
@@ -586,8 +588,9 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v100 = arena_.view(49152, 1024);
   support::View v101 = arena_.view(36864, 1024);
   support::View v104 = arena_.view(32768, 1024);
-  repeated0(v54, v56, v66, v68, v69, v64, v41, v35, v70, v71, v24, v73, v28, v75, v78, v76, v77,
-            v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100, v101, v104);
+  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
+            v78, v76, v77, v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100,
+            v101, v104);
 
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
@@ -706,41 +709,43 @@ void Predict::runPart0(const Inputs &inputs) {
   support::along(v144.data(), v143.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
                  shape19_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 21 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 23 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
+  support::View v150_c0 = arena_.view(4096, 512);
   const support::Buffer &v116 = param22_xlnet_xlnet_layer_1_two_stream_attention_o;
-  support::View v150 = arena_.view(4096, 1024);
-  support::View v151 = arena_.view(0, 1024);
+  support::View v150 = arena_.view(0, 1024);
+  support::View v151_c0 = arena_.view(12288, 512);
+  support::View v151 = arena_.view(4096, 1024);
   support::View v153 = arena_.view(8192, 1024);
-  support::View v155 = arena_.view(4096, 1024);
-  support::View v158 = arena_.view(0, 1024);
+  support::View v155 = arena_.view(0, 1024);
+  support::View v158 = arena_.view(4096, 1024);
   const support::Buffer &v156 = param25_xlnet_xlnet_layer_1_norm_gain;
   const support::Buffer &v157 = param26_xlnet_xlnet_layer_1_norm_bias;
   support::View v160 = arena_.view(8192, 1024);
-  support::View v161 = arena_.view(0, 1024);
-  support::View v163 = arena_.view(4096, 1024);
+  support::View v161 = arena_.view(4096, 1024);
+  support::View v163 = arena_.view(0, 1024);
   const support::Buffer &v164 = param27_xlnet_xlnet_layer_1_dense_relu_dense_wi;
-  support::View v168 = arena_.view(0, 1024);
+  support::View v168 = arena_.view(4096, 1024);
   const support::Buffer &v165 = param28_xlnet_xlnet_layer_1_dense_relu_dense_bi;
   support::View v170 = arena_.view(12288, 1024);
   const support::Buffer &v166 = param29_xlnet_xlnet_layer_1_dense_relu_dense_wo;
-  support::View v171 = arena_.view(0, 1024);
+  support::View v171 = arena_.view(4096, 1024);
   support::View v174 = arena_.view(12288, 1024);
   support::View v176 = arena_.view(16384, 1024);
   support::View v177 = arena_.view(12288, 1024);
   const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
   support::View v180 = arena_.view(16384, 1024);
-  support::View v181 = arena_.view(0, 1024);
-  support::View v184 = arena_.view(4096, 1024);
-  repeated0(v134, v136, v66, v148, v149, v144, v121, v116, v150, v151, v106, v153, v109, v155, v158,
-            v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171, v174, v176, v177,
-            v167, v180, v181, v184);
+  support::View v181 = arena_.view(4096, 1024);
+  support::View v184 = arena_.view(0, 1024);
+  repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
+            v109, v155, v158, v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171,
+            v174, v176, v177, v167, v180, v181, v184);
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v187 = arena_.view(4096, 1024);
+  support::View v187 = arena_.view(0, 1024);
   static const support::Shape shape21_2 = {2, 16};
   static const support::Shape shape21_3 = {512, 32};
   static const support::Shape shape21_4 = {512, 32};
@@ -755,7 +760,7 @@ void Predict::runPart0(const Inputs &inputs) {
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
   const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
-  support::View v189 = arena_.view(0, 1024);
+  support::View v189 = arena_.view(4096, 1024);
   {
     float *__restrict v189p = v189.data();
     const float *__restrict v187p = v187.data();
@@ -775,7 +780,7 @@ void Predict::runPart0(const Inputs &inputs) {
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v190 = arena_.view(4096, 1024);
+  support::View v190 = arena_.view(0, 1024);
   // dims: batch, length, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -788,9 +793,9 @@ void Predict::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
-  support::View v190 = arena_.view(4096, 1024);
+  support::View v190 = arena_.view(0, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
-  support::View v191 = arena_.view(0, 1024);
+  support::View v191 = arena_.view(4096, 1024);
   {
     float *__restrict v191p = v191.data();
     const float *__restrict v190p = v190.data();
@@ -808,15 +813,16 @@ void Predict::runPart1(const Inputs &inputs) {
 
 void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                         support::View a3, support::View a4, support::ConstView a5,
-                        support::ConstView a6, support::ConstView a7, support::View a8,
-                        support::View a9, support::ConstView a10, support::View a11,
-                        support::ConstView a12, support::View a13, support::View a14,
-                        support::ConstView a15, support::ConstView a16, support::View a17,
-                        support::View a18, support::View a19, support::ConstView a20,
+                        support::ConstView a6, support::View a7, support::ConstView a8,
+                        support::View a9, support::View a10, support::View a11,
+                        support::ConstView a12, support::View a13, support::ConstView a14,
+                        support::View a15, support::View a16, support::ConstView a17,
+                        support::ConstView a18, support::View a19, support::View a20,
                         support::View a21, support::ConstView a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::View a26,
-                        support::View a27, support::View a28, support::ConstView a29,
-                        support::View a30, support::View a31, support::View a32) {
+                        support::ConstView a24, support::View a25, support::ConstView a26,
+                        support::View a27, support::View a28, support::View a29, support::View a30,
+                        support::ConstView a31, support::View a32, support::View a33,
+                        support::View a34) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -856,45 +862,39 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
 
   // xlnet.mesh:73:10 einsum -> a
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
+  // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan2Operands[] = {a5.data(), a6.data(), a7.data()};
-  einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan3Operands[] = {a4.data(), a6.data(), a7.data()};
-  einsumPlan3.run(einsumPlan3Operands, a9.data(), 1.0f, 0.0f);
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:93:23 bucketed_all_reduce_sum -> a (resolve the partial sum of a over model for add
   // at 93:23; merged with 1 more partial sum over model (b): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:93:23");
-  support::allReduceBucket(group_model, {a8, a9});
+  support::allReduceBucket(group_model, {a9, a11});
 
   // xlnet.mesh:93:23 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = a8p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -907,64 +907,78 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
     }
   }
 
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape7_2 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {512, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(a14.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
-    float *__restrict a17p = a17.data();
+    float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a14p[i0 * 32 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a16p[i1];
-        const float s4 = (s2 + s3);
-        a17p[i0 * 32 + i1] = s4;
-      }
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a14p[i0];
+      const float s1 = a11p[i0];
+      const float s2 = (s0 + s1);
+      a15p[i0] = s2;
     }
   }
 
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
   static const support::Shape shape9_5 = {32};
   static const support::Shape shape9_6 = {1};
   static const support::Shape shape9_7 = {1};
-  support::along(a18.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a16.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a16p[i0 * 32 + i1];
+        const float s1 = a17p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a18p[i1];
+        const float s4 = (s2 + s3);
+        a19p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  static const support::Shape shape11_2 = {2, 16};
+  static const support::Shape shape11_3 = {512, 32};
+  static const support::Shape shape11_4 = {512, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(a20.data(), a15.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   {
-    float *__restrict a19p = a19.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a17p = a17.data();
     const float *__restrict a18p = a18.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a15p[i1];
+        const float s0 = a20p[i0 * 32 + i1];
+        const float s1 = a17p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a16p[i1];
+        const float s3 = a18p[i1];
         const float s4 = (s2 + s3);
-        a19p[i0 * 32 + i1] = s4;
+        a21p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -972,24 +986,24 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a17.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  einsumPlan13.run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a22p = a22.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a21p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
+        const float s0 = a23p[i0 * 32 + i1];
+        const float s1 = a24p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a23p[i0 * 32 + i1] = s3;
+        a25p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -997,31 +1011,31 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
+  einsumPlan15.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
+  einsumPlan16.run(a21.data(), a22.data(), a28.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
   {
-    float *__restrict a27p = a27.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a22p = a22.data();
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a26p[i0 * 32 + i1];
-        const float s1 = a22p[i1];
+        const float s0 = a28p[i0 * 32 + i1];
+        const float s1 = a24p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a27p[i0 * 32 + i1] = s3;
+        a29p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -1029,31 +1043,31 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
+  einsumPlan18.run(a29.data(), a26.data(), a30.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a25, a28});
+  support::allReduceBucket(group_model, {a27, a30});
 
   // xlnet.mesh:83:96 add -> f
   // xlnet.mesh:95:24 add
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   {
-    float *__restrict a30p = a30.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a17p = a17.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a19p = a19.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a25p[i0 * 32 + i1];
-        const float s1 = a29p[i1];
+        const float s0 = a27p[i0 * 32 + i1];
+        const float s1 = a31p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a17p[i0 * 32 + i1];
+        const float s3 = a19p[i0 * 32 + i1];
         const float s4 = (s3 + s2);
-        a30p[i0 * 32 + i1] = s4;
+        a32p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -1062,32 +1076,32 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:95:32 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   {
-    float *__restrict a31p = a31.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a19p = a19.data();
+    float *__restrict a33p = a33.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a21p = a21.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a28p[i0 * 32 + i1];
-        const float s1 = a29p[i1];
+        const float s0 = a30p[i0 * 32 + i1];
+        const float s1 = a31p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a19p[i0 * 32 + i1];
+        const float s3 = a21p[i0 * 32 + i1];
         const float s4 = (s3 + s2);
-        a31p[i0 * 32 + i1] = s4;
+        a33p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // xlnet.mesh:37:10 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape20_2 = {2, 16};
-  static const support::Shape shape20_3 = {512, 32};
-  static const support::Shape shape20_4 = {512, 32};
-  static const support::Shape shape20_5 = {32};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(a32.data(), a30.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape22_2 = {2, 16};
+  static const support::Shape shape22_3 = {512, 32};
+  static const support::Shape shape22_4 = {512, 32};
+  static const support::Shape shape22_5 = {32};
+  static const support::Shape shape22_6 = {1};
+  static const support::Shape shape22_7 = {1};
+  support::along(a34.data(), a32.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
+                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1940,7 +1954,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 219648 bytes for 814236 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 828572 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -1948,8 +1962,8 @@ XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   runPart3(inputs);
   runPart4(inputs);
   runPart5(inputs);
-  support::View v210 = arena_.view(219392, 1);
-  support::View v205 = arena_.view(219584, 1);
+  support::View v210 = arena_.view(225536, 1);
+  support::View v205 = arena_.view(225728, 1);
 
   // The step's updates.
   ++step_;
@@ -1984,7 +1998,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:127:26 ge
   // xlnet.mesh:127:16 cast -> target
   MESHRT_TRACE("loop", "xlnet.mesh:127:26", "forward");
-  support::View v5 = arena_.view(219520, 16);
+  support::View v5 = arena_.view(225664, 16);
   {
     float *__restrict v5p = v5.data();
     const float *__restrict v2p = v2.data();
@@ -2088,8 +2102,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:128:14 ge
   // xlnet.mesh:109:40 cast
   MESHRT_TRACE("loop", "xlnet.mesh:109:52", "forward");
-  support::View v30 = arena_.view(219136, 32);
-  support::View v31 = arena_.view(219264, 32);
+  support::View v30 = arena_.view(225280, 32);
+  support::View v31 = arena_.view(225408, 32);
   {
     float *__restrict v30p = v30.data();
     float *__restrict v31p = v31.data();
@@ -2156,7 +2170,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:49 gt
   // xlnet.mesh:69:49 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:30", "forward");
-  support::View v65 = arena_.view(217088, 256);
+  support::View v65 = arena_.view(223232, 256);
   {
     float *__restrict v65p = v65.data();
     const float *__restrict v11p = v11.data();
@@ -2213,7 +2227,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   // xlnet.mesh:72:47 gt
   // xlnet.mesh:72:47 gt
   MESHRT_TRACE("loop", "xlnet.mesh:111:47", "forward");
-  support::View v70 = arena_.view(218112, 256);
+  support::View v70 = arena_.view(224256, 256);
   {
     float *__restrict v70p = v70.data();
     const float *__restrict v13p = v13.data();
@@ -2228,12 +2242,14 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 12 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 14 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
+  support::View v74_c0 = arena_.view(217088, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
   support::View v74 = arena_.view(49152, 1024);
+  support::View v75_c0 = arena_.view(219136, 512);
   support::View v75 = arena_.view(53248, 1024);
   support::View v77 = arena_.view(77824, 1024);
   support::View v79 = arena_.view(90112, 1024);
@@ -2245,8 +2261,8 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v87 = arena_.view(106496, 1024);
   support::View v92 = arena_.view(49152, 1024);
-  repeated3(v58, v60, v70, v72, v73, v68, v45, v39, v74, v75, v28, v77, v32, v79, v82, v80, v81,
-            v84, v85, v87, v88, v92);
+  repeated3(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79,
+            v82, v80, v81, v84, v85, v87, v88, v92);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
@@ -2381,7 +2397,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:66:97 mul -> h_logits
   // xlnet.mesh:69:27 where
   MESHRT_TRACE("loop", "xlnet.mesh:66:19", "backward");
-  support::View v65 = arena_.view(217088, 256);
+  support::View v65 = arena_.view(223232, 256);
   support::View v147 = arena_.view(167936, 1024);
   {
     float *__restrict v147p = v147.data();
@@ -2415,26 +2431,28 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::along(v148.data(), v147.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
                  shape3_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 12 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 14 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
-  support::View v70 = arena_.view(218112, 256);
+  support::View v70 = arena_.view(224256, 256);
   support::View v152 = arena_.view(155648, 1024);
   support::View v153 = arena_.view(159744, 1024);
+  support::View v154_c0 = arena_.view(155648, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v154 = arena_.view(155648, 1024);
-  support::View v155 = arena_.view(151552, 1024);
+  support::View v154 = arena_.view(151552, 1024);
+  support::View v155_c0 = arena_.view(221184, 512);
+  support::View v155 = arena_.view(155648, 1024);
   support::View v157 = arena_.view(163840, 1024);
-  support::View v159 = arena_.view(155648, 1024);
-  support::View v162 = arena_.view(151552, 1024);
+  support::View v159 = arena_.view(151552, 1024);
+  support::View v162 = arena_.view(155648, 1024);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias); // updated in place
   support::View v164 = arena_.view(163840, 1024);
-  support::View v165 = arena_.view(151552, 1024);
+  support::View v165 = arena_.view(155648, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
   support::View v167 = arena_.view(167936, 1024);
   support::View v172 = arena_.view(172032, 1024);
-  repeated3(v138, v140, v70, v152, v153, v148, v125, v120, v154, v155, v110, v157, v113, v159, v162,
-            v160, v161, v164, v165, v167, v168, v172);
+  repeated3(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
+            v113, v159, v162, v160, v161, v164, v165, v167, v168, v172);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
@@ -2563,7 +2581,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
-  support::View v199 = arena_.view(219392, 32);
+  support::View v199 = arena_.view(225536, 32);
   static const support::Shape shape13_1 = {2, 16};
   static const support::Shape shape13_3 = {512, 32};
   static const support::Shape shape13_4 = {32};
@@ -2582,9 +2600,9 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:129:29 mul
   // xlnet.mesh:128:14 sub
   MESHRT_TRACE("loop", "xlnet.mesh:132:30", "backward");
-  support::View v5 = arena_.view(219520, 16);
+  support::View v5 = arena_.view(225664, 16);
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v30 = arena_.view(219136, 32);
+  support::View v30 = arena_.view(225280, 32);
   support::View v227 = arena_.view(192512, 1024);
   {
     float *__restrict v227p = v227.data();
@@ -2663,7 +2681,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:131:54 div -> target_probability
   MESHRT_TRACE("loop", "xlnet.mesh:131:54", "forward");
-  support::View v205 = arena_.view(219584, 1);
+  support::View v205 = arena_.view(225728, 1);
   {
     float *__restrict v205p = v205.data();
     const float *__restrict v203p = v203.data();
@@ -2703,7 +2721,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:132:14 neg
   // xlnet.mesh:132:40 div -> loss
   MESHRT_TRACE("loop", "xlnet.mesh:132:14", "forward");
-  support::View v210 = arena_.view(219392, 1);
+  support::View v210 = arena_.view(225536, 1);
   {
     float *__restrict v210p = v210.data();
     const float *__restrict v207p = v207.data();
@@ -2716,7 +2734,7 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
-  support::View v228 = arena_.view(219136, 32);
+  support::View v228 = arena_.view(225280, 32);
   static const support::Shape shape23_1 = {32};
   static const support::Shape shape23_3 = {1};
   static const support::Shape shape23_4 = {2, 16};
@@ -2805,37 +2823,39 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(151552, 1024);
+  support::View v165 = arena_.view(155648, 1024);
   support::View v282 = arena_.view(65536, 1024);
   support::View v284 = arena_.view(167936, 32);
-  support::View v159 = arena_.view(155648, 1024);
+  support::View v159 = arena_.view(151552, 1024);
   support::View v286 = arena_.view(65536, 1024);
-  support::View v287 = arena_.view(155648, 32);
+  support::View v287 = arena_.view(151552, 32);
   support::View v289 = arena_.view(167936, 32);
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v281 = arena_.view(65536, 1024);
-  support::View v290 = arena_.view(155648, 1024);
+  support::View v290 = arena_.view(151552, 1024);
   support::View v291 = arena_.view(168064, 32);
   support::View v293 = arena_.view(168192, 32);
   support::View v280 = arena_.view(184448, 32);
   support::View v283 = arena_.view(184576, 32);
-  support::View v296 = arena_.view(155648, 1024);
+  support::View v296 = arena_.view(151552, 1024);
   repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
             v293, v296);
 
-  // 3 statements from xlnet.mesh:74:10 einsum (1 of 2)
+  // 4 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
-  support::View v125 = arena_.view(210944, 512);
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
+  support::View v297_c0 = arena_.view(155648, 512);
+  support::View v125 = arena_.view(210944, 512);
   support::View v153 = arena_.view(159744, 1024);
+  support::View v155_c0 = arena_.view(221184, 512);
   support::View v297 = arena_.view(65536, 1024);
   support::View v298 = arena_.view(176128, 512);
   support::View v299 = arena_.view(178176, 512);
-  repeated9(v296, v125, v120, v297, v153, v298, v299);
+  repeated8(v296, v120, v297_c0, v125, v297, v153, v298, v155_c0, v299);
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(151552, 1024);
+  support::View v300 = arena_.view(155648, 1024);
   {
     float *__restrict v300p = v300.data();
     const float *__restrict v297p = v297.data();
@@ -2860,8 +2880,8 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v70 = arena_.view(218112, 256);
-  support::View v306 = arena_.view(151552, 1024);
+  support::View v70 = arena_.view(224256, 256);
+  support::View v306 = arena_.view(155648, 1024);
   support::View v127 = arena_.view(49152, 4096);
   support::View v307 = arena_.view(65536, 512);
   support::View v139 = arena_.view(215040, 512);
@@ -2882,9 +2902,9 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v314 = arena_.view(65536, 1024);
-  support::View v320 = arena_.view(151552, 1024);
+  support::View v320 = arena_.view(155648, 1024);
   support::View v323 = arena_.view(159744, 1024);
-  repeated8(v312, v116, v314, v298, v118, v320, v311, v117, v323);
+  repeated9(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
@@ -2908,7 +2928,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(151552, 1024);
+  support::View v316 = arena_.view(155648, 1024);
   {
     float *__restrict v316p = v316.data();
     const float *__restrict v296p = v296.data();
@@ -2924,7 +2944,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:63:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/q
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
   support::View v113 = arena_.view(147456, 1024);
-  support::View v317 = arena_.view(155648, 512);
+  support::View v317 = arena_.view(151552, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -2950,7 +2970,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
-  support::View v325 = arena_.view(157696, 512);
+  support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -3276,38 +3296,43 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
             v433, v434, v414, v435, v82, v437, v438, v439, v440, v77, v442, v443, v445, v436, v446,
             v447, v449, v452);
 
-  // 3 statements from xlnet.mesh:74:10 einsum (2 of 2)
+  // 4 statements from xlnet.mesh:74:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
-  support::View v45 = arena_.view(198656, 512);
   support::View v39(param7_xlnet_xlnet_layer_0_two_stream_attention_o); // updated in place
+  support::View v453_c0 = arena_.view(55296, 512);
+  support::View v45 = arena_.view(198656, 512);
   support::View v73 = arena_.view(69632, 1024);
+  support::View v75_c0 = arena_.view(219136, 512);
   support::View v453 = arena_.view(49152, 1024);
   support::View v454 = arena_.view(53248, 512);
   support::View v455 = arena_.view(55296, 512);
-  repeated9(v433, v45, v39, v453, v73, v454, v455);
+  repeated8(v433, v39, v453_c0, v45, v453, v73, v454, v75_c0, v455);
+
+  // xlnet.mesh:73:10 einsum
+  // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v456_c0 = arena_.view(59392, 512);
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v456 = arena_.view(65536, 1024);
-  // dims: batch, length, d_model, keys, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 16, 32, 16, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan14Operands[] = {v452.data(), v45.data(), v39.data()};
-  einsumPlan14.run(einsumPlan14Operands, v456.data(), 1.0f, 0.0f);
+  // dims: batch, keys, heads, d_kv, length
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan15.run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v68 = arena_.view(73728, 1024);
   support::View v457 = arena_.view(57344, 512);
-  // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan15Operands[] = {v452.data(), v68.data(), v39.data()};
-  einsumPlan15.run(einsumPlan15Operands, v457.data(), 1.0f, 0.0f);
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan16.run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
@@ -3326,14 +3351,12 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v74_c0 = arena_.view(217088, 512);
   support::View v459 = arena_.view(53248, 512);
-  // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan17Operands[] = {v452.data(), v68.data(), v45.data()};
-  einsumPlan17.run(einsumPlan17Operands, v459.data(), 1.0f, 0.0f);
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan18.run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
@@ -3368,11 +3391,11 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v462 = arena_.view(57344, 64);
-  static const support::Shape shape20_1 = {2, 2, 16};
-  static const support::Shape shape20_3 = {512, 256, 16};
-  static const support::Shape shape20_4 = {16};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v462.data(), shape20_1, v461.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape21_1 = {2, 2, 16};
+  static const support::Shape shape21_3 = {512, 256, 16};
+  static const support::Shape shape21_4 = {16};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v462.data(), shape21_1, v461.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:69:19 mul
@@ -3393,16 +3416,24 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v467 = arena_.view(118784, 64);
-  static const support::Shape shape22_1 = {2, 2, 16};
-  static const support::Shape shape22_3 = {512, 256, 16};
-  static const support::Shape shape22_4 = {16};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v467.data(), shape22_1, v466.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape23_1 = {2, 2, 16};
+  static const support::Shape shape23_3 = {512, 256, 16};
+  static const support::Shape shape23_4 = {16};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v467.data(), shape23_1, v466.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void XlnetTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v70 = arena_.view(218112, 256);
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v462 = arena_.view(57344, 64);
+  support::View v73 = arena_.view(69632, 1024);
+  support::View v70 = arena_.view(224256, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
   support::View v472 = arena_.view(69632, 512);
@@ -3417,11 +3448,6 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v478 = arena_.view(121152, 16);
   repeated6(v453, v462, v73, v70, v471, v47, v472, v59, v473, v474, v43, v475, v57, v476, v477,
             v478);
-}
-
-void XlnetTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:69:19 sub
   // xlnet.mesh:69:19 mul
@@ -3431,7 +3457,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v456 = arena_.view(65536, 1024);
   support::View v467 = arena_.view(118784, 64);
   support::View v68 = arena_.view(73728, 1024);
-  support::View v65 = arena_.view(217088, 256);
+  support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
   {
     float *__restrict v479p = v479.data();
@@ -3460,25 +3486,23 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
-  support::View v47 = arena_.view(32768, 4096);
   support::View v480 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(202752, 512);
   support::View v481 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan2.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
-  support::View v473 = arena_.view(49152, 4096);
   support::View v482 = arena_.view(65536, 4096);
   {
     float *__restrict v482p = v482.data();
@@ -3495,16 +3519,15 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v483 = arena_.view(32768, 16);
-  static const support::Shape shape4_1 = {2, 8};
-  static const support::Shape shape4_3 = {8, 1};
-  static const support::Shape shape4_4 = {2, 16};
-  static const support::Shape shape4_5 = {256, 16};
-  support::reduce(v483.data(), shape4_1, v480.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape5_1 = {2, 8};
+  static const support::Shape shape5_3 = {8, 1};
+  static const support::Shape shape5_4 = {2, 16};
+  static const support::Shape shape5_5 = {256, 16};
+  support::reduce(v483.data(), shape5_1, v480.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
   MESHRT_TRACE("loop", "xlnet.mesh:66:38", "backward");
-  support::View v474 = arena_.view(121088, 16);
   support::View v484 = arena_.view(57344, 16);
   {
     float *__restrict v484p = v484.data();
@@ -3520,25 +3543,23 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
-  support::View v43 = arena_.view(196608, 512);
   support::View v485 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(200704, 512);
   support::View v486 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan7.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
-  support::View v476 = arena_.view(114688, 512);
   support::View v487 = arena_.view(49152, 512);
   {
     float *__restrict v487p = v487.data();
@@ -3570,16 +3591,15 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v489 = arena_.view(34816, 16);
-  static const support::Shape shape10_1 = {2, 8};
-  static const support::Shape shape10_3 = {8, 1};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {256, 16};
-  support::reduce(v489.data(), shape10_1, v485.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape11_1 = {2, 8};
+  static const support::Shape shape11_3 = {8, 1};
+  static const support::Shape shape11_4 = {2, 16};
+  static const support::Shape shape11_5 = {256, 16};
+  support::reduce(v489.data(), shape11_1, v485.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
   MESHRT_TRACE("loop", "xlnet.mesh:65:36", "backward");
-  support::View v478 = arena_.view(121152, 16);
   support::View v490 = arena_.view(57408, 16);
   {
     float *__restrict v490p = v490.data();
@@ -3595,13 +3615,12 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:63:19", "backward");
-  support::View v477 = arena_.view(116736, 512);
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v491 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan12.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
@@ -3611,7 +3630,7 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v495 = arena_.view(36864, 1024);
   support::View v502 = arena_.view(40960, 1024);
   support::View v507 = arena_.view(45056, 1024);
-  repeated8(v488, v35, v495, v458, v37, v502, v487, v36, v507);
+  repeated9(v488, v35, v495, v458, v37, v502, v487, v36, v507);
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
   // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
@@ -3624,18 +3643,18 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v32 = arena_.view(86016, 1024);
   support::View v494 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(81920, 1024);
   support::View v498 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
@@ -3657,17 +3676,17 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v26 = arena_.view(0, 8192);
   support::View v500 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v505 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
@@ -3700,15 +3719,21 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
   support::View v510 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan22.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
   support::View v433 = arena_.view(90112, 1024);
-  support::View v31 = arena_.view(219264, 32);
+  support::View v491 = arena_.view(32768, 1024);
+  support::View v31 = arena_.view(225408, 32);
   support::View v511 = arena_.view(4096, 1024);
   {
     float *__restrict v511p = v511.data();
@@ -3726,21 +3751,15 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
       }
     }
   }
-}
-
-void XlnetTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
-  support::View v511 = arena_.view(4096, 1024);
   support::View v512 = arena_.view(12288, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 16};
-  static const support::Shape shape0_5 = {512, 32};
-  support::reduce(v512.data(), shape0_1, v511.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape1_1 = {32};
+  static const support::Shape shape1_3 = {1};
+  static const support::Shape shape1_4 = {2, 16};
+  static const support::Shape shape1_5 = {512, 32};
+  support::reduce(v512.data(), shape1_1, v511.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
@@ -3748,14 +3767,14 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v509 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
-  static const support::Shape shape1_1 = {32, 32};
-  static const support::Shape shape1_3 = {0, 1};
-  static const support::Shape shape1_5 = {0, 0};
-  static const support::Shape shape1_6 = {2, 16};
-  static const support::Shape shape1_7 = {512, 32};
-  static const support::Shape shape1_8 = {16, 1};
-  support::scatterAdd(v513.data(), shape1_1, v509.data(), shape1_3, v0.data(), shape1_5, shape1_6,
-                      shape1_7, shape1_8, 0, support::shardStart(world_, {"model"}, 32));
+  static const support::Shape shape2_1 = {32, 32};
+  static const support::Shape shape2_3 = {0, 1};
+  static const support::Shape shape2_5 = {0, 0};
+  static const support::Shape shape2_6 = {2, 16};
+  static const support::Shape shape2_7 = {512, 32};
+  static const support::Shape shape2_8 = {16, 1};
+  support::scatterAdd(v513.data(), shape2_1, v509.data(), shape2_3, v0.data(), shape2_5, shape2_6,
+                      shape2_7, shape2_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
@@ -3777,9 +3796,9 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // (target_probability, loss, grad/xlnet/output_bias, ...) over data resolved together, 42.0 KiB
   // in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:133:3");
-  support::View v205 = arena_.view(219584, 1);
-  support::View v210 = arena_.view(219392, 1);
-  support::View v228 = arena_.view(219136, 32);
+  support::View v205 = arena_.view(225728, 1);
+  support::View v210 = arena_.view(225536, 1);
+  support::View v228 = arena_.view(225280, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
   support::View v250 = arena_.view(192768, 32);
@@ -3791,10 +3810,10 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v299 = arena_.view(178176, 512);
   support::View v309 = arena_.view(184704, 16);
   support::View v313 = arena_.view(184768, 16);
-  support::View v317 = arena_.view(155648, 512);
+  support::View v317 = arena_.view(151552, 512);
   support::View v318 = arena_.view(147456, 512);
   support::View v321 = arena_.view(149504, 512);
-  support::View v325 = arena_.view(157696, 512);
+  support::View v325 = arena_.view(153600, 512);
   support::View v345 = arena_.view(131072, 32);
   support::View v349 = arena_.view(131200, 32);
   support::View v389 = arena_.view(127232, 32);
@@ -5697,12 +5716,12 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
 
 void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::ConstView a5,
-                           support::ConstView a6, support::ConstView a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::View a11,
-                           support::ConstView a12, support::View a13, support::View a14,
-                           support::ConstView a15, support::ConstView a16, support::View a17,
-                           support::View a18, support::View a19, support::ConstView a20,
-                           support::View a21) {
+                           support::ConstView a6, support::View a7, support::ConstView a8,
+                           support::View a9, support::View a10, support::View a11,
+                           support::ConstView a12, support::View a13, support::ConstView a14,
+                           support::View a15, support::View a16, support::ConstView a17,
+                           support::ConstView a18, support::View a19, support::View a20,
+                           support::View a21, support::ConstView a22, support::View a23) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -5741,46 +5760,42 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
   // xlnet.mesh:73:10 einsum -> a
+  // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
+  // dims: batch, heads, length, keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan2Operands[] = {a5.data(), a6.data(), a7.data()};
-  einsumPlan2.run(einsumPlan2Operands, a8.data(), 1.0f, 0.0f);
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:74:10 einsum -> b
   MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: batch, heads, length, keys, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 2, 16, 16, 8, 32},
-       {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}, {{1, 4, 5}, {}}},
-       {{0, 2, 5}, {}}});
-  const float *einsumPlan3Operands[] = {a4.data(), a6.data(), a7.data()};
-  einsumPlan3.run(einsumPlan3Operands, a9.data(), 1.0f, 0.0f);
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
   // together, 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::allReduceBucket(group_model, {a8, a9});
+  support::allReduceBucket(group_model, {a9, a11});
 
   // xlnet.mesh:93:23 add
   MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  {
-    float *__restrict a11p = a11.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a8p = a8.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a10p[i0];
-      const float s1 = a8p[i0];
-      const float s2 = (s0 + s1);
-      a11p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -5793,64 +5808,78 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
     }
   }
 
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape7_2 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {512, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(a14.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
   {
-    float *__restrict a17p = a17.data();
+    float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a14p[i0 * 32 + i1];
-        const float s1 = a15p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a16p[i1];
-        const float s4 = (s2 + s3);
-        a17p[i0 * 32 + i1] = s4;
-      }
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a14p[i0];
+      const float s1 = a11p[i0];
+      const float s2 = (s0 + s1);
+      a15p[i0] = s2;
     }
   }
 
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   static const support::Shape shape9_2 = {2, 16};
   static const support::Shape shape9_3 = {512, 32};
   static const support::Shape shape9_4 = {512, 32};
   static const support::Shape shape9_5 = {32};
   static const support::Shape shape9_6 = {1};
   static const support::Shape shape9_7 = {1};
-  support::along(a18.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+  support::along(a16.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a16p[i0 * 32 + i1];
+        const float s1 = a17p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a18p[i1];
+        const float s4 = (s2 + s3);
+        a19p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  static const support::Shape shape11_2 = {2, 16};
+  static const support::Shape shape11_3 = {512, 32};
+  static const support::Shape shape11_4 = {512, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(a20.data(), a15.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   {
-    float *__restrict a19p = a19.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a17p = a17.data();
     const float *__restrict a18p = a18.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a15p[i1];
+        const float s0 = a20p[i0 * 32 + i1];
+        const float s1 = a17p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a16p[i1];
+        const float s3 = a18p[i1];
         const float s4 = (s2 + s3);
-        a19p[i0 * 32 + i1] = s4;
+        a21p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -5858,9 +5887,9 @@ void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a17.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+  einsumPlan13.run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 }
 
 void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
@@ -6331,6 +6360,41 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
 }
 
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
+                           support::ConstView a3, support::View a4, support::ConstView a5,
+                           support::View a6, support::ConstView a7, support::View a8) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:74:10 einsum
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
+  // dims: batch, keys, heads, d_kv, length
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
+  einsumPlan1.run(a3.data(), a2.data(), a4.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan2.run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/o
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
+  // dims: batch, length, d_model, heads, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan3.run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::ConstView a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);
@@ -6355,42 +6419,6 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan2.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::ConstView a4, support::View a5,
-                           support::View a6) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
-  // dims: batch, length, d_model, keys, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 16, 32, 16, 2, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 4, 5}, {}}, {{4, 5, 2}, {}}},
-       {{0, 4, 1, 3}, {}}});
-  const float *einsumPlan0Operands[] = {a0.data(), a1.data(), a2.data()};
-  einsumPlan0.run(einsumPlan0Operands, a3.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
-  // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{3, 5, 2}, {}}},
-       {{0, 4, 3, 5}, {}}});
-  const float *einsumPlan1Operands[] = {a0.data(), a4.data(), a2.data()};
-  einsumPlan1.run(einsumPlan1Operands, a5.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/o
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "backward");
-  // dims: batch, length, d_model, heads, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 16, 32, 2, 16, 8},
-       {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}, {{0, 4, 3, 5}, {}}},
-       {{3, 5, 2}, {}}});
-  const float *einsumPlan2Operands[] = {a0.data(), a4.data(), a1.data()};
-  einsumPlan2.run(einsumPlan2Operands, a6.data(), 1.0f, 0.0f);
 }
 
 XlnetTrain::Inputs XlnetTrain::synthesizeInputs(uint64_t seed) const {

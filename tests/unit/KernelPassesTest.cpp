@@ -1,6 +1,7 @@
 // The kernel IR's passes and verifier on small hand-built functions: each pass's rewrite where
 // it applies, its refusal where it would change the result, and the verifier's checks. (That the
 // rewritten programs still compute the interpreter's values is tested end to end: tests/e2e.)
+#include "codegen/ContractPairwise.h"
 #include "codegen/EliminateCommonSubexpressions.h"
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
@@ -15,6 +16,7 @@
 #include "codegen/SplitStages.h"
 #include "codegen/VerifyKernels.h"
 #include "codegen/WriteUpdatesInPlace.h"
+#include "planner/Contraction.h"
 
 #include <catch2/catch.hpp>
 
@@ -804,4 +806,94 @@ TEST_CASE("plan-buffers: buffers of different stages share bytes; each stage's a
   // The verifier rejects a buffer touched on a stage that does not hold it.
   b.fn.body.back().stageMask = 3;
   CHECK(verifyKernels(b.fn).find("touched on stages") != std::string::npos);
+}
+
+TEST_CASE("contract-pairwise: a three-operand einsum as two GEMMs, fewest FLOPs first") {
+  // t5's attention output: weights[b, h, s, k] values[b, k, h, e] o[h, e, d] -> [b, s, d].
+  // weights.values first: 2 b h s k e + 2 b h s e d = 16384 + 32768 FLOPs; values.o first:
+  // 32768 + 32768; weights.o first: 2 b h s k e d, more than both.
+  const int64_t b = 2, h = 4, s = 8, k = 16, e = 8, d = 32;
+  plan::Contraction order =
+      plan::planContraction({{0, 1, 2, 3}, {0, 3, 1, 4}, {1, 4, 5}}, {0, 2, 5}, {b, h, s, k, e, d});
+  REQUIRE(order.steps.size() == 2);
+  CHECK(order.steps[0].left == 0);
+  CHECK(order.steps[0].right == 1);
+  CHECK(order.steps[0].dims == std::vector<int64_t>{0, 1, 2, 4}); // batch b, h; m s; n e
+  CHECK(order.steps[0].flops == 2.0 * b * h * s * k * e);
+  CHECK(order.steps[1].left == 2);
+  CHECK(order.steps[1].right == 3);
+  CHECK(order.steps[1].dims == std::vector<int64_t>{0, 2, 5});
+  CHECK(order.flops == 2.0 * b * h * s * k * e + 2.0 * b * h * s * e * d);
+  CHECK(order.broadcast.empty());
+  CHECK(order.rewritten());
+
+  Builder builder;
+  BufferId w = builder.buffer(b * h * s * k, Storage::Input);
+  BufferId v = builder.buffer(b * k * h * e, Storage::Input);
+  BufferId o = builder.buffer(h * e * d, Storage::Param);
+  BufferId out = builder.buffer(b * s * d);
+  Gemm gemm{.dims = {"b", "h", "s", "k", "e", "d"},
+            .sizes = {b, h, s, k, e, d},
+            .operands = {w, v, o},
+            .operandDims = {{0, 1, 2, 3}, {0, 3, 1, 4}, {1, 4, 5}},
+            .out = out,
+            .outDims = {0, 2, 5}};
+  builder.fn.body.push_back(Stmt{.node = gemm});
+  builder.fn.outputs = {out};
+  contractPairwise(builder.fn);
+  REQUIRE(verifyKernels(builder.fn).empty());
+  REQUIRE(builder.fn.body.size() == 2);
+  const Gemm& first = std::get<Gemm>(builder.fn.body[0].node);
+  const Gemm& second = std::get<Gemm>(builder.fn.body[1].node);
+  CHECK(first.operands == std::vector<BufferId>{w, v});
+  CHECK(first.dims == std::vector<std::string>{"b", "h", "s", "k", "e"}); // d is not used
+  BufferId middle = first.out;
+  CHECK(builder.fn.buffers[size_t(middle)].storage == Storage::Arena);
+  CHECK(builder.fn.buffers[size_t(middle)].elements == b * h * s * e);
+  CHECK(second.operands == std::vector<BufferId>{o, middle});
+  CHECK(second.out == out);
+  // The intermediate gets its arena slot; it dies at the second GEMM, the output lives on.
+  planBuffers(builder.fn);
+  REQUIRE(verifyKernels(builder.fn).empty());
+  CHECK(builder.fn.temporaryBytes == size_t(b * h * s * e + b * s * d) * sizeof(float));
+
+  // Two operands and every output dim in one of them: one GEMM, left as it is.
+  Builder plain;
+  BufferId x = plain.buffer(12, Storage::Input), y = plain.buffer(20, Storage::Input);
+  BufferId z = plain.buffer(15);
+  plain.gemm(z, x, y, 3, 4, 5);
+  plain.fn.outputs = {z};
+  KernelFunction before = plain.fn;
+  contractPairwise(plain.fn);
+  CHECK(plain.fn.body.size() == 1);
+  CHECK(std::get<Gemm>(plain.fn.body[0].node) == std::get<Gemm>(before.body[0].node));
+}
+
+TEST_CASE("contract-pairwise: an output dim no operand has is a GEMM, then a broadcast copy") {
+  // x[s, d] p[d, e] -> [s, r, e]: the product over [s, e], repeated along r.
+  const int64_t s = 3, d = 4, e = 5, r = 2;
+  Builder builder;
+  BufferId x = builder.buffer(s * d, Storage::Input), p = builder.buffer(d * e, Storage::Param);
+  BufferId out = builder.buffer(s * r * e);
+  builder.fn.body.push_back(Stmt{.node = Gemm{.dims = {"s", "d", "e", "r"},
+                                              .sizes = {s, d, e, r},
+                                              .operands = {x, p},
+                                              .operandDims = {{0, 1}, {1, 2}},
+                                              .out = out,
+                                              .outDims = {0, 3, 2},
+                                              .alpha = 0.5}});
+  builder.fn.outputs = {out};
+  contractPairwise(builder.fn);
+  REQUIRE(verifyKernels(builder.fn).empty());
+  REQUIRE(builder.fn.body.size() == 2);
+  const Gemm& product = std::get<Gemm>(builder.fn.body[0].node);
+  CHECK(product.alpha == 0.5);
+  CHECK(product.outDims.size() == 2);
+  CHECK(builder.fn.buffers[size_t(product.out)].elements == s * e);
+  const Loop& copy = std::get<Loop>(builder.fn.body[1].node);
+  CHECK(copy.extents == Shape{s, r, e});
+  REQUIRE(copy.reads.size() == 1);
+  CHECK(copy.reads[0] == Access{product.out, {e, 0, 1}});
+  REQUIRE(copy.stores.size() == 1);
+  CHECK(copy.stores[0].at == Access{out, {r * e, e, 1}});
 }

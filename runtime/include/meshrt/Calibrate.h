@@ -11,7 +11,7 @@
 //    "loops": {"vector_flops": ..., "transcendental_element_seconds": ...,
 //              "dropout_element_seconds": ..., "call_seconds": ..., "softmax_element_seconds": ...,
 //              "layer_norm_element_seconds":
-//              ..., "reduce_element_seconds": ..., "einsum_point_seconds": ...},
+//              ..., "reduce_element_seconds": ...},
 //    "oversubscribed": {"ranks": 4, "work_seconds": ..., "iteration_seconds": ...}}
 // (the last on the threads backend only).
 // GEMM and bandwidth run on one rank with one thread (a device of the machine description is a
@@ -224,7 +224,6 @@ struct LoopRates {
   double softmaxElementSeconds = 0;        // softmax and log_softmax along the last dim
   double layerNormElementSeconds = 0;
   double reduceElementSeconds = 0; // sum along the last dim
-  double einsumPointSeconds = 0;   // a point of the generic einsum loop (no GEMM expresses it)
 };
 
 /// Best time of `body()` over `repetitions` runs (one more first, as a warm-up).
@@ -324,16 +323,6 @@ inline LoopRates loopRates(int repetitions) {
                                                              shape, kernels::axis(1), out.data());
                                            }) /
                                rowElements;
-  // A three-operand einsum (x[i, j] y[j, k] z[k, l] -> [i, l], 32 each: 1 Mi points, z walked
-  // across its rows), which meshrt runs as its generic strided loop, not as GEMMs.
-  {
-    kernels::EinsumSpec spec{
-        {32, 32, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}, {{2, 3}, {}}}, {{0, 3}, {}}};
-    kernels::EinsumPlan plan(spec);
-    const float* operands[] = {x.data(), y.data(), x.data() + 1024};
-    rates.einsumPointSeconds =
-        bestSeconds(repetitions, [&] { plan.run(operands, out.data()); }) / (32.0 * 32 * 32 * 32);
-  }
   return rates;
 }
 
@@ -482,8 +471,7 @@ inline int probeMain(int argc, char** argv) {
              ", \"call_seconds\": " + number(loops.callSeconds) +
              ", \"softmax_element_seconds\": " + number(loops.softmaxElementSeconds) +
              ", \"layer_norm_element_seconds\": " + number(loops.layerNormElementSeconds) +
-             ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) +
-             ", \"einsum_point_seconds\": " + number(loops.einsumPointSeconds) + "}";
+             ", \"reduce_element_seconds\": " + number(loops.reduceElementSeconds) + "}";
   });
   // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
   if (first && options.backend == Backend::Threads) {
