@@ -458,9 +458,8 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
             split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
         if (size % split != 0) continue;
       }
-      std::optional<Candidate> candidate =
-          evaluate(module, stage, given, fn, micro, count, schedule, machine, diag, argv0,
-                   &plainPlans);
+      std::optional<Candidate> candidate = evaluate(module, stage, given, fn, micro, count,
+                                                    schedule, machine, diag, argv0, &plainPlans);
       if (!candidate) {
         ok = false;
         return std::nullopt;
