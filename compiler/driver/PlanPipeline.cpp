@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 namespace meshc {
 namespace {
@@ -163,12 +165,19 @@ struct Candidate {
   bool recomputeChosen = false;       // by the planner, not --recompute
 };
 
-/// Plans `fn` at one and two layers for `count` microbatches and composes the stages.
+/// The plans without recomputation already made, by (microbatches, layers): a search that
+/// tries recomputation after the plain counts needs them again (the same options, the same
+/// plans).
+using PlainPlans = std::map<std::pair<int64_t, int>, plan::PlannedFunction>;
+
+/// Plans `fn` at one and two layers for `count` microbatches and composes the stages; the plans
+/// without recomputation come from `plainPlans` when it has them, and are kept there.
 std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout& stage,
                                   const PipelineOptions& given, const ir::Function& fn,
                                   const Microbatching& micro, int64_t count,
                                   plan::PipelineSchedule schedule, const plan::Machine& machine,
-                                  DiagEngine& diag, const char* argv0) {
+                                  DiagEngine& diag, const char* argv0,
+                                  PlainPlans* plainPlanMemo = nullptr) {
   // Plans of the step at one and two layers, with the recomputation asked for (`given`) or
   // without any (`plain`).
   bool recomputes = !given.recompute.empty();
@@ -176,6 +185,13 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   std::optional<ir::Module> inner[2];
   for (bool withRecompute : recomputes ? std::vector<bool>{true, false} : std::vector<bool>{false})
     for (int layers : {1, 2}) {
+      // Only the plain plans of a recomputing candidate are taken from the memo: the others
+      // keep their module too.
+      if (!withRecompute && recomputes && plainPlanMemo)
+        if (auto known = plainPlanMemo->find({count, layers}); known != plainPlanMemo->end()) {
+          plainPlans[layers - 1] = known->second;
+          continue;
+        }
       PipelineOptions options = innerOptions(module, stage, given, fn, micro, count, layers);
       if (!withRecompute) options.recompute.clear();
       std::vector<std::string> files;
@@ -183,6 +199,8 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
       if (!loaded || !lowerTraining(*loaded, diag, options.verifyEach)) return std::nullopt;
       std::optional<PlannedModule> planned = planModule(*loaded, options, diag);
       if (!planned || planned->plans.size() != 1) return std::nullopt;
+      if (!withRecompute && plainPlanMemo)
+        plainPlanMemo->try_emplace({count, layers}, planned->plans.front());
       (withRecompute || !recomputes ? plans : plainPlans)[layers - 1] =
           std::move(planned->plans.front());
       if (withRecompute || !recomputes) inner[layers - 1] = std::move(loaded);
@@ -427,6 +445,7 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
   }
   std::optional<Candidate> best;
   smallest.reset();
+  PlainPlans plainPlans;
   PipelineOptions given = options;
   double fastest = std::numeric_limits<double>::infinity();
   std::string layerDef =
@@ -447,8 +466,8 @@ std::optional<Candidate> searchCandidates(const ir::Module& module, const ir::Di
             split = plan::splitFactor(plan::Mesh{module.mesh}, entry.axes);
         if (size % split != 0) continue;
       }
-      std::optional<Candidate> candidate =
-          evaluate(module, stage, given, fn, micro, count, schedule, machine, diag, argv0);
+      std::optional<Candidate> candidate = evaluate(module, stage, given, fn, micro, count,
+                                                    schedule, machine, diag, argv0, &plainPlans);
       if (!candidate) {
         ok = false;
         return std::nullopt;

@@ -236,11 +236,17 @@ private:
     if (!std::isfinite(seconds)) return {};
     // Above the cutoff the seconds are a lower bound, from a walk that may have stopped before
     // the memory was known: the layout cannot be taken, and its excess counts as none (a lower
-    // bound too; score() evaluates it again where that matters).
-    if (seconds > cutoff) return {0, seconds, false};
+    // bound too; score() evaluates it again where that matters). Without an incumbent, whether
+    // the layout fits is what score() and the descent decide by: its memory comes from a
+    // complete walk, still without lowering it, and its seconds stay a bound, exact only where a
+    // comparison could take the layout (score(), descend()). When no layout fits, every one is
+    // costed: lowering each was half of the GPT-3-shaped train block's joint search.
+    if (seconds > cutoff && std::isfinite(bestSeconds_)) return {0, seconds, false};
     double memory = eval_.memory(layout).total();
+    if (!std::isfinite(memory)) return {}; // illegal past where a walk above the cutoff stopped
     smallestMemory_ = std::min(smallestMemory_, memory);
     double excess = std::max(0.0, memory - budget_);
+    if (seconds > cutoff) return {excess, seconds, false};
     if (excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
       bestSeconds_ = seconds;
       best_ = std::move(layout);

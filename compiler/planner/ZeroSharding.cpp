@@ -41,9 +41,10 @@ void renameAttrs(std::vector<std::pair<std::string, ir::AttrValue>>& attrs, cons
   }
 }
 
-/// The mesh axes (of size > 1, in mesh order) that split some dim of an op reading `weight` but
-/// none of the weight's dims: its gradient is a partial sum over them.
-AxisList dataParallelAxes(const ir::Function& fn, ValueId weight, const Mesh& mesh,
+/// The mesh axes (of size > 1, in mesh order) that split some dim of an op reading `weight` (its
+/// `readers`, op indices) but none of the weight's dims: its gradient is a partial sum over them.
+AxisList dataParallelAxes(const ir::Function& fn, ValueId weight,
+                          const std::vector<uint32_t>& readers, const Mesh& mesh,
                           const Layout& layout) {
   std::set<std::string> own, used;
   for (const ir::Dim& dim : fn.typeOf(weight).dims)
@@ -52,8 +53,8 @@ AxisList dataParallelAxes(const ir::Function& fn, ValueId weight, const Mesh& me
     for (const ir::Dim& dim : type.dims)
       used.insert(layout.of(dim.name).begin(), layout.of(dim.name).end());
   };
-  for (const ir::Op& op : fn.ops) {
-    if (std::find(op.operands.begin(), op.operands.end(), weight) == op.operands.end()) continue;
+  for (uint32_t reader : readers) {
+    const ir::Op& op = fn.ops[reader];
     for (ValueId operand : op.operands)
       addDims(fn.typeOf(operand));
     addDims(fn.typeOf(op.result));
@@ -120,6 +121,15 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
     for (size_t at = path.find('@'); at != std::string_view::npos; at = path.find('@', at + 1))
       statesOf[path.substr(0, at)].push_back(s);
   }
+  // The ops reading each weight, found in one pass (not one pass over the ops per weight).
+  std::unordered_map<ValueId, std::vector<uint32_t>> readersOf;
+  for (const ir::ParamInfo& param : fn_.params)
+    readersOf[param.value];
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i)
+    for (ValueId operand : fn_.ops[i].operands)
+      if (auto it = readersOf.find(operand);
+          it != readersOf.end() && (it->second.empty() || it->second.back() != i))
+        it->second.push_back(i);
   for (size_t p = 0; p < fn_.params.size(); ++p) {
     const ir::ParamInfo& param = fn_.params[p];
     if (param.role != ir::ParamRole::Weight || !param.trainable || !updated.count(p)) continue;
@@ -128,7 +138,7 @@ void Rewriter::chooseShards(ZeroRewrite& out) {
     if (auto named = gradientsNamed.find(param.path); named != gradientsNamed.end())
       for (ValueId v : named->second)
         if (fn_.typeOf(v) == param.type) gradient = v;
-    weight.axes = dataParallelAxes(fn_, param.value, mesh_, layout_);
+    weight.axes = dataParallelAxes(fn_, param.value, readersOf[param.value], mesh_, layout_);
     int64_t shards = splitFactor(mesh_, weight.axes);
     if (!gradient) {
       weight.reason = "no gradient value found";

@@ -4,16 +4,19 @@
 // memory budget diagnostic and the report formats.
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
+#include "planner/PlanReport.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
 #include <llvm/Support/JSON.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -273,6 +276,45 @@ TEST_CASE("the search is exact on the examples with layout auto on [data=2, mode
   }
 }
 
+/// The smallest memory of any legal layout of `dims` (each dim's layoutOptions; no two dims of
+/// one tensor on one axis), every one of them costed.
+double smallestLegalMemory(const ir::Function& fn, const Mesh& mesh, PlanEvaluator& evaluator,
+                           const std::vector<std::string>& dims) {
+  std::map<std::string, int64_t> sizes;
+  std::set<std::pair<std::string, std::string>> together;
+  for (const ir::Value& value : fn.values)
+    for (const ir::Dim& dim : value.type.dims) {
+      sizes[dim.name] = dim.size;
+      for (const ir::Dim& other : value.type.dims)
+        together.insert({dim.name, other.name});
+    }
+  std::vector<std::string> used;
+  std::vector<std::vector<AxisList>> options;
+  for (const std::string& dim : dims)
+    if (sizes.count(dim)) {
+      used.push_back(dim);
+      options.push_back(layoutOptions(sizes[dim], mesh));
+    }
+  double smallest = std::numeric_limits<double>::infinity();
+  std::vector<size_t> choice(used.size(), 0);
+  while (true) {
+    Layout layout;
+    bool legal = true;
+    for (size_t i = 0; i < used.size() && legal; ++i) {
+      for (size_t j = 0; j < i && legal; ++j)
+        for (const std::string& axis : options[i][choice[i]])
+          if (together.count({used[i], used[j]}) && llvm::is_contained(options[j][choice[j]], axis))
+            legal = false;
+      layout.axes[used[i]] = options[i][choice[i]];
+    }
+    if (legal) smallest = std::min(smallest, evaluator.memory(layout).total());
+    size_t i = 0;
+    for (; i < used.size() && ++choice[i] == options[i].size(); ++i)
+      choice[i] = 0;
+    if (i == used.size()) return smallest;
+  }
+}
+
 TEST_CASE("the search respects the memory budget, exactly") {
   Machine gpu = machine("8xh100");
   for (unsigned seed = 300; seed < 310; ++seed) {
@@ -293,11 +335,28 @@ TEST_CASE("the search respects the memory budget, exactly") {
         searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, compiled.diag);
     if (!std::isfinite(oracle.stepSeconds)) {
       CHECK_FALSE(found);
-      continue;
+    } else {
+      REQUIRE(found);
+      CHECK(found->memory.total() <= options.memoryBudgetBytes);
+      CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
     }
+    // Until a layout fits, the search learns the memory of a layout above its cutoff from a
+    // walk without lowering and keeps its seconds a bound: a budget at the smallest need must
+    // still find brute force's layout, and one just under it must name that need.
+    double smallest = smallestLegalMemory(fn, mesh, evaluator, dims);
+    REQUIRE(std::isfinite(smallest));
+    options.memoryBudgetBytes = smallest;
+    oracle = bruteForceLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options);
+    found = searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, compiled.diag);
     REQUIRE(found);
-    CHECK(found->memory.total() <= options.memoryBudgetBytes);
+    CHECK(found->memory.total() == smallest);
     CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+    options.memoryBudgetBytes = smallest * (1 - 1e-9);
+    CHECK_FALSE(
+        searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, compiled.diag));
+    compiled.errorStream.flush();
+    CHECK(compiled.errors.find(fmt::format("(the smallest needs {})", bytesString(smallest))) !=
+          std::string::npos);
   }
 }
 
