@@ -1,6 +1,7 @@
 #include "planner/CostModel.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace meshc::plan {
 
@@ -69,12 +70,15 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes) {
 }
 
 double oversubscription(const Machine& machine, const Mesh& mesh) {
-  return std::max(1.0, static_cast<double>(mesh.numDevices()) /
-                           static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+  double ranks = static_cast<double>(mesh.numDevices());
+  if (machine.cores > 0) // meshrt's rankCores: consecutive blocks, the largest ceil(ranks / cores)
+    return std::max(1.0, std::ceil(ranks / static_cast<double>(machine.cores)));
+  return std::max(1.0, ranks / static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
 }
 
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {
-  return oversubscription(machine, mesh) > 1 ? machine.oversubscribedSyncSeconds : 0;
+  double ranksPerCore = oversubscription(machine, mesh);
+  return ranksPerCore > 1 ? machine.oversubscribedSyncSeconds * ranksPerCore / 2 : 0;
 }
 
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective) {
@@ -84,6 +88,9 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   const Link& link = linkFor(machine, mesh, collective.axes);
   double a = link.alphaSeconds;
   double b = link.bandwidthBytesPerS > 0 ? 1.0 / link.bandwidthBytesPerS : 0;
+  // On a CPU machine the ranks' own threads move and add the bytes: ranks sharing a core take
+  // turns at it, as at their compute.
+  if (machine.cores > 0) b *= oversubscription(machine, mesh);
   double n = static_cast<double>(collective.bytes);
   double fraction = (p - 1) / p;
   double sync = oversubscribedSyncSeconds(machine, mesh);
