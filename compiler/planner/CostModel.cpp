@@ -77,8 +77,7 @@ double oversubscription(const Machine& machine, const Mesh& mesh) {
 }
 
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {
-  double ranksPerCore = oversubscription(machine, mesh);
-  return ranksPerCore > 1 ? machine.oversubscribedSyncSeconds * ranksPerCore / 2 : 0;
+  return oversubscription(machine, mesh) > 1 ? machine.oversubscribedSyncSeconds : 0;
 }
 
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective) {

@@ -64,11 +64,11 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes);
 /// devices). Compute times are multiplied by it (the ranks sharing a core serialise their work).
 double oversubscription(const Machine& machine, const Mesh& mesh);
 
-/// What each collective of an oversubscribed mesh pays on top of alpha-beta: every rank that
-/// sleeps at the collective must be switched back onto its core before the group can pass, so
-/// k ranks per core (oversubscription(machine, mesh) > 1) pay oversubscribed_sync_seconds x k / 2
-/// (the field is what a collective costs at 2 ranks per core, as meshc calibrate measures it);
-/// 0 when k = 1.
+/// What each collective of an oversubscribed mesh pays on top of alpha-beta (a peer that is not
+/// running must be scheduled before the group can pass): the machine's
+/// oversubscribed_sync_seconds when oversubscription(machine, mesh) > 1, else 0. Not scaled by
+/// the ranks per core: generated programs measured the same sync at 4 ranks per core as at 2
+/// (docs/planner.md, "Fidelity, fourth pass").
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh);
 
 /// Alpha-beta time of one collective over its axes on `machine`:

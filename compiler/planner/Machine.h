@@ -30,7 +30,7 @@ struct Machine {
   // Measured refinements (docs/planner.md, "Cost model"; 0: not modelled). An op whose bytes fit
   // in `cacheBytes` streams at `cacheBandwidth` instead of `memoryBandwidth`; every GEMM pays
   // `gemmLatencySeconds` on top of its roofline; every collective of a mesh with more ranks than
-  // cores pays `oversubscribedSyncSeconds` per rank sharing a core on top of alpha-beta.
+  // cores pays `oversubscribedSyncSeconds` on top of alpha-beta.
   double cacheBytes = 0;
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
