@@ -6,7 +6,8 @@ build type) and with `-O3 -march=native -fno-math-errno` (`meshc run`). Not a te
 the generated lines and the compiler's CPU seconds (user + system of the child, which a loaded
 machine inflates far less than wall time), per example and flag set.
 
-usage: bench/build_time.py [--build-dir build] [--examples mlp,transformer,...]"""
+usage: bench/build_time.py [--build-dir build] [--examples mlp,transformer,...] (default: every
+dsl-examples/*.mesh)"""
 import argparse
 import os
 import re
@@ -39,7 +40,9 @@ def cpu_seconds(command):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--examples", default="mlp,transformer,bert,performer,moe,vit")
+    every = sorted(os.path.splitext(name)[0]
+                   for name in os.listdir(os.path.join(ROOT, "dsl-examples")) if name.endswith(".mesh"))
+    parser.add_argument("--examples", default=",".join(every))
     args = parser.parse_args()
     meshc = os.path.join(args.build_dir, "compiler", "tools", "meshc")
     cxx, includes = build_config(args.build_dir)

@@ -11,7 +11,9 @@ cross-entropy over the positions that have a next token. Both run on the same 2 
 meshc's ranks are threads with one oneDNN thread each. Also counts the collectives each side
 issues in the train step: meshc's from `meshc --emit=plan`, JAX's from the optimized HLO.
 
-usage: bench/lm_sharded.py [--build-dir build] [--rounds 5] [--steps 10]
+usage: bench/lm_sharded.py [--build-dir build] [--rounds 5] [--steps 10] [--old-build-dir OLD]
+                           [--functions lm,lm_train]
+       (--old-build-dir: another meshc build, e.g. main's, timed in the same rounds)
        (bench/compare.py runs this with the train-step comparisons)"""
 import argparse
 import os
@@ -170,26 +172,43 @@ def jax_contender(function, log_dir, pin=()):
                               log_dir)
 
 
-def contenders(build_dir, log_dir):
-    """meshc's lm and lm_train on 4 thread ranks and JAX's on 4 host devices, pinned to CORES."""
+def contenders(build_dir, log_dir, old_build_dir=None, functions=("lm", "lm_train")):
+    """meshc's lm and lm_train on 4 thread ranks and JAX's on 4 host devices, pinned to CORES;
+    with `old_build_dir`, also another meshc's (its compiler, headers and libraries), built into
+    this build's work directory, as "old meshc ..."."""
     work = os.path.join(build_dir, "bench-lm-sharded")
     common = ["--mesh", MESH] + benchlib.dim_args(SIZES)
     pin = benchlib.pin(CORES)
     # Each rank is one thread: one oneDNN (OpenMP) thread each, as 4 ranks share 2 cores.
     meshc_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    builds = [("meshc", build_dir, "")] + ([("old meshc", old_build_dir, "old-")]
+                                           if old_build_dir else [])
     result = []
-    for function, class_name in (("lm", "Lm"), ("lm_train", "LmTrain")):
-        binary = benchlib.build_server(build_dir, os.path.join(work, function),
-                                       common + ["--function", function], class_name)
-        result += [benchlib.Contender(f"meshc {function}", pin + [binary], meshc_env, log_dir),
-                   jax_contender(function, log_dir, pin)]
+    for function in functions:
+        class_name = {"lm": "Lm", "lm_train": "LmTrain"}[function]
+        for name, build, prefix in builds:
+            binary = benchlib.build_server(build, os.path.join(work, prefix + function),
+                                           common + ["--function", function], class_name)
+            result.append(benchlib.Contender(f"{name} {function}", pin + [binary], meshc_env,
+                                             log_dir))
+        result.append(jax_contender(function, log_dir, pin))
     return result
 
 
 def rows(results):
-    return (benchlib.ratio_rows(f"lm forward, 4 ranks [{MESH}]", results, "meshc lm", ["jax lm"])
-            + benchlib.ratio_rows(f"lm_train step, 4 ranks [{MESH}]", results, "meshc lm_train",
-                                  ["jax lm_train"]))
+    result = []
+    for label, function in ((f"lm forward, 4 ranks [{MESH}]", "lm"),
+                            (f"lm_train step, 4 ranks [{MESH}]", "lm_train")):
+        if f"meshc {function}" not in results:
+            continue
+        result += benchlib.ratio_rows(label, results, f"meshc {function}", [f"jax {function}"])
+        if f"old meshc {function}" in results:
+            result += benchlib.ratio_rows(f"{label}, old meshc", results,
+                                          f"old meshc {function}", [f"jax {function}"])
+            result += benchlib.ratio_rows(f"{label}, meshc vs old", results,
+                                          f"meshc {function}", [f"old meshc {function}"],
+                                          goal=1.0)
+    return result
 
 
 def collective_line(build_dir, jax_contender):
@@ -206,6 +225,10 @@ def main():
     parser.add_argument("--build-dir", default=os.path.join(benchlib.ROOT, "build"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--old-build-dir",
+                        help="also time another meshc build (e.g. main's) in the same rounds")
+    parser.add_argument("--functions", default="lm,lm_train",
+                        help="which to time: lm, lm_train or both (comma-separated)")
     parser.add_argument("--collectives", action="store_true",
                         help="only count the collectives per lm_train step (no timing)")
     args = parser.parse_args()
@@ -217,10 +240,12 @@ def main():
         return 0
     print(f"transformer.mesh lm and lm_train on [{MESH}], sizes {SIZES}, {CORES} cores; "
           f"{args.rounds} rounds of {args.steps} steps")
-    runners = contenders(args.build_dir, os.path.join(args.build_dir, "bench-lm-sharded"))
+    runners = contenders(args.build_dir, os.path.join(args.build_dir, "bench-lm-sharded"),
+                         args.old_build_dir, args.functions.split(","))
     results = benchlib.alternate(runners, args.rounds, args.steps)
     benchlib.print_table(rows(results))
-    print(collective_line(args.build_dir, runners[-1]))
+    if "lm_train" in args.functions.split(","):
+        print(collective_line(args.build_dir, runners[-1]))
     return 0
 
 

@@ -284,6 +284,31 @@ bool compareOutputs(const std::string& actualPath, const std::string& expectedPa
   return ok;
 }
 
+/// The modification times and sizes of the runtime's headers (`meshrt/`, `meshc/` under its
+/// include directories) and libraries, for the build cache's key.
+std::string runtimeStamp(const std::vector<std::string>& includeDirs,
+                         const std::vector<std::string>& libraries) {
+  std::string stamp;
+  auto add = [&](const std::string& path) {
+    llvm::sys::fs::file_status status;
+    if (!llvm::sys::fs::status(path, status) && llvm::sys::fs::is_regular_file(status))
+      stamp += fmt::format("{}:{}:{};", path,
+                           status.getLastModificationTime().time_since_epoch().count(),
+                           status.getSize());
+  };
+  // Only the runtime's own headers: an include directory may be a system one (BLAS's).
+  for (const std::string& dir : includeDirs)
+    for (const char* own : {"meshrt", "meshc"}) {
+      std::error_code ec;
+      for (llvm::sys::fs::recursive_directory_iterator it(pathIn(dir, own), ec), end;
+           it != end && !ec; it.increment(ec))
+        add(it->path());
+    }
+  for (const std::string& library : libraries)
+    add(library);
+  return stamp;
+}
+
 /// The number of ranks of the (overridden) mesh.
 int64_t rankCount(const PlannedModule& planned) {
   int64_t ranks = 1;
@@ -387,6 +412,8 @@ int runCommand(const char* argv0) {
   std::string buildKey = llvm::join(build, " ") + llvm::join(libraries, " ");
   for (const std::string& suffix : {std::string(".h"), source, ".main" + source})
     buildKey += readFile(base + suffix);
+  // So is the runtime it links, as installed now (a rebuilt meshrt must not run an old binary).
+  buildKey += runtimeStamp(toolchain.includeDirs, libraries);
   // The user headers the generated code includes are part of what it builds.
   for (llvm::StringRef line : llvm::split(readFile(base + source), '\n'))
     if (line.consume_front("#include \"") && line.consume_back("\""))

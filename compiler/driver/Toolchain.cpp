@@ -29,7 +29,10 @@ std::vector<std::string> splitList(llvm::StringRef list) {
 
 std::string joined(llvm::StringRef a, llvm::StringRef b, llvm::StringRef c = "") {
   llvm::SmallString<256> path(a);
-  llvm::sys::path::append(path, b, c);
+  // append() ends the path with a separator for an empty component: `lib/libmeshrt.a/` is no
+  // file, and an installed meshc would not find its own runtime.
+  llvm::sys::path::append(path, b);
+  if (!c.empty()) llvm::sys::path::append(path, c);
   return path.str().str();
 }
 

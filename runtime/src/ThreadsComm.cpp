@@ -109,23 +109,24 @@ public:
       copyBytes(out, scratch_.data(), bytes);
       return;
     }
-    // Reduce-scatter: this rank reduces its chunk from every peer's input into its own output.
+    // This rank reduces its chunk from every peer's input into its own output, then writes it
+    // into every peer's output. Only this rank reads or writes that chunk of any rank's buffers
+    // (and it has read every input's chunk before writing any output's), so in place is safe,
+    // and one barrier after the writes ends the collective: two barriers instead of a third
+    // between a reduce-scatter and an allgather that reads the peers' chunks (a rank that
+    // waits at a barrier hands its core to the peer when ranks share cores).
     size_t elementSize = dtypeSize(dtype);
     auto [first, last] = chunkOf(count, elementSize, p, groupRank_);
     for (int q = 0; q < p; ++q)
       inputs[q] = static_cast<const char*>(peer(q).in) + first * elementSize;
-    detail::reduce(dtype, op, static_cast<char*>(out) + first * elementSize, inputs.data(), p,
-                   last - first, (last - first) * elementSize >= kStreamingBytes);
-    wait(call);
-    // Allgather: copy the other chunks from the peers' outputs.
-    for (int q = 0; q < p; ++q) {
-      if (q == groupRank_) continue;
-      auto [peerFirst, peerLast] = chunkOf(count, elementSize, p, q);
-      size_t chunkBytes = (peerLast - peerFirst) * elementSize;
-      detail::copy(static_cast<char*>(out) + peerFirst * elementSize,
-                   static_cast<const char*>(peer(q).out) + peerFirst * elementSize, chunkBytes,
-                   chunkBytes >= kStreamingBytes);
-    }
+    size_t chunkBytes = (last - first) * elementSize;
+    bool streaming = chunkBytes >= kStreamingBytes;
+    char* mine = static_cast<char*>(out) + first * elementSize;
+    detail::reduce(dtype, op, mine, inputs.data(), p, last - first, streaming);
+    for (int q = 0; q < p; ++q)
+      if (q != groupRank_)
+        detail::copy(static_cast<char*>(peer(q).out) + first * elementSize, mine, chunkBytes,
+                     streaming);
     wait(call);
   }
 

@@ -5,6 +5,7 @@ case as its own test."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,44 @@ def run_check():
                             "mlp", "--no-plan", "--seed", "3", cache=cache)
         expect(other.returncode == 0 and "4 ranks" in other.stdout and
                "(cached)" not in other.stdout, "another mesh builds anew", other)
+
+
+def run_installed():
+    """An installed meshc (bin/, include/, lib/ under one prefix) builds against its prefix's
+    runtime, not the build tree's, and its build cache keys on that runtime: a newer
+    libmeshrt.a or header builds anew."""
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(MESHC))))
+    with tempfile.TemporaryDirectory(dir=build) as prefix:
+        os.makedirs(os.path.join(prefix, "bin"))
+        os.makedirs(os.path.join(prefix, "lib"))
+        installed = os.path.join(prefix, "bin", "meshc")
+        shutil.copy2(MESHC, installed)  # a link would run as the build tree's meshc
+        for include in ["runtime/include", "runtime/kernels/include", "compiler/codegen/support"]:
+            shutil.copytree(os.path.join(ROOT, include), os.path.join(prefix, "include"),
+                            dirs_exist_ok=True)
+        for lib in ["runtime/libmeshrt.a", "runtime/libmeshrt_launch.a", "runtime/libmeshrt_mpi.a",
+                    "runtime/kernels/libmeshrt_kernels.a"]:
+            if os.path.exists(os.path.join(build, lib)):
+                shutil.copy2(os.path.join(build, lib), os.path.join(prefix, "lib"))
+        cache = os.path.join(prefix, "cache")
+
+        def run_mlp():
+            return subprocess.run([installed, "run", MLP, "--function", "mlp", "--no-plan",
+                                   "--cache-dir", cache, "--opt=-O0"],
+                                  capture_output=True, text=True, timeout=600)
+
+        first = run_mlp()
+        expect(first.returncode == 0 and "(cached)" not in first.stdout,
+               "the installed meshc builds and runs", first)
+        again = run_mlp()
+        expect(again.returncode == 0 and "(cached)" in again.stdout, "then reuses it", again)
+        for changed in [os.path.join(prefix, "lib", "libmeshrt.a"),
+                        os.path.join(prefix, "include", "meshrt", "Comm.h")]:
+            later = os.path.getmtime(changed) + 10
+            os.utime(changed, (later, later))
+            rebuilt = run_mlp()
+            expect(rebuilt.returncode == 0 and "(cached)" not in rebuilt.stdout,
+                   f"a newer {os.path.basename(changed)} in the prefix builds anew", rebuilt)
 
 
 def run_omp_wait_policy():
@@ -603,7 +642,7 @@ def calibrate_nccl():
 CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
-                                 depfile_user_headers, run_check, run_omp_wait_policy, run_check_path_dtypes,
+                                 depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
                                  run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each, recompute]}
 

@@ -36,9 +36,11 @@ import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER = os.path.join(HERE, "CheckpointDriver.cpp")
 sys.path.insert(0, HERE)
 from checked_run import run  # noqa: E402
 from compare_outputs import read_outputs  # noqa: E402
+from generated_build import add_build_options, build_generated  # noqa: E402
 from tolerance import coarsened_paths, compare_values, path_dtypes_of, typical_scale  # noqa: E402,E501
 
 
@@ -66,13 +68,12 @@ def build(args, index, config):
               with_stderr=True), end="")
     unity = base + ".ckpt.cpp"
     with open(unity, "w") as f:
-        f.write(f'#include "{stem}.cpp"\n#include "{os.path.join(HERE, "CheckpointDriver.cpp")}"\n')
+        f.write(f'#include "{stem}.cpp"\n#include "{DRIVER}"\n')
     defines = [f'-DMESHC_CKPT_HEADER="{stem}.h"', f"-DMESHC_CKPT_CLASS={args.cls}"]
     defines += ["-DMESHC_CKPT_TRAIN"] if args.train else [f"-DMESHC_CKPT_OUTPUT={args.output}"]
     binary = base + ".ckpt.bin"
-    run([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", workdir] + defines
-        + [flag for inc in args.include for flag in ("-I", inc)]
-        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    build_generated(args, unity, binary, args.workdir, [base + ".h", base + ".cpp", DRIVER],
+                    extra=["-I", workdir] + defines)
     return binary
 
 
@@ -115,17 +116,13 @@ def main():
     parser.add_argument("--output")
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--cxx", default="c++")
-    parser.add_argument("--include", action="append", default=[])
-    parser.add_argument("--lib", action="append", default=[])
+    add_build_options(parser)
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--function", required=True, help="the program or train block")
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the saving config")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
-    parser.add_argument("--cxx-flag", action="append", default=[],
-                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if not args.train and not args.output:
         parser.error("give --output NAME (a program) or --train")

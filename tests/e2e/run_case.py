@@ -26,6 +26,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
+from generated_build import GENERATED, add_build_options, build_generated
 from tolerance import coarsened_paths, path_dtypes_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,17 +38,13 @@ def main():
     parser.add_argument("--build-dir")
     parser.add_argument("--example", required=True)
     parser.add_argument("--workdir")
-    parser.add_argument("--cxx", default="c++")
-    parser.add_argument("--include", action="append", default=[])
-    parser.add_argument("--lib", action="append", default=[])
+    add_build_options(parser)
     parser.add_argument("--mesh")
     parser.add_argument("--layout")
     parser.add_argument("--meshc-arg", action="append", default=[],
                         help="an extra meshc option for every step, e.g. --meshc-arg=--dim=batch=512")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--opt", default="-O1")
-    parser.add_argument("--cxx-flag", action="append", default=[],
-                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     parser.add_argument("--print-plan", action="store_true")
     parser.add_argument("--backend", choices=["threads", "mpi"],
                         help="the generated runner's --backend (default: its own choice)")
@@ -97,10 +94,9 @@ def main():
     start = time.time()
     binary = base + ".bin"
     # The example's directory too: the headers of its user kernels (extern def) are relative to it.
-    run([args.cxx, args.opt, *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir, "-I",
-         os.path.dirname(os.path.abspath(args.example))]
-        + [flag for inc in args.include for flag in ("-I", inc)]
-        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    reused = build_generated(args, unity, binary, args.workdir, [base + ext for ext in GENERATED],
+                             opt=args.opt,
+                             extra_includes=[os.path.dirname(os.path.abspath(args.example))])
     build_s = time.time() - start
 
     actual, expected = base + ".actual", base + ".expected"
@@ -116,7 +112,8 @@ def main():
     run_s = time.time() - start
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")
-    print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s, run {run_s:.2f} s")
+    print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s{' (reused)' if reused else ''}, "
+          f"run {run_s:.2f} s")
     # A bf16/f16 op rounds its result to that dtype (and each rank's partial sums before an
     # all-reduce, where the interpreter rounds the whole sum once): every output it feeds, f32
     # ones included, carries that rounding, and only those (tolerance.py's path dtype).

@@ -38,7 +38,6 @@ Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --in
 Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`). --cxx-flag adds a flag to the
 build of the generated code (compile and link), as run_case.py's."""
 import argparse
-import hashlib
 import os
 import re
 import shlex
@@ -47,6 +46,7 @@ import time
 
 from checked_run import run
 from compare_outputs import compare_files
+from generated_build import GENERATED, add_build_options, build_generated
 from tolerance import coarsened_paths, compare_values, path_dtypes_of
 
 
@@ -118,9 +118,7 @@ def main():
     parser.add_argument("--meshc", required=True)
     parser.add_argument("--example", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--cxx", default="c++")
-    parser.add_argument("--include", action="append", default=[])
-    parser.add_argument("--lib", action="append", default=[])
+    add_build_options(parser)
     parser.add_argument("--mesh", action="append", required=True,
                         help="MESH|LAYOUT[|EXTRA]: the first is the reference; EXTRA are meshc "
                              "options for code generation only, space-separated")
@@ -136,8 +134,6 @@ def main():
     parser.add_argument("--inject-fault", help="meshc --inject-fault=FAULT for the second mesh")
     parser.add_argument("--expect-failure", action="store_true",
                         help="succeed only when the comparisons fail (with --inject-fault)")
-    parser.add_argument("--cxx-flag", action="append", default=[],
-                        help="an extra flag for building the generated code, e.g. -fsanitize=thread")
     args = parser.parse_args()
     if args.expect_failure and not args.inject_fault:
         parser.error("--expect-failure needs --inject-fault")
@@ -169,33 +165,8 @@ def main():
             f.write(f'#include "{os.path.basename(base)}.cpp"\n'
                     f'#include "{os.path.basename(base)}.main.cpp"\n')
         binary = base + ".bin"
-        command = ([args.cxx, "-O1", *args.cxx_flag, "-std=c++20", "-w", "-I", args.workdir]
-                   + [flag for inc in args.include for flag in ("-I", inc)]
-                   + [unity, "-o", binary] + args.lib + ["-lpthread"])
-        # A binary built from the same generated code with the same command (another case
-        # sharing the workdir, e.g. the MPI run of a threads case) is reused.
-        stamp = hashlib.sha256()
-        for part in [base + ".h", base + ".cpp", base + ".main.cpp"]:
-            with open(part, "rb") as f:
-                stamp.update(f.read())
-        stamp.update(" ".join(command).encode())
-        # ... and the same runtime: the project's headers and the libraries, by modification time.
-        for inc in args.include:
-            if not inc.startswith("/usr"):
-                for root, _, files in sorted(os.walk(inc)):
-                    for name in sorted(files):
-                        stamp.update(f"{name}:{os.path.getmtime(os.path.join(root, name))}".encode())
-        for lib in args.lib:
-            if os.path.exists(lib):
-                stamp.update(f"{lib}:{os.path.getmtime(lib)}".encode())
-        stamp = stamp.hexdigest()
-        stamp_file = binary + ".sha256"
-        reused = (os.path.exists(binary) and os.path.exists(stamp_file)
-                  and open(stamp_file).read() == stamp)
-        if not reused:
-            run(command)
-            with open(stamp_file, "w") as f:
-                f.write(stamp)
+        reused = build_generated(args, unity, binary, args.workdir,
+                                 [base + ext for ext in GENERATED])
         built = time.time() - start
         dump = base + f".steps{args.steps}"
         start = time.time()

@@ -25,111 +25,108 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // embedding: normal (albert.mesh:42)
   param0_embedding.resize(512);
-  support::fillParam(
-      param0_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 16}},
-      seed, "embedding", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 16}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/positions: normal (albert.mesh:43)
   param1_encoder_embed_positions.resize(256);
-  support::fillParam(param1_encoder_embed_positions.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 16}},
-                     seed, "encoder/embed/positions",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 16}, {0, 0}, {16, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_encoder_embed_positions.data(), shard, seed,
+                       "encoder/embed/positions", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/segment_table: normal (albert.mesh:44)
   param2_encoder_embed_segment_table.resize(32);
-  support::fillParam(param2_encoder_embed_segment_table.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{2, 16}},
-                     seed, "encoder/embed/segment_table",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{2, 16}, {0, 0}, {2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_encoder_embed_segment_table.data(), shard, seed,
+                       "encoder/embed/segment_table", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/gain: ones (albert.mesh:45)
   param3_encoder_embed_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
   // encoder/embed/bias: zeros (albert.mesh:46)
   param4_encoder_embed_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
   // encoder/embed/projection: normal (albert.mesh:47)
   param5_encoder_embed_projection.resize(512);
-  support::fillParam(param5_encoder_embed_projection.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 32}},
-                     seed, "encoder/embed/projection",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_encoder_embed_projection.data(), shard, seed,
+                       "encoder/embed/projection", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/q: normal (encoder_layers.mesh:24)
   param6_encoder_albert_layer_self_attention_q.resize(512);
-  support::fillParam(
-      param6_encoder_albert_layer_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_encoder_albert_layer_self_attention_q.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/k: normal (encoder_layers.mesh:25)
   param7_encoder_albert_layer_self_attention_k.resize(512);
-  support::fillParam(
-      param7_encoder_albert_layer_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_encoder_albert_layer_self_attention_k.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/v: normal (encoder_layers.mesh:26)
   param8_encoder_albert_layer_self_attention_v.resize(512);
-  support::fillParam(
-      param8_encoder_albert_layer_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param8_encoder_albert_layer_self_attention_v.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/o: normal (encoder_layers.mesh:27)
   param9_encoder_albert_layer_self_attention_o.resize(512);
-  support::fillParam(
-      param9_encoder_albert_layer_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/albert_layer/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param9_encoder_albert_layer_self_attention_o.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/norm/gain: ones (encoder_layers.mesh:17)
   param10_encoder_albert_layer_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/albert_layer/norm/bias: zeros (encoder_layers.mesh:18)
   param11_encoder_albert_layer_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder/albert_layer/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param12_encoder_albert_layer_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param12_encoder_albert_layer_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/albert_layer/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_encoder_albert_layer_dense_relu_dense_wi.data(), shard, seed,
+                       "encoder/albert_layer/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param13_encoder_albert_layer_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // encoder/albert_layer/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param14_encoder_albert_layer_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param14_encoder_albert_layer_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/albert_layer/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param14_encoder_albert_layer_dense_relu_dense_wo.data(), shard, seed,
+                       "encoder/albert_layer/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param15_encoder_albert_layer_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -141,13 +138,12 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // heads/transform: normal (albert.mesh:67)
   param18_heads_transform.resize(512);
-  support::fillParam(param18_heads_transform.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 16}},
-                     seed, "heads/transform",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 16}, {0, 0}, {32, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_heads_transform.data(), shard, seed, "heads/transform", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // heads/transform_bias: zeros (albert.mesh:68)
   param19_heads_transform_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
   // heads/gain: ones (albert.mesh:69)
@@ -158,23 +154,22 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
   param22_heads_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // heads/pooler: normal (albert.mesh:73)
   param23_heads_pooler.resize(1024);
-  support::fillParam(
-      param23_heads_pooler.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 32}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "heads/pooler", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param23_heads_pooler.data(), shard, seed, "heads/pooler", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // heads/pooler_bias: zeros (albert.mesh:74)
   param24_heads_pooler_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // heads/classifier: normal (albert.mesh:75)
   param25_heads_classifier.resize(64);
-  support::fillParam(param25_heads_classifier.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 2}},
-                     seed, "heads/classifier",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 2}, {0, 0}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param25_heads_classifier.data(), shard, seed, "heads/classifier", init,
+                       meshrt::kernels::ValueType::F32);
+  }
 }
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
@@ -749,25 +744,19 @@ Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   inputs.segment_ids.shape = {2, 16};
   inputs.segment_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.segment_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "segment_ids", 2);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "segment_ids", 2);
     std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
   }
   return inputs;
@@ -967,111 +956,108 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // embedding: normal (albert.mesh:42)
   param0_embedding.resize(512);
-  support::fillParam(
-      param0_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 16}},
-      seed, "embedding", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 16}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/positions: normal (albert.mesh:43)
   param1_encoder_embed_positions.resize(256);
-  support::fillParam(param1_encoder_embed_positions.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 16}},
-                     seed, "encoder/embed/positions",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 16}, {0, 0}, {16, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_encoder_embed_positions.data(), shard, seed,
+                       "encoder/embed/positions", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/segment_table: normal (albert.mesh:44)
   param2_encoder_embed_segment_table.resize(32);
-  support::fillParam(param2_encoder_embed_segment_table.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{2, 16}},
-                     seed, "encoder/embed/segment_table",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{2, 16}, {0, 0}, {2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_encoder_embed_segment_table.data(), shard, seed,
+                       "encoder/embed/segment_table", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/embed/gain: ones (albert.mesh:45)
   param3_encoder_embed_gain.assign(16, support::roundValue(support::DType::F32, 1.0));
   // encoder/embed/bias: zeros (albert.mesh:46)
   param4_encoder_embed_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
   // encoder/embed/projection: normal (albert.mesh:47)
   param5_encoder_embed_projection.resize(512);
-  support::fillParam(param5_encoder_embed_projection.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 32}},
-                     seed, "encoder/embed/projection",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_encoder_embed_projection.data(), shard, seed,
+                       "encoder/embed/projection", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/q: normal (encoder_layers.mesh:24)
   param6_encoder_albert_layer_self_attention_q.resize(512);
-  support::fillParam(
-      param6_encoder_albert_layer_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_encoder_albert_layer_self_attention_q.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/k: normal (encoder_layers.mesh:25)
   param7_encoder_albert_layer_self_attention_k.resize(512);
-  support::fillParam(
-      param7_encoder_albert_layer_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_encoder_albert_layer_self_attention_k.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/v: normal (encoder_layers.mesh:26)
   param8_encoder_albert_layer_self_attention_v.resize(512);
-  support::fillParam(
-      param8_encoder_albert_layer_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/albert_layer/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param8_encoder_albert_layer_self_attention_v.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/self_attention/o: normal (encoder_layers.mesh:27)
   param9_encoder_albert_layer_self_attention_o.resize(512);
-  support::fillParam(
-      param9_encoder_albert_layer_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/albert_layer/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param9_encoder_albert_layer_self_attention_o.data(), shard, seed,
+                       "encoder/albert_layer/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/norm/gain: ones (encoder_layers.mesh:17)
   param10_encoder_albert_layer_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/albert_layer/norm/bias: zeros (encoder_layers.mesh:18)
   param11_encoder_albert_layer_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder/albert_layer/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param12_encoder_albert_layer_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param12_encoder_albert_layer_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/albert_layer/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_encoder_albert_layer_dense_relu_dense_wi.data(), shard, seed,
+                       "encoder/albert_layer/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param13_encoder_albert_layer_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // encoder/albert_layer/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param14_encoder_albert_layer_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param14_encoder_albert_layer_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/albert_layer/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param14_encoder_albert_layer_dense_relu_dense_wo.data(), shard, seed,
+                       "encoder/albert_layer/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/albert_layer/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param15_encoder_albert_layer_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -1083,13 +1069,12 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // heads/transform: normal (albert.mesh:67)
   param18_heads_transform.resize(512);
-  support::fillParam(param18_heads_transform.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 16},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 16}},
-                     seed, "heads/transform",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 16}, {0, 0}, {32, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_heads_transform.data(), shard, seed, "heads/transform", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // heads/transform_bias: zeros (albert.mesh:68)
   param19_heads_transform_bias.assign(16, support::roundValue(support::DType::F32, 0.0));
   // heads/gain: ones (albert.mesh:69)
@@ -1100,23 +1085,22 @@ AlbertTrain::AlbertTrain(meshrt::Communicator &world, uint64_t seed)
   param22_heads_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // heads/pooler: normal (albert.mesh:73)
   param23_heads_pooler.resize(1024);
-  support::fillParam(
-      param23_heads_pooler.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 32}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "heads/pooler", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param23_heads_pooler.data(), shard, seed, "heads/pooler", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // heads/pooler_bias: zeros (albert.mesh:74)
   param24_heads_pooler_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // heads/classifier: normal (albert.mesh:75)
   param25_heads_classifier.resize(64);
-  support::fillParam(param25_heads_classifier.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 2}},
-                     seed, "heads/classifier",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 2}, {0, 0}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param25_heads_classifier.data(), shard, seed, "heads/classifier", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // embedding@m: zeros (albert.mesh:42)
   param26_embedding_m.assign(512, support::roundValue(support::DType::F32, 0.0));
   // embedding@v: zeros (albert.mesh:42)
@@ -5540,61 +5524,45 @@ AlbertTrain::Inputs AlbertTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   inputs.segment_ids.shape = {2, 16};
   inputs.segment_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.segment_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "segment_ids", 2);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "segment_ids", 2);
     std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
   }
   inputs.masked.shape = {2, 16};
   inputs.masked.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.masked.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "masked", 0);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "masked", 0);
     std::copy(ids.begin(), ids.end(), inputs.masked.data.begin());
   }
   inputs.targets.shape = {2, 16};
   inputs.targets.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.targets.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "targets", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "targets", 64);
     std::copy(ids.begin(), ids.end(), inputs.targets.data.begin());
   }
   inputs.order.shape = {2};
   inputs.order.data.resize(2);
   {
+    const meshrt::kernels::Shard shard{{4}, {support::shardStart(world_, {"data"}, 2)}, {2}};
     std::vector<int32_t> ids(inputs.order.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2)},
-                               meshrt::kernels::Dims{2}},
-        seed, "order", 2);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "order", 2);
     std::copy(ids.begin(), ids.end(), inputs.order.data.begin());
   }
   return inputs;

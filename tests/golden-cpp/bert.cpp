@@ -26,31 +26,31 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "mlm")), seed_(seed) {
   // bert/token_embedding: truncated_normal (bert.mesh:29)
   param0_bert_token_embedding.resize(8192);
-  support::fillParam(
-      param0_bert_token_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "bert/token_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 64}, {0, 0}, {128, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_bert_token_embedding.data(), shard, seed, "bert/token_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // bert/position_embedding: truncated_normal (bert.mesh:30)
   param1_bert_position_embedding.resize(2048);
-  support::fillParam(
-      param1_bert_position_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "bert/position_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_bert_position_embedding.data(), shard, seed,
+                       "bert/position_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/segment_embedding: truncated_normal (bert.mesh:31)
   param2_bert_segment_embedding.resize(128);
-  support::fillParam(
-      param2_bert_segment_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{2, 64}},
-      seed, "bert/segment_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{2, 64}, {0, 0}, {2, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_bert_segment_embedding.data(), shard, seed, "bert/segment_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // bert/output_bias: zeros (bert.mesh:32)
   param3_bert_output_bias.assign(128, support::roundValue(support::DType::F32, 0.0));
   // bert/norm/gain: ones (layers.mesh:22)
@@ -59,64 +59,62 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
   param5_bert_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_q",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_k",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_v",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{4, 16, 64}},
-                     seed, "bert/encoder_layer[0]/attention/w_o",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param10_bert_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // bert/encoder_layer[0]/norm/bias: zeros (layers.mesh:23)
   param11_bert_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 256}},
-                     seed, "bert/encoder_layer[0]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "bert/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param13_bert_encoder_layer_0_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{256, 64}},
-                     seed, "bert/encoder_layer[0]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "bert/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param15_bert_encoder_layer_0_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
@@ -127,64 +125,62 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_q",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_k",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_v",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{4, 16, 64}},
-                     seed, "bert/encoder_layer[1]/attention/w_o",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
   param22_bert_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // bert/encoder_layer[1]/norm/bias: zeros (layers.mesh:23)
   param23_bert_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 256}},
-                     seed, "bert/encoder_layer[1]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "bert/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param25_bert_encoder_layer_1_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{256, 64}},
-                     seed, "bert/encoder_layer[1]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "bert/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param27_bert_encoder_layer_1_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
@@ -706,40 +702,28 @@ Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {1, 32};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "tokens", 128);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 128);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   inputs.segment_ids.shape = {1, 32};
   inputs.segment_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.segment_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "segment_ids", 2);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "segment_ids", 2);
     std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
   }
   inputs.padding.shape = {1, 32};
   inputs.padding.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.padding.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "padding", 0);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "padding", 0);
     std::copy(ids.begin(), ids.end(), inputs.padding.data.begin());
   }
   return inputs;
@@ -964,31 +948,31 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})) {
   // bert/token_embedding: truncated_normal (bert.mesh:29)
   param0_bert_token_embedding.resize(8192);
-  support::fillParam(
-      param0_bert_token_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "bert/token_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 64}, {0, 0}, {128, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_bert_token_embedding.data(), shard, seed, "bert/token_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // bert/position_embedding: truncated_normal (bert.mesh:30)
   param1_bert_position_embedding.resize(2048);
-  support::fillParam(
-      param1_bert_position_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{32, 64}},
-      seed, "bert/position_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_bert_position_embedding.data(), shard, seed,
+                       "bert/position_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/segment_embedding: truncated_normal (bert.mesh:31)
   param2_bert_segment_embedding.resize(128);
-  support::fillParam(
-      param2_bert_segment_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{2, 64}},
-      seed, "bert/segment_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{2, 64}, {0, 0}, {2, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_bert_segment_embedding.data(), shard, seed, "bert/segment_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // bert/output_bias: zeros (bert.mesh:32)
   param3_bert_output_bias.assign(128, support::roundValue(support::DType::F32, 0.0));
   // bert/norm/gain: ones (layers.mesh:22)
@@ -997,64 +981,62 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
   param5_bert_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_q",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param6_bert_encoder_layer_0_attention_w_q.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_k",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param7_bert_encoder_layer_0_attention_w_k.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[0]/attention/w_v",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param8_bert_encoder_layer_0_attention_w_v.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{4, 16, 64}},
-                     seed, "bert/encoder_layer[0]/attention/w_o",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param9_bert_encoder_layer_0_attention_w_o.data(), shard, seed,
+                       "bert/encoder_layer[0]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param10_bert_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // bert/encoder_layer[0]/norm/bias: zeros (layers.mesh:23)
   param11_bert_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 256}},
-                     seed, "bert/encoder_layer[0]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param12_bert_encoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "bert/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param13_bert_encoder_layer_0_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{256, 64}},
-                     seed, "bert/encoder_layer[0]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param14_bert_encoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "bert/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param15_bert_encoder_layer_0_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
@@ -1065,64 +1047,62 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_q",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param18_bert_encoder_layer_1_attention_w_q.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_k",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param19_bert_encoder_layer_1_attention_w_k.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{64, 4, 16}},
-                     seed, "bert/encoder_layer[1]/attention/w_v",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 4, 16}, {0, 0, 0}, {64, 4, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param20_bert_encoder_layer_1_attention_w_v.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                                            meshrt::kernels::Dims{0, 0, 0},
-                                            meshrt::kernels::Dims{4, 16, 64}},
-                     seed, "bert/encoder_layer[1]/attention/w_o",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 16, 64}, {0, 0, 0}, {4, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param21_bert_encoder_layer_1_attention_w_o.data(), shard, seed,
+                       "bert/encoder_layer[1]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
   param22_bert_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // bert/encoder_layer[1]/norm/bias: zeros (layers.mesh:23)
   param23_bert_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 256}},
-                     seed, "bert/encoder_layer[1]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 256}, {0, 0}, {64, 256}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param24_bert_encoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "bert/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param25_bert_encoder_layer_1_ffn_b_in.assign(256, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{256, 64}},
-                     seed, "bert/encoder_layer[1]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{256, 64}, {0, 0}, {256, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param26_bert_encoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "bert/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param27_bert_encoder_layer_1_ffn_b_out.assign(64, support::roundValue(support::DType::F32, 0.0));
   // bert/encoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
@@ -4382,66 +4362,46 @@ MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {1, 32};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "tokens", 128);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 128);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   inputs.segment_ids.shape = {1, 32};
   inputs.segment_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.segment_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "segment_ids", 2);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "segment_ids", 2);
     std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
   }
   inputs.padding.shape = {1, 32};
   inputs.padding.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.padding.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "padding", 0);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "padding", 0);
     std::copy(ids.begin(), ids.end(), inputs.padding.data.begin());
   }
   inputs.masked.shape = {1, 32};
   inputs.masked.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.masked.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "masked", 0);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "masked", 0);
     std::copy(ids.begin(), ids.end(), inputs.masked.data.begin());
   }
   inputs.targets.shape = {1, 32};
   inputs.targets.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data", "model"}, 1), 0}, {1, 32}};
     std::vector<int32_t> ids(inputs.targets.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{support::shardStart(world_, {"data", "model"}, 1), 0},
-            meshrt::kernels::Dims{1, 32}},
-        seed, "targets", 128);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "targets", 128);
     std::copy(ids.begin(), ids.end(), inputs.targets.data.begin());
   }
   return inputs;

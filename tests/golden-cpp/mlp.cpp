@@ -23,26 +23,26 @@ Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  support::fillParam(
-      param0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "ffn/w_in",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param0_ffn_w_in.data(), shard, seed, "ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // ffn/b_in: zeros (mlp.mesh:23)
   param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  support::fillParam(
-      param2_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "ffn/w_out",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param2_ffn_w_out.data(), shard, seed, "ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
@@ -124,12 +124,12 @@ Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {16, 64};
   inputs.x.data.resize(1024);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
-                             meshrt::kernels::Dims{16, 64}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {support::shardStart(world_, {"data"}, 16), 0}, {16, 64}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 
@@ -220,26 +220,26 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  support::fillParam(
-      param0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "ffn/w_in",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param0_ffn_w_in.data(), shard, seed, "ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // ffn/b_in: zeros (mlp.mesh:23)
   param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  support::fillParam(
-      param2_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "ffn/w_out",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param2_ffn_w_out.data(), shard, seed, "ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // ffn/w_in@momentum: zeros (mlp.mesh:22)
   param3_ffn_w_in_momentum.assign(8192, support::roundValue(support::DType::F32, 0.0));
   // ffn/b_in@momentum: zeros (mlp.mesh:23)
@@ -760,20 +760,20 @@ MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {16, 64};
   inputs.x.data.resize(1024);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
-                             meshrt::kernels::Dims{16, 64}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {support::shardStart(world_, {"data"}, 16), 0}, {16, 64}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   inputs.target.shape = {16, 64};
   inputs.target.data.resize(1024);
-  meshrt::kernels::fillInput(
-      inputs.target.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
-                             meshrt::kernels::Dims{16, 64}},
-      seed, "target", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {support::shardStart(world_, {"data"}, 16), 0}, {16, 64}};
+    meshrt::kernels::fillInput(inputs.target.data.data(), shard, seed, "target",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 

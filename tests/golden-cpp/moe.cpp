@@ -27,68 +27,62 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
   param1_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:34)
   param2_route_0_w_gate.resize(64);
-  support::fillParam(
-      param2_route_0_w_gate.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{32, 2}},
-      seed, "route[0]/w_gate",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param2_route_0_w_gate.data(), shard, seed, "route[0]/w_gate", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[0]/w_in: normal (moe.mesh:58)
   param3_experts_ffn_0_w_in.resize(4096);
-  support::fillParam(
-      param3_experts_ffn_0_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 32, 64}},
-      seed, "experts_ffn[0]/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param3_experts_ffn_0_w_in.data(), shard, seed, "experts_ffn[0]/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[0]/w_out: normal (moe.mesh:59)
   param4_experts_ffn_0_w_out.resize(4096);
-  support::fillParam(
-      param4_experts_ffn_0_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 64, 32}},
-      seed, "experts_ffn[0]/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param4_experts_ffn_0_w_out.data(), shard, seed, "experts_ffn[0]/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // norm[1]/gain: ones (moe.mesh:24)
   param5_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param6_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:34)
   param7_route_1_w_gate.resize(64);
-  support::fillParam(
-      param7_route_1_w_gate.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{32, 2}},
-      seed, "route[1]/w_gate",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param7_route_1_w_gate.data(), shard, seed, "route[1]/w_gate", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[1]/w_in: normal (moe.mesh:58)
   param8_experts_ffn_1_w_in.resize(4096);
-  support::fillParam(
-      param8_experts_ffn_1_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 32, 64}},
-      seed, "experts_ffn[1]/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param8_experts_ffn_1_w_in.data(), shard, seed, "experts_ffn[1]/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[1]/w_out: normal (moe.mesh:59)
   param9_experts_ffn_1_w_out.resize(4096);
-  support::fillParam(
-      param9_experts_ffn_1_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 64, 32}},
-      seed, "experts_ffn[1]/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param9_experts_ffn_1_w_out.data(), shard, seed, "experts_ffn[1]/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   computeInvariants();
 }
 
@@ -697,12 +691,12 @@ Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 64, 32};
   inputs.x.data.resize(2048);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 64, 32}, {support::shardStart(world_, {"data"}, 1), 0, 0}, {1, 64, 32}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 
@@ -816,68 +810,62 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param2_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:34)
   param3_route_0_w_gate.resize(64);
-  support::fillParam(
-      param3_route_0_w_gate.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{32, 2}},
-      seed, "route[0]/w_gate",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param3_route_0_w_gate.data(), shard, seed, "route[0]/w_gate", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[0]/w_in: normal (moe.mesh:58)
   param4_experts_ffn_0_w_in.resize(4096);
-  support::fillParam(
-      param4_experts_ffn_0_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 32, 64}},
-      seed, "experts_ffn[0]/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param4_experts_ffn_0_w_in.data(), shard, seed, "experts_ffn[0]/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[0]/w_out: normal (moe.mesh:59)
   param5_experts_ffn_0_w_out.resize(4096);
-  support::fillParam(
-      param5_experts_ffn_0_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 64, 32}},
-      seed, "experts_ffn[0]/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param5_experts_ffn_0_w_out.data(), shard, seed, "experts_ffn[0]/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // norm[1]/gain: ones (moe.mesh:24)
   param6_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param7_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:34)
   param8_route_1_w_gate.resize(64);
-  support::fillParam(
-      param8_route_1_w_gate.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{32, 2}},
-      seed, "route[1]/w_gate",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {32, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param8_route_1_w_gate.data(), shard, seed, "route[1]/w_gate", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[1]/w_in: normal (moe.mesh:58)
   param9_experts_ffn_1_w_in.resize(4096);
-  support::fillParam(
-      param9_experts_ffn_1_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 32, 64}},
-      seed, "experts_ffn[1]/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 32, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param9_experts_ffn_1_w_in.data(), shard, seed, "experts_ffn[1]/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // experts_ffn[1]/w_out: normal (moe.mesh:59)
   param10_experts_ffn_1_w_out.resize(4096);
-  support::fillParam(
-      param10_experts_ffn_1_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 64, 32}},
-      seed, "experts_ffn[1]/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 64, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param10_experts_ffn_1_w_out.data(), shard, seed, "experts_ffn[1]/w_out",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // norm[0]/gain@v: zeros (moe.mesh:24)
   param11_norm_0_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/bias@v: zeros (moe.mesh:25)
@@ -3748,20 +3736,20 @@ MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 64, 32};
   inputs.x.data.resize(2048);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 64, 32}, {support::shardStart(world_, {"data"}, 1), 0, 0}, {1, 64, 32}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   inputs.target.shape = {1, 64, 32};
   inputs.target.data.resize(2048);
-  meshrt::kernels::fillInput(
-      inputs.target.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed, "target", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 64, 32}, {support::shardStart(world_, {"data"}, 1), 0, 0}, {1, 64, 32}};
+    meshrt::kernels::fillInput(inputs.target.data.data(), shard, seed, "target",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 

@@ -23,152 +23,140 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder_layer[0]/random_features: orthogonal (performer.mesh:103)
   param0_encoder_layer_0_random_features.resize(1024);
-  support::fillParam(
-      param0_encoder_layer_0_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "encoder_layer[0]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param0_encoder_layer_0_random_features.data(), shard, seed,
+                       "encoder_layer[0]/random_features", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param1_encoder_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[0]/norm/bias: zeros (performer.mesh:28)
   param2_encoder_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param3_encoder_layer_0_heads_in_w.resize(512);
-  support::fillParam(
-      param3_encoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[0]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param3_encoder_layer_0_heads_in_w.data(), shard, seed,
+                       "encoder_layer[0]/heads_in/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param4_encoder_layer_0_heads_in_1_w.resize(512);
-  support::fillParam(
-      param4_encoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[0]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param4_encoder_layer_0_heads_in_1_w.data(), shard, seed,
+                       "encoder_layer[0]/heads_in#1/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param5_encoder_layer_0_heads_in_2_w.resize(512);
-  support::fillParam(
-      param5_encoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[0]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param5_encoder_layer_0_heads_in_2_w.data(), shard, seed,
+                       "encoder_layer[0]/heads_in#2/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param6_encoder_layer_0_heads_out_w.resize(512);
-  support::fillParam(
-      param6_encoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "encoder_layer[0]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param6_encoder_layer_0_heads_out_w.data(), shard, seed,
+                       "encoder_layer[0]/heads_out/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param7_encoder_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
   param8_encoder_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param9_encoder_layer_0_ffn_w_in.resize(4096);
-  support::fillParam(param9_encoder_layer_0_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "encoder_layer[0]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param9_encoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param10_encoder_layer_0_ffn_w_out.resize(4096);
-  support::fillParam(param10_encoder_layer_0_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "encoder_layer[0]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param10_encoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/random_features: orthogonal (performer.mesh:103)
   param11_encoder_layer_1_random_features.resize(1024);
-  support::fillParam(
-      param11_encoder_layer_1_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "encoder_layer[1]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param11_encoder_layer_1_random_features.data(), shard, seed,
+                       "encoder_layer[1]/random_features", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param12_encoder_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[1]/norm/bias: zeros (performer.mesh:28)
   param13_encoder_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param14_encoder_layer_1_heads_in_w.resize(512);
-  support::fillParam(
-      param14_encoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[1]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param14_encoder_layer_1_heads_in_w.data(), shard, seed,
+                       "encoder_layer[1]/heads_in/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param15_encoder_layer_1_heads_in_1_w.resize(512);
-  support::fillParam(
-      param15_encoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[1]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param15_encoder_layer_1_heads_in_1_w.data(), shard, seed,
+                       "encoder_layer[1]/heads_in#1/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param16_encoder_layer_1_heads_in_2_w.resize(512);
-  support::fillParam(
-      param16_encoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "encoder_layer[1]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param16_encoder_layer_1_heads_in_2_w.data(), shard, seed,
+                       "encoder_layer[1]/heads_in#2/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param17_encoder_layer_1_heads_out_w.resize(512);
-  support::fillParam(
-      param17_encoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "encoder_layer[1]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param17_encoder_layer_1_heads_out_w.data(), shard, seed,
+                       "encoder_layer[1]/heads_out/w", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param18_encoder_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
   param19_encoder_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param20_encoder_layer_1_ffn_w_in.resize(4096);
-  support::fillParam(param20_encoder_layer_1_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "encoder_layer[1]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param20_encoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param21_encoder_layer_1_ffn_w_out.resize(4096);
-  support::fillParam(param21_encoder_layer_1_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "encoder_layer[1]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param21_encoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // norm/gain: ones (performer.mesh:27)
   param22_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm/bias: zeros (performer.mesh:28)
@@ -835,12 +823,12 @@ Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 128, 32};
   inputs.x.data.resize(4096);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 128, 32}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 128, 32}, {support::shardStart(world_, {"data"}, 1), 0, 0}, {1, 128, 32}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 
@@ -1004,30 +992,29 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(2048);
-  support::fillParam(param0_causal_lm_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 32}},
-                     seed, "causal_lm/embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 32}, {0, 0}, {64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
+    support::fillParam(param0_causal_lm_embedding.data(), shard, seed, "causal_lm/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(2048);
-  support::fillParam(param1_causal_lm_unembed.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 64}},
-                     seed, "causal_lm/unembed",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_causal_lm_unembed.data(), shard, seed, "causal_lm/unembed", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  support::fillParam(
-      param2_causal_lm_decoder_layer_0_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "causal_lm/decoder_layer[0]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param2_causal_lm_decoder_layer_0_random_features.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/random_features", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
                                                     support::roundValue(support::DType::F32, 1.0));
@@ -1036,44 +1023,44 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                     support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  support::fillParam(
-      param5_causal_lm_decoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param5_causal_lm_decoder_layer_0_heads_in_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  support::fillParam(
-      param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param6_causal_lm_decoder_layer_0_heads_in_1_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in#1/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  support::fillParam(
-      param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param7_causal_lm_decoder_layer_0_heads_in_2_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in#2/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  support::fillParam(
-      param8_causal_lm_decoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "causal_lm/decoder_layer[0]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param8_causal_lm_decoder_layer_0_heads_out_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_out/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
       32, support::roundValue(support::DType::F32, 1.0));
@@ -1082,30 +1069,31 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
-  support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "causal_lm/decoder_layer[0]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
-  support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "causal_lm/decoder_layer[0]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  support::fillParam(
-      param13_causal_lm_decoder_layer_1_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "causal_lm/decoder_layer[1]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param13_causal_lm_decoder_layer_1_random_features.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/random_features", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
                                                      support::roundValue(support::DType::F32, 1.0));
@@ -1114,44 +1102,44 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  support::fillParam(
-      param16_causal_lm_decoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param16_causal_lm_decoder_layer_1_heads_in_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  support::fillParam(
-      param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param17_causal_lm_decoder_layer_1_heads_in_1_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in#1/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  support::fillParam(
-      param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param18_causal_lm_decoder_layer_1_heads_in_2_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in#2/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  support::fillParam(
-      param19_causal_lm_decoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "causal_lm/decoder_layer[1]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param19_causal_lm_decoder_layer_1_heads_out_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_out/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
       32, support::roundValue(support::DType::F32, 1.0));
@@ -1160,22 +1148,22 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
-  support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "causal_lm/decoder_layer[1]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
-  support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "causal_lm/decoder_layer[1]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
@@ -1875,13 +1863,10 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {1, 128};
   inputs.tokens.data.resize(128);
   {
+    const meshrt::kernels::Shard shard{
+        {2, 128}, {support::shardStart(world_, {"data"}, 1), 0}, {1, 128}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0},
-                               meshrt::kernels::Dims{1, 128}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
@@ -2056,30 +2041,29 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(2048);
-  support::fillParam(param0_causal_lm_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{64, 32}},
-                     seed, "causal_lm/embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 32}, {0, 0}, {64, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
+    support::fillParam(param0_causal_lm_embedding.data(), shard, seed, "causal_lm/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(2048);
-  support::fillParam(param1_causal_lm_unembed.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 64}},
-                     seed, "causal_lm/unembed",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_causal_lm_unembed.data(), shard, seed, "causal_lm/unembed", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  support::fillParam(
-      param2_causal_lm_decoder_layer_0_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "causal_lm/decoder_layer[0]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param2_causal_lm_decoder_layer_0_random_features.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/random_features", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
                                                     support::roundValue(support::DType::F32, 1.0));
@@ -2088,44 +2072,44 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                     support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  support::fillParam(
-      param5_causal_lm_decoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param5_causal_lm_decoder_layer_0_heads_in_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  support::fillParam(
-      param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param6_causal_lm_decoder_layer_0_heads_in_1_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in#1/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  support::fillParam(
-      param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param7_causal_lm_decoder_layer_0_heads_in_2_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_in#2/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  support::fillParam(
-      param8_causal_lm_decoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "causal_lm/decoder_layer[0]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param8_causal_lm_decoder_layer_0_heads_out_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/heads_out/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
       32, support::roundValue(support::DType::F32, 1.0));
@@ -2134,30 +2118,31 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(4096);
-  support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "causal_lm/decoder_layer[0]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param11_causal_lm_decoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(4096);
-  support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "causal_lm/decoder_layer[0]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param12_causal_lm_decoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "causal_lm/decoder_layer[0]/ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  support::fillParam(
-      param13_causal_lm_decoder_layer_1_random_features.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 16}},
-      seed, "causal_lm/decoder_layer[1]/random_features",
-      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 16}, {0, 0}, {64, 16}};
+    const auto init = meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}});
+    support::fillParam(param13_causal_lm_decoder_layer_1_random_features.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/random_features", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
                                                      support::roundValue(support::DType::F32, 1.0));
@@ -2166,44 +2151,44 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  support::fillParam(
-      param16_causal_lm_decoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param16_causal_lm_decoder_layer_1_heads_in_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  support::fillParam(
-      param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param17_causal_lm_decoder_layer_1_heads_in_1_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in#1/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  support::fillParam(
-      param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
-                             meshrt::kernels::Dims{32, 1, 16}},
-      seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 2, 16}, {0, support::shardStart(world_, {"model"}, 1), 0}, {32, 1, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param18_causal_lm_decoder_layer_1_heads_in_2_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_in#2/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  support::fillParam(
-      param19_causal_lm_decoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 16, 32}},
-      seed, "causal_lm/decoder_layer[1]/heads_out/w",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {2, 16, 32}, {support::shardStart(world_, {"model"}, 1), 0, 0}, {1, 16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param19_causal_lm_decoder_layer_1_heads_out_w.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/heads_out/w", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
       32, support::roundValue(support::DType::F32, 1.0));
@@ -2212,22 +2197,22 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(4096);
-  support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 128}},
-                     seed, "causal_lm/decoder_layer[1]/ffn/w_in",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 128}, {0, 0}, {32, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}});
+    support::fillParam(param22_causal_lm_decoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(4096);
-  support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{128, 32}},
-                     seed, "causal_lm/decoder_layer[1]/ffn/w_out",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128, 32}, {0, 0}, {128, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}});
+    support::fillParam(param23_causal_lm_decoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "causal_lm/decoder_layer[1]/ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
@@ -5486,13 +5471,10 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {1, 128};
   inputs.tokens.data.resize(128);
   {
+    const meshrt::kernels::Shard shard{
+        {2, 128}, {support::shardStart(world_, {"data"}, 1), 0}, {1, 128}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0},
-                               meshrt::kernels::Dims{1, 128}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;

@@ -23,66 +23,65 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // embedding: normal (roberta.mesh:29)
   param0_embedding.resize(1024);
-  support::fillParam(
-      param0_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "embedding", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/positions: normal (roberta.mesh:30)
   param1_roberta_positions.resize(512);
-  support::fillParam(param1_roberta_positions.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 32}},
-                     seed, "roberta/positions",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_roberta_positions.data(), shard, seed, "roberta/positions", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/norm/gain: ones (encoder_layers.mesh:17)
   param2_roberta_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // roberta/norm/bias: zeros (encoder_layers.mesh:18)
   param3_roberta_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/self_attention/q: normal (encoder_layers.mesh:24)
   param4_roberta_encoder_layer_0_self_attention_q.resize(512);
-  support::fillParam(
-      param4_roberta_encoder_layer_0_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param4_roberta_encoder_layer_0_self_attention_q.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/k: normal (encoder_layers.mesh:25)
   param5_roberta_encoder_layer_0_self_attention_k.resize(512);
-  support::fillParam(
-      param5_roberta_encoder_layer_0_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_roberta_encoder_layer_0_self_attention_k.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/v: normal (encoder_layers.mesh:26)
   param6_roberta_encoder_layer_0_self_attention_v.resize(512);
-  support::fillParam(
-      param6_roberta_encoder_layer_0_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_roberta_encoder_layer_0_self_attention_v.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/o: normal (encoder_layers.mesh:27)
   param7_roberta_encoder_layer_0_self_attention_o.resize(512);
-  support::fillParam(
-      param7_roberta_encoder_layer_0_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "roberta/encoder_layer[0]/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_roberta_encoder_layer_0_self_attention_o.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/norm/gain: ones (encoder_layers.mesh:17)
   param8_roberta_encoder_layer_0_norm_gain.assign(32,
                                                   support::roundValue(support::DType::F32, 1.0));
@@ -91,27 +90,27 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param10_roberta_encoder_layer_0_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[0]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(), shard, seed,
+                       "roberta/encoder_layer[0]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param11_roberta_encoder_layer_0_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param12_roberta_encoder_layer_0_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[0]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(), shard, seed,
+                       "roberta/encoder_layer[0]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param13_roberta_encoder_layer_0_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -123,44 +122,44 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/self_attention/q: normal (encoder_layers.mesh:24)
   param16_roberta_encoder_layer_1_self_attention_q.resize(512);
-  support::fillParam(
-      param16_roberta_encoder_layer_1_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param16_roberta_encoder_layer_1_self_attention_q.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/k: normal (encoder_layers.mesh:25)
   param17_roberta_encoder_layer_1_self_attention_k.resize(512);
-  support::fillParam(
-      param17_roberta_encoder_layer_1_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param17_roberta_encoder_layer_1_self_attention_k.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/v: normal (encoder_layers.mesh:26)
   param18_roberta_encoder_layer_1_self_attention_v.resize(512);
-  support::fillParam(
-      param18_roberta_encoder_layer_1_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_roberta_encoder_layer_1_self_attention_v.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/o: normal (encoder_layers.mesh:27)
   param19_roberta_encoder_layer_1_self_attention_o.resize(512);
-  support::fillParam(
-      param19_roberta_encoder_layer_1_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "roberta/encoder_layer[1]/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param19_roberta_encoder_layer_1_self_attention_o.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/norm/gain: ones (encoder_layers.mesh:17)
   param20_roberta_encoder_layer_1_norm_gain.assign(32,
                                                    support::roundValue(support::DType::F32, 1.0));
@@ -169,27 +168,27 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
                                                    support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param22_roberta_encoder_layer_1_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[1]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(), shard, seed,
+                       "roberta/encoder_layer[1]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param23_roberta_encoder_layer_1_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param24_roberta_encoder_layer_1_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[1]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(), shard, seed,
+                       "roberta/encoder_layer[1]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param25_roberta_encoder_layer_1_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -201,13 +200,12 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // roberta/lm_head/dense: normal (roberta.mesh:41)
   param28_roberta_lm_head_dense.resize(1024);
-  support::fillParam(param28_roberta_lm_head_dense.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 32}},
-                     seed, "roberta/lm_head/dense",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param28_roberta_lm_head_dense.data(), shard, seed, "roberta/lm_head/dense",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // roberta/lm_head/dense_bias: zeros (roberta.mesh:42)
   param29_roberta_lm_head_dense_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // roberta/lm_head/output_bias: zeros (roberta.mesh:44)
@@ -682,13 +680,10 @@ Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
@@ -890,66 +885,65 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // embedding: normal (roberta.mesh:29)
   param0_embedding.resize(1024);
-  support::fillParam(
-      param0_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "embedding", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_embedding.data(), shard, seed, "embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/positions: normal (roberta.mesh:30)
   param1_roberta_positions.resize(512);
-  support::fillParam(param1_roberta_positions.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{16, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{16, 32}},
-                     seed, "roberta/positions",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{16, 32}, {0, 0}, {16, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_roberta_positions.data(), shard, seed, "roberta/positions", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/norm/gain: ones (encoder_layers.mesh:17)
   param2_roberta_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // roberta/norm/bias: zeros (encoder_layers.mesh:18)
   param3_roberta_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/self_attention/q: normal (encoder_layers.mesh:24)
   param4_roberta_encoder_layer_0_self_attention_q.resize(512);
-  support::fillParam(
-      param4_roberta_encoder_layer_0_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param4_roberta_encoder_layer_0_self_attention_q.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/k: normal (encoder_layers.mesh:25)
   param5_roberta_encoder_layer_0_self_attention_k.resize(512);
-  support::fillParam(
-      param5_roberta_encoder_layer_0_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_roberta_encoder_layer_0_self_attention_k.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/v: normal (encoder_layers.mesh:26)
   param6_roberta_encoder_layer_0_self_attention_v.resize(512);
-  support::fillParam(
-      param6_roberta_encoder_layer_0_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[0]/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_roberta_encoder_layer_0_self_attention_v.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/self_attention/o: normal (encoder_layers.mesh:27)
   param7_roberta_encoder_layer_0_self_attention_o.resize(512);
-  support::fillParam(
-      param7_roberta_encoder_layer_0_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "roberta/encoder_layer[0]/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_roberta_encoder_layer_0_self_attention_o.data(), shard, seed,
+                       "roberta/encoder_layer[0]/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/norm/gain: ones (encoder_layers.mesh:17)
   param8_roberta_encoder_layer_0_norm_gain.assign(32,
                                                   support::roundValue(support::DType::F32, 1.0));
@@ -958,27 +952,27 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param10_roberta_encoder_layer_0_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[0]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param10_roberta_encoder_layer_0_dense_relu_dense_wi.data(), shard, seed,
+                       "roberta/encoder_layer[0]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param11_roberta_encoder_layer_0_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[0]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param12_roberta_encoder_layer_0_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[0]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_roberta_encoder_layer_0_dense_relu_dense_wo.data(), shard, seed,
+                       "roberta/encoder_layer[0]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[0]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param13_roberta_encoder_layer_0_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -990,44 +984,44 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/self_attention/q: normal (encoder_layers.mesh:24)
   param16_roberta_encoder_layer_1_self_attention_q.resize(512);
-  support::fillParam(
-      param16_roberta_encoder_layer_1_self_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param16_roberta_encoder_layer_1_self_attention_q.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/k: normal (encoder_layers.mesh:25)
   param17_roberta_encoder_layer_1_self_attention_k.resize(512);
-  support::fillParam(
-      param17_roberta_encoder_layer_1_self_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param17_roberta_encoder_layer_1_self_attention_k.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/v: normal (encoder_layers.mesh:26)
   param18_roberta_encoder_layer_1_self_attention_v.resize(512);
-  support::fillParam(
-      param18_roberta_encoder_layer_1_self_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "roberta/encoder_layer[1]/self_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_roberta_encoder_layer_1_self_attention_v.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/self_attention/o: normal (encoder_layers.mesh:27)
   param19_roberta_encoder_layer_1_self_attention_o.resize(512);
-  support::fillParam(
-      param19_roberta_encoder_layer_1_self_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "roberta/encoder_layer[1]/self_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param19_roberta_encoder_layer_1_self_attention_o.data(), shard, seed,
+                       "roberta/encoder_layer[1]/self_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/norm/gain: ones (encoder_layers.mesh:17)
   param20_roberta_encoder_layer_1_norm_gain.assign(32,
                                                    support::roundValue(support::DType::F32, 1.0));
@@ -1036,27 +1030,27 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
                                                    support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/dense_relu_dense/wi: normal (encoder_layers.mesh:41)
   param22_roberta_encoder_layer_1_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[1]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param22_roberta_encoder_layer_1_dense_relu_dense_wi.data(), shard, seed,
+                       "roberta/encoder_layer[1]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/dense_relu_dense/bi: zeros (encoder_layers.mesh:42)
   param23_roberta_encoder_layer_1_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // roberta/encoder_layer[1]/dense_relu_dense/wo: normal (encoder_layers.mesh:43)
   param24_roberta_encoder_layer_1_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "roberta/encoder_layer[1]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param24_roberta_encoder_layer_1_dense_relu_dense_wo.data(), shard, seed,
+                       "roberta/encoder_layer[1]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // roberta/encoder_layer[1]/dense_relu_dense/bo: zeros (encoder_layers.mesh:44)
   param25_roberta_encoder_layer_1_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -1068,13 +1062,12 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // roberta/lm_head/dense: normal (roberta.mesh:41)
   param28_roberta_lm_head_dense.resize(1024);
-  support::fillParam(param28_roberta_lm_head_dense.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 32},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 32}},
-                     seed, "roberta/lm_head/dense",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 32}, {0, 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param28_roberta_lm_head_dense.data(), shard, seed, "roberta/lm_head/dense",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // roberta/lm_head/dense_bias: zeros (roberta.mesh:42)
   param29_roberta_lm_head_dense_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // roberta/lm_head/output_bias: zeros (roberta.mesh:44)
@@ -4606,13 +4599,10 @@ MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;

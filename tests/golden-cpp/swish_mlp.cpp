@@ -24,41 +24,40 @@ SwishMlp::SwishMlp(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // limit: uniform (swish_mlp.mesh:29)
   param0_limit.resize(64);
-  support::fillParam(param0_limit.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{64}, meshrt::kernels::Dims{0},
-                                            meshrt::kernels::Dims{64}},
-                     seed, "limit",
-                     meshrt::kernels::makeInit("uniform", {{"min", 1.0}, {"max", 3.0}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64}, {0}, {64}};
+    const auto init = meshrt::kernels::makeInit("uniform", {{"min", 1.0}, {"max", 3.0}});
+    support::fillParam(param0_limit.data(), shard, seed, "limit", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // swish_ffn/w_in: truncated_normal (swish_mlp.mesh:19)
   param1_swish_ffn_w_in.resize(4096);
-  support::fillParam(
-      param1_swish_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "swish_ffn/w_in",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param1_swish_ffn_w_in.data(), shard, seed, "swish_ffn/w_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // swish_ffn/b_in: normal (swish_mlp.mesh:20)
   param2_swish_ffn_b_in.resize(64);
-  support::fillParam(
-      param2_swish_ffn_b_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64}},
-      seed, "swish_ffn/b_in", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{128}, {support::shardStart(world_, {"model"}, 64)}, {64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
+    support::fillParam(param2_swish_ffn_b_in.data(), shard, seed, "swish_ffn/b_in", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // swish_ffn/w_out: truncated_normal (swish_mlp.mesh:21)
   param3_swish_ffn_w_out.resize(4096);
-  support::fillParam(
-      param3_swish_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "swish_ffn/w_out",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.088}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.088}});
+    support::fillParam(param3_swish_ffn_w_out.data(), shard, seed, "swish_ffn/w_out", init,
+                       meshrt::kernels::ValueType::F32);
+  }
 }
 
 SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
@@ -147,12 +146,12 @@ SwishMlp::Inputs SwishMlp::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {16, 64};
   inputs.x.data.resize(1024);
-  meshrt::kernels::fillInput(
-      inputs.x.data.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
-                             meshrt::kernels::Dims{16, 64}},
-      seed, "x", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {support::shardStart(world_, {"data"}, 16), 0}, {16, 64}};
+    meshrt::kernels::fillInput(inputs.x.data.data(), shard, seed, "x",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 

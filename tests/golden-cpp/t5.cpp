@@ -25,376 +25,363 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder/relative_bias/table: normal (t5.mesh:55)
   param0_encoder_relative_bias_table.resize(16);
-  support::fillParam(
-      param0_encoder_relative_bias_table.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{8, 2}},
-      seed, "encoder/relative_bias/table",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
+    support::fillParam(param0_encoder_relative_bias_table.data(), shard, seed,
+                       "encoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
+  }
   // shared/embedding: normal (t5.mesh:95)
   param1_shared_embedding.resize(1024);
-  support::fillParam(
-      param1_shared_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "shared/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
+    support::fillParam(param1_shared_embedding.data(), shard, seed, "shared/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/attention[0]/q: normal (t5.mesh:76)
   param3_encoder_attention_0_q.resize(512);
-  support::fillParam(
-      param3_encoder_attention_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param3_encoder_attention_0_q.data(), shard, seed, "encoder/attention[0]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/k: normal (t5.mesh:77)
   param4_encoder_attention_0_k.resize(512);
-  support::fillParam(
-      param4_encoder_attention_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param4_encoder_attention_0_k.data(), shard, seed, "encoder/attention[0]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/v: normal (t5.mesh:78)
   param5_encoder_attention_0_v.resize(512);
-  support::fillParam(
-      param5_encoder_attention_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param5_encoder_attention_0_v.data(), shard, seed, "encoder/attention[0]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/o: normal (t5.mesh:79)
   param6_encoder_attention_0_o.resize(512);
-  support::fillParam(
-      param6_encoder_attention_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/attention[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param6_encoder_attention_0_o.data(), shard, seed, "encoder/attention[0]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param8_encoder_dense_relu_dense_0_wi.resize(1024);
-  support::fillParam(
-      param8_encoder_dense_relu_dense_0_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[0]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param8_encoder_dense_relu_dense_0_wi.data(), shard, seed,
+                       "encoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param9_encoder_dense_relu_dense_0_wo.resize(1024);
-  support::fillParam(
-      param9_encoder_dense_relu_dense_0_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[0]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param9_encoder_dense_relu_dense_0_wo.data(), shard, seed,
+                       "encoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/attention[1]/q: normal (t5.mesh:76)
   param11_encoder_attention_1_q.resize(512);
-  support::fillParam(
-      param11_encoder_attention_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param11_encoder_attention_1_q.data(), shard, seed, "encoder/attention[1]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/k: normal (t5.mesh:77)
   param12_encoder_attention_1_k.resize(512);
-  support::fillParam(
-      param12_encoder_attention_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param12_encoder_attention_1_k.data(), shard, seed, "encoder/attention[1]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/v: normal (t5.mesh:78)
   param13_encoder_attention_1_v.resize(512);
-  support::fillParam(
-      param13_encoder_attention_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param13_encoder_attention_1_v.data(), shard, seed, "encoder/attention[1]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/o: normal (t5.mesh:79)
   param14_encoder_attention_1_o.resize(512);
-  support::fillParam(
-      param14_encoder_attention_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/attention[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param14_encoder_attention_1_o.data(), shard, seed, "encoder/attention[1]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param16_encoder_dense_relu_dense_1_wi.resize(1024);
-  support::fillParam(
-      param16_encoder_dense_relu_dense_1_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[1]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param16_encoder_dense_relu_dense_1_wi.data(), shard, seed,
+                       "encoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param17_encoder_dense_relu_dense_1_wo.resize(1024);
-  support::fillParam(
-      param17_encoder_dense_relu_dense_1_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[1]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param17_encoder_dense_relu_dense_1_wo.data(), shard, seed,
+                       "encoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm/scale: ones (t5.mesh:39)
   param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/relative_bias/table: normal (t5.mesh:55)
   param19_decoder_relative_bias_table.resize(16);
-  support::fillParam(
-      param19_decoder_relative_bias_table.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{8, 2}},
-      seed, "decoder/relative_bias/table",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
+    support::fillParam(param19_decoder_relative_bias_table.data(), shard, seed,
+                       "decoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention[0]/q: normal (t5.mesh:76)
   param21_decoder_attention_0_q.resize(512);
-  support::fillParam(
-      param21_decoder_attention_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param21_decoder_attention_0_q.data(), shard, seed, "decoder/attention[0]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/k: normal (t5.mesh:77)
   param22_decoder_attention_0_k.resize(512);
-  support::fillParam(
-      param22_decoder_attention_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param22_decoder_attention_0_k.data(), shard, seed, "decoder/attention[0]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/v: normal (t5.mesh:78)
   param23_decoder_attention_0_v.resize(512);
-  support::fillParam(
-      param23_decoder_attention_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param23_decoder_attention_0_v.data(), shard, seed, "decoder/attention[0]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/o: normal (t5.mesh:79)
   param24_decoder_attention_0_o.resize(512);
-  support::fillParam(
-      param24_decoder_attention_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param24_decoder_attention_0_o.data(), shard, seed, "decoder/attention[0]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention#1[0]/q: normal (t5.mesh:76)
   param26_decoder_attention_1_0_q.resize(512);
-  support::fillParam(
-      param26_decoder_attention_1_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param26_decoder_attention_1_0_q.data(), shard, seed,
+                       "decoder/attention#1[0]/q", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/k: normal (t5.mesh:77)
   param27_decoder_attention_1_0_k.resize(512);
-  support::fillParam(
-      param27_decoder_attention_1_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param27_decoder_attention_1_0_k.data(), shard, seed,
+                       "decoder/attention#1[0]/k", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/v: normal (t5.mesh:78)
   param28_decoder_attention_1_0_v.resize(512);
-  support::fillParam(
-      param28_decoder_attention_1_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param28_decoder_attention_1_0_v.data(), shard, seed,
+                       "decoder/attention#1[0]/v", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/o: normal (t5.mesh:79)
   param29_decoder_attention_1_0_o.resize(512);
-  support::fillParam(
-      param29_decoder_attention_1_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention#1[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param29_decoder_attention_1_0_o.data(), shard, seed,
+                       "decoder/attention#1[0]/o", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
   param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param31_decoder_dense_relu_dense_0_wi.resize(1024);
-  support::fillParam(
-      param31_decoder_dense_relu_dense_0_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[0]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param31_decoder_dense_relu_dense_0_wi.data(), shard, seed,
+                       "decoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param32_decoder_dense_relu_dense_0_wo.resize(1024);
-  support::fillParam(
-      param32_decoder_dense_relu_dense_0_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[0]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param32_decoder_dense_relu_dense_0_wo.data(), shard, seed,
+                       "decoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention[1]/q: normal (t5.mesh:76)
   param34_decoder_attention_1_q.resize(512);
-  support::fillParam(
-      param34_decoder_attention_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param34_decoder_attention_1_q.data(), shard, seed, "decoder/attention[1]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/k: normal (t5.mesh:77)
   param35_decoder_attention_1_k.resize(512);
-  support::fillParam(
-      param35_decoder_attention_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param35_decoder_attention_1_k.data(), shard, seed, "decoder/attention[1]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/v: normal (t5.mesh:78)
   param36_decoder_attention_1_v.resize(512);
-  support::fillParam(
-      param36_decoder_attention_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param36_decoder_attention_1_v.data(), shard, seed, "decoder/attention[1]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/o: normal (t5.mesh:79)
   param37_decoder_attention_1_o.resize(512);
-  support::fillParam(
-      param37_decoder_attention_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param37_decoder_attention_1_o.data(), shard, seed, "decoder/attention[1]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention#1[1]/q: normal (t5.mesh:76)
   param39_decoder_attention_1_1_q.resize(512);
-  support::fillParam(
-      param39_decoder_attention_1_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param39_decoder_attention_1_1_q.data(), shard, seed,
+                       "decoder/attention#1[1]/q", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/k: normal (t5.mesh:77)
   param40_decoder_attention_1_1_k.resize(512);
-  support::fillParam(
-      param40_decoder_attention_1_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param40_decoder_attention_1_1_k.data(), shard, seed,
+                       "decoder/attention#1[1]/k", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/v: normal (t5.mesh:78)
   param41_decoder_attention_1_1_v.resize(512);
-  support::fillParam(
-      param41_decoder_attention_1_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param41_decoder_attention_1_1_v.data(), shard, seed,
+                       "decoder/attention#1[1]/v", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/o: normal (t5.mesh:79)
   param42_decoder_attention_1_1_o.resize(512);
-  support::fillParam(
-      param42_decoder_attention_1_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention#1[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param42_decoder_attention_1_1_o.data(), shard, seed,
+                       "decoder/attention#1[1]/o", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
   param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param44_decoder_dense_relu_dense_1_wi.resize(1024);
-  support::fillParam(
-      param44_decoder_dense_relu_dense_1_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[1]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param44_decoder_dense_relu_dense_1_wi.data(), shard, seed,
+                       "decoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param45_decoder_dense_relu_dense_1_wo.resize(1024);
-  support::fillParam(
-      param45_decoder_dense_relu_dense_1_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[1]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param45_decoder_dense_relu_dense_1_wo.data(), shard, seed,
+                       "decoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm/scale: ones (t5.mesh:39)
   param46_decoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   computeInvariants();
@@ -2115,25 +2102,19 @@ Translate::Inputs Translate::synthesizeInputs(uint64_t seed) const {
   inputs.input_ids.shape = {2, 16};
   inputs.input_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.input_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "input_ids", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "input_ids", 64);
     std::copy(ids.begin(), ids.end(), inputs.input_ids.data.begin());
   }
   inputs.target_ids.shape = {2, 8};
   inputs.target_ids.data.resize(16);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 8}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 8}};
     std::vector<int32_t> ids(inputs.target_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 8}},
-        seed, "target_ids", 0);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "target_ids", 0);
     std::copy(ids.begin(), ids.end(), inputs.target_ids.data.begin());
   }
   return inputs;
@@ -2875,376 +2856,363 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder/relative_bias/table: normal (t5.mesh:55)
   param0_encoder_relative_bias_table.resize(16);
-  support::fillParam(
-      param0_encoder_relative_bias_table.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{8, 2}},
-      seed, "encoder/relative_bias/table",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
+    support::fillParam(param0_encoder_relative_bias_table.data(), shard, seed,
+                       "encoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
+  }
   // shared/embedding: normal (t5.mesh:95)
   param1_shared_embedding.resize(1024);
-  support::fillParam(
-      param1_shared_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "shared/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}});
+    support::fillParam(param1_shared_embedding.data(), shard, seed, "shared/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/attention[0]/q: normal (t5.mesh:76)
   param3_encoder_attention_0_q.resize(512);
-  support::fillParam(
-      param3_encoder_attention_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param3_encoder_attention_0_q.data(), shard, seed, "encoder/attention[0]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/k: normal (t5.mesh:77)
   param4_encoder_attention_0_k.resize(512);
-  support::fillParam(
-      param4_encoder_attention_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param4_encoder_attention_0_k.data(), shard, seed, "encoder/attention[0]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/v: normal (t5.mesh:78)
   param5_encoder_attention_0_v.resize(512);
-  support::fillParam(
-      param5_encoder_attention_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param5_encoder_attention_0_v.data(), shard, seed, "encoder/attention[0]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[0]/o: normal (t5.mesh:79)
   param6_encoder_attention_0_o.resize(512);
-  support::fillParam(
-      param6_encoder_attention_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/attention[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param6_encoder_attention_0_o.data(), shard, seed, "encoder/attention[0]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param8_encoder_dense_relu_dense_0_wi.resize(1024);
-  support::fillParam(
-      param8_encoder_dense_relu_dense_0_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[0]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param8_encoder_dense_relu_dense_0_wi.data(), shard, seed,
+                       "encoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param9_encoder_dense_relu_dense_0_wo.resize(1024);
-  support::fillParam(
-      param9_encoder_dense_relu_dense_0_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[0]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param9_encoder_dense_relu_dense_0_wo.data(), shard, seed,
+                       "encoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/attention[1]/q: normal (t5.mesh:76)
   param11_encoder_attention_1_q.resize(512);
-  support::fillParam(
-      param11_encoder_attention_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param11_encoder_attention_1_q.data(), shard, seed, "encoder/attention[1]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/k: normal (t5.mesh:77)
   param12_encoder_attention_1_k.resize(512);
-  support::fillParam(
-      param12_encoder_attention_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param12_encoder_attention_1_k.data(), shard, seed, "encoder/attention[1]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/v: normal (t5.mesh:78)
   param13_encoder_attention_1_v.resize(512);
-  support::fillParam(
-      param13_encoder_attention_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "encoder/attention[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param13_encoder_attention_1_v.data(), shard, seed, "encoder/attention[1]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/attention[1]/o: normal (t5.mesh:79)
   param14_encoder_attention_1_o.resize(512);
-  support::fillParam(
-      param14_encoder_attention_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "encoder/attention[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param14_encoder_attention_1_o.data(), shard, seed, "encoder/attention[1]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param16_encoder_dense_relu_dense_1_wi.resize(1024);
-  support::fillParam(
-      param16_encoder_dense_relu_dense_1_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[1]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param16_encoder_dense_relu_dense_1_wi.data(), shard, seed,
+                       "encoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param17_encoder_dense_relu_dense_1_wo.resize(1024);
-  support::fillParam(
-      param17_encoder_dense_relu_dense_1_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "encoder/dense_relu_dense[1]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param17_encoder_dense_relu_dense_1_wo.data(), shard, seed,
+                       "encoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // encoder/rms_norm/scale: ones (t5.mesh:39)
   param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/relative_bias/table: normal (t5.mesh:55)
   param19_decoder_relative_bias_table.resize(16);
-  support::fillParam(
-      param19_decoder_relative_bias_table.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
-                             meshrt::kernels::Dims{8, 2}},
-      seed, "decoder/relative_bias/table",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {8, 4}, {0, support::shardStart(world_, {"model"}, 2)}, {8, 2}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}});
+    support::fillParam(param19_decoder_relative_bias_table.data(), shard, seed,
+                       "decoder/relative_bias/table", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention[0]/q: normal (t5.mesh:76)
   param21_decoder_attention_0_q.resize(512);
-  support::fillParam(
-      param21_decoder_attention_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param21_decoder_attention_0_q.data(), shard, seed, "decoder/attention[0]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/k: normal (t5.mesh:77)
   param22_decoder_attention_0_k.resize(512);
-  support::fillParam(
-      param22_decoder_attention_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param22_decoder_attention_0_k.data(), shard, seed, "decoder/attention[0]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/v: normal (t5.mesh:78)
   param23_decoder_attention_0_v.resize(512);
-  support::fillParam(
-      param23_decoder_attention_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param23_decoder_attention_0_v.data(), shard, seed, "decoder/attention[0]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[0]/o: normal (t5.mesh:79)
   param24_decoder_attention_0_o.resize(512);
-  support::fillParam(
-      param24_decoder_attention_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param24_decoder_attention_0_o.data(), shard, seed, "decoder/attention[0]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention#1[0]/q: normal (t5.mesh:76)
   param26_decoder_attention_1_0_q.resize(512);
-  support::fillParam(
-      param26_decoder_attention_1_0_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param26_decoder_attention_1_0_q.data(), shard, seed,
+                       "decoder/attention#1[0]/q", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/k: normal (t5.mesh:77)
   param27_decoder_attention_1_0_k.resize(512);
-  support::fillParam(
-      param27_decoder_attention_1_0_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param27_decoder_attention_1_0_k.data(), shard, seed,
+                       "decoder/attention#1[0]/k", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/v: normal (t5.mesh:78)
   param28_decoder_attention_1_0_v.resize(512);
-  support::fillParam(
-      param28_decoder_attention_1_0_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[0]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param28_decoder_attention_1_0_v.data(), shard, seed,
+                       "decoder/attention#1[0]/v", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[0]/o: normal (t5.mesh:79)
   param29_decoder_attention_1_0_o.resize(512);
-  support::fillParam(
-      param29_decoder_attention_1_0_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention#1[0]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param29_decoder_attention_1_0_o.data(), shard, seed,
+                       "decoder/attention#1[0]/o", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
   param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param31_decoder_dense_relu_dense_0_wi.resize(1024);
-  support::fillParam(
-      param31_decoder_dense_relu_dense_0_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[0]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param31_decoder_dense_relu_dense_0_wi.data(), shard, seed,
+                       "decoder/dense_relu_dense[0]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param32_decoder_dense_relu_dense_0_wo.resize(1024);
-  support::fillParam(
-      param32_decoder_dense_relu_dense_0_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[0]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param32_decoder_dense_relu_dense_0_wo.data(), shard, seed,
+                       "decoder/dense_relu_dense[0]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention[1]/q: normal (t5.mesh:76)
   param34_decoder_attention_1_q.resize(512);
-  support::fillParam(
-      param34_decoder_attention_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param34_decoder_attention_1_q.data(), shard, seed, "decoder/attention[1]/q",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/k: normal (t5.mesh:77)
   param35_decoder_attention_1_k.resize(512);
-  support::fillParam(
-      param35_decoder_attention_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param35_decoder_attention_1_k.data(), shard, seed, "decoder/attention[1]/k",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/v: normal (t5.mesh:78)
   param36_decoder_attention_1_v.resize(512);
-  support::fillParam(
-      param36_decoder_attention_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param36_decoder_attention_1_v.data(), shard, seed, "decoder/attention[1]/v",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention[1]/o: normal (t5.mesh:79)
   param37_decoder_attention_1_o.resize(512);
-  support::fillParam(
-      param37_decoder_attention_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param37_decoder_attention_1_o.data(), shard, seed, "decoder/attention[1]/o",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/attention#1[1]/q: normal (t5.mesh:76)
   param39_decoder_attention_1_1_q.resize(512);
-  support::fillParam(
-      param39_decoder_attention_1_1_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param39_decoder_attention_1_1_q.data(), shard, seed,
+                       "decoder/attention#1[1]/q", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/k: normal (t5.mesh:77)
   param40_decoder_attention_1_1_k.resize(512);
-  support::fillParam(
-      param40_decoder_attention_1_1_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param40_decoder_attention_1_1_k.data(), shard, seed,
+                       "decoder/attention#1[1]/k", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/v: normal (t5.mesh:78)
   param41_decoder_attention_1_1_v.resize(512);
-  support::fillParam(
-      param41_decoder_attention_1_1_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/attention#1[1]/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param41_decoder_attention_1_1_v.data(), shard, seed,
+                       "decoder/attention#1[1]/v", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/attention#1[1]/o: normal (t5.mesh:79)
   param42_decoder_attention_1_1_o.resize(512);
-  support::fillParam(
-      param42_decoder_attention_1_1_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/attention#1[1]/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param42_decoder_attention_1_1_o.data(), shard, seed,
+                       "decoder/attention#1[1]/o", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
   param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param44_decoder_dense_relu_dense_1_wi.resize(1024);
-  support::fillParam(
-      param44_decoder_dense_relu_dense_1_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[1]/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init =
+        meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}});
+    support::fillParam(param44_decoder_dense_relu_dense_1_wi.data(), shard, seed,
+                       "decoder/dense_relu_dense[1]/wi", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param45_decoder_dense_relu_dense_1_wo.resize(1024);
-  support::fillParam(
-      param45_decoder_dense_relu_dense_1_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/dense_relu_dense[1]/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param45_decoder_dense_relu_dense_1_wo.data(), shard, seed,
+                       "decoder/dense_relu_dense[1]/wo", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/rms_norm/scale: ones (t5.mesh:39)
   param46_decoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder/relative_bias/table@vr: zeros (t5.mesh:55)
@@ -14009,25 +13977,19 @@ T5Train::Inputs T5Train::synthesizeInputs(uint64_t seed) const {
   inputs.input_ids.shape = {2, 16};
   inputs.input_ids.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.input_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "input_ids", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "input_ids", 64);
     std::copy(ids.begin(), ids.end(), inputs.input_ids.data.begin());
   }
   inputs.target_ids.shape = {2, 8};
   inputs.target_ids.data.resize(16);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 8}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 8}};
     std::vector<int32_t> ids(inputs.target_ids.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 8}},
-        seed, "target_ids", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "target_ids", 64);
     std::copy(ids.begin(), ids.end(), inputs.target_ids.data.begin());
   }
   return inputs;

@@ -23,33 +23,30 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  support::fillParam(
-      param0_decoder_token_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{96, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 48), 0},
-                             meshrt::kernels::Dims{48, 64}},
-      seed, "decoder/token_embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {96, 64}, {support::shardStart(world_, {"model"}, 48), 0}, {48, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_decoder_token_embedding.data(), shard, seed,
+                       "decoder/token_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  support::fillParam(param1_decoder_position_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 64}},
-                     seed, "decoder/position_embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_decoder_position_embedding.data(), shard, seed,
+                       "decoder/position_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  support::fillParam(
-      param2_decoder_unembed.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 96},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 48)},
-                             meshrt::kernels::Dims{64, 48}},
-      seed, "decoder/unembed",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 96}, {0, support::shardStart(world_, {"model"}, 48)}, {64, 48}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_decoder_unembed.data(), shard, seed, "decoder/unembed", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param3_decoder_decoder_layer_0_norm_gain.assign(64,
                                                   support::roundValue(support::DType::F32, 1.0));
@@ -58,44 +55,44 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  support::fillParam(
-      param5_decoder_decoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param5_decoder_decoder_layer_0_attention_w_q.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  support::fillParam(
-      param6_decoder_decoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param6_decoder_decoder_layer_0_attention_w_k.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  support::fillParam(
-      param7_decoder_decoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param7_decoder_decoder_layer_0_attention_w_v.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  support::fillParam(
-      param8_decoder_decoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "decoder/decoder_layer[0]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param8_decoder_decoder_layer_0_attention_w_o.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
   param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
                                                     support::roundValue(support::DType::F32, 1.0));
@@ -104,27 +101,25 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  support::fillParam(
-      param11_decoder_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "decoder/decoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param11_decoder_decoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "decoder/decoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  support::fillParam(
-      param13_decoder_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "decoder/decoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param13_decoder_decoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "decoder/decoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
                                                    support::roundValue(support::DType::F32, 0.0));
@@ -136,44 +131,44 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  support::fillParam(
-      param17_decoder_decoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param17_decoder_decoder_layer_1_attention_w_q.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  support::fillParam(
-      param18_decoder_decoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param18_decoder_decoder_layer_1_attention_w_k.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  support::fillParam(
-      param19_decoder_decoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param19_decoder_decoder_layer_1_attention_w_v.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  support::fillParam(
-      param20_decoder_decoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "decoder/decoder_layer[1]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param20_decoder_decoder_layer_1_attention_w_o.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
   param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
                                                      support::roundValue(support::DType::F32, 1.0));
@@ -182,27 +177,25 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  support::fillParam(
-      param23_decoder_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "decoder/decoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param23_decoder_decoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "decoder/decoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  support::fillParam(
-      param25_decoder_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "decoder/decoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param25_decoder_decoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "decoder/decoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
                                                    support::roundValue(support::DType::F32, 0.0));
@@ -682,13 +675,10 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 32};
   inputs.tokens.data.resize(64);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 32}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 32}},
-        seed, "tokens", 96);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 96);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
@@ -874,33 +864,30 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  support::fillParam(
-      param0_decoder_token_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{96, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 48), 0},
-                             meshrt::kernels::Dims{48, 64}},
-      seed, "decoder/token_embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {96, 64}, {support::shardStart(world_, {"model"}, 48), 0}, {48, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_decoder_token_embedding.data(), shard, seed,
+                       "decoder/token_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  support::fillParam(param1_decoder_position_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                            meshrt::kernels::Dims{0, 0},
-                                            meshrt::kernels::Dims{32, 64}},
-                     seed, "decoder/position_embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32, 64}, {0, 0}, {32, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_decoder_position_embedding.data(), shard, seed,
+                       "decoder/position_embedding", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  support::fillParam(
-      param2_decoder_unembed.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 96},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 48)},
-                             meshrt::kernels::Dims{64, 48}},
-      seed, "decoder/unembed",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 96}, {0, support::shardStart(world_, {"model"}, 48)}, {64, 48}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_decoder_unembed.data(), shard, seed, "decoder/unembed", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param3_decoder_decoder_layer_0_norm_gain.assign(64,
                                                   support::roundValue(support::DType::F32, 1.0));
@@ -909,44 +896,44 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  support::fillParam(
-      param5_decoder_decoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param5_decoder_decoder_layer_0_attention_w_q.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  support::fillParam(
-      param6_decoder_decoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param6_decoder_decoder_layer_0_attention_w_k.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  support::fillParam(
-      param7_decoder_decoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[0]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param7_decoder_decoder_layer_0_attention_w_v.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  support::fillParam(
-      param8_decoder_decoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "decoder/decoder_layer[0]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param8_decoder_decoder_layer_0_attention_w_o.data(), shard, seed,
+                       "decoder/decoder_layer[0]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
   param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
                                                     support::roundValue(support::DType::F32, 1.0));
@@ -955,27 +942,25 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  support::fillParam(
-      param11_decoder_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "decoder/decoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param11_decoder_decoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "decoder/decoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  support::fillParam(
-      param13_decoder_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "decoder/decoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param13_decoder_decoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "decoder/decoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
                                                    support::roundValue(support::DType::F32, 0.0));
@@ -987,44 +972,44 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  support::fillParam(
-      param17_decoder_decoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param17_decoder_decoder_layer_1_attention_w_q.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  support::fillParam(
-      param18_decoder_decoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param18_decoder_decoder_layer_1_attention_w_k.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  support::fillParam(
-      param19_decoder_decoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "decoder/decoder_layer[1]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param19_decoder_decoder_layer_1_attention_w_v.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  support::fillParam(
-      param20_decoder_decoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "decoder/decoder_layer[1]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param20_decoder_decoder_layer_1_attention_w_o.data(), shard, seed,
+                       "decoder/decoder_layer[1]/attention/w_o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
   param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
                                                      support::roundValue(support::DType::F32, 1.0));
@@ -1033,27 +1018,25 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
                                                      support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  support::fillParam(
-      param23_decoder_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
-                             meshrt::kernels::Dims{64, 128}},
-      seed, "decoder/decoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 256}, {0, support::shardStart(world_, {"model"}, 128)}, {64, 128}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param23_decoder_decoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "decoder/decoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  support::fillParam(
-      param25_decoder_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
-                             meshrt::kernels::Dims{128, 64}},
-      seed, "decoder/decoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {256, 64}, {support::shardStart(world_, {"model"}, 128), 0}, {128, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}});
+    support::fillParam(param25_decoder_decoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "decoder/decoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
                                                    support::roundValue(support::DType::F32, 0.0));
@@ -4911,13 +4894,10 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 32};
   inputs.tokens.data.resize(64);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 32}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 32}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 32}},
-        seed, "tokens", 96);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 96);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;

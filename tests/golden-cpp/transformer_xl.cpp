@@ -25,66 +25,65 @@ XlTrain::XlTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/embedding: normal (transformer_xl.mesh:85)
   param0_decoder_embedding.resize(1024);
-  support::fillParam(
-      param0_decoder_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_decoder_embedding.data(), shard, seed, "decoder/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/memory: zeros (transformer_xl.mesh:78)
   param1_decoder_xl_layer_0_memory.assign(512, support::roundValue(support::DType::F32, 0.0));
   // decoder/xl_layer[0]/relative_attention/q: normal (transformer_xl.mesh:48)
   param2_decoder_xl_layer_0_relative_attention_q.resize(512);
-  support::fillParam(
-      param2_decoder_xl_layer_0_relative_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[0]/relative_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_decoder_xl_layer_0_relative_attention_q.data(), shard, seed,
+                       "decoder/xl_layer[0]/relative_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/relative_attention/k: normal (transformer_xl.mesh:49)
   param3_decoder_xl_layer_0_relative_attention_k.resize(512);
-  support::fillParam(
-      param3_decoder_xl_layer_0_relative_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[0]/relative_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param3_decoder_xl_layer_0_relative_attention_k.data(), shard, seed,
+                       "decoder/xl_layer[0]/relative_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/relative_attention/v: normal (transformer_xl.mesh:50)
   param4_decoder_xl_layer_0_relative_attention_v.resize(512);
-  support::fillParam(
-      param4_decoder_xl_layer_0_relative_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[0]/relative_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param4_decoder_xl_layer_0_relative_attention_v.data(), shard, seed,
+                       "decoder/xl_layer[0]/relative_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/relative_attention/r: normal (transformer_xl.mesh:51)
   param5_decoder_xl_layer_0_relative_attention_r.resize(512);
-  support::fillParam(
-      param5_decoder_xl_layer_0_relative_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[0]/relative_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_decoder_xl_layer_0_relative_attention_r.data(), shard, seed,
+                       "decoder/xl_layer[0]/relative_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/relative_attention/o: normal (transformer_xl.mesh:52)
   param6_decoder_xl_layer_0_relative_attention_o.resize(512);
-  support::fillParam(
-      param6_decoder_xl_layer_0_relative_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/xl_layer[0]/relative_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_decoder_xl_layer_0_relative_attention_o.data(), shard, seed,
+                       "decoder/xl_layer[0]/relative_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/relative_attention/content_bias: zeros (transformer_xl.mesh:53)
   param7_decoder_xl_layer_0_relative_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -97,24 +96,24 @@ XlTrain::XlTrain(meshrt::Communicator &world, uint64_t seed)
   param10_decoder_xl_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // decoder/xl_layer[0]/dense_relu_dense/wi: normal (transformer_xl.mesh:68)
   param11_decoder_xl_layer_0_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param11_decoder_xl_layer_0_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/xl_layer[0]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param11_decoder_xl_layer_0_dense_relu_dense_wi.data(), shard, seed,
+                       "decoder/xl_layer[0]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/dense_relu_dense/wo: normal (transformer_xl.mesh:69)
   param12_decoder_xl_layer_0_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param12_decoder_xl_layer_0_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/xl_layer[0]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_decoder_xl_layer_0_dense_relu_dense_wo.data(), shard, seed,
+                       "decoder/xl_layer[0]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[0]/norm#1/gain: ones (transformer_xl.mesh:30)
   param13_decoder_xl_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/xl_layer[0]/norm#1/bias: zeros (transformer_xl.mesh:31)
@@ -123,54 +122,54 @@ XlTrain::XlTrain(meshrt::Communicator &world, uint64_t seed)
   param15_decoder_xl_layer_1_memory.assign(512, support::roundValue(support::DType::F32, 0.0));
   // decoder/xl_layer[1]/relative_attention/q: normal (transformer_xl.mesh:48)
   param16_decoder_xl_layer_1_relative_attention_q.resize(512);
-  support::fillParam(
-      param16_decoder_xl_layer_1_relative_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[1]/relative_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param16_decoder_xl_layer_1_relative_attention_q.data(), shard, seed,
+                       "decoder/xl_layer[1]/relative_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/relative_attention/k: normal (transformer_xl.mesh:49)
   param17_decoder_xl_layer_1_relative_attention_k.resize(512);
-  support::fillParam(
-      param17_decoder_xl_layer_1_relative_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[1]/relative_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param17_decoder_xl_layer_1_relative_attention_k.data(), shard, seed,
+                       "decoder/xl_layer[1]/relative_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/relative_attention/v: normal (transformer_xl.mesh:50)
   param18_decoder_xl_layer_1_relative_attention_v.resize(512);
-  support::fillParam(
-      param18_decoder_xl_layer_1_relative_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[1]/relative_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_decoder_xl_layer_1_relative_attention_v.data(), shard, seed,
+                       "decoder/xl_layer[1]/relative_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/relative_attention/r: normal (transformer_xl.mesh:51)
   param19_decoder_xl_layer_1_relative_attention_r.resize(512);
-  support::fillParam(
-      param19_decoder_xl_layer_1_relative_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "decoder/xl_layer[1]/relative_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param19_decoder_xl_layer_1_relative_attention_r.data(), shard, seed,
+                       "decoder/xl_layer[1]/relative_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/relative_attention/o: normal (transformer_xl.mesh:52)
   param20_decoder_xl_layer_1_relative_attention_o.resize(512);
-  support::fillParam(
-      param20_decoder_xl_layer_1_relative_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "decoder/xl_layer[1]/relative_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param20_decoder_xl_layer_1_relative_attention_o.data(), shard, seed,
+                       "decoder/xl_layer[1]/relative_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/relative_attention/content_bias: zeros (transformer_xl.mesh:53)
   param21_decoder_xl_layer_1_relative_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -183,24 +182,24 @@ XlTrain::XlTrain(meshrt::Communicator &world, uint64_t seed)
   param24_decoder_xl_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // decoder/xl_layer[1]/dense_relu_dense/wi: normal (transformer_xl.mesh:68)
   param25_decoder_xl_layer_1_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param25_decoder_xl_layer_1_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/xl_layer[1]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param25_decoder_xl_layer_1_dense_relu_dense_wi.data(), shard, seed,
+                       "decoder/xl_layer[1]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/dense_relu_dense/wo: normal (transformer_xl.mesh:69)
   param26_decoder_xl_layer_1_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param26_decoder_xl_layer_1_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "decoder/xl_layer[1]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param26_decoder_xl_layer_1_dense_relu_dense_wo.data(), shard, seed,
+                       "decoder/xl_layer[1]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // decoder/xl_layer[1]/norm#1/gain: ones (transformer_xl.mesh:30)
   param27_decoder_xl_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // decoder/xl_layer[1]/norm#1/bias: zeros (transformer_xl.mesh:31)
@@ -3725,13 +3724,10 @@ XlTrain::Inputs XlTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 8};
   inputs.tokens.data.resize(16);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 8}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 8}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 8}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;

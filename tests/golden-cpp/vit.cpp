@@ -23,41 +23,41 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  support::fillParam(
-      param0_vit_class_token.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{1, 64}},
-      seed, "vit/class_token",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{1, 64}, {0, 0}, {1, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_vit_class_token.data(), shard, seed, "vit/class_token", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  support::fillParam(
-      param1_vit_position_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{17, 64}},
-      seed, "vit/position_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{17, 64}, {0, 0}, {17, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_vit_position_embedding.data(), shard, seed, "vit/position_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  support::fillParam(
-      param2_vit_w_head.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 10}},
-      seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 10}, {0, 0}, {64, 10}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_vit_w_head.data(), shard, seed, "vit/w_head", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // vit/b_head: zeros (vit.mesh:88)
   param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  support::fillParam(
-      param4_vit_embed_patches_w_patch.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
-                             meshrt::kernels::Dims{4, 4, 3, 64}},
-      seed, "vit/embed_patches/w_patch",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 4, 3, 64}, {0, 0, 0, 0}, {4, 4, 3, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}});
+    support::fillParam(param4_vit_embed_patches_w_patch.data(), shard, seed,
+                       "vit/embed_patches/w_patch", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
   param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
@@ -71,68 +71,62 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
   param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  support::fillParam(
-      param10_vit_encoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param10_vit_encoder_layer_0_attention_w_q.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_q", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  support::fillParam(
-      param11_vit_encoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param11_vit_encoder_layer_0_attention_w_k.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_k", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  support::fillParam(
-      param12_vit_encoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param12_vit_encoder_layer_0_attention_w_v.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_v", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  support::fillParam(
-      param13_vit_encoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "vit/encoder_layer[0]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param13_vit_encoder_layer_0_attention_w_o.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_o", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
   param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
   param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  support::fillParam(
-      param16_vit_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param16_vit_encoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "vit/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  support::fillParam(
-      param17_vit_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
+    support::fillParam(param17_vit_encoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "vit/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
   param18_vit_encoder_layer_1_attention_scale.assign(64,
                                                      support::roundValue(support::DType::F32, 0.1));
@@ -144,68 +138,62 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
   param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  support::fillParam(
-      param22_vit_encoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param22_vit_encoder_layer_1_attention_w_q.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_q", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  support::fillParam(
-      param23_vit_encoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param23_vit_encoder_layer_1_attention_w_k.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_k", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  support::fillParam(
-      param24_vit_encoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param24_vit_encoder_layer_1_attention_w_v.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_v", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  support::fillParam(
-      param25_vit_encoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "vit/encoder_layer[1]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param25_vit_encoder_layer_1_attention_w_o.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_o", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
   param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
   param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  support::fillParam(
-      param28_vit_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param28_vit_encoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "vit/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  support::fillParam(
-      param29_vit_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
+    support::fillParam(param29_vit_encoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "vit/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/norm/gain: ones (vit.mesh:34)
   param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
@@ -858,13 +846,12 @@ Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.image.shape = {2, 14, 14, 3};
   inputs.image.data.resize(1176);
-  meshrt::kernels::fillInput(
-      inputs.image.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 14, 14, 3},
-          meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0, 0, 0},
-          meshrt::kernels::Dims{2, 14, 14, 3}},
-      seed, "image", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 14, 14, 3}, {support::shardStart(world_, {"data"}, 2), 0, 0, 0}, {2, 14, 14, 3}};
+    meshrt::kernels::fillInput(inputs.image.data.data(), shard, seed, "image",
+                               meshrt::kernels::ValueType::F32);
+  }
   return inputs;
 }
 
@@ -1058,41 +1045,41 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  support::fillParam(
-      param0_vit_class_token.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{1, 64}},
-      seed, "vit/class_token",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{1, 64}, {0, 0}, {1, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_vit_class_token.data(), shard, seed, "vit/class_token", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  support::fillParam(
-      param1_vit_position_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{17, 64}},
-      seed, "vit/position_embedding",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{17, 64}, {0, 0}, {17, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_vit_position_embedding.data(), shard, seed, "vit/position_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  support::fillParam(
-      param2_vit_w_head.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
-                             meshrt::kernels::Dims{64, 10}},
-      seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{64, 10}, {0, 0}, {64, 10}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param2_vit_w_head.data(), shard, seed, "vit/w_head", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // vit/b_head: zeros (vit.mesh:88)
   param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  support::fillParam(
-      param4_vit_embed_patches_w_patch.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
-                             meshrt::kernels::Dims{4, 4, 3, 64}},
-      seed, "vit/embed_patches/w_patch",
-      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{4, 4, 3, 64}, {0, 0, 0, 0}, {4, 4, 3, 64}};
+    const auto init =
+        meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}});
+    support::fillParam(param4_vit_embed_patches_w_patch.data(), shard, seed,
+                       "vit/embed_patches/w_patch", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
   param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
@@ -1106,68 +1093,62 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
   param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  support::fillParam(
-      param10_vit_encoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param10_vit_encoder_layer_0_attention_w_q.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_q", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  support::fillParam(
-      param11_vit_encoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param11_vit_encoder_layer_0_attention_w_k.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_k", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  support::fillParam(
-      param12_vit_encoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[0]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param12_vit_encoder_layer_0_attention_w_v.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_v", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  support::fillParam(
-      param13_vit_encoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "vit/encoder_layer[0]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param13_vit_encoder_layer_0_attention_w_o.data(), shard, seed,
+                       "vit/encoder_layer[0]/attention/w_o", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
   param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
   param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  support::fillParam(
-      param16_vit_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[0]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param16_vit_encoder_layer_0_ffn_w_in.data(), shard, seed,
+                       "vit/encoder_layer[0]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  support::fillParam(
-      param17_vit_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[0]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
+    support::fillParam(param17_vit_encoder_layer_0_ffn_w_out.data(), shard, seed,
+                       "vit/encoder_layer[0]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
   param18_vit_encoder_layer_1_attention_scale.assign(64,
                                                      support::roundValue(support::DType::F32, 0.1));
@@ -1179,68 +1160,62 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
   param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  support::fillParam(
-      param22_vit_encoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param22_vit_encoder_layer_1_attention_w_q.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_q", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  support::fillParam(
-      param23_vit_encoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param23_vit_encoder_layer_1_attention_w_k.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_k", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  support::fillParam(
-      param24_vit_encoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{64, 2, 16}},
-      seed, "vit/encoder_layer[1]/attention/w_v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 4, 16}, {0, support::shardStart(world_, {"model"}, 2), 0}, {64, 2, 16}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param24_vit_encoder_layer_1_attention_w_v.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_v", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  support::fillParam(
-      param25_vit_encoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 16, 64}},
-      seed, "vit/encoder_layer[1]/attention/w_o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 16, 64}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 16, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param25_vit_encoder_layer_1_attention_w_o.data(), shard, seed,
+                       "vit/encoder_layer[1]/attention/w_o", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
   param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
   param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  support::fillParam(
-      param28_vit_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[1]/ffn/w_in",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 128}, {0, support::shardStart(world_, {"model"}, 64)}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}});
+    support::fillParam(param28_vit_encoder_layer_1_ffn_w_in.data(), shard, seed,
+                       "vit/encoder_layer[1]/ffn/w_in", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  support::fillParam(
-      param29_vit_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
-                             meshrt::kernels::Dims{64, 64}},
-      seed, "vit/encoder_layer[1]/ffn/w_out",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {128, 64}, {support::shardStart(world_, {"model"}, 64), 0}, {64, 64}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}});
+    support::fillParam(param29_vit_encoder_layer_1_ffn_w_out.data(), shard, seed,
+                       "vit/encoder_layer[1]/ffn/w_out", init, meshrt::kernels::ValueType::F32);
+  }
   // vit/norm/gain: ones (vit.mesh:34)
   param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
@@ -5687,23 +5662,18 @@ TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.image.shape = {2, 14, 14, 3};
   inputs.image.data.resize(1176);
-  meshrt::kernels::fillInput(
-      inputs.image.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 14, 14, 3},
-          meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0, 0, 0},
-          meshrt::kernels::Dims{2, 14, 14, 3}},
-      seed, "image", meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 14, 14, 3}, {support::shardStart(world_, {"data"}, 2), 0, 0, 0}, {2, 14, 14, 3}};
+    meshrt::kernels::fillInput(inputs.image.data.data(), shard, seed, "image",
+                               meshrt::kernels::ValueType::F32);
+  }
   inputs.labels.shape = {2};
   inputs.labels.data.resize(2);
   {
+    const meshrt::kernels::Shard shard{{4}, {support::shardStart(world_, {"data"}, 2)}, {2}};
     std::vector<int32_t> ids(inputs.labels.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2)},
-                               meshrt::kernels::Dims{2}},
-        seed, "labels", 10);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "labels", 10);
     std::copy(ids.begin(), ids.end(), inputs.labels.data.begin());
   }
   return inputs;

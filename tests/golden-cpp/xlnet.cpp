@@ -23,74 +23,73 @@ Predict::Predict(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // xlnet/embedding: normal (xlnet.mesh:101)
   param0_xlnet_embedding.resize(1024);
-  support::fillParam(
-      param0_xlnet_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_xlnet_embedding.data(), shard, seed, "xlnet/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/mask_embedding: normal (xlnet.mesh:102)
   param1_xlnet_mask_embedding.resize(32);
-  support::fillParam(param1_xlnet_mask_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32}, meshrt::kernels::Dims{0},
-                                            meshrt::kernels::Dims{32}},
-                     seed, "xlnet/mask_embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32}, {0}, {32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_xlnet_mask_embedding.data(), shard, seed, "xlnet/mask_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // xlnet/output_bias: zeros (xlnet.mesh:103)
   param2_xlnet_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/two_stream_attention/q: normal (xlnet.mesh:52)
   param3_xlnet_xlnet_layer_0_two_stream_attention_q.resize(512);
-  support::fillParam(
-      param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/k: normal (xlnet.mesh:53)
   param4_xlnet_xlnet_layer_0_two_stream_attention_k.resize(512);
-  support::fillParam(
-      param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/v: normal (xlnet.mesh:54)
   param5_xlnet_xlnet_layer_0_two_stream_attention_v.resize(512);
-  support::fillParam(
-      param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/r: normal (xlnet.mesh:55)
   param6_xlnet_xlnet_layer_0_two_stream_attention_r.resize(512);
-  support::fillParam(
-      param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/o: normal (xlnet.mesh:56)
   param7_xlnet_xlnet_layer_0_two_stream_attention_o.resize(512);
-  support::fillParam(
-      param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
   param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -103,27 +102,27 @@ Predict::Predict(meshrt::Communicator &world, uint64_t seed)
   param11_xlnet_xlnet_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/dense_relu_dense/wi: normal (xlnet.mesh:79)
   param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
   param13_xlnet_xlnet_layer_0_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/dense_relu_dense/wo: normal (xlnet.mesh:81)
   param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
   param15_xlnet_xlnet_layer_0_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -133,54 +132,54 @@ Predict::Predict(meshrt::Communicator &world, uint64_t seed)
   param17_xlnet_xlnet_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/two_stream_attention/q: normal (xlnet.mesh:52)
   param18_xlnet_xlnet_layer_1_two_stream_attention_q.resize(512);
-  support::fillParam(
-      param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/k: normal (xlnet.mesh:53)
   param19_xlnet_xlnet_layer_1_two_stream_attention_k.resize(512);
-  support::fillParam(
-      param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/v: normal (xlnet.mesh:54)
   param20_xlnet_xlnet_layer_1_two_stream_attention_v.resize(512);
-  support::fillParam(
-      param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/r: normal (xlnet.mesh:55)
   param21_xlnet_xlnet_layer_1_two_stream_attention_r.resize(512);
-  support::fillParam(
-      param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/o: normal (xlnet.mesh:56)
   param22_xlnet_xlnet_layer_1_two_stream_attention_o.resize(512);
-  support::fillParam(
-      param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
   param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -193,27 +192,27 @@ Predict::Predict(meshrt::Communicator &world, uint64_t seed)
   param26_xlnet_xlnet_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/dense_relu_dense/wi: normal (xlnet.mesh:79)
   param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
   param28_xlnet_xlnet_layer_1_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/dense_relu_dense/wo: normal (xlnet.mesh:81)
   param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
   param30_xlnet_xlnet_layer_1_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -1234,13 +1233,10 @@ Predict::Inputs Predict::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
@@ -1443,74 +1439,73 @@ XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // xlnet/embedding: normal (xlnet.mesh:101)
   param0_xlnet_embedding.resize(1024);
-  support::fillParam(
-      param0_xlnet_embedding.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/embedding",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param0_xlnet_embedding.data(), shard, seed, "xlnet/embedding", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/mask_embedding: normal (xlnet.mesh:102)
   param1_xlnet_mask_embedding.resize(32);
-  support::fillParam(param1_xlnet_mask_embedding.data(),
-                     meshrt::kernels::Shard{meshrt::kernels::Dims{32}, meshrt::kernels::Dims{0},
-                                            meshrt::kernels::Dims{32}},
-                     seed, "xlnet/mask_embedding",
-                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                     meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{{32}, {0}, {32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param1_xlnet_mask_embedding.data(), shard, seed, "xlnet/mask_embedding",
+                       init, meshrt::kernels::ValueType::F32);
+  }
   // xlnet/output_bias: zeros (xlnet.mesh:103)
   param2_xlnet_output_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/two_stream_attention/q: normal (xlnet.mesh:52)
   param3_xlnet_xlnet_layer_0_two_stream_attention_q.resize(512);
-  support::fillParam(
-      param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param3_xlnet_xlnet_layer_0_two_stream_attention_q.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/k: normal (xlnet.mesh:53)
   param4_xlnet_xlnet_layer_0_two_stream_attention_k.resize(512);
-  support::fillParam(
-      param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param4_xlnet_xlnet_layer_0_two_stream_attention_k.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/v: normal (xlnet.mesh:54)
   param5_xlnet_xlnet_layer_0_two_stream_attention_v.resize(512);
-  support::fillParam(
-      param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param5_xlnet_xlnet_layer_0_two_stream_attention_v.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/r: normal (xlnet.mesh:55)
   param6_xlnet_xlnet_layer_0_two_stream_attention_r.resize(512);
-  support::fillParam(
-      param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param6_xlnet_xlnet_layer_0_two_stream_attention_r.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/o: normal (xlnet.mesh:56)
   param7_xlnet_xlnet_layer_0_two_stream_attention_o.resize(512);
-  support::fillParam(
-      param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "xlnet/xlnet_layer[0]/two_stream_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param7_xlnet_xlnet_layer_0_two_stream_attention_o.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/two_stream_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
   param8_xlnet_xlnet_layer_0_two_stream_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -1523,27 +1518,27 @@ XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
   param11_xlnet_xlnet_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/dense_relu_dense/wi: normal (xlnet.mesh:79)
   param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[0]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
   param13_xlnet_xlnet_layer_0_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[0]/dense_relu_dense/wo: normal (xlnet.mesh:81)
   param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[0]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo.data(), shard, seed,
+                       "xlnet/xlnet_layer[0]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[0]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
   param15_xlnet_xlnet_layer_0_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -1553,54 +1548,54 @@ XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
   param17_xlnet_xlnet_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/two_stream_attention/q: normal (xlnet.mesh:52)
   param18_xlnet_xlnet_layer_1_two_stream_attention_q.resize(512);
-  support::fillParam(
-      param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/q",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param18_xlnet_xlnet_layer_1_two_stream_attention_q.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/q", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/k: normal (xlnet.mesh:53)
   param19_xlnet_xlnet_layer_1_two_stream_attention_k.resize(512);
-  support::fillParam(
-      param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/k",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param19_xlnet_xlnet_layer_1_two_stream_attention_k.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/k", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/v: normal (xlnet.mesh:54)
   param20_xlnet_xlnet_layer_1_two_stream_attention_v.resize(512);
-  support::fillParam(
-      param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/v",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param20_xlnet_xlnet_layer_1_two_stream_attention_v.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/v", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/r: normal (xlnet.mesh:55)
   param21_xlnet_xlnet_layer_1_two_stream_attention_r.resize(512);
-  support::fillParam(
-      param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4, 8},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
-                             meshrt::kernels::Dims{32, 2, 8}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/r",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 4, 8}, {0, support::shardStart(world_, {"model"}, 2), 0}, {32, 2, 8}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param21_xlnet_xlnet_layer_1_two_stream_attention_r.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/r", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/o: normal (xlnet.mesh:56)
   param22_xlnet_xlnet_layer_1_two_stream_attention_o.resize(512);
-  support::fillParam(
-      param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 8, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
-                             meshrt::kernels::Dims{2, 8, 32}},
-      seed, "xlnet/xlnet_layer[1]/two_stream_attention/o",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {4, 8, 32}, {support::shardStart(world_, {"model"}, 2), 0, 0}, {2, 8, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param22_xlnet_xlnet_layer_1_two_stream_attention_o.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/two_stream_attention/o", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/two_stream_attention/content_bias: zeros (xlnet.mesh:57)
   param23_xlnet_xlnet_layer_1_two_stream_attention_content_bias.assign(
       16, support::roundValue(support::DType::F32, 0.0));
@@ -1613,27 +1608,27 @@ XlnetTrain::XlnetTrain(meshrt::Communicator &world, uint64_t seed)
   param26_xlnet_xlnet_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/dense_relu_dense/wi: normal (xlnet.mesh:79)
   param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.resize(1024);
-  support::fillParam(
-      param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[1]/dense_relu_dense/wi",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {32, 64}, {0, support::shardStart(world_, {"model"}, 32)}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/dense_relu_dense/wi", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/dense_relu_dense/bi: zeros (xlnet.mesh:80)
   param28_xlnet_xlnet_layer_1_dense_relu_dense_bi.assign(
       32, support::roundValue(support::DType::F32, 0.0));
   // xlnet/xlnet_layer[1]/dense_relu_dense/wo: normal (xlnet.mesh:81)
   param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.resize(1024);
-  support::fillParam(
-      param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
-                             meshrt::kernels::Dims{32, 32}},
-      seed, "xlnet/xlnet_layer[1]/dense_relu_dense/wo",
-      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-      meshrt::kernels::ValueType::F32);
+  {
+    const meshrt::kernels::Shard shard{
+        {64, 32}, {support::shardStart(world_, {"model"}, 32), 0}, {32, 32}};
+    const auto init = meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}});
+    support::fillParam(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo.data(), shard, seed,
+                       "xlnet/xlnet_layer[1]/dense_relu_dense/wo", init,
+                       meshrt::kernels::ValueType::F32);
+  }
   // xlnet/xlnet_layer[1]/dense_relu_dense/bo: zeros (xlnet.mesh:82)
   param30_xlnet_xlnet_layer_1_dense_relu_dense_bo.assign(
       32, support::roundValue(support::DType::F32, 0.0));
@@ -6403,13 +6398,10 @@ XlnetTrain::Inputs XlnetTrain::synthesizeInputs(uint64_t seed) const {
   inputs.tokens.shape = {2, 16};
   inputs.tokens.data.resize(32);
   {
+    const meshrt::kernels::Shard shard{
+        {4, 16}, {support::shardStart(world_, {"data"}, 2), 0}, {2, 16}};
     std::vector<int32_t> ids(inputs.tokens.data.size());
-    meshrt::kernels::fillInput(
-        ids.data(),
-        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
-                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
-                               meshrt::kernels::Dims{2, 16}},
-        seed, "tokens", 64);
+    meshrt::kernels::fillInput(ids.data(), shard, seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;

@@ -11,7 +11,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace meshrt::kernels::detail {
 namespace {
@@ -47,6 +50,11 @@ dnnl::memory::desc describeMatrix(const std::vector<int64_t>& batchSizes,
   return dnnl::memory::desc(dims, Type::f32, strides);
 }
 
+uint64_t nextSerial() {
+  static std::atomic<uint64_t> serial{0};
+  return serial.fetch_add(1, std::memory_order_relaxed);
+}
+
 } // namespace
 
 int useBlasThreadCount() {
@@ -57,7 +65,7 @@ int useBlasThreadCount() {
 
 DnnlGemm::DnnlGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Matrix& a,
                    const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c)
-    : batchSizes_(batchSizes), a_(a), b_(b), c_(c) {
+    : batchSizes_(batchSizes), a_(a), b_(b), c_(c), serial_(nextSerial()) {
   implementation_ = "sgemm loop";
   // oneDNN's matmul takes at most 12 dims (2 of them the matrix's).
   if (batchSizes_.size() + 2 > DNNL_MAX_NDIMS) return;
@@ -121,22 +129,42 @@ void DnnlGemm::run(const float* a, const float* b, float* c, float alpha, float 
   }
   bool accumulate = beta != 0;
   if (accumulate && beta != 1) scaleOutput(c, beta);
+  // The calling thread's memory objects for this plan and variant, made once: a call then only
+  // points them at this call's buffers (creating five dnnl::memory per call cost allocations
+  // and a lock on the plan, which the ranks of a threads world share).
+  Bound& bound = boundFor(threads, accumulate);
+  bound.a.set_data_handle(const_cast<float*>(a));
+  bound.b.set_data_handle(const_cast<float*>(b));
+  bound.c.set_data_handle(c);
+  *static_cast<float*>(bound.scale.get_data_handle()) = alpha;
+  thread_local std::vector<char> scratch; // one per thread, as large as its largest plan's
+  scratch.resize(std::max<size_t>(scratch.size(), bound.scratchBytes));
+  bound.scratch.set_data_handle(scratch.data());
+  bound.primitive.execute(bound.stream, {{DNNL_ARG_SRC, bound.a},
+                                         {DNNL_ARG_WEIGHTS, bound.b},
+                                         {DNNL_ARG_DST, bound.c},
+                                         {DNNL_ARG_ATTR_OUTPUT_SCALES, bound.scale},
+                                         {DNNL_ARG_SCRATCHPAD, bound.scratch}});
+  bound.stream.wait();
+}
+
+DnnlGemm::Bound& DnnlGemm::boundFor(int threads, bool accumulate) const {
+  // Keyed by the plan's serial number, never reused (an address may be, by a later plan). A
+  // thread that has run many plans starts over, so that dead plans' primitives are let go.
+  constexpr size_t kMaxBound = 256;
+  thread_local std::map<std::tuple<uint64_t, int, bool>, std::unique_ptr<Bound>> cache;
+  if (cache.size() >= kMaxBound && !cache.count({serial_, threads, accumulate})) cache.clear();
+  std::unique_ptr<Bound>& slot = cache[{serial_, threads, accumulate}];
+  if (slot) return *slot;
   std::shared_ptr<const Variant> v = variant(threads, accumulate);
-  thread_local std::vector<char> scratch;
-  scratch.resize(std::max<size_t>(scratch.size(), v->scratchpad.get_size()));
   const dnnl::engine& engine = cpuEngine();
-  dnnl::memory aMemory(aDesc_, engine, const_cast<float*>(a));
-  dnnl::memory bMemory(bDesc_, engine, const_cast<float*>(b));
-  dnnl::memory cMemory(cDesc_, engine, c);
-  dnnl::memory scaleMemory({{1}, Type::f32, Tag::x}, engine, &alpha);
-  dnnl::memory scratchMemory(v->scratchpad, engine, scratch.data());
-  dnnl::stream& stream = threadStream();
-  v->primitive.execute(stream, {{DNNL_ARG_SRC, aMemory},
-                                {DNNL_ARG_WEIGHTS, bMemory},
-                                {DNNL_ARG_DST, cMemory},
-                                {DNNL_ARG_ATTR_OUTPUT_SCALES, scaleMemory},
-                                {DNNL_ARG_SCRATCHPAD, scratchMemory}});
-  stream.wait();
+  slot = std::make_unique<Bound>(
+      Bound{v->primitive, threadStream(), dnnl::memory(aDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory(bDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory(cDesc_, engine, DNNL_MEMORY_NONE),
+            dnnl::memory({{1}, Type::f32, Tag::x}, engine),
+            dnnl::memory(v->scratchpad, engine, DNNL_MEMORY_NONE), v->scratchpad.get_size()});
+  return *slot;
 }
 
 void DnnlGemm::runSgemmLoop(const float* a, const float* b, float* c, float alpha,

@@ -43,6 +43,16 @@ private:
   /// created) and accumulation, created on first use.
   std::shared_ptr<const Variant> variant(int threads, bool accumulate) const;
   std::shared_ptr<const Variant> create(int threads, bool accumulate) const;
+  /// A variant bound to one thread: its stream, and memory objects that each call points at
+  /// its operands and the thread's scratchpad (alpha's has a buffer of its own).
+  struct Bound {
+    dnnl::matmul primitive;
+    dnnl::stream stream;
+    dnnl::memory a, b, c, scale, scratch;
+    size_t scratchBytes;
+  };
+  /// The calling thread's Bound for this plan and variant, made on first use.
+  Bound& boundFor(int threads, bool accumulate) const;
   void runSgemmLoop(const float* a, const float* b, float* c, float alpha, float beta) const;
   /// c *= beta over c's walk (beta other than 0 and 1 before an accumulating matmul).
   void scaleOutput(float* c, float beta) const;
@@ -51,6 +61,7 @@ private:
   EinsumPlan::Matrix a_, b_, c_;
   dnnl::memory::desc aDesc_, bDesc_, cDesc_;
   bool useMatmul_ = false;
+  uint64_t serial_; // unique per plan: the key of its threads' Bound caches
   std::string implementation_;
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<const Variant>> variants_;

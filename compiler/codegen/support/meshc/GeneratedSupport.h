@@ -887,17 +887,32 @@ inline double sumRun(const float* x, int64_t count) {
   return sumRun(x, count, [](float v) { return double(v); });
 }
 
-/// The sum of (x - mean)^2 over a run.
-inline double sumSquaredDeviations(const float* x, int64_t count, double mean) {
-  return sumRun(x, count, [mean](float v) {
-    double centered = double(v) - mean;
-    return centered * centered;
-  });
-}
-
 /// The sum of e^(x - max) over a run: f32 exponentials summed in double.
 inline double sumExpRun(const float* x, int64_t count, float max) {
   return sumRun(x, count, [max](float v) { return double(meshrt::kernels::f32::exp(v - max)); });
+}
+
+/// The sum of term(x[i]) over a run at f32 speed: sixteen f32 lanes (one vector) summed over
+/// blocks of 256 elements, each block's lanes then added in double. A lane adds at most 16 terms
+/// before its sum goes to double, so the error is at most ~16 u of the terms' magnitudes (u =
+/// 2^-24), inside the f32 rtol of docs/architecture.md (1024 u) however long the run.
+template <class Term> inline double sumLanes(const float* x, int64_t count, Term term) {
+  constexpr int64_t kBlock = 256;
+  double total = 0;
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    int64_t end = std::min(count, begin + kBlock), i = begin;
+    float partial[16] = {};
+    for (; i + 16 <= end; i += 16)
+      for (int j = 0; j < 16; ++j)
+        partial[j] += term(x[i + j]);
+    for (; i < end; ++i)
+      partial[0] += term(x[i]);
+    double block = 0;
+    for (int j = 0; j < 16; ++j)
+      block += double(partial[j]);
+    total += block;
+  }
+  return total;
 }
 
 /// The largest of a run, sixteen lanes at a time; NaNs are passed over, as std::max(max, x)
@@ -1048,42 +1063,78 @@ struct RowBase {
   int64_t operator()(int64_t r) const { return table ? (*table)[size_t(r)] : r * stride; }
 };
 
-/// along() over whole rows of `size` contiguous elements starting at each base: the same
-/// arithmetic as the general path (exp in f32, sums and moments in double), without offsets.
+/// Softmax of one contiguous row (y may be x): the max, e^(x - max) into y, their sum in f32
+/// lanes (sumLanes' error bound; each term is at most 1), then one f32 scale.
+inline void softmaxRow(float* y, const float* x, int64_t size) {
+  float max = detail::maxRun(x, size);
+  if (!std::isfinite(max)) max = 0.0f;
+  for (int64_t i = 0; i < size; ++i)
+    y[i] = meshrt::kernels::f32::exp(x[i] - max);
+  double sum = detail::sumLanes(y, size, [](float v) { return v; });
+  float inverse = float(1 / sum);
+  for (int64_t i = 0; i < size; ++i)
+    y[i] = y[i] * inverse;
+}
+
+/// Layer norm (without gain and bias) of one contiguous row over `count` global elements: the
+/// mean summed in double (a row far from zero would lose its deviations to an f32 sum), kept as
+/// two floats so that x - mean loses nothing to its rounding; the centered second moment in
+/// f32 lanes (sumLanes: its terms are the deviations themselves); then one f32 scale.
+inline void layerNormRow(float* y, const float* x, int64_t size, double count, double eps) {
+  double mean = detail::sumRun(x, size) / count;
+  float meanHigh = float(mean), meanLow = float(mean - double(meanHigh));
+  double variance = detail::sumLanes(x, size,
+                                     [meanHigh, meanLow](float v) {
+                                       float centered = (v - meanHigh) - meanLow;
+                                       return centered * centered;
+                                     }) /
+                    count;
+  float scale = float(1 / std::sqrt(variance + eps));
+  for (int64_t i = 0; i < size; ++i)
+    y[i] = ((x[i] - meanHigh) - meanLow) * scale;
+}
+
+/// along() over whole rows of `size` contiguous elements starting at each base, one row kernel
+/// per kind (softmaxRow, layerNormRow; log_softmax's sums of exponentials in double).
 inline void alongContiguous(float* out, const float* in, int64_t rows, const RowBase& inBase,
                             const RowBase& outBase, int64_t size, Along kind, double eps,
                             int64_t globalLaneCount) {
   // Rows are independent: many are split over OpenMP's threads (one unless asked for more).
   [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+  switch (kind) {
+  case Along::LayerNorm:
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = in + inBase(r);
-    float* y = out + outBase(r);
-    if (kind == Along::LayerNorm) {
-      double mean = detail::sumRun(x, size) / double(globalLaneCount);
-      double variance = detail::sumSquaredDeviations(x, size, mean) / double(globalLaneCount);
-      double scale = 1 / std::sqrt(variance + eps);
-      for (int64_t i = 0; i < size; ++i)
-        y[i] = float((x[i] - mean) * scale);
-      continue;
-    }
-    float max = detail::maxRun(x, size);
-    if (!std::isfinite(max)) max = 0.0f;
-    if (kind == Along::Softmax) {
-      for (int64_t i = 0; i < size; ++i)
-        y[i] = meshrt::kernels::f32::exp(x[i] - max);
-      double inverse = 1 / detail::sumRun(y, size);
-      for (int64_t i = 0; i < size; ++i)
-        y[i] = float(y[i] * inverse);
-    } else {
-      double sum = detail::sumExpRun(x, size, max);
-      double logSum = std::log(sum);
+    for (int64_t r = 0; r < rows; ++r)
+      layerNormRow(out + outBase(r), in + inBase(r), size, double(globalLaneCount), eps);
+    return;
+  case Along::Softmax:
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+    for (int64_t r = 0; r < rows; ++r)
+      softmaxRow(out + outBase(r), in + inBase(r), size);
+    return;
+  case Along::LogSoftmax:
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = in + inBase(r);
+      float* y = out + outBase(r);
+      float max = detail::maxRun(x, size);
+      if (!std::isfinite(max)) max = 0.0f;
+      double logSum = std::log(detail::sumExpRun(x, size, max));
       for (int64_t i = 0; i < size; ++i)
         y[i] = float(double(x[i]) - max - logSum);
     }
+    return;
+  case Along::Cumsum:
+  case Along::CumsumExclusive:
+    break;
   }
+  throw std::logic_error("alongContiguous: not a row kernel");
 }
 
 /// Lanes: `outer` sizes with strides `inOuter`/`outOuter`; lane points `lane` with strides
@@ -1314,6 +1365,28 @@ inline void oneHot(float* out, const Shape& outSizes, const float* ids, const Sh
 inline void gather(float* out, const Shape& outSizes, const float* table, const Shape& tableStrides,
                    const float* ids, const Shape& idStrides, int64_t rows, int64_t rowStride,
                    int64_t start) {
+  // The usual layout (an embedding lookup): the last dim walks one table row (stride 1, one id),
+  // the others only the ids. One id per row, then a row copy (or zeros outside the block).
+  size_t last = outSizes.size() - 1;
+  if (!outSizes.empty() && tableStrides[last] == 1 && idStrides[last] == 0 &&
+      std::all_of(tableStrides.begin(), tableStrides.end() - 1,
+                  [](int64_t stride) { return stride == 0; })) {
+    int64_t run = outSizes[last];
+    Shape points(outSizes.begin(), outSizes.end() - 1),
+        idPoint(idStrides.begin(), idStrides.end() - 1);
+    Shape outPoint = rowMajorStrides(points);
+    for (int64_t& stride : outPoint)
+      stride *= run;
+    forEach<2>(points, {outPoint, idPoint}, {0, 0}, [&](const std::array<int64_t, 2>& at) {
+      double id = double(ids[at[1]]) - double(start);
+      float* row = out + at[0];
+      if (id >= 0 && id < double(rows))
+        std::copy_n(table + int64_t(id) * rowStride, run, row);
+      else
+        std::fill_n(row, run, 0.0f);
+    });
+    return;
+  }
   forEach<3>(outSizes, {rowMajorStrides(outSizes), tableStrides, idStrides}, {0, 0, 0},
              [&](const std::array<int64_t, 3>& at) {
                double id = double(ids[at[2]]) - double(start);
