@@ -202,8 +202,7 @@ TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
   // An all-reduce of 4000 B over y: the ranks' threads move the bytes, so b is taken k times.
   Collective overY = allReduce(4000);
   overY.axes = {"y"};
-  CHECK(collectiveSeconds(m, meshOf({{"x", 2}}), allReduce(4000)) ==
-        Approx(2e-6 + 2 * 0.5 * 4e-6));
+  CHECK(collectiveSeconds(m, meshOf({{"x", 2}}), allReduce(4000)) == Approx(2e-6 + 2 * 0.5 * 4e-6));
   CHECK(collectiveSeconds(m, twoByTwo, overY) == Approx(1e-4 + 2e-6 + 2 * 0.5 * 4e-6 * 2));
   CHECK(collectiveSeconds(m, twoByFour, overY) == Approx(1e-4 + 2e-6 + 2 * 0.75 * 4e-6 * 4));
   CHECK(mergeableLatencySeconds(m, twoByFour, overY) == Approx(1e-4 + 2e-6));
@@ -212,8 +211,7 @@ TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
   Machine devicesOnly = m;
   devicesOnly.cores = 0;
   CHECK(oversubscription(devicesOnly, meshOf({{"x", 3}})) == Approx(1.5));
-  CHECK(collectiveSeconds(devicesOnly, twoByFour, overY) ==
-        Approx(1e-4 + 2e-6 + 2 * 0.75 * 4e-6));
+  CHECK(collectiveSeconds(devicesOnly, twoByFour, overY) == Approx(1e-4 + 2e-6 + 2 * 0.75 * 4e-6));
   Machine h100 = *loadMachine("8xh100");
   CHECK(h100.cores == 0);
   CHECK(oversubscription(h100, meshOf({{"x", 2}, {"y", 4}})) == 1);
@@ -227,7 +225,8 @@ TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
   CHECK(llvm::toString(zero.takeError()) == "m.json: field 'cores' must be a positive integer");
 }
 
-TEST_CASE("lowering: 8 ranks on 2 cores, exact compute and collective seconds", "[cost][lowering]") {
+TEST_CASE("lowering: 8 ranks on 2 cores, exact compute and collective seconds",
+          "[cost][lowering]") {
   Lowered lowered(8, parsed(kTwoCoresJson));
   // relu on its [batch = 8, d_ff = 64 / 8] shard: 64 FLOPs against 2 x 256 B at 1 GB/s, 4 ranks
   // per core.
