@@ -36,7 +36,7 @@ struct Machine {
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
   // The cores a CPU machine's ranks (threads or processes) run on, `meshc calibrate`'s count;
-  // more ranks than cores take turns on them (CostModel.h, ranksPerCore). 0: not a CPU
+  // more ranks than cores take turns on them (CostModel.h, oversubscription). 0: not a CPU
   // description (GPUs: one rank per device), the ranks share the `numDevices` devices.
   int64_t cores = 0;
   // GEMM efficiency by shape (0: none): a GEMM whose smallest of m, n and k (per batch element)
