@@ -391,6 +391,9 @@ int calibrateCommand(const char* argv0) {
                  "log_softmax (their mean), layer_norm and sum; no bf16 hardware assumed",
                  command, gemmTable, int(calibrateRanks), link.worstRatio, 2 * cores)},
   };
+  // The cores the ranks of this host share (ranks beyond them take turns: the cost model's
+  // oversubscription); GPUs run one rank per device.
+  if (!onGpus) machine["cores"] = cores;
   std::string text = llvm::formatv("{0:2}", llvm::json::Value(std::move(machine))).str() + "\n";
   // What `--machine` reads back must parse: the same reader checks it before it is written.
   if (llvm::Expected<plan::Machine> check = plan::parseMachine(text, "calibrated"); !check)

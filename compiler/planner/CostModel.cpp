@@ -3,6 +3,7 @@
 #include "planner/Reshard.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace meshc::plan {
 
@@ -80,9 +81,11 @@ double kernelCallSeconds(const Machine& machine, double flops, double bytes) {
 }
 
 double oversubscription(const Machine& machine, const Mesh& mesh) {
-  return std::max(
-      1.0, static_cast<double>(mesh.numDevices() * std::max<int64_t>(machine.meshCopies, 1)) /
-               static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+  // Pipeline stages: every stage's mesh runs on the machine at once (Machine::meshCopies).
+  double ranks = static_cast<double>(mesh.numDevices() * std::max<int64_t>(machine.meshCopies, 1));
+  if (machine.cores > 0) // meshrt's rankCores: consecutive blocks, the largest ceil(ranks / cores)
+    return std::max(1.0, std::ceil(ranks / static_cast<double>(machine.cores)));
+  return std::max(1.0, ranks / static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
 }
 
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh) {
@@ -96,6 +99,9 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   const Link& link = linkFor(machine, mesh, collective.axes);
   double a = link.alphaSeconds;
   double b = link.bandwidthBytesPerS > 0 ? 1.0 / link.bandwidthBytesPerS : 0;
+  // On a CPU machine the ranks' own threads move and add the bytes: ranks sharing a core take
+  // turns at it, as at their compute.
+  if (machine.cores > 0) b *= oversubscription(machine, mesh);
   double n = static_cast<double>(collective.bytes);
   double fraction = (p - 1) / p;
   double sync = oversubscribedSyncSeconds(machine, mesh);

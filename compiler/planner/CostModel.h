@@ -59,20 +59,25 @@ double rowKernelSeconds(const Machine& machine, RowKernel kernel, double element
 /// FLOPs at the vector rate and its bytes, plus the call's fixed cost.
 double kernelCallSeconds(const Machine& machine, double flops, double bytes);
 
-/// How many ranks share one device: max(1, mesh ranks / machine devices). Compute times are
-/// multiplied by it (the ranks take turns on the cores).
+/// How many ranks take turns on one core or device. On a CPU machine (cores > 0): the most
+/// ranks one core holds when meshrt spreads them over the cores in consecutive blocks,
+/// ceil(mesh ranks / cores); otherwise (GPUs, one rank per device) max(1, mesh ranks / machine
+/// devices). Compute times are multiplied by it (the ranks sharing a core serialise their work).
 double oversubscription(const Machine& machine, const Mesh& mesh);
 
 /// What each collective of an oversubscribed mesh pays on top of alpha-beta (a peer that is not
 /// running must be scheduled before the group can pass): the machine's
-/// oversubscribed_sync_seconds when oversubscription(machine, mesh) > 1, else 0.
+/// oversubscribed_sync_seconds when oversubscription(machine, mesh) > 1, else 0. Not scaled by
+/// the ranks per core: generated programs measured the same sync at 4 ranks per core as at 2
+/// (docs/planner.md, "Fidelity, fourth pass").
 double oversubscribedSyncSeconds(const Machine& machine, const Mesh& mesh);
 
 /// Alpha-beta time of one collective over its axes on `machine`:
 ///   allgather, reduce-scatter: a + b (p-1)/p n;  allreduce: 2a + 2b (p-1)/p n;
 ///   all-to-all: (p-1) a + b (p-1)/p n;  permute: a + b n;  local slice: 0.
 /// with p the group size, n = collective.bytes, a/b of the link the group spans; plus
-/// oversubscribedSyncSeconds (each but the local slice).
+/// oversubscribedSyncSeconds (each but the local slice). On a CPU machine (cores > 0) b is
+/// multiplied by oversubscription(machine, mesh): the ranks' threads copy and add the bytes.
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective);
 
 /// The latency part (2a, plus the oversubscribed sync) of an all-reduce-sum, which merged

@@ -141,6 +141,7 @@ llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourc
   machine.cacheBandwidth = reader.number("cache_bandwidth", false, 0);
   machine.gemmLatencySeconds = reader.number("gemm_latency_seconds", false, 0);
   machine.oversubscribedSyncSeconds = reader.number("oversubscribed_sync_seconds", false, 0);
+  machine.cores = reader.count("cores", false, 0);
   machine.gemmShapeDim = reader.number("gemm_shape_dim", false, 0);
   machine.vectorFlops = reader.number("vector_flops", false, 0);
   machine.transcendentalFlops = reader.number("transcendental_flops", false, 0);

@@ -34,11 +34,15 @@ struct Machine {
   // Measured refinements (docs/planner.md, "Cost model"; 0: not modelled). An op whose bytes fit
   // in `cacheBytes` streams at `cacheBandwidth` instead of `memoryBandwidth`; every GEMM pays
   // `gemmLatencySeconds` on top of its roofline; every collective of a mesh with more ranks than
-  // devices (threads sharing cores) pays `oversubscribedSyncSeconds` on top of alpha-beta.
+  // cores pays `oversubscribedSyncSeconds` on top of alpha-beta.
   double cacheBytes = 0;
   double cacheBandwidth = 0;
   double gemmLatencySeconds = 0;
   double oversubscribedSyncSeconds = 0;
+  // The cores a CPU machine's ranks (threads or processes) run on, `meshc calibrate`'s count;
+  // more ranks than cores take turns on them (CostModel.h, oversubscription). 0: not a CPU
+  // description (GPUs: one rank per device), the ranks share the `numDevices` devices.
+  int64_t cores = 0;
   // GEMM efficiency by shape (0: none): a GEMM whose smallest of m, n and k (per batch element)
   // is `gemmShapeDim` runs its FLOPs at half the peak, one with s at peak / (1 + gemmShapeDim / s).
   double gemmShapeDim = 0;

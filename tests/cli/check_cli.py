@@ -582,6 +582,10 @@ def calibrate():
                f"the link fitted: {machine['intra']}")
         expect(machine["devices"] >= 1 and "meshc calibrate --name mine" in machine["notes"],
                "the notes state the command")
+        # The cores the ranks share (the cost model's oversubscription): the host's, as many
+        # as the devices of a CPU description.
+        expect(machine.get("cores") == os.cpu_count() == machine["devices"],
+               f"the cores are recorded: {machine.get('cores')} (os.cpu_count() {os.cpu_count()})")
         # The refinements (docs/planner.md): a cache level faster than memory or none, a GEMM's
         # fixed cost and the oversubscribed sync, all measured (>= 0) and announced.
         expect(all(machine[key] >= 0 for key in ["cache_bytes", "cache_bandwidth",
@@ -637,6 +641,7 @@ def calibrate_nccl():
                machine["memory_bandwidth"] > 1e9 and machine["devices"] == 2 and
                machine["intra"]["name"] == "nccl" and machine["intra"]["bandwidth"] > 0,
                f"GEMMs, bandwidth and NCCL link measured: {machine}")
+        expect("cores" not in machine, "GPU descriptions record no cores (one rank per device)")
 
 
 CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_meshc_options, exit_codes,

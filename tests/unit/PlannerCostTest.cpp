@@ -177,6 +177,69 @@ TEST_CASE("cost model: oversubscribed ranks pay a sync per collective", "[cost]"
   CHECK(collectiveSeconds(m, over, slice) == 0);
 }
 
+// A 2-core CPU machine (cores recorded, as meshc calibrate writes it): 1 GFLOP/s, 1 GB/s, no
+// cache level, 1 us alpha at 1 GB/s, an oversubscribed collective syncing 100 us.
+const char* kTwoCoresJson = R"({
+  "name": "two-cores", "devices": 2, "cores": 2, "peak_flops": 1e9, "memory_bandwidth": 1e9,
+  "memory_bytes": 1e9, "oversubscribed_sync_seconds": 1e-4,
+  "intra": {"name": "threads", "alpha_seconds": 1e-6, "bandwidth": 1e9}
+})";
+
+TEST_CASE("cost model: ranks beyond the cores take turns on them", "[cost]") {
+  Machine m = parsed(kTwoCoresJson);
+  REQUIRE(m.cores == 2);
+  // ceil(ranks / cores): meshrt gives the cores consecutive blocks of ranks (rankCores).
+  CHECK(oversubscription(m, meshOf({{"x", 1}})) == 1);
+  CHECK(oversubscription(m, meshOf({{"x", 2}})) == 1);
+  CHECK(oversubscription(m, meshOf({{"x", 3}})) == 2);
+  Mesh twoByTwo = meshOf({{"x", 2}, {"y", 2}}), twoByFour = meshOf({{"x", 2}, {"y", 4}});
+  CHECK(oversubscription(m, twoByTwo) == 2);
+  CHECK(oversubscription(m, twoByFour) == 4);
+  // The sync is the same at 2 and 4 ranks per core, nothing without oversubscription.
+  CHECK(oversubscribedSyncSeconds(m, meshOf({{"x", 2}})) == 0);
+  CHECK(oversubscribedSyncSeconds(m, twoByTwo) == Approx(1e-4));
+  CHECK(oversubscribedSyncSeconds(m, twoByFour) == Approx(1e-4));
+  // An all-reduce of 4000 B over y: the ranks' threads move the bytes, so b is taken k times.
+  Collective overY = allReduce(4000);
+  overY.axes = {"y"};
+  CHECK(collectiveSeconds(m, meshOf({{"x", 2}}), allReduce(4000)) == Approx(2e-6 + 2 * 0.5 * 4e-6));
+  CHECK(collectiveSeconds(m, twoByTwo, overY) == Approx(1e-4 + 2e-6 + 2 * 0.5 * 4e-6 * 2));
+  CHECK(collectiveSeconds(m, twoByFour, overY) == Approx(1e-4 + 2e-6 + 2 * 0.75 * 4e-6 * 4));
+  CHECK(mergeableLatencySeconds(m, twoByFour, overY) == Approx(1e-4 + 2e-6));
+  // Without cores (a GPU description: one rank per device) the devices are shared as before
+  // and the link's bandwidth is not divided.
+  Machine devicesOnly = m;
+  devicesOnly.cores = 0;
+  CHECK(oversubscription(devicesOnly, meshOf({{"x", 3}})) == Approx(1.5));
+  CHECK(collectiveSeconds(devicesOnly, twoByFour, overY) == Approx(1e-4 + 2e-6 + 2 * 0.75 * 4e-6));
+  Machine h100 = *loadMachine("8xh100");
+  CHECK(h100.cores == 0);
+  CHECK(oversubscription(h100, meshOf({{"x", 2}, {"y", 4}})) == 1);
+  // The built-in cpu records its cores.
+  CHECK(loadMachine("cpu")->cores == 2);
+  llvm::Expected<Machine> zero = parseMachine(
+      R"({"name": "x", "devices": 2, "cores": 0, "peak_flops": 1, "memory_bandwidth": 1,
+          "memory_bytes": 1, "intra": {"name": "l", "alpha_seconds": 0, "bandwidth": 1}})",
+      "m.json");
+  REQUIRE_FALSE(static_cast<bool>(zero));
+  CHECK(llvm::toString(zero.takeError()) == "m.json: field 'cores' must be a positive integer");
+}
+
+TEST_CASE("lowering: 8 ranks on 2 cores, exact compute and collective seconds",
+          "[cost][lowering]") {
+  Lowered lowered(8, parsed(kTwoCoresJson));
+  // relu on its [batch = 8, d_ff = 64 / 8] shard: 64 FLOPs against 2 x 256 B at 1 GB/s, 4 ranks
+  // per core.
+  std::vector<const SpmdOp*> relu = lowered.ops(ir::OpKind::Relu);
+  REQUIRE(relu.size() == 1);
+  CHECK(relu[0]->seconds == Approx(4 * 512e-9));
+  // The second einsum's partial sum: one all-reduce of [batch, d_model] f32 (1024 B) over 8
+  // ranks: the sync (100 us), 2a, and 2 (7/8) n b four times (4 ranks per core).
+  REQUIRE(lowered.communicating() == 1);
+  CHECK(lowered.spmd->summary.communicationSeconds ==
+        Approx(1e-4 + 2e-6 + 2 * 0.875 * 1024e-9 * 4));
+}
+
 TEST_CASE("lowering: GEMMs, oversubscribed compute and collectives as the model says",
           "[cost][lowering]") {
   Machine refined = parsed(kRefinedJson);

@@ -153,7 +153,10 @@ inline double streamLoopSeconds(std::vector<float>& a, const std::vector<float>&
 
 inline OversubscribedTime oversubscribedTime(const LaunchOptions& options, int ranks,
                                              int iterations) {
-  const size_t elements = 262144; // 2 MiB per rank: tens of microseconds, as an op group
+  // 256 KiB per rank, a few microseconds: with a longer loop, the median iteration also counts
+  // the time other processes take from the loop on a loaded machine (2 MiB measured 81 us where
+  // 256 KiB measured 30 and generated programs' collectives 20-30 in their best runs).
+  const size_t elements = 32768;
   OversubscribedTime result;
   result.ranks = ranks;
   {
