@@ -101,10 +101,11 @@ class LayoutMixin:
                     tail = ", auto" if rng.random() < 0.5 else ""
                     return mesh, f"layout {both[0]}: {a}, {both[1]}: {a}{tail}"
         if self.error_path:
-            # Pin a dim to an axis that does not divide it: the planner's located error.
+            # Pin a dim to an axis that does not divide it: the planner's located error. Not a
+            # repeat's count: its layers split unevenly over the axis's stages (docs/language.md).
             for d in rng.sample(list(self.dims), len(self.dims)):
                 bad = [(a, s) for a, s in axes if self.dims[d] % s]
-                if bad:
+                if bad and d not in self.repeat_dims:
                     a, s = rng.choice(bad)
                     items.append(f"{d}: {a}")
                     if rng.random() < 0.3:
