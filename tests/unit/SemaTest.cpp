@@ -546,6 +546,12 @@ TEST_CASE("sema reports bad command-line overrides") {
   REQUIRE_FALSE(b.module);
   CHECK(b.reported("--layout:1:1: error: dim 'heads' of size 4 is not divisible by 8 (axes data "
                    "x model = 8)"));
+  // a pinned stage split whose counts are not numbers: located in the option's text
+  SemaOptions splitTypo;
+  splitTypo.layout = "batch: data(1, x)";
+  Analyzed d(withHeader("program p(x: f32[batch]) -> (y: f32[batch]) { y = x }"), splitTypo);
+  REQUIRE_FALSE(d.module);
+  CHECK(d.reported("--layout:1:16: error: expected a layer count but found 'x'"));
   // no mesh at all: a layout that uses axes is an error, a bare auto is fine
   SemaOptions autoOnly;
   autoOnly.layout = "auto";
