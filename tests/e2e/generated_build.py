@@ -3,10 +3,11 @@ compile and link generated code (run_case.py, run_train_case.py, checkpoint_case
 options they share (add_build_options).
 
 Many cases generate the same code: the MPI and traced runs of a threads case, an example whose
-own layout is the one `layout auto` chooses. Compiling it is most of a case's time, so a
-binary goes into a cache shared by the cases (`<workdir>/../bincache`, keyed by the sha256 of the generated sources, the build command with the case's own directory
-written as `<workdir>`, the project's runtime headers and the libraries, both by modification
-time) and a case with the same key links the cached binary instead of building it again."""
+own layout is the one `layout auto` chooses. Compiling it is most of a case's time, so a binary
+goes into a cache shared by the cases (`<workdir>/../bincache`), keyed by the sha256 of the
+generated sources, the build command with the case's own directory written as `<workdir>`, and
+the project's runtime headers and libraries by modification time; a case with the same key links
+the cached binary instead of building it again."""
 import hashlib
 import os
 import shutil
