@@ -1,4 +1,5 @@
 #include "planner/Planner.h"
+#include "train/OrderFactoredSums.h"
 
 #include <llvm/ADT/STLExtras.h>
 #include <llvm/Support/WithColor.h>
@@ -99,11 +100,11 @@ PlannedFunction emptyPlan(const Layout& pinned, double memoryBudgetBytes) {
   return plan;
 }
 
-std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::Function& fn,
-                                            const Mesh& mesh, const Machine& machine,
-                                            const PlannerOptions& options, const Layout& pinned,
-                                            const std::vector<std::string>& toSearch,
-                                            DiagEngine& diag) {
+std::optional<PlannedFunction> planLayout(const ir::Module& module, const ir::Function& fn,
+                                          const Mesh& mesh, const Machine& machine,
+                                          const PlannerOptions& options, const Layout& pinned,
+                                          const std::vector<std::string>& toSearch,
+                                          DiagEngine& diag) {
   SearchOptions searchOptions;
   searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
   searchOptions.exactLimit = options.exactLimit;
@@ -165,6 +166,59 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
       << fmt::format("with ZeRO stage {}, train block '{}' needs {} per device\n", needStage,
                      fn.name, bytesString(need));
   return std::nullopt;
+}
+
+/// A plan and the function it was made from: `fn` itself, or a copy of it with Adafactor's
+/// clipping sums in another order (`reordered`).
+struct OrderedPlan {
+  std::optional<PlannedFunction> plan;
+  std::optional<ir::Function> reordered;
+};
+
+/// Adafactor's clipping sums run over a factored dim the layout splits first
+/// (train/OrderFactoredSums.h). The training phase ordered them for the module's pinned dims; a
+/// searched layout may split the other factored dim of a weight, and the sum then costs a second
+/// all-reduce round. So `fn` is planned by `planOf`, then again with its sums ordered for the
+/// layout found, and so on while a layout calls for an order not planned yet; the fastest plan is
+/// kept (ties: the later one, whose order follows the layout before it). Every order computes
+/// the same values, and each plan is priced as it is lowered.
+OrderedPlan planInFactoredOrder(
+    const ir::Function& fn,
+    const std::function<std::optional<PlannedFunction>(const ir::Function&)>& planOf) {
+  OrderedPlan best{planOf(fn), std::nullopt};
+  std::vector<std::vector<std::string>> planned = {train::factoredSumOrder(fn)};
+  if (!best.plan || planned.front().empty()) return best;
+  ir::Function ordered = fn;
+  for (std::optional<PlannedFunction> last = best.plan; last;) {
+    const SpmdFunction& spmd = last->spmd;
+    std::vector<std::string> order = train::orderFactoredSums(
+        ordered, [&](const ir::TensorType& weight, const std::string& dim) {
+          int index = weight.findDim(dim);
+          TensorLayout layout = tensorLayoutOf(weight, spmd.layout, spmd.mesh);
+          return index >= 0 && splitFactor(spmd.mesh, layout.dimAxes[size_t(index)]) > 1;
+        });
+    if (llvm::is_contained(planned, order)) break;
+    planned.push_back(order);
+    last = planOf(ordered);
+    if (last && last->spmd.summary.stepSeconds <= best.plan->spmd.summary.stepSeconds)
+      best = {last, ordered};
+  }
+  return best;
+}
+
+/// planLayout in the order of Adafactor's clipping sums that its layout calls for.
+std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::Function& fn,
+                                            const Mesh& mesh, const Machine& machine,
+                                            const PlannerOptions& options, const Layout& pinned,
+                                            const std::vector<std::string>& toSearch,
+                                            DiagEngine& diag) {
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  return planInFactoredOrder(fn,
+                             [&](const ir::Function& ordered) {
+                               return planLayout(module, ordered, mesh, machine, options, pinned,
+                                                 toSearch, &ordered == &fn ? diag : quiet);
+                             })
+      .plan;
 }
 
 /// --devices: plans `fn` on every factorization (errors silenced) and keeps the fastest; ties go
@@ -229,12 +283,13 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
   return plans;
 }
 
+namespace {
+
+/// planZeroCandidates of `fn`, its sums in the order they are.
 std::optional<std::vector<PlannedFunction>>
-planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
-                   const std::string& function, const std::vector<int>& zeroStages,
-                   const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag) {
-  const ir::Function* fn = module.findFunction(function);
-  if (!fn) return std::nullopt;
+zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine& machine,
+                 const PlannerOptions& options, const std::vector<int>& zeroStages,
+                 const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag) {
   Layout pinned;
   std::vector<std::string> toSearch;
   splitLayout(module, pinned, toSearch);
@@ -289,6 +344,32 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
     if (!goOn) break;
   }
   return candidates;
+}
+
+} // namespace
+
+std::optional<std::vector<PlannedFunction>>
+planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
+                   const std::string& function, const std::vector<int>& zeroStages,
+                   const std::function<bool(PlannedFunction&)>& keepGoing, DiagEngine& diag) {
+  const ir::Function* fn = module.findFunction(function);
+  if (!fn) return std::nullopt;
+  if (train::factoredSumOrder(*fn).empty())
+    return zeroCandidatesOf(module, fn, machine, options, zeroStages, keepGoing, diag);
+  // The order of Adafactor's sums follows stage 0's layout (planInFactoredOrder); the stages
+  // asked for are then planned in it.
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  OrderedPlan stage0 =
+      planInFactoredOrder(*fn, [&](const ir::Function& ordered) -> std::optional<PlannedFunction> {
+        std::optional<std::vector<PlannedFunction>> plans =
+            zeroCandidatesOf(module, &ordered, machine, options, {0}, nullptr, quiet);
+        if (!plans || plans->empty()) return std::nullopt;
+        return std::move(plans->front());
+      });
+  if (stage0.plan && zeroStages == std::vector<int>{0} && !keepGoing)
+    return std::vector<PlannedFunction>{std::move(*stage0.plan)};
+  return zeroCandidatesOf(module, stage0.reordered ? &*stage0.reordered : fn, machine, options,
+                          zeroStages, keepGoing, diag);
 }
 
 std::optional<std::vector<PlannedFunction>>

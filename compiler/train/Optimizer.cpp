@@ -1,6 +1,7 @@
 // Optimizer lowering. Every formula here is written out in docs/training.md; `s` is the `step`
 // op (steps taken before this one, from 0) and t = s + 1.
 #include "train/Optimizer.h"
+#include "train/OrderFactoredSums.h"
 #include "train/Recompute.h"
 
 #include "train/OpBuilder.h"
@@ -9,7 +10,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <tuple>
 
 namespace meshc::train {
 namespace {
@@ -20,9 +20,8 @@ using ir::ValueId;
 
 class OptimizerLowering {
 public:
-  OptimizerLowering(ir::Function& fn, const Gradients& gradients,
-                    const std::set<std::string>& splitDims)
-      : fn(fn), gradients(gradients), splitDims(splitDims), b(fn, fn.train->loc) {}
+  OptimizerLowering(ir::Function& fn, const Gradients& gradients)
+      : fn(fn), gradients(gradients), b(fn, fn.train->loc) {}
 
   void run();
 
@@ -62,7 +61,6 @@ private:
 
   ir::Function& fn;
   const Gradients& gradients;
-  const std::set<std::string>& splitDims;
   OpBuilder b;
   std::map<double, ValueId> corrections;
   std::optional<ValueId> adafactorBeta2;
@@ -236,18 +234,18 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
 }
 
 /// mean(u^2) = mean(g^2 rowMean / (vr vc)), the value of squaring u, summed in another order:
-/// first over the factored dim that the module's layout splits (C unless only R is pinned to
-/// axes), divided by the statistic that keeps that dim (vc for C, vr for R), which each rank
-/// has whole: it is a mean over the other factored dim. That sum's partial sums over the split
-/// dim's axes depend on the gradient alone, so they resolve in the same all-reduce as the
-/// statistics (vr, or vc and rowMean) instead of in a second round after them; the rest is local.
+/// first over C, divided by the statistic that keeps C (vc), which each rank has whole (it is a
+/// mean over R). Summed first over a split dim, that sum's partial sums depend on the gradient
+/// alone, so they resolve in the same all-reduce as the statistics instead of in a second round
+/// after them; the rest is local. The sum is marked so that OrderFactoredSums.h can turn it to run
+/// over R first (dividing by vr) when the layout splits R and not C.
 ValueId OptimizerLowering::factoredMeanSquare(ValueId g, ValueId vr, ValueId vc, ValueId rowMean,
                                               const std::string& rowDim,
                                               const std::string& colDim) {
-  bool rowsFirst = splitDims.count(rowDim) && !splitDims.count(colDim);
-  auto [first, local, other] = rowsFirst ? std::tuple(rowDim, vr, vc) : std::tuple(colDim, vc, vr);
-  ValueId inner = b.reduce(OpKind::ReduceMean, b.div(b.unary(OpKind::Square, g), local), {first});
-  return b.meanAll(b.mul(inner, b.div(rowMean, other)));
+  ValueId inner = b.reduce(OpKind::ReduceMean, b.div(b.unary(OpKind::Square, g), vc), {colDim});
+  fn.ops[fn.values[inner].definingOp].setAttr(kFactoredSumAttr,
+                                              std::vector<std::string>{rowDim, colDim});
+  return b.meanAll(b.mul(inner, b.div(rowMean, vr)));
 }
 
 void OptimizerLowering::run() {
@@ -274,7 +272,9 @@ void OptimizerLowering::run() {
 void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
                     const std::set<std::string>& splitDims) {
   if (!fn.train) return;
-  OptimizerLowering(fn, gradients, splitDims).run();
+  OptimizerLowering(fn, gradients).run();
+  orderFactoredSums(
+      fn, [&](const ir::TensorType&, const std::string& dim) { return splitDims.count(dim) > 0; });
 }
 
 bool lowerTraining(ir::Function& fn, DiagEngine& diag, const std::set<std::string>& splitDims) {

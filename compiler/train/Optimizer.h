@@ -16,8 +16,9 @@ namespace meshc::train {
 /// `fn.train->optimizer` says, with its learning-rate schedule and global-norm clipping) and
 /// the update of every state slot it adds. Weights without a gradient are left unchanged.
 /// `splitDims`: the dims the module's layout pins to mesh axes; they only choose the order of
-/// a sum whose value does not depend on it (Adafactor's clipping, Optimizer.cpp), so that its
-/// partial sums resolve together with the statistics.
+/// a sum whose value does not depend on it (Adafactor's clipping, OrderFactoredSums.h), so that
+/// its partial sums resolve together with the statistics. The planner orders it again for the
+/// layout it chooses.
 void lowerOptimizer(ir::Function& fn, const Gradients& gradients,
                     const std::set<std::string>& splitDims = {});
 

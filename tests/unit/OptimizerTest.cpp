@@ -3,8 +3,10 @@
 // formulas). The loss 0.5 |w - tw|^2 + 0.5 |bias - tb|^2 has the gradient (w - tw, bias - tb),
 // so the references need no autodiff of their own.
 #include "train/Optimizer.h"
+#include "train/OrderFactoredSums.h"
 
 #include "interp/Interpreter.h"
+#include "ir/Verifier.h"
 #include "sema/Sema.h"
 
 #include <catch2/catch.hpp>
@@ -193,6 +195,11 @@ train t(tw: f32[r, c], tb: f32[c]) {{
   REQUIRE(module);
   ir::Function fn = module->functions.at(0);
   REQUIRE(train::lowerTraining(fn, trained.diag, splitDims));
+  CHECK(ir::verifyFunction(fn).empty());
+  // The clipping's sum runs over r first when r is split (OrderFactoredSums.h).
+  if (o.optimizer == "adafactor" && o.get("clip_threshold", 1) > 0)
+    CHECK(train::factoredSumOrder(fn) ==
+          std::vector<std::string>{splitDims.count("r") ? "r" : "c"});
 
   interp::Options opts;
   opts.seed = 4;
@@ -265,8 +272,8 @@ TEST_CASE("adafactor: factored (rank 2) and unfactored (rank 1) moments, clippin
        {{"lr", 0.05}, {"decay_rate", 0.6}, {"clip_threshold", 0.5}, {"beta1", 0.9}, {"eps2", 0.5}},
        "constant"},
       3);
-  // The clipping's mean of u^2 is summed over the split factored dim first (Optimizer.cpp):
-  // over c (the default, and c split), or over r (only r split); the same values either way.
+  // The clipping's mean of u^2 is summed over a split factored dim first (OrderFactoredSums.h):
+  // over c (the default, and c split), or over r (r split); the same values either way.
   for (const std::set<std::string>& split : {std::set<std::string>{"c"}, {"r"}, {"r", "c"}})
     compareWithReference({"adafactor", {{"lr", 0.05}, {"clip_threshold", 0.5}}, "constant"}, 3,
                          split);
@@ -414,4 +421,69 @@ train t(x: f32[r, c]) {{
     }
     CHECK(state.at("w").type.dtype == ir::DType::BF16);
   }
+}
+
+TEST_CASE("adafactor's clipping sums reordered in place compute the same step", "[optimizer]") {
+  // A rank-3 weight (a leading dim d): lowered with c summed first, then turned to r first and
+  // back, as the planner does for the layout it finds (planner/Planner.cpp).
+  Trained trained;
+  std::string source = R"(
+dim r = 3
+dim c = 4
+dim d = 2
+train t(x: f32[d, r, c]) {
+  param w: f32[d, r, c] = normal(stddev = 1)
+  param v: f32[c] = normal(stddev = 1)
+  let loss = sum(square(w * x + v))
+  minimize loss with adafactor(lr = 0.05, clip_threshold = 0.5)
+}
+)";
+  std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
+  REQUIRE(set);
+  std::optional<ir::Module> module = analyze(*set, trained.diag);
+  REQUIRE(module);
+  ir::Function colsFirst = module->functions.at(0);
+  REQUIRE(train::lowerTraining(colsFirst, trained.diag));
+  REQUIRE(train::factoredSumOrder(colsFirst) == std::vector<std::string>{"c"});
+  auto splitting = [](std::set<std::string> dims) {
+    return [dims](const ir::TensorType& weight, const std::string& dim) {
+      CHECK(weight.hasDim(dim)); // asked about the weight's own dims
+      return dims.count(dim) > 0;
+    };
+  };
+  for (const std::set<std::string>& split : {std::set<std::string>{"r"}, {"r", "c"}}) {
+    ir::Function rows = colsFirst;
+    CHECK(train::orderFactoredSums(rows, splitting(split)) == std::vector<std::string>{"r"});
+  }
+  ir::Function rowsFirst = colsFirst;
+  CHECK(train::orderFactoredSums(rowsFirst, splitting({"r"})) == std::vector<std::string>{"r"});
+  CHECK(ir::verifyFunction(rowsFirst).empty());
+  // c split alone, or neither: back to c first, op for op the lowering's IR.
+  for (const std::set<std::string>& split : {std::set<std::string>{}, {"c"}}) {
+    ir::Function back = rowsFirst;
+    CHECK(train::orderFactoredSums(back, splitting(split)) == std::vector<std::string>{"c"});
+    CHECK(ir::verifyFunction(back).empty());
+    REQUIRE(back.ops.size() == colsFirst.ops.size());
+    for (size_t i = 0; i < back.ops.size(); ++i) {
+      CHECK(back.ops[i].operands == colsFirst.ops[i].operands);
+      CHECK(back.ops[i].attrs == colsFirst.ops[i].attrs);
+      CHECK(back.typeOf(back.ops[i].result) == colsFirst.typeOf(colsFirst.ops[i].result));
+    }
+  }
+  // The same params after 3 steps, in double, up to the sums' rounding.
+  auto train = [&](const ir::Function& fn) {
+    interp::TensorMap inputs{{"x", interp::synthesizeInput(fn.inputs[0], 2)}}, state;
+    for (int s = 0; s < 3; ++s) {
+      interp::Options opts;
+      opts.step = uint64_t(s);
+      opts.roundToDtype = false;
+      auto loss = interp::trainStep(fn, inputs, opts, state);
+      if (!loss) FAIL(llvm::toString(loss.takeError()));
+    }
+    return state.at("w").data;
+  };
+  std::vector<double> expected = train(colsFirst), got = train(rowsFirst);
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK(got[i] == Approx(expected[i]).epsilon(1e-12).margin(1e-14));
 }
