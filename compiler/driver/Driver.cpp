@@ -350,18 +350,7 @@ int runMeshc(int argc, char** argv) {
     optionError("--steps must be a non-negative number of train steps");
     return kExitInputError;
   }
-  for (const std::string& pass : disabledPasses)
-    if (llvm::none_of(kir::kernelPasses(),
-                      [&](const kir::KernelPass& known) { return pass == known.name; })) {
-      std::string known;
-      for (const kir::KernelPass& each : kir::kernelPasses())
-        known += fmt::format("\n  {}: {}", each.name, each.description);
-      optionError("--disable-kernel-pass: no kernel pass named '" + pass +
-                  "'; the passes, in "
-                  "order:" +
-                  known);
-      return kExitInputError;
-    }
+  if (!checkKernelPasses({disabledPasses.begin(), disabledPasses.end()})) return kExitInputError;
 
   llvm::SourceMgr sources;
   DiagEngine diag(sources);

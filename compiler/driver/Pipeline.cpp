@@ -5,6 +5,7 @@
 
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
+#include "codegen/Lower.h"
 #include "driver/Driver.h"
 #include "driver/JointSearch.h"
 #include "driver/Microbatches.h"
@@ -262,6 +263,19 @@ bool finishPlans(std::vector<plan::PlannedFunction>& plans, const PipelineOption
   for (const plan::PlannedFunction& planned : plans)
     ok = reportVerifierErrors(plan::verifySpmdFunction(planned.spmd), "planning") && ok;
   return ok;
+}
+
+bool checkKernelPasses(const std::vector<std::string>& disabledPasses) {
+  for (const std::string& pass : disabledPasses)
+    if (llvm::none_of(kir::kernelPasses(),
+                      [&](const kir::KernelPass& known) { return pass == known.name; })) {
+      std::string known;
+      for (const kir::KernelPass& each : kir::kernelPasses())
+        known += fmt::format("\n  {}: {}", each.name, each.description);
+      return optionError("--disable-kernel-pass: no kernel pass named '" + pass +
+                         "'; the passes, in order:" + known);
+    }
+  return true;
 }
 
 int writeGeneratedCode(const ir::Module& loaded, const PlannedModule& planned,

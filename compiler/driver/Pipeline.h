@@ -113,6 +113,9 @@ struct GenerateOptions {
   std::string cudaMath = "fp32";
   std::vector<std::string> disabledPasses;
 };
+/// Whether every name of --disable-kernel-pass (meshc's, or meshc run's) is a kernel pass; an
+/// option error listing the passes for the first that is not.
+bool checkKernelPasses(const std::vector<std::string>& disabledPasses);
 /// kExitOk; kExitInputError when the code generator refuses the program; kExitInternalError
 /// when a file cannot be written.
 int writeGeneratedCode(const ir::Module& module, const PlannedModule& planned,

@@ -145,6 +145,21 @@ cl::opt<bool> runProfile("profile",
                          cl::desc("Trace the run and print the predicted and measured time per "
                                   "source line and collective, and by phase (docs/tool.md)"),
                          cl::sub(runSubcommand), cl::cat(runCategory));
+// The code generator's options, as meshc's (--emit=cpp) takes them: a build with and one without
+// a pass, or with recomputation, need no other meshc.
+cl::list<std::string> runDisabledPasses(
+    "disable-kernel-pass",
+    cl::desc("Skip the named kernel pass, as meshc's --disable-kernel-pass does; repeatable"),
+    cl::value_desc("pass"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::list<std::string> runRecompute(
+    "recompute",
+    cl::desc("In train blocks, recompute the activations of every call of these defs in backward "
+             "instead of keeping them, as `recompute def` does"),
+    cl::value_desc("def,..."), cl::CommaSeparated, cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runPipelineSchedule(
+    "pipeline-schedule",
+    cl::desc("Pipeline stages: gpipe (every forward, then every backward) or 1f1b (default)"),
+    cl::value_desc("schedule"), cl::init("1f1b"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runNoPlan("no-plan", cl::desc("Do not print the plan"), cl::sub(runSubcommand),
                         cl::cat(runCategory));
 
@@ -187,6 +202,8 @@ PipelineOptions pipelineOptions() {
   options.memoryBudget = runMemoryBudget;
   options.microbatches = runMicrobatches;
   options.batch = runBatch;
+  options.recompute.assign(runRecompute.begin(), runRecompute.end());
+  options.pipelineSchedule = runPipelineSchedule;
   return options;
 }
 
@@ -199,6 +216,11 @@ std::string workKey(const PipelineOptions& options) {
   parts.push_back("functions");
   parts.insert(parts.end(), options.functions.begin(), options.functions.end());
   if (!options.microbatches.empty()) parts.push_back("microbatches " + options.microbatches);
+  if (!options.recompute.empty())
+    parts.push_back("recompute " + llvm::join(options.recompute, ","));
+  parts.push_back("pipeline-schedule " + options.pipelineSchedule);
+  parts.push_back("disabled passes");
+  parts.insert(parts.end(), runDisabledPasses.begin(), runDisabledPasses.end());
   return llvm::join(parts, "\n");
 }
 
@@ -360,6 +382,8 @@ int runCommand(const char* argv0) {
   if (runProcesses && !onGpus)
     return fail(kExitInputError, "--processes is an option of --backend nccl (--backend mpi "
                                  "runs a process per rank already)");
+  if (!checkKernelPasses({runDisabledPasses.begin(), runDisabledPasses.end()}))
+    return kExitInputError;
   if (onGpus && !toolchain.cuda)
     return fail(kExitInputError, "the nccl backend is not available: this meshc was built "
                                  "without CUDA (MESHC_CUDA=OFF); use --backend threads or mpi");
@@ -384,7 +408,11 @@ int runCommand(const char* argv0) {
   }
   std::string base = pathIn(workDir, stem);
   std::string source = onGpus ? ".cu" : ".cpp";
-  GenerateOptions generate{base, /*runner=*/true, onGpus, runCudaMath, {}};
+  GenerateOptions generate{base,
+                           /*runner=*/true,
+                           onGpus,
+                           runCudaMath,
+                           {runDisabledPasses.begin(), runDisabledPasses.end()}};
   if (int status = writeGeneratedCode(*module, *planned, generate, llvm::outs()); status != kExitOk)
     return status;
   double compileSeconds = secondsSince(start);

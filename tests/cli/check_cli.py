@@ -2,6 +2,7 @@
 """The meshc command line: options, exit codes (0 ok, 1 input errors, 2 internal errors), no
 partial output on failure, depfiles. `check_cli.py <meshc> <case>` runs one case; ctest runs each
 case as its own test."""
+import glob
 import json
 import os
 import re
@@ -483,6 +484,57 @@ def run_fixed_batch():
     expect(bad.returncode == 1 and "--batch" in bad.stderr, "an unknown --batch is refused", bad)
 
 
+def run_codegen_options():
+    """`meshc run` takes the code generator's options of `meshc --emit=cpp`
+    (--disable-kernel-pass, --recompute, --pipeline-schedule): its generated code is what the
+    emit path writes with them, a pass disabled still runs and checks, and an unknown pass is an
+    option error naming the passes."""
+    with tempfile.TemporaryDirectory() as cache:
+        def generated(*args):
+            """The C++ `meshc run` wrote with `args` (its build stopped by --cxx false)."""
+            before = set(glob.glob(os.path.join(cache, "run", "*", "*.cpp")))
+            proc = run_command(*args, "--no-plan", "--cxx", "false", cache=cache)
+            expect(proc.returncode == 2 and "the C++ compiler failed" in proc.stderr,
+                   f"meshc run {args} writes its code, then its build stops", proc)
+            new = [path for path in set(glob.glob(os.path.join(cache, "run", "*", "*.cpp"))) - before
+                   if not path.endswith((".main.cpp", ".unity.cpp"))]
+            expect(len(new) == 1, f"one work directory per set of options: {new}", proc)
+            return open(new[0]).read()
+
+        def emitted(example, *args):
+            with tempfile.TemporaryDirectory() as out:
+                stem = os.path.splitext(os.path.basename(example))[0]
+                proc = meshc(example, "--emit=cpp", "--cpp-runner", "-o", os.path.join(out, stem),
+                             *args)
+                expect(proc.returncode == 0, f"meshc --emit=cpp {args}", proc)
+                return open(os.path.join(out, stem + ".cpp")).read()
+
+        plain = generated(MLP, "--function", "mlp")
+        for example, args in [(MLP, ["--function", "mlp", "--disable-kernel-pass", "fuse-loops"]),
+                              (TRANSFORMER, ["--function", "lm_train", "--recompute",
+                                             "decoder_layer"]),
+                              (TRANSFORMER, ["--function", "lm_train", "--dim", "batch=8",
+                                             "--mesh", "stage=2", "--layout", "layers:stage",
+                                             "--microbatches=batch=4", "--pipeline-schedule",
+                                             "gpipe"])]:
+            code = generated(example, *args)
+            expect(code == emitted(example, *args), f"meshc run {args} generates what "
+                   "meshc --emit=cpp does with them")
+            expect(code != emitted(example, *args[:-2]), f"{args[-2:]} changes the code")
+        expect(plain == emitted(MLP, "--function", "mlp"), "without options: the same code")
+        checked = run_command(MLP, "--function", "mlp", "--no-plan", "--check",
+                              "--disable-kernel-pass", "fuse-loops", "--disable-kernel-pass",
+                              "hoist-invariants", cache=cache)
+        expect(checked.returncode == 0 and "ok   mlp.y" in checked.stdout,
+               "with two passes disabled the program builds, runs and matches", checked)
+        unknown = run_command(MLP, "--function", "mlp", "--disable-kernel-pass", "nosuch",
+                              cache=cache)
+        expect(unknown.returncode == 1 and
+               "--disable-kernel-pass: no kernel pass named 'nosuch'" in unknown.stderr and
+               "fuse-loops" in unknown.stderr and "compiling" not in unknown.stderr,
+               "an unknown pass is an option error listing the passes", unknown)
+
+
 def run_errors():
     with tempfile.TemporaryDirectory() as cache:
         missing = run_command("/nonexistent/x.mesh", cache=cache)
@@ -556,7 +608,8 @@ def run_help():
     expect(proc.returncode == 0, "meshc run --help", proc)
     for option in ["--mesh", "--layout", "--machine", "--backend", "--check", "--function",
                    "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan",
-                   "--data", "--steps", "--cuda-math", "--processes"]:
+                   "--data", "--steps", "--cuda-math", "--processes", "--disable-kernel-pass",
+                   "--recompute", "--pipeline-schedule"]:
         expect(option in proc.stdout, f"meshc run --help lists {option}", proc)
     expect("--emit" not in proc.stdout and "--print-after-all" not in proc.stdout,
            "meshc run --help shows only its own options", proc)
@@ -582,10 +635,12 @@ def calibrate():
                f"the link fitted: {machine['intra']}")
         expect(machine["devices"] >= 1 and "meshc calibrate --name mine" in machine["notes"],
                "the notes state the command")
-        # The cores the ranks share (the cost model's oversubscription): the host's, as many
-        # as the devices of a CPU description.
-        expect(machine.get("cores") == os.cpu_count() == machine["devices"],
-               f"the cores are recorded: {machine.get('cores')} (os.cpu_count() {os.cpu_count()})")
+        # The cores the ranks share (the cost model's oversubscription): those this process may
+        # run on (its affinity mask, as the threads backend pins ranks), as many as the devices
+        # of a CPU description.
+        usable = len(os.sched_getaffinity(0))
+        expect(machine.get("cores") == usable == machine["devices"],
+               f"the cores are recorded: {machine.get('cores')} (affinity mask {usable})")
         # The refinements (docs/planner.md): a cache level faster than memory or none, a GEMM's
         # fixed cost and the oversubscribed sync, all measured (>= 0) and announced.
         expect(all(machine[key] >= 0 for key in ["cache_bytes", "cache_bandwidth",
@@ -609,6 +664,15 @@ def calibrate():
         plan = meshc(MLP, "--machine", out, "--emit=plan", "--function", "mlp")
         expect(plan.returncode == 0 and "machine  mine" in plan.stdout,
                "--machine takes the calibrated description", plan)
+        # Under `taskset -c 0` one core, though the host has more.
+        pinned = subprocess.run(["taskset", "-c", "0", MESHC, "calibrate", "--quick", "--name",
+                                 "one", "-o", out + ".one"], capture_output=True, text=True,
+                                timeout=600, env=env)
+        expect(pinned.returncode == 0, "meshc calibrate --quick under taskset -c 0", pinned)
+        with open(out + ".one") as f:
+            one = json.load(f)
+        expect(one["cores"] == 1 and one["devices"] == 1 and "1 cores" in one["description"],
+               f"under taskset -c 0 the description has one core: {one}")
         for bad, text in [(["--backend", "tpu"], "--backend"), (["--ranks", "1"], "--ranks")]:
             wrong = subprocess.run([MESHC, "calibrate", *bad, "-o", out + ".bad"],
                                    capture_output=True, text=True, timeout=60, env=env)
@@ -649,7 +713,7 @@ CASES = {f.__name__: f for f in [calibrate, calibrate_nccl, version, help_only_m
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_installed, run_omp_wait_policy, run_check_path_dtypes,
                                  run_user_kernels, run_data,
-                                 run_train_data, run_fixed_batch, run_errors, run_nccl, run_help, verify_each, recompute]}
+                                 run_train_data, run_fixed_batch, run_errors, run_codegen_options, run_nccl, run_help, verify_each, recompute]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
