@@ -4,6 +4,7 @@
 #pragma once
 
 #include "CallRecord.h"
+#include "meshrt/Threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -53,13 +54,6 @@ inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
 inline void futexWakeAll(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
           nullptr, 0);
-}
-
-/// The cores this process may run on (its affinity mask, e.g. under taskset), at least 1.
-inline int usableCores() {
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 /// With more ranks than usable cores, the core each world rank's thread keeps to, or -1 (no

@@ -21,6 +21,7 @@
 
 #include "meshrt/Launch.h"
 #include "meshrt/Random.h"
+#include "meshrt/Threads.h"
 #include "meshrt/kernels/Einsum.h"
 #include "meshrt/kernels/MathF32.h"
 #include "meshrt/kernels/Reduce.h"
@@ -462,7 +463,7 @@ inline int probeMain(int argc, char** argv) {
     long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
     report = std::string("{\"backend\": \"") + comm.backend() +
              "\", \"ranks\": " + std::to_string(ranks) +
-             ", \"cores\": " + std::to_string(std::thread::hardware_concurrency()) +
+             ", \"cores\": " + std::to_string(usableCores()) +
              ", \"memory_bytes\": " + number(double(pages) * double(pageSize)) + ", \"gemm\": [" +
              gemm + "], \"stream_bytes_per_s\": " + number(stream) +
              ", \"cache_bytes\": " + std::to_string(cacheBytes) +
@@ -478,7 +479,7 @@ inline int probeMain(int argc, char** argv) {
   });
   // Twice as many thread ranks as cores, after the main measurements (their threads are gone).
   if (first && options.backend == Backend::Threads) {
-    int cores = std::max(1, int(std::thread::hardware_concurrency()));
+    int cores = usableCores();
     OversubscribedTime over = oversubscribedTime(options, 2 * cores, quick ? 100 : 1000);
     report += ", \"oversubscribed\": {\"ranks\": " + std::to_string(over.ranks) +
               ", \"work_seconds\": " + number(over.workSeconds) +

@@ -4,10 +4,14 @@
 
 #include "meshrt/Comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sched.h>
 
 namespace meshrt {
 
@@ -41,5 +45,13 @@ private:
 /// rank keeps its copy alive.
 void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& program,
                 const ThreadsOptions& options = {});
+
+/// The cores this process may run on: its affinity mask (e.g. under taskset), at least 1. The
+/// threads backend pins ranks by it, and `meshc calibrate` records it as the machine's cores.
+inline int usableCores() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 } // namespace meshrt
