@@ -18,6 +18,17 @@ adafactor <meshc> <moe.mesh|t5.mesh>: moe_train's (t5_train's) Adafactor update 
     resolved statistics. moe's weights split their column dim (w_gate's experts) or a leading
     one; t5's split their row dim too (w_out's d_ff, the embedding's vocab), which its layout
     pins, so the sums run over rows first there.
+adafactor_auto <meshc> <t5.mesh>: t5_train on [2, 2] with `d_ff: auto` in --layout and a memory
+    budget of 350 KiB (the replicated d_ff needs 361 KiB; the same happens at d_ff 2048 without
+    one): the search splits d_ff over model, a factored dim that the layout the training phase saw
+    does not pin; w_out's clipping sum, ordered over its columns (d_model) first there, is turned
+    to its rows (d_ff) by the planner (train/OrderFactoredSums.h), so the update still takes one
+    collective per group and the step exactly the collectives of t5's own layout (23; before the
+    planner ordered the sums: 24, a second round over model in the update).
+adafactor_both <meshc> <moe.mesh>: moe_train on [2, 2] with `d_model: data, d_ff: model`, both
+    factored dims of the experts' w_in and w_out split: the sums run over rows first, 16
+    collectives (17 with columns first); the update then takes two rounds after the statistics
+    (docs/planner.md, "Merged all-reduces").
 t5_8xh100 <meshc> <t5.mesh>: t5_train on --machine 8xh100 [data=2, model=2] issues exactly the
     collectives it issues on cpu (23: 8 forward and 7 backward Megatron all-reduces over model,
     the relative position bias's all-gather, 6 buckets over model, one gradient bucket over
@@ -83,14 +94,14 @@ def lm_train(meshc, example):
            "lm_train's collectives and scalar ones (issue 12: at most JAX's 14, 2 scalar)")
 
 
-def adafactor(meshc, example, *machine):
+def adafactor(meshc, example, *options):
     name = os.path.basename(example)
     function = {"moe.mesh": "moe_train", "t5.mesh": "t5_train"}[name]
     with open(example) as source:  # the optimizer's collectives carry its `minimize` line
         line = next(number for number, text in enumerate(source, 1)
                     if "minimize loss with adafactor" in text)
     step = plan(meshc, example, "--mesh", "data=2,model=2", "--function", function,
-                *machine)[function]
+                *options)[function]
     optimizer = [c for c in step["collectives"]
                  if (c["location"]["file"], c["location"]["line"]) == (name, line)]
     by_group = {}
@@ -104,6 +115,50 @@ def adafactor(meshc, example, *machine):
     return step
 
 
+def layout_of(step):
+    """dim -> (axes, source) of the dims a plan splits."""
+    return {entry["dim"]: (entry["axes"], entry["source"]) for entry in step["layout"]
+            if entry["axes"]}
+
+
+def adafactor_auto(meshc, example):
+    step = adafactor(meshc, example, "--memory-budget", "350KiB", "--layout",
+                     "batch: data, heads: model, d_ff: auto, vocab: model")
+    expect(layout_of(step)["d_ff"], (["model"], "searched"), "the search splits d_ff")
+    expect(counts(step), T5_2X2, "t5_train's collectives with d_ff: auto on [2, 2]")
+    expect(len(step["collectives"]), 23, "t5_train's collectives with d_ff: auto on [2, 2]")
+
+
+def adafactor_both(meshc, example):
+    step = plan(meshc, example, "--mesh", "data=2,model=2", "--function", "moe_train",
+                "--layout", "d_model: data, d_ff: model")["moe_train"]
+    expect(counts(step), {
+        ("all_reduce_sum", ("data",), "forward"): 3,
+        ("bucketed_all_reduce_sum", ("data",), "forward"): 3,
+        ("all_reduce_sum", ("model",), "forward"): 2,
+        ("bucketed_all_reduce_sum", ("data",), "backward"): 4,
+        ("bucketed_all_reduce_sum", ("model",), "backward"): 2,
+        # Rows first: the update's last sums, after the statistics: one all-reduce over model
+        # and one bucket over both axes (with columns first: one more, over data).
+        ("all_reduce_sum", ("model",), "update"): 1,
+        ("bucketed_all_reduce_sum", ("data", "model"), "update"): 1,
+    }, "moe_train's collectives with both factored dims of its expert weights split")
+    expect(len(step["collectives"]), 16, "moe_train's collectives, both factored dims split")
+
+
+# t5_train's collectives on [data=2, model=2] under its own layout, (kind, axes, phase): count:
+# 8 forward and 7 backward Megatron all-reduces over model, the relative position bias's
+# all-gather, 6 buckets over model, one gradient bucket over data.
+T5_2X2 = {
+    ("all_reduce_sum", ("model",), "forward"): 8,
+    ("all_gather", ("model",), "forward"): 1,
+    ("bucketed_all_reduce_sum", ("model",), "forward"): 2,
+    ("all_reduce_sum", ("model",), "backward"): 7,
+    ("bucketed_all_reduce_sum", ("model",), "backward"): 4,
+    ("bucketed_all_reduce_sum", ("data",), "backward"): 1,
+}
+
+
 def counts(step):
     """How many collectives of each (kind, axes, phase) a plan issues."""
     tally = {}
@@ -115,20 +170,15 @@ def counts(step):
 
 def t5_8xh100(meshc, example):
     step = adafactor(meshc, example, "--machine", "8xh100")
-    expect(counts(step), {
-        ("all_reduce_sum", ("model",), "forward"): 8,
-        ("all_gather", ("model",), "forward"): 1,
-        ("bucketed_all_reduce_sum", ("model",), "forward"): 2,
-        ("all_reduce_sum", ("model",), "backward"): 7,
-        ("bucketed_all_reduce_sum", ("model",), "backward"): 4,
-        ("bucketed_all_reduce_sum", ("data",), "backward"): 1,
-    }, "t5_train's collectives on 8xh100 [2, 2] (kind, axes, phase: count)")
+    expect(counts(step), T5_2X2,
+           "t5_train's collectives on 8xh100 [2, 2] (kind, axes, phase: count)")
     expect(len(step["collectives"]), 23, "t5_train's collectives on 8xh100 [2, 2]")
     cpu = adafactor(meshc, example, "--machine", "cpu")
     expect(counts(step), counts(cpu), "t5_train's collectives on 8xh100 and on cpu")
 
 
 if __name__ == "__main__":
-    {"lm_train": lm_train, "adafactor": adafactor, "t5_8xh100": t5_8xh100}[sys.argv[1]](
-        sys.argv[2], sys.argv[3])
+    {"lm_train": lm_train, "adafactor": adafactor, "adafactor_auto": adafactor_auto,
+     "adafactor_both": adafactor_both, "t5_8xh100": t5_8xh100}[sys.argv[1]](sys.argv[2],
+                                                                           sys.argv[3])
     print("ok")

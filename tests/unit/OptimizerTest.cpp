@@ -170,6 +170,19 @@ struct Trained {
   ir::Function fn;
 };
 
+/// The first function of `source` through sema and the training phase.
+ir::Function lowered(const std::string& source, Trained& trained) {
+  std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
+  REQUIRE(set);
+  std::optional<ir::Module> module = analyze(*set, trained.diag);
+  trained.errorStream.flush();
+  INFO(trained.errors);
+  REQUIRE(module);
+  ir::Function fn = module->functions.at(0);
+  REQUIRE(train::lowerTraining(fn, trained.diag));
+  return fn;
+}
+
 /// Lowers the train block with `o` (`splitDims` as the module's layout would split them), runs
 /// `steps` steps in the interpreter and the reference, and compares every param after every step.
 void compareWithReference(const Options& o, int steps,
@@ -318,12 +331,7 @@ train t(x: f32[r, c]) {
   minimize loss with adafactor(lr = 0.1, beta1 = 0.9)
 }
 )";
-  std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
-  REQUIRE(set);
-  std::optional<ir::Module> module = analyze(*set, trained.diag);
-  REQUIRE(module);
-  ir::Function fn = module->functions.at(0);
-  REQUIRE(train::lowerTraining(fn, trained.diag));
+  ir::Function fn = lowered(source, trained);
   std::map<std::string, std::vector<std::string>> slots;
   for (const ir::ParamInfo& p : fn.params) {
     if (p.role != ir::ParamRole::OptimizerState) continue;
@@ -438,12 +446,7 @@ train t(x: f32[d, r, c]) {
   minimize loss with adafactor(lr = 0.05, clip_threshold = 0.5)
 }
 )";
-  std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
-  REQUIRE(set);
-  std::optional<ir::Module> module = analyze(*set, trained.diag);
-  REQUIRE(module);
-  ir::Function colsFirst = module->functions.at(0);
-  REQUIRE(train::lowerTraining(colsFirst, trained.diag));
+  ir::Function colsFirst = lowered(source, trained);
   REQUIRE(train::factoredSumOrder(colsFirst) == std::vector<std::string>{"c"});
   auto splitting = [](std::set<std::string> dims) {
     return [dims](const ir::TensorType& weight, const std::string& dim) {
