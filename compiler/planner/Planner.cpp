@@ -274,8 +274,9 @@ planZeroCandidates(const ir::Module& module, const Machine& machine, const Plann
                                             : fastestLayout() ? fastestPlan
                                                               : std::nullopt;
       if (!plan) return std::nullopt;
-      if (keepGoing) keepGoing(*plan);
+      bool goOn = !keepGoing || keepGoing(*plan);
       candidates.push_back(std::move(*plan));
+      if (!goOn) break;
       continue;
     }
     if (!ir::hasOptimizerUpdates(*fn)) continue;
