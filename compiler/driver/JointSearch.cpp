@@ -162,8 +162,11 @@ public:
 
   /// Plans the combinations of `fn` (which does not fit alone) and returns the fastest that
   /// fits, with the report; nullopt when none does (`smallest` then has the least need).
-  std::optional<Planned> run(const ir::Function& fn, plan::PlannedFunction alone,
-                             double& smallest) {
+  /// `plain`: the block's plans without recomputation or microbatches, stage 0 (no ZeRO) first;
+  /// with `plainHasZero`, the ZeRO stages after it as planCombination plans them (3, 2, 1 down
+  /// to the first over the budget), else they are planned here.
+  std::optional<Planned> run(const ir::Function& fn, std::vector<plan::PlannedFunction> plain,
+                             bool plainHasZero, double& smallest) {
     plan::JointSearchReport report;
     report.budgetBytes = budget_;
     report.microbatchDim = microbatchDimOf(fn);
@@ -193,11 +196,19 @@ public:
           break;
         }
         bool fits = false;
-        bool first = recompute.empty() && count == 1; // its stage 0 is `alone`
-        std::vector<Planned> combination =
-            planCombination(fn, recompute, count, report.microbatchDim,
-                            first ? std::vector<int>{3, 2, 1} : std::vector<int>{3, 2, 1, 0});
-        if (first) combination.insert(combination.begin(), plannedOf(std::move(alone), "", 1));
+        bool first = recompute.empty() && count == 1; // planned already: `plain`
+        std::vector<Planned> combination;
+        if (!first || !plainHasZero)
+          combination =
+              planCombination(fn, recompute, count, report.microbatchDim,
+                              first ? std::vector<int>{3, 2, 1} : std::vector<int>{3, 2, 1, 0});
+        if (first) {
+          std::vector<Planned> planned;
+          for (plan::PlannedFunction& plan : plain)
+            planned.push_back(plannedOf(std::move(plan), "", 1));
+          combination.insert(combination.begin(), std::make_move_iterator(planned.begin()),
+                             std::make_move_iterator(planned.end()));
+        }
         if (!combination.empty() && combination.back().candidate.zeroStage > 0 &&
             !combination.back().candidate.fits)
           report.notTried.push_back(
@@ -448,10 +459,25 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
   std::vector<std::string> plainBlocks; // planned as usual: nothing fits
   for (const ir::Function& fn : module.functions) {
     if (fn.kind != ir::Function::Kind::Train || !selected(options, fn)) continue;
-    // The fastest layout that fits alone, else the fastest (what the search starts from).
+    // The fastest layout that fits alone, else the fastest (what the search starts from); when
+    // that does not fit, with the same evaluator and the same search of the fastest layout,
+    // the ZeRO stages the joint search's first combination (no recomputation, one microbatch)
+    // plans (JointSearch::planCombination: 3, 2, 1, down to the first over the budget).
     DiagEngine quiet(diag.sources(), llvm::nulls());
-    std::optional<std::vector<plan::PlannedFunction>> alone =
-        plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, nullptr, quiet);
+    bool stageZero = true; // the first plan is stage 0's
+    auto plainKeepGoing = [&](const plan::PlannedFunction& plan) {
+      bool fits = plan.spmd.memory.total() <= budget, zero = !stageZero;
+      stageZero = false;
+      return zero ? fits : !fits;
+    };
+    bool plainHasZero = true;
+    std::optional<std::vector<plan::PlannedFunction>> alone = plan::planZeroCandidates(
+        module, *machine, plannerOptions, fn.name, {0, 3, 2, 1}, plainKeepGoing, quiet);
+    if (!alone) { // a ZeRO stage could not be planned: the plain plan alone, as the search did
+      plainHasZero = false;
+      alone =
+          plan::planZeroCandidates(module, *machine, plannerOptions, fn.name, {0}, nullptr, quiet);
+    }
     if (!alone || alone->empty()) {
       plainBlocks.push_back(fn.name); // errors not about memory are reported as usual
       continue;
@@ -461,7 +487,7 @@ std::optional<PlannedModule> planJointly(const ir::Module& module, const Pipelin
       continue;
     }
     double smallest = std::numeric_limits<double>::infinity();
-    std::optional<Planned> best = search.run(fn, std::move(alone->front()), smallest);
+    std::optional<Planned> best = search.run(fn, std::move(*alone), plainHasZero, smallest);
     if (best && best->stages) {
       noteChoice(fn, budget, best->stages->report, secondsSince(start));
       *staged = std::move(best->stages);

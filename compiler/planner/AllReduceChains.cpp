@@ -27,6 +27,10 @@ uint32_t AllReduceChains::groupsOf(const ReshardPath& path) {
         groups.mask |= 1u << (known - groups_.begin());
       } else if (groups_.size() < kMaxGroups) {
         groups.mask |= 1u << groups_.size();
+        auto place = std::upper_bound(
+            byAxes_.begin(), byAxes_.end(), axes,
+            [&](const AxisList& key, size_t group) { return key < groups_[group]; });
+        byAxes_.insert(place, groups_.size());
         groups_.push_back(axes);
         latency_.push_back(latency);
       } else {
@@ -56,10 +60,13 @@ void AllReduceChains::write(ir::ValueId result) {
 }
 
 double AllReduceChains::latencySeconds() const {
+  // Summed in the order of the groups' axes, not of their numbers (which follow the paths this
+  // evaluator met first): any evaluator gives the same bits for a walk, whatever it walked
+  // before (on a machine of several nodes the groups' latencies differ).
   double seconds = 0;
-  for (size_t g = 0; g < groups_.size(); ++g)
+  for (size_t g : byAxes_)
     seconds += latency_[g] * longest_[g];
-  for (size_t index = 0; index < uncountedSeen_.size(); ++index)
+  for (const auto& [axes, index] : uncountedIndex_)
     if (uncountedSeen_[index]) seconds += uncountedLatency_[index];
   return seconds;
 }

@@ -48,6 +48,7 @@ private:
   Depths longest_{};            // per group: the longest chain seen in this walk
   // Groups are numbered once per evaluator, so that each path's groups are found once.
   std::vector<AxisList> groups_;
+  std::vector<size_t> byAxes_; // the groups' numbers in the order of their axes
   std::vector<double> latency_;
   std::unordered_map<const ReshardPath*, PathGroups> groupsOfPath_;
   std::map<AxisList, size_t> uncountedIndex_;

@@ -232,7 +232,11 @@ private:
 
   Score evaluate(const std::vector<int>& choice, double cutoff) {
     Layout layout = space_.layoutOf(choice);
-    double seconds = eval_.stepSeconds(layout, cutoff);
+    // Without an incumbent the memory is asked for next (below), from a complete walk: the
+    // seconds come from that walk too rather than from one of their own stopped at the cutoff.
+    // The bound is then larger, never above the exact seconds, and only ever compared with
+    // cutoffs it passes or not as the smaller one did: the same layouts are costed exactly.
+    double seconds = eval_.stepSeconds(layout, cutoff, /*complete=*/!std::isfinite(bestSeconds_));
     if (!std::isfinite(seconds)) return {};
     // Above the cutoff the seconds are a lower bound, from a walk that may have stopped before
     // the memory was known: the layout cannot be taken, and its excess counts as none (a lower

@@ -329,8 +329,9 @@ zeroCandidatesOf(const ir::Module& module, const ir::Function* fn, const Machine
                                             : fastestLayout() ? fastestPlan
                                                               : std::nullopt;
       if (!plan) return std::nullopt;
-      if (keepGoing) keepGoing(*plan);
+      bool goOn = !keepGoing || keepGoing(*plan);
       candidates.push_back(std::move(*plan));
+      if (!goOn) break;
       continue;
     }
     if (!ir::hasOptimizerUpdates(*fn)) continue;

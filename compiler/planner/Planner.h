@@ -37,9 +37,11 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
 /// with the fastest layout that fits the budget, or the fastest layout whatever its memory when
 /// none fits; stages 1-3 applied to the fastest layout whatever its memory (their `zero` says
 /// the stage). `keepGoing` (when given) sees each plan first and may change it (the caller's
-/// microbatching); after a ZeRO stage it returns false to stop the list there (a caller giving
-/// the stages in decreasing order stops at the first over its budget: a lower stage shards
-/// less). One evaluator serves them all. Nullopt after reporting an error through `diag`.
+/// microbatching); it returns false to stop the list after that plan (a caller giving the ZeRO
+/// stages in decreasing order stops at the first over its budget: a lower stage shards less;
+/// one giving stage 0 first stops when it fits). One evaluator serves them all, and one search
+/// of the fastest layout serves every ZeRO stage. Nullopt after reporting an error through
+/// `diag`.
 std::optional<std::vector<PlannedFunction>>
 planZeroCandidates(const ir::Module& module, const Machine& machine, const PlannerOptions& options,
                    const std::string& function, const std::vector<int>& zeroStages,

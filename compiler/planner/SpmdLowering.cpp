@@ -1157,6 +1157,7 @@ struct PlanEvaluator::Impl {
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
+  SpmdFunction scratch_; // evaluate()'s lowering, to merge
 
 private:
   void prepareBound();
@@ -1255,15 +1256,32 @@ private:
     return best;
   }
 
-  const std::optional<ReshardPath>& reshard(ir::ValueId value, int from, int to) {
+  /// A reshard path with what every walk that takes it reads of its steps, computed once: each
+  /// step's mergeable latency (mergeableLatencySeconds: on a machine of several nodes it scans
+  /// every rank) and the local bytes of its result.
+  struct ReshardEntry {
+    std::optional<ReshardPath> path;
+    std::vector<double> mergeableSeconds, stepBytes; // per step
+  };
+  const ReshardEntry& reshardEntry(ir::ValueId value, int from, int to) {
     auto key = std::make_tuple(typeIds_[value], from, to);
     auto it = reshardMemo_.find(key);
-    if (it == reshardMemo_.end())
-      it = reshardMemo_
-               .emplace(key,
-                        planReshard(fn_.typeOf(value), states_[from], states_[to], mesh_, machine_))
-               .first;
+    if (it == reshardMemo_.end()) {
+      ReshardEntry entry;
+      entry.path = planReshard(fn_.typeOf(value), states_[from], states_[to], mesh_, machine_);
+      if (entry.path)
+        for (const ReshardStep& step : entry.path->steps) {
+          entry.mergeableSeconds.push_back(
+              mergeableLatencySeconds(machine_, mesh_, step.collective));
+          entry.stepBytes.push_back(
+              static_cast<double>(localBytes(fn_.typeOf(value), step.after, mesh_)));
+        }
+      it = reshardMemo_.emplace(key, std::move(entry)).first;
+    }
     return it->second;
+  }
+  const std::optional<ReshardPath>& reshard(ir::ValueId value, int from, int to) {
+    return reshardEntry(value, from, to).path;
   }
 
   std::vector<int> typeIds_;
@@ -1317,7 +1335,7 @@ private:
   std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
   OpKeyTable<OpPlan, OpCost> opKeys_; // per op: what its key reads, and its last key
   std::vector<int> key_;              // scratch for planOf
-  std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
+  std::map<std::tuple<int, int, int>, ReshardEntry> reshardMemo_; // by (type, from, to)
 };
 
 namespace {
@@ -1483,13 +1501,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
   auto newValue = [&](const ir::TensorType& type, const TensorLayout& state,
                       const std::string& name) {
     SpmdValue value;
-    value.globalType = type;
-    // The merge reads only global types and layouts; shapes and names are for the reports.
+    // The merge behind evaluate() reads only the values' dtypes (MergeCollectives.cpp): an
+    // exact costing makes a value per op and reshard, and copying each one's dims and layout
+    // was most of its allocations. Types, layouts, shapes and names are for lowering.
     if (describe_) {
+      value.globalType = type;
       value.localType = localType(type, state, mesh_);
       value.name = name;
+      value.layout = state;
+    } else {
+      value.globalType.dtype = type.dtype;
     }
-    value.layout = state;
     out->values.push_back(std::move(value));
     return static_cast<SpmdValueId>(out->values.size() - 1);
   };
@@ -1508,7 +1530,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       chains.read(value, 0);
       return 0;
     }
-    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
+    const ReshardEntry& entry = reshardEntry(value, stateOf[value], want);
+    const std::optional<ReshardPath>& path = entry.path;
     if (!path) return -1;
     chains.read(value, chains.groupsOf(*path));
     if (const SpmdValueId* done = walk_.reshardedTo(value, want)) {
@@ -1516,8 +1539,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       return 0;
     }
     forwardCommunication += path->seconds;
-    for (const ReshardStep& step : path->steps)
-      result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
+    for (double latency : entry.mergeableSeconds)
+      result.mergeableLatency += latency;
     double temporary = 0;
     SpmdValueId current = out ? spmdOf[value] : 0;
     uint32_t producer = fn_.values[value].definingOp;
@@ -1526,15 +1549,16 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
         path->steps[0].collective.bytes <= kBucketBytes)
       candidates.push_back({value, producer, neededAt, path->steps[0].collective,
                             path->steps[0].seconds, out ? out->ops.size() : 0});
-    for (const ReshardStep& step : path->steps) {
-      temporary += static_cast<double>(localBytes(fn_.typeOf(value), step.after, mesh_));
+    for (size_t s = 0; s < path->steps.size(); ++s) {
+      const ReshardStep& step = path->steps[s];
+      temporary += entry.stepBytes[s];
       if (!out) continue;
       SpmdOp op;
       op.kind = SpmdOp::Kind::Collective;
       op.collective = step.collective;
       op.operands = {current};
       op.result = newValue(fn_.typeOf(value), step.after, fn_.values[value].name);
-      op.loc = loc;
+      if (describe_) op.loc = loc;
       op.sourceOp = opIndex;
       op.memoryBytes = 0;
       op.seconds = step.seconds;
@@ -1628,7 +1652,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     spmdOp.operands = operandIds;
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
     if (describe_) spmdOp.attrs = op.attrs;
-    spmdOp.loc = op.loc;
+    if (describe_) spmdOp.loc = op.loc;
     spmdOp.sourceOp = i;
     spmdOp.flops = plan.flops;
     spmdOp.memoryBytes = plan.bytes;
@@ -1644,7 +1668,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
       collective.collective = post.collective;
       collective.operands = {spmdOf[op.result]};
       collective.result = spmdOf[op.result];
-      collective.loc = op.loc;
+      if (describe_) collective.loc = op.loc;
       collective.sourceOp = i;
       collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
       if (describe_) collective.note = post.note;
@@ -1672,7 +1696,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     int want = internState(tensorLayoutOf(type, layout, mesh_));
     SpmdValueId id = 0;
     double made =
-        bringTo(output.value, want, fmt::format("resolve output '{}'", output.name), output.loc,
+        bringTo(output.value, want,
+                out && describe_ ? fmt::format("resolve output '{}'", output.name) : "", output.loc,
                 fn_.values[output.value].definingOp, static_cast<uint32_t>(fn_.ops.size()), &id);
     if (made < 0) {
       result.ok = false;
@@ -1687,9 +1712,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out, dou
     int want = stateOf[param.value];
     if (want < 0) continue; // a param the plan never materialized
     SpmdValueId id = 0;
-    double made = bringTo(
-        update.value, want, fmt::format("reshard the update of '{}' into its layout", param.path),
-        param.loc, fn_.values[update.value].definingOp, static_cast<uint32_t>(fn_.ops.size()), &id);
+    // The reason is for the SPMD function's notes only (a walk passes every update).
+    std::string why = out && describe_
+                          ? fmt::format("reshard the update of '{}' into its layout", param.path)
+                          : "";
+    double made = bringTo(update.value, want, why, param.loc, fn_.values[update.value].definingOp,
+                          static_cast<uint32_t>(fn_.ops.size()), &id);
     if (made < 0) {
       result.ok = false;
       return result;
@@ -1811,7 +1839,16 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff, bo
     result.exact = false;
     return result;
   }
-  SpmdFunction scratch;
+  // One scratch function per evaluator: its op and value arrays (tens of megabytes at 96
+  // layers) keep their memory from one exact costing to the next.
+  std::vector<SpmdOp> ops = std::move(scratch_.ops);
+  std::vector<SpmdValue> values = std::move(scratch_.values);
+  ops.clear();
+  values.clear();
+  scratch_ = SpmdFunction{};
+  scratch_.ops = std::move(ops);
+  scratch_.values = std::move(values);
+  SpmdFunction& scratch = scratch_;
   scratch.mesh = mesh_;
   describe_ = false;
   result = run(layout, &scratch);
@@ -1982,14 +2019,14 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       chains.read(value, 0);
       return 0.0;
     }
-    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
-    if (!path) return kInfinity;
-    chains.read(value, chains.groupsOf(*path));
+    const ReshardEntry& entry = reshardEntry(value, stateOf[value], want);
+    if (!entry.path) return kInfinity;
+    chains.read(value, chains.groupsOf(*entry.path));
     if (walk_.reshardedTo(value, want)) return 0.0;
     walk_.addReshard(value, want, 0);
-    double seconds = path->seconds;
-    for (const ReshardStep& step : path->steps)
-      seconds -= mergeableLatencySeconds(machine_, mesh_, step.collective);
+    double seconds = entry.path->seconds;
+    for (double latency : entry.mergeableSeconds)
+      seconds -= latency;
     return seconds;
   };
   double passes = modelBackward_ ? 3 : 1, communicationPasses = modelBackward_ ? 2 : 1;
@@ -2444,8 +2481,8 @@ PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, c
 
 PlanEvaluator::~PlanEvaluator() = default;
 
-double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff) {
-  const EvalResult& result = impl_->resultFor(layout, cutoff);
+double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff, bool complete) {
+  const EvalResult& result = impl_->resultFor(layout, cutoff, complete);
   return result.ok ? result.summary.stepSeconds : kInfinity;
 }
 

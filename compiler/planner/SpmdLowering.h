@@ -35,8 +35,11 @@ public:
 
   /// Predicted step time; +infinity when the layout is illegal (uneven split, ...). When it is
   /// provably above `cutoff`, a lower bound above `cutoff` may be returned instead (the layout
-  /// is then not lowered, which is most of an evaluation's cost).
-  double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity());
+  /// is then not lowered, which is most of an evaluation's cost). With `complete`, that bound
+  /// comes from a walk of every op (never stopped at the cutoff), so that memory() of the same
+  /// layout, asked next, needs no walk of its own.
+  double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity(),
+                     bool complete = false);
   MemoryEstimate memory(const Layout& layout);
   /// lowerToSpmd(module, fn, mesh, layout, machine, diag) with this evaluator's memo tables (a
   /// search's final layout is lowered without building them again).

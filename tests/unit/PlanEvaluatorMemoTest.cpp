@@ -5,7 +5,8 @@
 // layout, exactly what a fresh evaluator gives (step time with and without a cutoff, memory,
 // lower bounds of partial layouts), and what the lowering's own summary says. On the 48-layer
 // transformer train block (all layers alike) and on T5 and XLNet (encoder and decoder layers,
-// relative attention: layers that are not all alike).
+// relative attention: layers that are not all alike), and on a machine of several nodes, where a
+// collective's latency depends on its axes (the reshard memo keeps each step's).
 #include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
 #include "train/Optimizer.h"
@@ -25,6 +26,7 @@ struct Case {
   std::string file, function;
   std::map<std::string, int64_t> dims;
   std::vector<ir::MeshAxis> mesh;
+  std::string machine = "8xh100";
 };
 
 Machine machine(const std::string& name) {
@@ -55,7 +57,7 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
   REQUIRE_FALSE(fn->updates.empty());
   Mesh mesh;
   mesh.axes = c.mesh;
-  Machine h100 = machine("8xh100");
+  Machine h100 = machine(c.machine);
 
   PlanEvaluator shared(*compiled.module, *fn, mesh, h100);
   std::vector<std::string> dims = shared.relevantDims();
@@ -91,8 +93,21 @@ void checkAgainstFreshEvaluators(const Case& c, size_t steps) {
     double exact = PlanEvaluator(*compiled.module, *fn, mesh, h100).stepSeconds(layout);
     double cutoff = (step % 2 ? 0.5 : 0.9) * exact;
     double cut = fresh.stepSeconds(layout, cutoff);
-    CHECK(same(shared.stepSeconds(layout, cutoff), cut));
+    double sharedCut = shared.stepSeconds(layout, cutoff);
+    INFO(fmt::format("cutoff {:.17g}: shared {:.17g}, fresh {:.17g}", cutoff, sharedCut, cut));
+    CHECK(same(sharedCut, cut));
     if (std::isfinite(exact)) CHECK((cut > cutoff && cut <= exact * (1 + 1e-12)));
+    // Asked for a complete walk (as a search without an incumbent asks, its memory next): a
+    // bound above the cutoff, never above the cost, and the memory without another walk.
+    PlanEvaluator freshComplete(*compiled.module, *fn, mesh, h100);
+    double whole = freshComplete.stepSeconds(layout, cutoff, /*complete=*/true);
+    if (std::isfinite(exact)) {
+      CHECK((whole > cutoff && whole <= exact * (1 + 1e-12)));
+      CHECK(freshComplete.memory(layout).total() ==
+            PlanEvaluator(*compiled.module, *fn, mesh, h100).memory(layout).total());
+    } else {
+      CHECK(std::isinf(whole));
+    }
     double seconds = fresh.stepSeconds(layout);
     CHECK(same(seconds, exact));
     CHECK(same(shared.stepSeconds(layout), seconds));
@@ -152,4 +167,15 @@ TEST_CASE("memo tables change nothing: T5's and XLNet's train blocks (unlike lay
                               40);
   checkAgainstFreshEvaluators(
       {"xlnet.mesh", "xlnet_train", {{"layers", 3}}, {{"data", 2}, {"model", 4}}}, 40);
+}
+
+TEST_CASE("memo tables change nothing: on nodes of 8 devices, [data=8, model=8] (h100-cluster)") {
+  // The `data` axis's groups span nodes, the `model` axis's do not: reshards over one and the
+  // other pay different latencies.
+  checkAgainstFreshEvaluators({"transformer.mesh",
+                               "lm_train",
+                               {{"layers", 4}, {"batch", 16}, {"heads", 8}, {"d_head", 8}},
+                               {{"data", 8}, {"model", 8}},
+                               "h100-cluster"},
+                              24);
 }
