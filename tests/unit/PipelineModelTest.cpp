@@ -101,6 +101,7 @@ TEST_CASE("the rest's params live where the code holds them: first, last or both
   // A layer: 10 bytes of params; the rest: 100 of params, 200 of optimizer state, 100 of
   // gradients, 50 of activations (which stay on the last stage); no time, so 2 + 2 layers.
   StageWork layer = work(1, 1, 0), rest = work(0, 0, 50);
+  rest.memory.paramBytes = 100;
   rest.memory.optimizerBytes = 200;
   rest.memory.gradientBytes = 100;
   PipelineShape split = shape(4, 2, 1);
