@@ -324,7 +324,8 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                                               }),
                               ", "));
   os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
-                    "outside the repeat: embedding, head, loss) on the last\n",
+                    "outside the repeat: embedding, head, loss) on the last, its params "
+                    "where the code holds them\n",
                     stage.dim, module.dims.at(stage.dim),
                     stage.split.empty() ? ""
                                         : fmt::format(" as the layout pins them ({})",
