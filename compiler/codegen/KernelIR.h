@@ -43,7 +43,8 @@ struct Buffer {
                        // parameter of its subroutine
   int64_t offset = -1; // Arena / Persistent: byte offset, assigned by planBuffers
   /// Pipeline schedules (ScheduleMicrobatches.h): an activation kept from the forwards' loop for
-  /// the backwards' has one copy per microbatch, microbatch m's at offset + m * stride.
+  /// the backwards' has one copy per microbatch, microbatch m's at offset + m * stride (under
+  /// 1F1B one per microbatch in flight on its stage, microbatch m's at (m mod copies) * stride).
   int64_t copies = 1;
   /// Pipeline stages: the stages whose ranks touch it (Arena: they alone hold its bytes, the
   /// arena of a stage is sized for its own buffers), one bit each; 0: every rank. planBuffers.

@@ -447,12 +447,17 @@ std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
 }
 
 /// The arguments of arena_.view / slot / copy for `buffer`: its byte offset (and `count`).
-static std::string arenaSlot(const kir::Buffer& buffer, const std::string& count = "") {
+/// `microbatches`: the step's count (a buffer with fewer copies reuses them in turn, 1F1B).
+static std::string arenaSlot(const kir::Buffer& buffer, int64_t microbatches,
+                             const std::string& count = "") {
   std::string offset =
-      buffer.copies <= 1
-          ? fmt::format("{}", buffer.offset)
-          // One copy per microbatch (a pipeline schedule's kept activation).
-          : fmt::format("{} + size_t(microbatch_) * {}", buffer.offset, kir::copyStride(buffer));
+      buffer.copies <= 1 ? fmt::format("{}", buffer.offset)
+      // One copy per microbatch (a pipeline schedule's kept activation) ...
+      : buffer.copies >= microbatches
+          ? fmt::format("{} + size_t(microbatch_) * {}", buffer.offset, kir::copyStride(buffer))
+          // ... or per microbatch in flight on the stage (1F1B), reused in turn.
+          : fmt::format("{} + size_t(microbatch_ % {}) * {}", buffer.offset, buffer.copies,
+                        kir::copyStride(buffer));
   if (buffer.stages == 0) return count.empty() ? offset : offset + ", " + count;
   // Held on some pipeline stages only, in their arenas: elsewhere an empty view.
   std::string held = fmt::format("((uint64_t({:#x}) >> stage_) & 1)", buffer.stages);
@@ -483,7 +488,7 @@ std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
                        paramMembers.at(size_t(buffer.index)));
   case kir::Storage::Arena:
     return fmt::format("support::View {} = arena_.{}({});\n", buffer.name, zero ? "slot" : "view",
-                       arenaSlot(buffer, std::to_string(buffer.elements)));
+                       arenaSlot(buffer, fn.microbatches.count, std::to_string(buffer.elements)));
   case kir::Storage::Persistent:
     return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
                        zero ? "slot" : "view", buffer.offset, buffer.elements);
@@ -602,8 +607,8 @@ std::string StatementPrinter::copy(const kir::Copy& c) {
   const kir::Buffer& to = fn.buffers[size_t(c.to)];
   if (!declared[size_t(c.to)] && to.storage == kir::Storage::Arena) {
     declared[size_t(c.to)] = true;
-    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, arenaSlot(to),
-                       name(c.from));
+    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name,
+                       arenaSlot(to, fn.microbatches.count), name(c.from));
   }
   std::string out = declare(c.to, false);
   return out + fmt::format("support::copyValues({}, {});\n", name(c.to), name(c.from));

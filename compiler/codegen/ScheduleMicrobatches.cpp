@@ -3,6 +3,9 @@
 
 #include <llvm/ADT/STLExtras.h>
 
+#include <algorithm>
+#include <bit>
+
 namespace meshc::kir {
 
 namespace {
@@ -35,6 +38,16 @@ void startSends(KernelFunction& fn, std::vector<Stmt>& forward, std::vector<Stmt
 
 void scheduleMicrobatches(KernelFunction& fn) {
   if (fn.stages.count <= 1 || fn.microbatches.count <= 1) return;
+  // Under 1F1B stage s holds at most p - s microbatches at once (run() starts microbatch
+  // m + p - s's forward after m's backward), so a kept value needs that many copies on its
+  // lowest stage, reused in turn; under GPipe every microbatch's.
+  std::vector<uint64_t> stagesOf = bufferStages(fn, fn.body);
+  auto copiesOf = [&](BufferId id) {
+    if (!fn.stages.oneFOneB) return fn.microbatches.count;
+    uint64_t mask = stagesOf[size_t(id)];
+    int64_t lowest = mask == 0 ? 0 : std::countr_zero(mask);
+    return std::min(fn.microbatches.count, fn.stages.count - lowest);
+  };
   std::vector<Stmt> before, forward, backward, after;
   // A statement of the loop is the backward's when autodiff or the update made it, or when it
   // reads what the backward wrote (nothing forward does).
@@ -67,7 +80,7 @@ void scheduleMicrobatches(KernelFunction& fn) {
     for (BufferId id : readsOf(stmt)) {
       Buffer& buffer = fn.buffers[size_t(id)];
       if (forwardWrote[size_t(id)] && !outside[size_t(id)] && buffer.storage == Storage::Arena)
-        buffer.copies = fn.microbatches.count;
+        buffer.copies = copiesOf(id);
     }
   if (fn.stages.oneFOneB) startSends(fn, forward, backward, after);
   fn.body = std::move(before);

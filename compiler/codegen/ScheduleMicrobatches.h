@@ -3,7 +3,8 @@
 // loop becomes two, every microbatch's forward (microbatchLoop 0), then every microbatch's
 // backward (microbatchLoop 1). A value the forward loop writes and the backward loop reads (a
 // kept activation, its stage's input received from the previous stage) gets one copy per
-// microbatch (Buffer::copies). The forward loop runs ahead on the first stages: stage s sends
+// microbatch (Buffer::copies); under 1F1B one per microbatch its stage holds at once (at most
+// p - s on stage s), reused in turn. The forward loop runs ahead on the first stages: stage s sends
 // microbatch m's activation to stage s + 1 and goes on with microbatch m + 1.
 #pragma once
 

@@ -1,6 +1,7 @@
 #include "driver/PlanPipeline.h"
 
 #include "driver/Driver.h"
+#include "driver/StageMemory.h"
 #include "planner/PipelineModel.h"
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
@@ -154,6 +155,56 @@ double boundaryBytes(const ir::Function& fn, const std::string& dim,
   return bytes;
 }
 
+/// Where the rest's params, gradients and optimizer state live (PipelineShape::restParams,
+/// restOptimizer), weighed by bytes per device, as split-stages places them: a param on the
+/// stages whose forward statements read it, the rest's statements before the repeat's layers
+/// (the embedding) running on the first stage and those after them on the last; its optimizer
+/// state where its update runs, the first of those stages.
+void placeRest(const ir::Function& fn, const plan::SpmdFunction& spmd, plan::PipelineShape& shape) {
+  auto inLayer = [&](const ir::Op& op) {
+    for (uint32_t call = op.loc.call; call > 0 && call <= fn.calls.size();
+         call = fn.calls[call - 1].parent)
+      if (llvm::StringRef(fn.calls[call - 1].path).contains('[')) return true;
+    return false;
+  };
+  size_t forwardEnd = fn.train ? size_t(fn.values[fn.train->loss].definingOp) + 1 : fn.ops.size();
+  size_t firstLayer = fn.ops.size(), lastLayer = 0;
+  for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k)
+    if (inLayer(fn.ops[k])) {
+      firstLayer = std::min(firstLayer, k);
+      lastLayer = k;
+    }
+  if (firstLayer == fn.ops.size()) return;
+  // Per value: 1 read before the layers, 2 after them, 4 by a layer.
+  std::map<ir::ValueId, int> readers;
+  for (size_t k = 0; k < forwardEnd && k < fn.ops.size(); ++k)
+    for (ir::ValueId operand : fn.ops[k].operands)
+      readers[operand] |= inLayer(fn.ops[k]) ? 4 : k < firstLayer ? 1 : k > lastLayer ? 2 : 0;
+  std::map<std::string, int> placed; // weight path -> its readers
+  for (const ir::ParamInfo& param : fn.params)
+    if (param.role != ir::ParamRole::OptimizerState) placed[param.path] = readers[param.value];
+  double weights[3] = {0, 0, 0}, slots[3] = {0, 0, 0}; // first, last, all
+  for (const ir::ParamInfo& param : fn.params) {
+    std::string weight = param.path.substr(0, param.path.find('@'));
+    int where = placed.count(weight) ? placed[weight] : readers[param.value];
+    if (where & 4) continue;     // a layer's
+    if (!(where & 3)) where = 2; // read nowhere in forward: with the head
+    double bytes = double(plan::localBytes(
+        param.type, plan::tensorLayoutOf(param.type, spmd.layout, spmd.mesh), spmd.mesh));
+    bool slot = param.role == ir::ParamRole::OptimizerState;
+    double* sums = slot ? slots : weights;
+    sums[2] += bytes;
+    if (where & 1) sums[0] += bytes;
+    if ((where & 2) && !(slot && (where & 1))) sums[1] += bytes;
+  }
+  if (weights[2] > 0) shape.restParams = {weights[0] / weights[2], weights[1] / weights[2]};
+  if (slots[2] > 0) shape.restOptimizer = {slots[0] / slots[2], slots[1] / slots[2]};
+  // Optimizers whose state the plan counts per weight (no slot params): with the weight, on the
+  // first of its stages.
+  else if (weights[2] > 0)
+    shape.restOptimizer = {weights[0] / weights[2], (weights[2] - weights[0]) / weights[2]};
+}
+
 struct Candidate {
   int64_t microbatches = 1;
   plan::StageWork layer, rest;
@@ -163,6 +214,9 @@ struct Candidate {
   double recomputeWorkingBytes = 0;   // with --recompute: one layer's whole activations
   std::vector<std::string> recompute; // the defs recomputed (given, or chosen to fit)
   bool recomputeChosen = false;       // by the planner, not --recompute
+  /// The generated code's bytes per stage (StageMemory.h), for the candidate reported; empty
+  /// when not computed or the code generator refuses the step.
+  std::vector<StageCodeMemory> code;
 };
 
 /// The plans without recomputation already made, by (microbatches, layers): a search that
@@ -233,6 +287,7 @@ std::optional<Candidate> evaluate(const ir::Module& module, const ir::DimLayout&
   shape.microbatches = count;
   shape.schedule = schedule;
   candidate.boundaryBytes = innerFn ? boundaryBytes(*innerFn, stage.dim, plans[0]->spmd) : 0;
+  if (innerFn) placeRest(*innerFn, plans[0]->spmd, shape);
   shape.boundaryBytes = candidate.boundaryBytes;
   shape.link = plan::linkFor(machine, plan::Mesh{module.mesh}, {stage.axes.front()});
   candidate.prediction = plan::predictPipeline(candidate.layer, candidate.rest, shape);
@@ -269,7 +324,8 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                                               }),
                               ", "));
   os << fmt::format("  layers   {} = {}, consecutive layers per stage{}, the rest (the ops "
-                    "outside the repeat: embedding, head, loss) on the last\n",
+                    "outside the repeat: embedding, head, loss) on the last, its params "
+                    "where the code holds them\n",
                     stage.dim, module.dims.at(stage.dim),
                     stage.split.empty() ? ""
                                         : fmt::format(" as the layout pins them ({})",
@@ -293,6 +349,16 @@ void printText(const ir::Function& fn, const ir::Module& module, const ir::DimLa
                       fmt::format("{} ({})", s, layersText(st)), secondsString(st.forwardSeconds),
                       secondsString(st.backwardSeconds), secondsString(st.onceSeconds), st.inFlight,
                       bytesString(st.memory.total()));
+  }
+  if (!c.code.empty()) {
+    // What the generated code holds: its own liveness (plan-buffers), its own placement.
+    os << "  generated code per device (arena + values computed once + params and optimizer "
+          "state held):\n";
+    for (size_t s = 0; s < c.code.size(); ++s)
+      os << fmt::format("    stage {}: {:.0f} = {:.0f} + {:.0f} + {:.0f} bytes (the model: {})\n",
+                        s, c.code[s].total(), c.code[s].arenaBytes, c.code[s].persistentBytes,
+                        c.code[s].paramBytes,
+                        s < p.stages.size() ? bytesString(p.stages[s].memory.total()) : "-");
   }
   os << fmt::format("  one layer: forward {}, backward {}, {} collective{} per microbatch; "
                     "params {}, activations {} per microbatch\n",
@@ -334,13 +400,25 @@ void printJson(const ir::Function& fn, const ir::DimLayout& stage, const Candida
                llvm::raw_ostream& os) {
   const plan::PipelinePrediction& p = c.prediction;
   std::vector<std::string> stages;
-  for (const plan::StagePrediction& s : p.stages)
+  for (size_t k = 0; k < p.stages.size(); ++k) {
+    const plan::StagePrediction& s = p.stages[k];
+    // The generated code's bytes (StageMemory.h), when computed.
+    std::string code =
+        k < c.code.size()
+            ? fmt::format(", \"code_memory_bytes\": {:.0f}, \"code_arena_bytes\": {:.0f}, "
+                          "\"code_persistent_bytes\": {:.0f}, \"code_param_bytes\": {:.0f}",
+                          c.code[k].total(), c.code[k].arenaBytes, c.code[k].persistentBytes,
+                          c.code[k].paramBytes)
+            : "";
     stages.push_back(fmt::format(
         "{{\"first_layer\": {}, \"layers\": {}, \"holds_rest\": {}, \"forward_seconds\": {:.9g}, "
         "\"backward_seconds\": {:.9g}, \"once_seconds\": {:.9g}, \"in_flight\": {}, "
-        "\"memory_bytes\": {:.9g}}}",
+        "\"memory_bytes\": {:.9g}, \"param_bytes\": {:.9g}, \"optimizer_bytes\": {:.9g}, "
+        "\"gradient_bytes\": {:.9g}, \"activation_bytes\": {:.9g}{}}}",
         s.firstLayer, s.layerCount, s.holdsRest, s.forwardSeconds, s.backwardSeconds, s.onceSeconds,
-        s.inFlight, s.memory.total()));
+        s.inFlight, s.memory.total(), s.memory.paramBytes, s.memory.optimizerBytes,
+        s.memory.gradientBytes, s.memory.peakActivationBytes, code));
+  }
   os << fmt::format(
       "{{\"function\": \"{}\", \"pipeline\": {{\"dim\": \"{}\", \"axis\": \"{}\", \"schedule\": "
       "\"{}\", \"microbatches\": {}, \"slot_seconds\": {:.9g}, \"p2p_seconds\": {:.9g}, "
@@ -524,6 +602,9 @@ bool searchPipeline(const ir::Module& module, const ir::DimLayout& stage,
   return ok;
 }
 
+/// The largest step (IR ops) whose generated code's memory the plan report computes.
+constexpr size_t kMaxOpsToLower = 4000;
+
 int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                   const PipelineOptions& options, DiagEngine& diag, const char* argv0, bool json,
                   llvm::raw_ostream& os, const plan::JointSearchReport* joint) {
@@ -549,12 +630,27 @@ int planPipelines(const ir::Module& module, const ir::DimLayout& stage,
                                              : std::numeric_limits<double>::infinity()));
       return kExitInputError;
     }
+    // The generated code's memory per stage, for the options code generation gets; not for a
+    // step too large to lower quickly (the kernel passes grow faster than the step: 0.8 s at 8
+    // transformer layers, about 3,400 ops, 7 s at 32, 13,400).
+    PipelineOptions generated = options;
+    generated.microbatches =
+        micro.dim.empty() ? "" : fmt::format("{}={}", micro.dim, best->microbatches);
+    generated.recompute = best->recompute;
+    bool lowered = fn->ops.size() <= kMaxOpsToLower;
+    if (lowered)
+      if (auto code = generatedStageMemory(module, stage, generated, fn->name, diag, argv0))
+        best->code = std::move(*code);
     if (!first) os << (json ? ",\n" : "\n");
     first = false;
     if (json) {
       printJson(*fn, stage, *best, schedule, joint, os);
     } else {
       printText(*fn, module, stage, micro, *best, schedule, *machine, budget, os);
+      if (!lowered)
+        os << fmt::format("  generated code per stage: not lowered ({} ops, over {}; "
+                          "--emit=kernels prints its arenas)\n",
+                          fn->ops.size(), kMaxOpsToLower);
       if (joint) plan::printJointSearch(*joint, os);
     }
   }

@@ -1,6 +1,7 @@
 #include "planner/PipelineModel.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace meshc::plan {
 
@@ -109,6 +110,20 @@ PipelinePrediction predictPipeline(const StageWork& layer, const StageWork& rest
     first += stage.layerCount;
     StageWork work = layer.times(double(stage.layerCount));
     if (stage.holdsRest) work += rest;
+    // The rest's params, optimizer state and gradients where the code holds them (PipelineShape).
+    if (p > 1) {
+      auto more = [&](const PipelineShape::RestShare& share) {
+        return (s == 0 ? share.first : 0) + (s == p - 1 ? share.last : 0) -
+               (stage.holdsRest ? 1 : 0);
+      };
+      for (auto [held, ofRest, share] :
+           {std::tuple{&work.memory.paramBytes, rest.memory.paramBytes, more(shape.restParams)},
+            std::tuple{&work.memory.gradientBytes, rest.memory.gradientBytes,
+                       more(shape.restParams)},
+            std::tuple{&work.memory.optimizerBytes, rest.memory.optimizerBytes,
+                       more(shape.restOptimizer)}})
+        *held = std::max(0.0, *held + share * ofRest);
+    }
     stage.forwardSeconds = work.forwardSeconds;
     stage.backwardSeconds = work.backwardSeconds;
     stage.onceSeconds = work.gradientSyncSeconds + work.updateSeconds;

@@ -51,6 +51,17 @@ struct PipelineShape {
   double recomputeWorkingBytes = 0;
   /// The layers of each stage as the layout pins them (`layers: stage(3, 1)`); empty: balanced.
   std::vector<int64_t> pinnedSplit;
+  /// Where the rest's params, gradients and optimizer state live, as the code generator places
+  /// them: a param on the stages whose forward reads it (the embedding on the first, the head on
+  /// the last, a tied embedding on both), its gradient with it, its optimizer state on the first
+  /// of them (where its update runs). Each is the share of the rest's bytes held by the first
+  /// and by the last stage (a param both hold counts in each, so they may add up to more than 1).
+  /// The rest's activations and time stay on the last stage. One stage holds the rest whole.
+  struct RestShare {
+    double first = 0, last = 1;
+  };
+  RestShare restParams;    // params and their gradients
+  RestShare restOptimizer; // optimizer state
 };
 
 struct StagePrediction {

@@ -15,8 +15,18 @@ checked on `meshc --emit=kernels`, `--emit=cpp` and `--emit=plan`:
 - The layout pins a split (`layers: stage(1, 3)`): the plan reports and predicts it and the
   generated code places the layers so; a layer count the stages do not divide (5 over 2) is
   planned unevenly and generated as planned, pinned or not.
+- The plan's per-stage memory of the generated code (plan-json `code_memory_bytes`) is, byte for
+  byte, what the generated class allocates on that stage's ranks: kStageArenaBytes[s] +
+  kPersistentBytes + the params and optimizer state its ParamSpecs hold on s, for the plan's
+  3 + 1 split and a pinned 2 + 2, with the embedding tied and untied, and on the transformer's
+  [stage=2, data=2] under GPipe; under 1F1B stage s keeps min(m, p - s) copies of a kept
+  activation (fewer bytes on the first stage than GPipe's m), and the pipeline model places the
+  rest's params as the code does (the embedding on the first stage, a tied one on both).
 """
+import json
+import os
 import re
+import tempfile
 import subprocess
 import sys
 
@@ -128,6 +138,100 @@ def main():
         expect(got == [split[1], 5 - split[1]],
                f"5 layers, {layout}: the generated code places {got} layers as the plan does",
                f"{masks}")
+
+
+    check_stage_memory(binary, transformer, tied)
+
+
+def code_memory(cpp, stages):
+    """Bytes per stage the generated class allocates: its arena, its persistent members, and
+    the local elements (as float) of every param and optimizer slot held there."""
+    flat = " ".join(cpp.split())
+    arenas = [int(x) for x in
+              re.search(r"kStageArenaBytes\[\] = \{([\d, ]+)\}", flat).group(1).split(",")]
+    persistent = int(re.search(r"kPersistentBytes = (\d+);", flat).group(1))
+    held = [0] * stages
+    specs = re.findall(r'\{"([^"]+)", (?:true|false), "\w+", "([^"]*)"(?:, (0x[0-9a-f]+), "\w+")?\}',
+                       flat)
+    for _, dims, mask in specs:
+        elements = 1
+        for dim in dims.split():
+            elements *= int(dim.split(":")[2])
+        for s in range(stages):
+            if not mask or (int(mask, 16) >> s) & 1:
+                held[s] += 4 * elements
+    return [arenas[s] + persistent + held[s] for s in range(stages)], arenas, held
+
+
+def check_stage_memory(binary, transformer, tied):
+    with open(tied) as f:
+        source = f.read()
+    untied_source = source.replace(' as "embedding"', "")
+    assert untied_source != source
+    workdir = tempfile.mkdtemp(prefix="stage_memory_")
+    untied = os.path.join(workdir, "stages_untied.mesh")
+    with open(untied, "w") as f:
+        f.write(untied_source)
+    cases = [
+        ("tied, the plan's 3 + 1", tied, ["--microbatches=batch=2"], [3, 1]),
+        ("tied, 2 + 2", tied, ["--microbatches=batch=2", "--layout", "layers: stage(2, 2)"],
+         [2, 2]),
+        ("untied, 3 + 1", untied, ["--microbatches=batch=2", "--layout", "layers: stage(3, 1)"],
+         [3, 1]),
+        ("untied, 2 + 2", untied, ["--microbatches=batch=4", "--layout", "layers: stage(2, 2)"],
+         [2, 2]),
+        ("transformer [stage=2, data=2], gpipe", transformer,
+         ["--function", "lm_train", "--dim", "batch=8", "--dim", "layers=4", "--mesh",
+          "stage=2,data=2", "--layout", "batch: data, layers: stage", "--microbatches=batch=4",
+          "--pipeline-schedule=gpipe"], [2, 2]),
+    ]
+    figures = {}
+    for what, source_file, args, split in cases:
+        plan = json.loads(run(binary, source_file, "--emit=plan-json", *args))[0]["pipeline"]
+        stages = plan["stages"]
+        expect([s["layers"] for s in stages] == split, f"{what}: the plan splits {split}",
+               f"{[s['layers'] for s in stages]}")
+        want, arenas, held = code_memory(run(binary, source_file, "--emit=cpp", *args), len(split))
+        got = [s.get("code_memory_bytes") for s in stages]
+        expect(got == want, f"{what}: the plan's generated-code memory per stage {got} is "
+               f"kStageArenaBytes {arenas} + kPersistentBytes + params held {held}",
+               json.dumps(stages, indent=1))
+        expect([s["code_arena_bytes"] for s in stages] == arenas and
+               [s["code_param_bytes"] for s in stages] == held,
+               f"{what}: arena and params reported apart")
+        figures[what] = (plan, held)
+
+    # Placement: the first stage holds the embedding and its optimizer state, the last the
+    # unembedding and its; tied, the last stage holds the one table too (the optimizer state
+    # stays with its update, on the first).
+    table = 512 * 16 * 4  # the embedding table (AdamW adds two moments of its size)
+    layer = 16 * 16 * 4 * 3
+    for what, want in [("tied, 2 + 2", [3 * table + 2 * layer, table + 2 * layer]),
+                       ("untied, 2 + 2", [3 * table + 2 * layer, 3 * table + 2 * layer])]:
+        expect(figures[what][1] == want, f"{what}: params and optimizer state held {want}",
+               f"{figures[what][1]}")
+    # The pipeline model places them so too: its params and optimizer state per stage are the
+    # code's, byte for byte (its activations and gradients are the planner's liveness of one
+    # microbatch, not the arena's; docs/runtime.md "Arena per stage").
+    for what in figures:
+        plan, held = figures[what]
+        model = [s["param_bytes"] + s["optimizer_bytes"] for s in plan["stages"]]
+        expect(model == held, f"{what}: the model's params and optimizer state per stage {model} "
+               f"are the code's", f"{held}")
+
+    # 1F1B keeps min(m, p - s) copies of a kept activation: the first of 2 stages keeps 2 of 4
+    # microbatches, GPipe all 4.
+    arenas = {}
+    for schedule in ["1f1b", "gpipe"]:
+        cpp = run(binary, untied, "--emit=cpp", "--microbatches=batch=4", "--layout",
+                  "layers: stage(2, 2)", f"--pipeline-schedule={schedule}")
+        arenas[schedule] = code_memory(cpp, 2)[1]
+        if schedule == "1f1b":
+            expect("microbatch_ % 2)" in cpp,
+                   "1f1b, 4 microbatches on 2 stages: the first stage's copies reused in turn")
+    expect(arenas["1f1b"][0] < arenas["gpipe"][0],
+           f"the first stage's arena under 1F1B {arenas['1f1b'][0]} below GPipe's "
+           f"{arenas['gpipe'][0]}")
 
 
 if __name__ == "__main__":

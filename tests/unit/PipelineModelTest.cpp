@@ -96,3 +96,36 @@ TEST_CASE("a difference of plans never goes below zero") {
   CHECK(rest.forwardSeconds == 0);
   CHECK(rest.memory.paramBytes == 10); // one layer adds no params here: the rest keeps them
 }
+
+TEST_CASE("the rest's params live where the code holds them: first, last or both stages") {
+  // A layer: 10 bytes of params; the rest: 100 of params, 200 of optimizer state, 100 of
+  // gradients, 50 of activations (which stay on the last stage); no time, so 2 + 2 layers.
+  StageWork layer = work(1, 1, 0), rest = work(0, 0, 50);
+  rest.memory.paramBytes = 100;
+  rest.memory.optimizerBytes = 200;
+  rest.memory.gradientBytes = 100;
+  PipelineShape split = shape(4, 2, 1);
+  // Default: all of it on the last stage.
+  PipelinePrediction last = predictPipeline(layer, rest, split);
+  CHECK(last.stages[0].memory.total() == Approx(20));
+  CHECK(last.stages[1].memory.total() == Approx(20 + 400 + 50));
+  // An embedding of a quarter of the rest's bytes on the first stage, the head on the last.
+  split.restParams = split.restOptimizer = {0.25, 0.75};
+  PipelinePrediction placed = predictPipeline(layer, rest, split);
+  CHECK(placed.stages[0].memory.paramBytes == Approx(20 + 25));
+  CHECK(placed.stages[0].memory.total() == Approx(20 + 100));
+  CHECK(placed.stages[1].memory.total() == Approx(20 + 300 + 50));
+  // Tied: the whole rest is one param both stages hold, its optimizer state on the first.
+  split.restParams = {1, 1};
+  split.restOptimizer = {1, 0};
+  PipelinePrediction tied = predictPipeline(layer, rest, split);
+  CHECK(tied.stages[0].memory.total() == Approx(20 + 400));
+  CHECK(tied.stages[1].memory.total() == Approx(20 + 200 + 50));
+  // One stage holds the rest once, whatever the shares.
+  PipelinePrediction one = predictPipeline(layer, rest, [&] {
+    PipelineShape s = split;
+    s.stages = 1;
+    return s;
+  }());
+  CHECK(one.stages[0].memory.total() == Approx(40 + 400 + 50));
+}
