@@ -8,16 +8,6 @@
 namespace meshc::kir {
 namespace {
 
-Shape rowMajor(const Shape& sizes) {
-  Shape strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t i = sizes.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= sizes[i];
-  }
-  return strides;
-}
-
 Arg data(BufferId id) {
   return Arg{.kind = Arg::Kind::Data, .buffer = id};
 }
@@ -37,7 +27,7 @@ std::optional<Shape> denseRows(const Call& along, const char* kind) {
     return std::nullopt;
   Shape extents = outer;
   extents.push_back(lane[0]);
-  Shape strides = rowMajor(extents);
+  Shape strides = rowMajorStrides(extents);
   strides.pop_back();
   if (along.args[3].ints != strides || along.args[4].ints != strides) return std::nullopt;
   return extents;
@@ -74,7 +64,7 @@ std::optional<Call> layerNormAffine(const KernelFunction& fn, const Call& along,
       !allF32(fn, loop))
     return std::nullopt;
   const Store& store = loop.stores[0];
-  Shape dense = rowMajor(*extents);
+  Shape dense = rowMajorStrides(*extents);
   const Scalar& add = loop.body[size_t(store.value)];
   if (store.at.strides != dense || add.kind != Scalar::Kind::Compute || add.op != ir::OpKind::Add)
     return std::nullopt;
@@ -112,7 +102,7 @@ std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, co
       fn.buffers[size_t(loop.stores[0].at.buffer)].dtype != DType::F32)
     return std::nullopt;
   const Store& store = loop.stores[0];
-  Shape dense = rowMajor(*extents);
+  Shape dense = rowMajorStrides(*extents);
   const Scalar& where = loop.body[size_t(store.value)];
   if (store.at.buffer != along.args[1].buffer || store.at.strides != dense ||
       where.kind != Scalar::Kind::Compute || where.op != ir::OpKind::Where ||
