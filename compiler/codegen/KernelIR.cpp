@@ -135,14 +135,18 @@ Shape sizesOf(const ir::TensorType& type) {
   return sizesOf(type.dims);
 }
 
-Shape rowMajorStrides(const ir::TensorType& type) {
-  Shape strides(type.dims.size());
+Shape rowMajorStrides(const Shape& sizes) {
+  Shape strides(sizes.size());
   int64_t stride = 1;
-  for (size_t i = type.dims.size(); i-- > 0;) {
+  for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= type.dims[i].size;
+    stride *= sizes[i];
   }
   return strides;
+}
+
+Shape rowMajorStrides(const ir::TensorType& type) {
+  return rowMajorStrides(sizesOf(type));
 }
 
 std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, size_t buffers) {

@@ -395,6 +395,8 @@ struct KernelModule {
 Shape sizesOf(const std::vector<ir::Dim>& dims);
 Shape sizesOf(const ir::TensorType& type);
 Shape rowMajorStrides(const ir::TensorType& type);
+/// The row-major strides of dense elements over `sizes`.
+Shape rowMajorStrides(const Shape& sizes);
 
 /// meshrt::kernels' name of a dtype ("meshrt::kernels::ValueType::F32"), for the RNG fills.
 const char* valueTypeEnum(DType dtype);

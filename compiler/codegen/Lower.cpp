@@ -6,6 +6,7 @@
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
 #include "codegen/FuseLoops.h"
+#include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/LowerToKernels.h"
@@ -42,6 +43,9 @@ const std::vector<KernelPass>& kernelPasses() {
       {"fuse-loops",
        "loop nests fused into their readers: same points, or a cheap producer across a broadcast",
        fuseLoops},
+      {"fuse-row-kernels",
+       "layer_norm with its gain and bias, a mask loop with the softmax after it: one row kernel",
+       fuseRowKernels},
       {"write-updates-in-place",
        "optimizer updates stored straight into their params when nothing reads the old value after",
        writeUpdatesInPlace},

@@ -208,6 +208,59 @@ TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
   }
 }
 
+TEST_CASE("fused row kernels compute what the row kernel and the loop next to it compute",
+          "[codegen][support]") {
+  using meshc::gen::Along;
+  SECTION("layerNormAffine: layer_norm, then times the gain plus the bias along the row") {
+    // 5 rows of 37 (not a multiple of the kernels' 16 lanes), one row far from zero.
+    const int64_t rows = 5, size = 37;
+    Buffer x = randomBuffer(size_t(rows * size), 11), gain = randomBuffer(size, 12),
+           bias = randomBuffer(size, 13);
+    for (int64_t i = 0; i < size; ++i)
+      x[size_t(size + i)] += 3000.0f;
+    Buffer expected(x.size()), fused(x.size());
+    meshc::gen::along(expected.data(), x.data(), {rows}, {size}, {size}, {size}, {1}, {1},
+                      Along::LayerNorm, 1e-5, size, nullptr);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < size; ++i) {
+        float& y = expected[size_t(r * size + i)];
+        float scaled = y * gain[size_t(i)];
+        y = scaled + bias[size_t(i)];
+      }
+    meshc::gen::layerNormAffine(fused.data(), x.data(), rows, size, gain.data(), bias.data(), 1e-5,
+                                size);
+    requireClose(fused, expected, 1e-6f);
+  }
+  SECTION("maskedSoftmax: where(mask, x, fill), then softmax along the row") {
+    // [a=2, b=3, lane=8]; the mask [a, lane] is broadcast over b (stride 0); row 4 entirely
+    // masked (every element the fill: uniform weights), and a fill of -inf in a second pass.
+    const Shape outer = {2, 3};
+    const int64_t size = 8;
+    Buffer x = randomBuffer(48, 21), mask(16);
+    for (size_t i = 0; i < mask.size(); ++i)
+      mask[i] = (i * 7) % 3 == 0 ? 0.0f : 1.0f;
+    for (int64_t i = 0; i < size; ++i)
+      mask[size_t(size + i)] = 0; // a = 1: rows 3, 4, 5 wholly masked
+    mask[size_t(size + 2)] = 1;   // except element 2
+    for (float fill : {-1e9f, -INFINITY}) {
+      INFO("fill " << fill);
+      Buffer masked(x.size()), expected(x.size()), fused(x.size());
+      for (int64_t a = 0; a < 2; ++a)
+        for (int64_t b = 0; b < 3; ++b)
+          for (int64_t i = 0; i < size; ++i) {
+            size_t at = size_t((a * 3 + b) * size + i);
+            masked[at] = mask[size_t(a * size + i)] != 0 ? x[at] : fill;
+          }
+      meshc::gen::along(expected.data(), masked.data(), outer, {24, 8}, {24, 8}, {size}, {1}, {1},
+                        Along::Softmax, 1e-5, size, nullptr);
+      meshc::gen::maskedSoftmax(fused.data(), x.data(), mask.data(), outer, {size, 0}, size, 1,
+                                fill);
+      requireClose(fused, expected, 1e-6f);
+      CHECK(fused[size_t(3 * size + 2)] == 1.0f); // the one unmasked element of a masked row
+    }
+  }
+}
+
 TEST_CASE("softmax along a split dim: one all-gather of the blocks' statistics, any maxima",
           "[codegen][support]") {
   // Lanes of 8 over 4 ranks: row 0's blocks have maxima 80 apart (a block's exponentials are

@@ -174,12 +174,12 @@ Albert::Albert(meshrt::Communicator &world, uint64_t seed)
 
 Albert::Outputs Albert::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "albert");
-  // Arena: 16384 bytes for 205856 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 177184 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {2, 16});
   runPart0(inputs);
   support::View v124 = arena_.view(8192, 1024);
-  support::View v131 = arena_.view(64, 4);
+  support::View v131 = arena_.view(0, 4);
 
   Outputs outputs;
   outputs.mlm_logits = support::Tensor{{2, 16, 32}, support::Buffer(v124.begin(), v124.end())};
@@ -242,50 +242,24 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:50:7 layer_norm
-  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
-  support::View v14 = arena_.view(0, 512);
-  static const support::Shape shape5_2 = {2, 16};
-  static const support::Shape shape5_3 = {256, 16};
-  static const support::Shape shape5_4 = {256, 16};
-  static const support::Shape shape5_5 = {16};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v14.data(), v13.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
-                 support::Along::LayerNorm, 1e-12, 16, nullptr);
-
   // albert.mesh:50:43 mul
   // albert.mesh:50:50 add -> e
-  MESHRT_TRACE("loop", "albert.mesh:50:43", "forward");
+  MESHRT_TRACE("layer_norm", "albert.mesh:50:7", "forward");
   const support::Buffer &v5 = param3_encoder_embed_gain;
   const support::Buffer &v6 = param4_encoder_embed_bias;
-  support::View v16 = arena_.view(4096, 512);
-  {
-    float *__restrict v16p = v16.data();
-    const float *__restrict v14p = v14.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v6p = v6.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v14p[i0 * 16 + i1];
-        const float s1 = v5p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v6p[i1];
-        const float s4 = (s2 + s3);
-        v16p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  support::View v16 = arena_.view(6144, 512);
+  support::layerNormAffine(v16.data(), v13.data(), 32, 16, v5.data(), v6.data(), 1e-12, 16);
 
   // albert.mesh:51:10 einsum -> h
   MESHRT_TRACE("gemm", "albert.mesh:51:10", "forward");
   const support::Buffer &v7 = param5_encoder_embed_projection;
   support::View v17 = arena_.view(0, 1024);
   // dims: batch, length, d_embed, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v16.data(), v7.data(), v17.data(), 1.0f, 0.0f);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v18 = param6_encoder_albert_layer_self_attention_q;
   support::View v22 = arena_.view(8192, 512);
@@ -299,66 +273,60 @@ void Albert::runPart0(const Inputs &inputs) {
   const support::Buffer &v21 = param9_encoder_albert_layer_self_attention_o;
   support::View v32 = arena_.view(4096, 1024);
   support::View v34 = arena_.view(8192, 1024);
-  support::View v37 = arena_.view(0, 1024);
+  support::View v39 = arena_.view(0, 1024);
   const support::Buffer &v35 = param10_encoder_albert_layer_norm_gain;
   const support::Buffer &v36 = param11_encoder_albert_layer_norm_bias;
-  support::View v39 = arena_.view(4096, 1024);
   const support::Buffer &v40 = param12_encoder_albert_layer_dense_relu_dense_wi;
-  support::View v44 = arena_.view(0, 1024);
+  support::View v44 = arena_.view(4096, 1024);
   const support::Buffer &v41 = param13_encoder_albert_layer_dense_relu_dense_bi;
   support::View v46 = arena_.view(8192, 1024);
   const support::Buffer &v42 = param14_encoder_albert_layer_dense_relu_dense_wo;
-  support::View v47 = arena_.view(0, 1024);
+  support::View v47 = arena_.view(4096, 1024);
   const support::Buffer &v43 = param15_encoder_albert_layer_dense_relu_dense_bo;
   support::View v50 = arena_.view(8192, 1024);
-  support::View v53 = arena_.view(0, 1024);
   const support::Buffer &v51 = param16_encoder_albert_layer_norm_1_gain;
   const support::Buffer &v52 = param17_encoder_albert_layer_norm_1_bias;
-  support::View v55 = arena_.view(4096, 1024);
-  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v37, v35, v36, v39,
-            v40, v44, v41, v46, v42, v47, v43, v50, v53, v51, v52, v55);
+  support::View v55 = arena_.view(0, 1024);
+  repeated0(v17, v18, v22, v19, v23, v20, v25, v27, v30, v31, v21, v32, v34, v39, v35, v36, v40,
+            v44, v41, v46, v42, v47, v43, v50, v55, v51, v52);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v56 = arena_.view(8192, 512);
   support::View v57 = arena_.view(10240, 512);
   support::View v59 = arena_.view(12288, 512);
-  support::View v61 = arena_.view(0, 1024);
+  support::View v61 = arena_.view(4096, 1024);
   support::View v64 = arena_.view(8192, 1024);
   support::View v65 = arena_.view(14336, 512);
-  support::View v66 = arena_.view(0, 1024);
+  support::View v66 = arena_.view(4096, 1024);
   support::View v68 = arena_.view(8192, 1024);
-  support::View v69 = arena_.view(0, 1024);
-  support::View v71 = arena_.view(4096, 1024);
-  support::View v72 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(0, 1024);
+  support::View v72 = arena_.view(4096, 1024);
   support::View v74 = arena_.view(8192, 1024);
-  support::View v75 = arena_.view(0, 1024);
+  support::View v75 = arena_.view(4096, 1024);
   support::View v78 = arena_.view(8192, 1024);
-  support::View v79 = arena_.view(0, 1024);
-  support::View v81 = arena_.view(4096, 1024);
-  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v69, v35, v36, v71,
-            v40, v72, v41, v74, v42, v75, v43, v78, v79, v51, v52, v81);
+  support::View v81 = arena_.view(0, 1024);
+  repeated0(v55, v18, v56, v19, v57, v20, v59, v61, v64, v65, v21, v66, v68, v71, v35, v36, v40,
+            v72, v41, v74, v42, v75, v43, v78, v81, v51, v52);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (3 of 3)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   support::View v82 = arena_.view(8192, 512);
   support::View v83 = arena_.view(10240, 512);
   support::View v85 = arena_.view(12288, 512);
-  support::View v87 = arena_.view(0, 1024);
+  support::View v87 = arena_.view(4096, 1024);
   support::View v90 = arena_.view(8192, 1024);
   support::View v91 = arena_.view(14336, 512);
-  support::View v92 = arena_.view(0, 1024);
+  support::View v92 = arena_.view(4096, 1024);
   support::View v94 = arena_.view(8192, 1024);
-  support::View v95 = arena_.view(0, 1024);
-  support::View v97 = arena_.view(4096, 1024);
-  support::View v98 = arena_.view(0, 1024);
+  support::View v97 = arena_.view(0, 1024);
+  support::View v98 = arena_.view(4096, 1024);
   support::View v100 = arena_.view(8192, 1024);
-  support::View v101 = arena_.view(0, 1024);
+  support::View v101 = arena_.view(4096, 1024);
   support::View v104 = arena_.view(8192, 1024);
-  support::View v105 = arena_.view(0, 1024);
-  support::View v107 = arena_.view(4096, 1024);
-  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v95, v35, v36, v97,
-            v40, v98, v41, v100, v42, v101, v43, v104, v105, v51, v52, v107);
+  support::View v107 = arena_.view(0, 1024);
+  repeated0(v81, v18, v82, v19, v83, v20, v85, v87, v90, v91, v21, v92, v94, v97, v35, v36, v40,
+            v98, v41, v100, v42, v101, v43, v104, v107, v51, v52);
 
   // albert.mesh:71:9 transpose
   MESHRT_TRACE("loop", "albert.mesh:71:9", "forward");
@@ -378,17 +346,17 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:76:16 einsum
   MESHRT_TRACE("gemm", "albert.mesh:76:16", "forward");
   const support::Buffer &v108 = param18_heads_transform;
-  support::View v117 = arena_.view(0, 512);
+  support::View v117 = arena_.view(4096, 512);
   // dims: batch, length, d_model, d_embed
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v107.data(), v108.data(), v117.data(), 1.0f, 0.0f);
 
   // albert.mesh:76:63 add
   // albert.mesh:76:11 gelu -> t
   MESHRT_TRACE("loop", "albert.mesh:76:63", "forward");
   const support::Buffer &v109 = param19_heads_transform_bias;
-  support::View v119 = arena_.view(2048, 512);
+  support::View v119 = arena_.view(6144, 512);
   {
     float *__restrict v119p = v119.data();
     const float *__restrict v117p = v117.data();
@@ -405,47 +373,21 @@ void Albert::runPart0(const Inputs &inputs) {
   }
 
   // albert.mesh:77:7 layer_norm
-  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
-  support::View v120 = arena_.view(0, 512);
-  static const support::Shape shape14_2 = {2, 16};
-  static const support::Shape shape14_3 = {256, 16};
-  static const support::Shape shape14_4 = {256, 16};
-  static const support::Shape shape14_5 = {16};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v120.data(), v119.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-12, 16, nullptr);
-
   // albert.mesh:77:43 mul
   // albert.mesh:77:50 add -> t
-  MESHRT_TRACE("loop", "albert.mesh:77:43", "forward");
+  MESHRT_TRACE("layer_norm", "albert.mesh:77:7", "forward");
   const support::Buffer &v110 = param20_heads_gain;
   const support::Buffer &v111 = param21_heads_bias;
   support::View v122 = arena_.view(10240, 512);
-  {
-    float *__restrict v122p = v122.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v111p = v111.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v120p[i0 * 16 + i1];
-        const float s1 = v110p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v111p[i1];
-        const float s4 = (s2 + s3);
-        v122p[i0 * 16 + i1] = s4;
-      }
-    }
-  }
+  support::layerNormAffine(v122.data(), v119.data(), 32, 16, v110.data(), v111.data(), 1e-12, 16);
 
   // albert.mesh:78:20 einsum
   MESHRT_TRACE("gemm", "albert.mesh:78:20", "forward");
-  support::View v123 = arena_.view(0, 1024);
+  support::View v123 = arena_.view(4096, 1024);
   // dims: batch, length, d_embed, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 16, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v122.data(), v112.data(), v123.data(), 1.0f, 0.0f);
 
   // albert.mesh:78:61 add -> mlm_logits
   MESHRT_TRACE("loop", "albert.mesh:78:61", "forward");
@@ -467,37 +409,37 @@ void Albert::runPart0(const Inputs &inputs) {
 
   // albert.mesh:79:17 slice
   MESHRT_TRACE("slice", "albert.mesh:79:17", "forward");
-  support::View v125 = arena_.slot(0, 64);
-  static const support::Shape shape18_2 = {2, 32};
-  static const support::Shape shape18_3 = {32, 1};
-  static const support::Shape shape18_4 = {512, 1};
-  support::copyWindow(v125.data(), v107.data(), shape18_2, shape18_3, shape18_4, 32, 32, 1, 16,
+  support::View v125 = arena_.slot(4096, 64);
+  static const support::Shape shape16_2 = {2, 32};
+  static const support::Shape shape16_3 = {32, 1};
+  static const support::Shape shape16_4 = {512, 1};
+  support::copyWindow(v125.data(), v107.data(), shape16_2, shape16_3, shape16_4, 32, 32, 1, 16,
                       int64_t(0));
 
   // albert.mesh:79:13 sum -> cls
   MESHRT_TRACE("sum", "albert.mesh:79:13", "forward");
-  support::View v126 = arena_.view(256, 64);
-  static const support::Shape shape19_1 = {2, 32};
-  static const support::Shape shape19_3 = {32, 1};
-  static const support::Shape shape19_4 = {1};
-  static const support::Shape shape19_5 = {32};
-  support::reduce(v126.data(), shape19_1, v125.data(), shape19_3, shape19_4, shape19_5,
+  support::View v126 = arena_.view(0, 64);
+  static const support::Shape shape17_1 = {2, 32};
+  static const support::Shape shape17_3 = {32, 1};
+  static const support::Shape shape17_4 = {1};
+  static const support::Shape shape17_5 = {32};
+  support::reduce(v126.data(), shape17_1, v125.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // albert.mesh:80:21 einsum
   MESHRT_TRACE("gemm", "albert.mesh:80:21", "forward");
   const support::Buffer &v114 = param23_heads_pooler;
-  support::View v127 = arena_.view(0, 64);
+  support::View v127 = arena_.view(256, 64);
   // dims: batch, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 32, 32}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan20.run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v126.data(), v114.data(), v127.data(), 1.0f, 0.0f);
 
   // albert.mesh:80:57 add
   // albert.mesh:80:16 tanh -> pooled
   MESHRT_TRACE("loop", "albert.mesh:80:57", "forward");
   const support::Buffer &v115 = param24_heads_pooler_bias;
-  support::View v129 = arena_.view(256, 64);
+  support::View v129 = arena_.view(0, 64);
   {
     float *__restrict v129p = v129.data();
     const float *__restrict v127p = v127.data();
@@ -516,23 +458,23 @@ void Albert::runPart0(const Inputs &inputs) {
   // albert.mesh:81:22 einsum -> sop_logits
   MESHRT_TRACE("gemm", "albert.mesh:81:22", "forward");
   const support::Buffer &v116 = param25_heads_classifier;
-  support::View v130 = arena_.view(0, 4);
+  support::View v130 = arena_.view(256, 4);
   // dims: batch, d_out, orders
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 32, 2}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan22.run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v129.data(), v116.data(), v130.data(), 1.0f, 0.0f);
 
   // albert.mesh:89:15 softmax -> sop_probs
   MESHRT_TRACE("softmax", "albert.mesh:89:15", "forward");
-  support::View v131 = arena_.view(64, 4);
-  static const support::Shape shape23_2 = {2};
-  static const support::Shape shape23_3 = {2};
-  static const support::Shape shape23_4 = {2};
-  static const support::Shape shape23_5 = {2};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v131.data(), v130.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::Softmax, 1e-05, 2, nullptr);
+  support::View v131 = arena_.view(0, 4);
+  static const support::Shape shape21_2 = {2};
+  static const support::Shape shape21_3 = {2};
+  static const support::Shape shape21_4 = {2};
+  static const support::Shape shape21_5 = {2};
+  static const support::Shape shape21_6 = {1};
+  static const support::Shape shape21_7 = {1};
+  support::along(v131.data(), v130.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::Softmax, 1e-05, 2, nullptr);
 }
 
 void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -540,11 +482,10 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a6, support::View a7, support::View a8, support::View a9,
                        support::ConstView a10, support::View a11, support::View a12,
                        support::View a13, support::ConstView a14, support::ConstView a15,
-                       support::View a16, support::ConstView a17, support::View a18,
-                       support::ConstView a19, support::View a20, support::ConstView a21,
-                       support::View a22, support::ConstView a23, support::View a24,
-                       support::View a25, support::ConstView a26, support::ConstView a27,
-                       support::View a28) {
+                       support::ConstView a16, support::View a17, support::ConstView a18,
+                       support::View a19, support::ConstView a20, support::View a21,
+                       support::ConstView a22, support::View a23, support::View a24,
+                       support::ConstView a25, support::ConstView a26) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
@@ -620,57 +561,32 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a13.data(), a12.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i1];
-        const float s4 = (s2 + s3);
-        a16p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  einsumPlan10.run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
-    float *__restrict a20p = a20.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
     const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
+        const float s0 = a17p[i0 * 32 + i1];
+        const float s1 = a18p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a20p[i0 * 32 + i1] = s3;
+        a19p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -678,65 +594,40 @@ void Albert::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a20.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  einsumPlan12.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %45 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // albert.mesh:35:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
-    float *__restrict a24p = a24.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a21p = a21.data();
     const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a16p = a16.data();
+    const float *__restrict a13p = a13.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a22p[i0 * 32 + i1];
-        const float s1 = a23p[i1];
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a16p[i0 * 32 + i1];
+        const float s3 = a13p[i0 * 32 + i1];
         const float s4 = (s3 + s2);
-        a24p[i0 * 32 + i1] = s4;
+        a23p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(a25.data(), a24.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a25p[i0 * 32 + i1];
-        const float s1 = a26p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a27p[i1];
-        const float s4 = (s2 + s3);
-        a28p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
 }
 
 Albert::Inputs Albert::synthesizeInputs(uint64_t seed) const {

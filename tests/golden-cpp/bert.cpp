@@ -228,7 +228,7 @@ void Mlm::computeInvariants() {
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 77824 bytes for 524416 bytes of temporaries (placed by liveness).
+  // Arena: 77824 bytes for 450688 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -287,39 +287,13 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::View v13 = arena_.view(0, 2048);
-  static const support::Shape shape3_2 = {1, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {2048, 64};
-  static const support::Shape shape3_5 = {64};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v13.data(), v10.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   const support::Buffer &v11 = param4_bert_norm_gain;
   const support::Buffer &v12 = param5_bert_norm_bias;
   support::View v15 = arena_.view(32768, 2048);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v13p = v13.data();
-    const float *__restrict v11p = v11.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v13p[i0 * 64 + i1];
-        const float s1 = v11p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v12p[i1];
-        const float s4 = (s2 + s3);
-        v15p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  support::layerNormAffine(v15.data(), v10.data(), 32, 64, v11.data(), v12.data(), 1e-05, 64);
 
   // bert.mesh:40:26 rename
   MESHRT_TRACE("copy", "bert.mesh:40:26", "forward");
@@ -376,18 +350,16 @@ void Mlm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 13 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v39 = arena_.view(16384, 4096);
-  support::View v40 = arena_.view(0, 4096);
-  support::View v41 = arena_.view(16384, 2048);
+  // 10 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v40 = arena_.view(16384, 4096);
+  support::View v41 = arena_.view(0, 2048);
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
-  support::View v42 = arena_.view(0, 2048);
-  support::View v43 = arena_.view(8192, 2048);
-  support::View v46 = arena_.view(0, 2048);
+  support::View v42 = arena_.view(8192, 2048);
+  support::View v43 = arena_.view(0, 2048);
+  support::View v48 = arena_.view(65536, 2048);
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
-  support::View v48 = arena_.view(65536, 2048);
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
   support::View v53 = arena_.view(0, 8192);
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
@@ -396,12 +368,11 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v57 = arena_.view(0, 2048);
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
   support::View v59 = arena_.view(8192, 2048);
-  support::View v62 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
   support::View v64 = arena_.view(32768, 2048);
-  repeated0(v37, v33, v39, v40, v31, v41, v27, v42, v15, v43, v46, v44, v45, v48, v49, v53, v50,
-            v55, v51, v57, v52, v59, v62, v60, v61, v64);
+  repeated0(v40, v33, v37, v31, v41, v27, v42, v15, v43, v48, v44, v45, v49, v53, v50, v55, v51,
+            v57, v52, v59, v64, v60, v61);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -414,18 +385,16 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v74 = arena_.view(0, 4096);
   repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // 13 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v80 = arena_.view(16384, 4096);
-  support::View v81 = arena_.view(0, 4096);
-  support::View v82 = arena_.view(16384, 2048);
+  // 10 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v81 = arena_.view(16384, 4096);
+  support::View v82 = arena_.view(0, 2048);
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
-  support::View v83 = arena_.view(0, 2048);
-  support::View v84 = arena_.view(8192, 2048);
-  support::View v87 = arena_.view(0, 2048);
+  support::View v83 = arena_.view(8192, 2048);
+  support::View v84 = arena_.view(0, 2048);
+  support::View v89 = arena_.view(65536, 2048);
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
-  support::View v89 = arena_.view(65536, 2048);
   const support::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param25_bert_encoder_layer_1_ffn_b_in;
@@ -434,20 +403,19 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 2048);
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
   support::View v100 = arena_.view(8192, 2048);
-  support::View v103 = arena_.view(0, 2048);
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
   support::View v105 = arena_.view(16384, 2048);
-  repeated0(v37, v74, v80, v81, v72, v82, v68, v83, v64, v84, v87, v85, v86, v89, v90, v94, v91,
-            v96, v92, v98, v93, v100, v103, v101, v102, v105);
+  repeated0(v81, v74, v37, v72, v82, v68, v83, v64, v84, v89, v85, v86, v90, v94, v91, v96, v92,
+            v98, v93, v100, v105, v101, v102);
 
   // bert.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "bert.mesh:46:10", "forward");
   support::View v106 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add -> logits
   MESHRT_TRACE("loop", "bert.mesh:46:58", "forward");
@@ -470,135 +438,88 @@ void Mlm::runPart0(const Inputs &inputs) {
   // bert.mesh:53:11 softmax -> probs
   MESHRT_TRACE("softmax", "bert.mesh:53:11", "forward");
   support::View v108 = arena_.view(0, 4096);
-  static const support::Shape shape14_2 = {1, 32};
-  static const support::Shape shape14_3 = {4096, 128};
-  static const support::Shape shape14_4 = {4096, 128};
-  static const support::Shape shape14_5 = {128};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v108.data(), v107.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::Softmax, 1e-05, 128, nullptr);
+  static const support::Shape shape13_2 = {1, 32};
+  static const support::Shape shape13_3 = {4096, 128};
+  static const support::Shape shape13_4 = {4096, 128};
+  static const support::Shape shape13_5 = {128};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(v108.data(), v107.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::Softmax, 1e-05, 128, nullptr);
 }
 
-void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
-                    support::View a3, support::ConstView a4, support::View a5,
-                    support::ConstView a6, support::View a7, support::ConstView a8,
-                    support::View a9, support::View a10, support::ConstView a11,
-                    support::ConstView a12, support::View a13, support::ConstView a14,
-                    support::View a15, support::ConstView a16, support::View a17,
-                    support::ConstView a18, support::View a19, support::ConstView a20,
-                    support::View a21, support::View a22, support::ConstView a23,
-                    support::ConstView a24, support::View a25) {
+void Mlm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                    support::ConstView a3, support::View a4, support::ConstView a5,
+                    support::View a6, support::ConstView a7, support::View a8, support::View a9,
+                    support::ConstView a10, support::ConstView a11, support::ConstView a12,
+                    support::View a13, support::ConstView a14, support::View a15,
+                    support::ConstView a16, support::View a17, support::ConstView a18,
+                    support::View a19, support::View a20, support::ConstView a21,
+                    support::ConstView a22) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = a0p[i1];
-        const float s1 = a1p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        a2p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape1_2 = {1, 4, 32};
-  static const support::Shape shape1_3 = {4096, 1024, 32};
-  static const support::Shape shape1_4 = {4096, 1024, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  static const support::Shape shape0_3 = {1, 4, 32};
+  static const support::Shape shape0_4 = {1024, 0, 32};
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
+    float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a7p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a6p[i0];
       const float s2 = (s0 + s1);
-      a9p[i0] = s2;
+      a8p[i0] = s2;
     }
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape5_2 = {1, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {2048, 64};
-  static const support::Shape shape5_5 = {64};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a10p[i0 * 64 + i1];
-        const float s1 = a11p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
-        const float s4 = (s2 + s3);
-        a13p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a9.data(), a8.data(), 32, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  einsumPlan5.run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a14p = a14.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a15p[i0 * 256 + i1];
-        const float s1 = a16p[i1];
+        const float s0 = a13p[i0 * 256 + i1];
+        const float s1 = a14p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a17p[i0 * 256 + i1] = s3;
+        a15p[i0 * 256 + i1] = s3;
       }
     }
   }
@@ -606,60 +527,35 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  einsumPlan7.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a13p = a13.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a20p[i1];
+        const float s0 = a17p[i0 * 64 + i1];
+        const float s1 = a18p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a13p[i0 * 64 + i1];
+        const float s3 = a9p[i0 * 64 + i1];
         const float s4 = (s3 + s2);
-        a21p[i0 * 64 + i1] = s4;
+        a19p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape11_2 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {2048, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(a22.data(), a21.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a22p[i0 * 64 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i1];
-        const float s4 = (s2 + s3);
-        a25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a20.data(), a19.data(), 32, 64, a21.data(), a22.data(), 1e-05, 64);
 }
 
 void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1318,7 +1214,7 @@ void MlmTrain::computeInvariants() {
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm_train");
-  // Arena: 541248 bytes for 1755804 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1723036 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1471,9 +1367,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 13 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v41 = arena_.view(16384, 4096);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v42 = arena_.view(360448, 4096);
   support::View v43 = arena_.view(483328, 2048);
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
@@ -1496,9 +1391,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(196608, 8192);
   support::View v66 = arena_.view(327680, 2048);
-  repeated2(v39, v35, v41, v42, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52,
-            v56, v58, v53, v59, v54, v61, v64, v62, v63, v66,
-            "bert/encoder_layer[0]/ffn/dropout#0");
+  repeated2(v42, v35, v39, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52, v56,
+            v58, v53, v59, v54, v61, v64, v62, v63, v66, "bert/encoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1511,9 +1405,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v76 = arena_.view(0, 4096);
   repeated4(v66, v67, v71, v68, v72, v69, v74, v76);
 
-  // 13 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v82 = arena_.view(16384, 4096);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v83 = arena_.view(294912, 4096);
   support::View v84 = arena_.view(393216, 2048);
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
@@ -1536,8 +1429,8 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
   support::View v97 = arena_.view(65536, 8192);
   support::View v107 = arena_.view(131072, 2048);
-  repeated2(v39, v76, v82, v83, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93,
-            v97, v99, v94, v100, v95, v102, v105, v103, v104, v107,
+  repeated2(v83, v76, v39, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93, v97,
+            v99, v94, v100, v95, v102, v105, v103, v104, v107,
             "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
@@ -4052,101 +3945,79 @@ void MlmTrain::repeated1(
   }
 }
 
-void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
-                         support::View a3, support::ConstView a4, support::View a5,
-                         support::ConstView a6, support::View a7, support::ConstView a8,
-                         support::View a9, support::View a10, support::ConstView a11,
-                         support::ConstView a12, support::View a13, support::ConstView a14,
-                         support::View a15, support::ConstView a16, support::View a17,
-                         support::View a18, support::ConstView a19, support::View a20,
-                         support::ConstView a21, support::View a22, support::View a23,
-                         support::ConstView a24, support::ConstView a25, support::View a26,
-                         const char *t0) {
+void MlmTrain::repeated2(support::View a0, support::ConstView a1, support::ConstView a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::ConstView a10, support::ConstView a11,
+                         support::View a12, support::ConstView a13, support::View a14,
+                         support::ConstView a15, support::View a16, support::View a17,
+                         support::ConstView a18, support::View a19, support::ConstView a20,
+                         support::View a21, support::View a22, support::ConstView a23,
+                         support::ConstView a24, support::View a25, const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = a0p[i1];
-        const float s1 = a1p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        a2p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape1_2 = {1, 4, 32};
-  static const support::Shape shape1_3 = {4096, 1024, 32};
-  static const support::Shape shape1_4 = {4096, 1024, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  static const support::Shape shape0_3 = {1, 4, 32};
+  static const support::Shape shape0_4 = {1024, 0, 32};
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
   MESHRT_TRACE("loop", "bert.mesh:20:18", "forward");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
+    float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a7p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a6p[i0];
       const float s2 = (s0 + s1);
-      a9p[i0] = s2;
+      a8p[i0] = s2;
     }
   }
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape5_2 = {1, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {2048, 64};
-  static const support::Shape shape5_5 = {64};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+  static const support::Shape shape4_2 = {1, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {2048, 64};
+  static const support::Shape shape4_5 = {64};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
-    float *__restrict a13p = a13.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a9p = a9.data();
     const float *__restrict a10p = a10.data();
     const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a10p[i0 * 64 + i1];
-        const float s1 = a11p[i1];
+        const float s0 = a9p[i0 * 64 + i1];
+        const float s1 = a10p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
+        const float s3 = a11p[i1];
         const float s4 = (s2 + s3);
-        a13p[i0 * 64 + i1] = s4;
+        a12p[i0 * 64 + i1] = s4;
       }
     }
   }
@@ -4154,9 +4025,9 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  einsumPlan6.run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -4165,10 +4036,10 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   {
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
+    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
+    const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t c1 = 0; c1 < 256; c1 += 256) {
         constexpr int64_t n1 = 256;
@@ -4178,14 +4049,14 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a15p[i0 * 256 + i1];
-          const float s1 = a16p[i1];
+          const float s0 = a14p[i0 * 256 + i1];
+          const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a17p[i0 * 256 + i1] = s2;
-          a18p[i0 * 256 + i1] = s4;
+          a16p[i0 * 256 + i1] = s2;
+          a17p[i0 * 256 + i1] = s4;
         }
       }
     }
@@ -4194,57 +4065,57 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  einsumPlan8.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
-    float *__restrict a22p = a22.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a19p = a19.data();
     const float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a20p[i0 * 64 + i1];
-        const float s1 = a21p[i1];
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a20p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a13p[i0 * 64 + i1];
+        const float s3 = a12p[i0 * 64 + i1];
         const float s4 = (s3 + s2);
-        a22p[i0 * 64 + i1] = s4;
+        a21p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape11_2 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {2048, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(a23.data(), a22.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  static const support::Shape shape10_2 = {1, 32};
+  static const support::Shape shape10_3 = {2048, 64};
+  static const support::Shape shape10_4 = {2048, 64};
+  static const support::Shape shape10_5 = {64};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(a22.data(), a21.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
-    float *__restrict a26p = a26.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a22p = a22.data();
     const float *__restrict a23p = a23.data();
     const float *__restrict a24p = a24.data();
-    const float *__restrict a25p = a25.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a23p[i0 * 64 + i1];
-        const float s1 = a24p[i1];
+        const float s0 = a22p[i0 * 64 + i1];
+        const float s1 = a23p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a25p[i1];
+        const float s3 = a24p[i1];
         const float s4 = (s2 + s3);
-        a26p[i0 * 64 + i1] = s4;
+        a25p[i0 * 64 + i1] = s4;
       }
     }
   }

@@ -100,7 +100,7 @@ void Moe::computeInvariants() {
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "moe");
-  // Arena: 99584 bytes for 411664 bytes of temporaries (placed by liveness).
+  // Arena: 99584 bytes for 395280 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
   support::View v128 = arena_.view(0, 2048);
@@ -114,13 +114,12 @@ void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // 41 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  // 40 statements from moe.mesh:26:10 layer_norm (1 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v3 = arena_.view(0, 2048);
+  support::View v5 = arena_.view(81920, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
   const support::Buffer &v2 = param1_norm_0_bias;
-  support::View v5 = arena_.view(81920, 2048);
   const support::Buffer &v6 = param2_route_0_w_gate;
   support::View v7 = arena_.view(0, 128);
   support::View v8 = arena_.view(512, 128);
@@ -159,16 +158,15 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v61 = arena_.view(0, 2560);
   support::View v62 = arena_.view(10240, 2048);
   support::View v64 = arena_.view(81920, 2048);
-  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32,
-            v33, v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9,
-            v59, v60, v10, v61, v62, v64);
+  repeated0(v5, v0, v1, v2, v6, v7, v8, v11, v15, v17, v18, v19, v22, v23, v29, v30, v31, v32, v33,
+            v34, v35, v41, v42, v43, v44, v45, v46, v47, v49, v50, v40, v53, v52, v57, v58, v9, v59,
+            v60, v10, v61, v62, v64);
 
-  // 41 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  // 40 statements from moe.mesh:26:10 layer_norm (2 of 2)
   MESHRT_TRACE_SITE("moe.mesh:26:10");
-  support::View v67 = arena_.view(0, 2048);
+  support::View v69 = arena_.view(90112, 2048);
   const support::Buffer &v65 = param5_norm_1_gain;
   const support::Buffer &v66 = param6_norm_1_bias;
-  support::View v69 = arena_.view(90112, 2048);
   const support::Buffer &v70 = param7_route_1_w_gate;
   support::View v71 = arena_.view(0, 128);
   support::View v72 = arena_.view(512, 128);
@@ -206,86 +204,61 @@ void Moe::runPart0(const Inputs &inputs) {
   support::View v125 = arena_.view(0, 2560);
   support::View v126 = arena_.view(10240, 2048);
   support::View v128 = arena_.view(0, 2048);
-  repeated0(v67, v64, v65, v66, v69, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94,
-            v95, v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104,
-            v117, v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
+  repeated0(v69, v64, v65, v66, v70, v71, v72, v75, v15, v81, v82, v83, v86, v87, v93, v94, v95,
+            v96, v97, v98, v99, v105, v106, v107, v108, v109, v110, v111, v113, v114, v104, v117,
+            v116, v121, v122, v73, v123, v124, v74, v125, v126, v128);
 }
 
 void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
-                    support::ConstView a3, support::View a4, support::ConstView a5,
-                    support::View a6, support::View a7, support::View a8, support::ConstView a9,
+                    support::ConstView a3, support::ConstView a4, support::View a5,
+                    support::View a6, support::View a7, support::ConstView a8, support::View a9,
                     support::View a10, support::View a11, support::View a12, support::View a13,
                     support::View a14, support::View a15, support::View a16, support::View a17,
                     support::View a18, support::View a19, support::View a20, support::View a21,
                     support::View a22, support::View a23, support::View a24, support::View a25,
                     support::View a26, support::View a27, support::View a28, support::View a29,
                     support::View a30, support::View a31, support::View a32, support::View a33,
-                    support::View a34, support::View a35, support::ConstView a36, support::View a37,
-                    support::View a38, support::ConstView a39, support::View a40, support::View a41,
-                    support::View a42) {
+                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
+                    support::ConstView a38, support::View a39, support::View a40,
+                    support::View a41) {
   MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
-  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
-  static const support::Shape shape0_2 = {1, 64};
-  static const support::Shape shape0_3 = {2048, 32};
-  static const support::Shape shape0_4 = {2048, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
-  {
-    float *__restrict a4p = a4.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a0p[i0 * 32 + i1];
-        const float s1 = a2p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a3p[i1];
-        const float s4 = (s2 + s3);
-        a4p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
+  support::layerNormAffine(a0.data(), a1.data(), 64, 32, a2.data(), a3.data(), 1e-05, 32);
 
   // moe.mesh:35:23 einsum
   MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a0.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
   MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
-  static const support::Shape shape3_2 = {1, 64};
-  static const support::Shape shape3_3 = {128, 2};
-  static const support::Shape shape3_4 = {128, 2};
-  static const support::Shape shape3_5 = {2};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(a7.data(), a6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
+  static const support::Shape shape2_2 = {1, 64};
+  static const support::Shape shape2_3 = {128, 2};
+  static const support::Shape shape2_4 = {128, 2};
+  static const support::Shape shape2_5 = {2};
+  static const support::Shape shape2_6 = {1};
+  static const support::Shape shape2_7 = {1};
+  support::along(a6.data(), a5.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape4_1 = {1, 64};
-  static const support::Shape shape4_3 = {128, 2};
-  static const support::Shape shape4_4 = {2};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape3_1 = {1, 64};
+  static const support::Shape shape3_3 = {128, 2};
+  static const support::Shape shape3_4 = {2};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a7.data(), shape3_1, a6.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
@@ -293,77 +266,77 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
-    float *__restrict a10p = a10.data();
+    float *__restrict a9p = a9.data();
+    const float *__restrict a6p = a6.data();
     const float *__restrict a7p = a7.data();
     const float *__restrict a8p = a8.data();
-    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a7p[i0 * 2 + i1];
-        const float s1 = a7p[i0 * 2 + i1];
+        const float s0 = a6p[i0 * 2 + i1];
+        const float s1 = a6p[i0 * 2 + i1];
         const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a7p[i0 * 2 + i1];
-        const float s4 = a8p[i0];
+        const float s3 = a6p[i0 * 2 + i1];
+        const float s4 = a7p[i0];
         const float s5 = (s3 == s4 ? 1.0f : 0.0f);
         const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a9p[i1];
+        const float s7 = a8p[i1];
         const float s8 = support::wrapI32(4.0);
         const float s9 = (s6 != 0 ? s7 : s8);
-        a10p[i0 * 2 + i1] = s9;
+        a9p[i0 * 2 + i1] = s9;
       }
     }
   }
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape7_1 = {1, 64};
-  static const support::Shape shape7_3 = {128, 2};
-  static const support::Shape shape7_4 = {2};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape6_1 = {1, 64};
+  static const support::Shape shape6_3 = {128, 2};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> first
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape9_1 = {1, 64, 2};
-  static const support::Shape shape9_3 = {64, 1, 0};
-  static const support::Shape shape9_4 = {0, 0, 1};
-  support::oneHot(a12.data(), shape9_1, a11.data(), shape9_3, shape9_4,
+  static const support::Shape shape8_1 = {1, 64, 2};
+  static const support::Shape shape8_3 = {64, 1, 0};
+  static const support::Shape shape8_4 = {0, 0, 1};
+  support::oneHot(a11.data(), shape8_1, a10.data(), shape8_3, shape8_4,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:51:34 mul
   // moe.mesh:51:28 sub
   MESHRT_TRACE("loop", "moe.mesh:51:34", "forward");
   {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a7p = a7.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       const float s0 = 2.0f;
-      const float s1 = a12p[i0];
+      const float s1 = a11p[i0];
       const float s2 = (s0 * s1);
-      const float s3 = a7p[i0];
+      const float s3 = a6p[i0];
       const float s4 = (s3 - s2);
-      a13p[i0] = s4;
+      a12p[i0] = s4;
     }
   }
 
   // moe.mesh:43:18 max
   MESHRT_TRACE("max", "moe.mesh:43:18", "forward");
-  static const support::Shape shape11_1 = {1, 64};
-  static const support::Shape shape11_3 = {128, 2};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(a14.data(), shape11_1, a13.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape10_1 = {1, 64};
+  static const support::Shape shape10_3 = {128, 2};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a13.data(), shape10_1, a12.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:43:18 all_reduce_max (max over split dims: all-reduce of the local maxima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a13.data(), a13.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:43:18 ne
   // moe.mesh:43:18 eq
@@ -371,198 +344,198 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:43:18 where
   MESHRT_TRACE("loop", "moe.mesh:43:18", "forward");
   {
-    float *__restrict a15p = a15.data();
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
     const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a13p[i0 * 2 + i1];
-        const float s1 = a13p[i0 * 2 + i1];
+        const float s0 = a12p[i0 * 2 + i1];
+        const float s1 = a12p[i0 * 2 + i1];
         const float s2 = (s0 != s1 ? 1.0f : 0.0f);
-        const float s3 = a13p[i0 * 2 + i1];
-        const float s4 = a14p[i0];
+        const float s3 = a12p[i0 * 2 + i1];
+        const float s4 = a13p[i0];
         const float s5 = (s3 == s4 ? 1.0f : 0.0f);
         const float s6 = support::wrapI32(double(support::maximum(s5, s2)));
-        const float s7 = a9p[i1];
+        const float s7 = a8p[i1];
         const float s8 = support::wrapI32(4.0);
         const float s9 = (s6 != 0 ? s7 : s8);
-        a15p[i0 * 2 + i1] = s9;
+        a14p[i0 * 2 + i1] = s9;
       }
     }
   }
 
   // moe.mesh:43:18 min
   MESHRT_TRACE("min", "moe.mesh:43:18", "forward");
-  static const support::Shape shape14_1 = {1, 64};
-  static const support::Shape shape14_3 = {128, 2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(a16.data(), shape14_1, a15.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape13_1 = {1, 64};
+  static const support::Shape shape13_3 = {128, 2};
+  static const support::Shape shape13_4 = {2};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a15.data(), shape13_1, a14.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Min, 1.0);
 
   // moe.mesh:43:18 all_reduce_min (min over split dims: all-reduce of the local minima)
   MESHRT_TRACE_SITE("moe.mesh:43:18");
-  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Min);
+  group_model.allReduce(a15.data(), a15.size(), meshrt::ReduceOp::Min);
 
   // moe.mesh:43:10 one_hot -> mask2
   MESHRT_TRACE("one_hot", "moe.mesh:43:10", "forward");
-  static const support::Shape shape16_1 = {1, 64, 2};
-  static const support::Shape shape16_3 = {64, 1, 0};
-  static const support::Shape shape16_4 = {0, 0, 1};
-  support::oneHot(a17.data(), shape16_1, a16.data(), shape16_3, shape16_4,
+  static const support::Shape shape15_1 = {1, 64, 2};
+  static const support::Shape shape15_3 = {64, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(a16.data(), shape15_1, a15.data(), shape15_3, shape15_4,
                   support::shardStart(world_, {"model"}, 2));
 
   // moe.mesh:64:25 mul
   MESHRT_TRACE("loop", "moe.mesh:64:25", "forward");
   {
-    float *__restrict a18p = a18.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a12p = a12.data();
+    float *__restrict a17p = a17.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a11p = a11.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a12p[i0];
+      const float s0 = a6p[i0];
+      const float s1 = a11p[i0];
       const float s2 = (s0 * s1);
-      a18p[i0] = s2;
+      a17p[i0] = s2;
     }
   }
 
   // moe.mesh:64:15 sum -> gate1
   MESHRT_TRACE("sum", "moe.mesh:64:15", "forward");
-  static const support::Shape shape18_1 = {1, 64};
-  static const support::Shape shape18_3 = {128, 2};
-  static const support::Shape shape18_4 = {2};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(a19.data(), shape18_1, a18.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape17_1 = {1, 64};
+  static const support::Shape shape17_3 = {128, 2};
+  static const support::Shape shape17_4 = {2};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a18.data(), shape17_1, a17.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:25 mul
   MESHRT_TRACE("loop", "moe.mesh:65:25", "forward");
   {
-    float *__restrict a20p = a20.data();
-    const float *__restrict a7p = a7.data();
-    const float *__restrict a17p = a17.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a7p[i0];
-      const float s1 = a17p[i0];
+      const float s0 = a6p[i0];
+      const float s1 = a16p[i0];
       const float s2 = (s0 * s1);
-      a20p[i0] = s2;
+      a19p[i0] = s2;
     }
   }
 
   // moe.mesh:65:15 sum -> gate2
   MESHRT_TRACE("sum", "moe.mesh:65:15", "forward");
-  static const support::Shape shape20_1 = {1, 64};
-  static const support::Shape shape20_3 = {128, 2};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(a21.data(), shape20_1, a20.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape19_1 = {1, 64};
+  static const support::Shape shape19_3 = {128, 2};
+  static const support::Shape shape19_4 = {2};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(a20.data(), shape19_1, a19.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:66:29 bucketed_all_reduce_sum -> gate1 (resolve the partial sum of gate1 over model
   // for add at 66:29; merged with 1 more partial sum over model (gate2): 512 B in one buffer)
   MESHRT_TRACE_SITE("moe.mesh:66:29");
-  auto request0 = support::startAllReduce(group_model, {a19, a21}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a18, a20}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:71:19 cumsum -> position1
   MESHRT_TRACE("cumsum", "moe.mesh:71:19", "forward");
-  static const support::Shape shape22_2 = {1, 2};
-  static const support::Shape shape22_3 = {128, 1};
-  static const support::Shape shape22_4 = {128, 1};
-  static const support::Shape shape22_5 = {64};
-  static const support::Shape shape22_6 = {2};
-  static const support::Shape shape22_7 = {2};
-  support::along(a22.data(), a12.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  static const support::Shape shape21_2 = {1, 2};
+  static const support::Shape shape21_3 = {128, 1};
+  static const support::Shape shape21_4 = {128, 1};
+  static const support::Shape shape21_5 = {64};
+  static const support::Shape shape21_6 = {2};
+  static const support::Shape shape21_7 = {2};
+  support::along(a21.data(), a11.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:74:27 cast
   MESHRT_TRACE("loop", "moe.mesh:74:27", "forward");
   {
-    float *__restrict a23p = a23.data();
-    const float *__restrict a22p = a22.data();
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = a22p[i0];
+      const float s0 = a21p[i0];
       const float s1 = support::castToI32(s0);
-      a23p[i0] = s1;
+      a22p[i0] = s1;
     }
   }
 
   // moe.mesh:74:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:74:19", "forward");
-  static const support::Shape shape24_1 = {1, 64, 2, 40};
-  static const support::Shape shape24_3 = {128, 2, 1, 0};
-  static const support::Shape shape24_4 = {0, 0, 0, 1};
-  support::oneHot(a24.data(), shape24_1, a23.data(), shape24_3, shape24_4, 0);
+  static const support::Shape shape23_1 = {1, 64, 2, 40};
+  static const support::Shape shape23_3 = {128, 2, 1, 0};
+  static const support::Shape shape23_4 = {0, 0, 0, 1};
+  support::oneHot(a23.data(), shape23_1, a22.data(), shape23_3, shape23_4, 0);
 
   // moe.mesh:74:59 mul -> dispatch1
   MESHRT_TRACE("loop", "moe.mesh:74:59", "forward");
   {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a24p = a24.data();
-    const float *__restrict a12p = a12.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a11p = a11.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = a24p[i0 * 40 + i1];
-        const float s1 = a12p[i0];
+        const float s0 = a23p[i0 * 40 + i1];
+        const float s1 = a11p[i0];
         const float s2 = (s0 * s1);
-        a25p[i0 * 40 + i1] = s2;
+        a24p[i0 * 40 + i1] = s2;
       }
     }
   }
 
   // moe.mesh:75:15 sum -> kept1
   MESHRT_TRACE("sum", "moe.mesh:75:15", "forward");
-  static const support::Shape shape26_1 = {1, 64, 2};
-  static const support::Shape shape26_3 = {5120, 80, 40};
-  static const support::Shape shape26_4 = {40};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(a26.data(), shape26_1, a25.data(), shape26_3, shape26_4, shape26_5,
+  static const support::Shape shape25_1 = {1, 64, 2};
+  static const support::Shape shape25_3 = {5120, 80, 40};
+  static const support::Shape shape25_4 = {40};
+  static const support::Shape shape25_5 = {1};
+  support::reduce(a25.data(), shape25_1, a24.data(), shape25_3, shape25_4, shape25_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:19 cumsum
   MESHRT_TRACE("cumsum", "moe.mesh:76:19", "forward");
-  static const support::Shape shape27_2 = {1, 2};
-  static const support::Shape shape27_3 = {128, 1};
-  static const support::Shape shape27_4 = {128, 1};
-  static const support::Shape shape27_5 = {64};
-  static const support::Shape shape27_6 = {2};
-  static const support::Shape shape27_7 = {2};
-  support::along(a27.data(), a17.data(), shape27_2, shape27_3, shape27_4, shape27_5, shape27_6,
-                 shape27_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  static const support::Shape shape26_2 = {1, 2};
+  static const support::Shape shape26_3 = {128, 1};
+  static const support::Shape shape26_4 = {128, 1};
+  static const support::Shape shape26_5 = {64};
+  static const support::Shape shape26_6 = {2};
+  static const support::Shape shape26_7 = {2};
+  support::along(a26.data(), a16.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
+                 shape26_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:76:58 sum
   MESHRT_TRACE("sum", "moe.mesh:76:58", "forward");
-  static const support::Shape shape28_1 = {1, 2};
-  static const support::Shape shape28_3 = {128, 1};
-  static const support::Shape shape28_4 = {64};
-  static const support::Shape shape28_5 = {2};
-  support::reduce(a28.data(), shape28_1, a26.data(), shape28_3, shape28_4, shape28_5,
+  static const support::Shape shape27_1 = {1, 2};
+  static const support::Shape shape27_3 = {128, 1};
+  static const support::Shape shape27_4 = {64};
+  static const support::Shape shape27_5 = {2};
+  support::reduce(a27.data(), shape27_1, a25.data(), shape27_3, shape27_4, shape27_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:76:56 add -> position2
   // moe.mesh:77:27 cast
   MESHRT_TRACE("loop", "moe.mesh:76:56", "forward");
   {
-    float *__restrict a29p = a29.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a26p = a26.data();
     const float *__restrict a27p = a27.data();
-    const float *__restrict a28p = a28.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = a27p[i0 * 2 + i1];
-        const float s1 = a28p[i1];
+        const float s0 = a26p[i0 * 2 + i1];
+        const float s1 = a27p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::castToI32(s2);
-        a29p[i0 * 2 + i1] = s3;
+        a28p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // moe.mesh:77:19 one_hot
   MESHRT_TRACE("one_hot", "moe.mesh:77:19", "forward");
-  static const support::Shape shape30_1 = {1, 64, 2, 40};
-  static const support::Shape shape30_3 = {128, 2, 1, 0};
-  static const support::Shape shape30_4 = {0, 0, 0, 1};
-  support::oneHot(a30.data(), shape30_1, a29.data(), shape30_3, shape30_4, 0);
+  static const support::Shape shape29_1 = {1, 64, 2, 40};
+  static const support::Shape shape29_3 = {128, 2, 1, 0};
+  static const support::Shape shape29_4 = {0, 0, 0, 1};
+  support::oneHot(a29.data(), shape29_1, a28.data(), shape29_3, shape29_4, 0);
 
   MESHRT_TRACE_SITE("moe.mesh:66:29");
   group_model.wait(request0);
@@ -572,20 +545,20 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:36 div
   MESHRT_TRACE("loop", "moe.mesh:66:29", "forward");
   {
+    float *__restrict a30p = a30.data();
     float *__restrict a31p = a31.data();
-    float *__restrict a32p = a32.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a21p = a21.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a20p = a20.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = a19p[i0];
-      const float s1 = a21p[i0];
+      const float s0 = a18p[i0];
+      const float s1 = a20p[i0];
       const float s2 = (s0 + s1);
       const float s3 = 1e-09f;
       const float s4 = support::maximum(s2, s3);
-      const float s5 = a19p[i0];
+      const float s5 = a18p[i0];
       const float s6 = (s5 / s4);
-      a31p[i0] = s4;
-      a32p[i0] = s6;
+      a30p[i0] = s4;
+      a31p[i0] = s6;
     }
   }
 
@@ -597,32 +570,32 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:80:45 add -> combine
   MESHRT_TRACE("loop", "moe.mesh:80:66", "forward");
   {
+    float *__restrict a32p = a32.data();
     float *__restrict a33p = a33.data();
-    float *__restrict a34p = a34.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a31p = a31.data();
+    const float *__restrict a20p = a20.data();
     const float *__restrict a30p = a30.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a32p = a32.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a31p = a31.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = a21p[i0];
-          const float s1 = a31p[i0];
+          const float s0 = a20p[i0];
+          const float s1 = a30p[i0];
           const float s2 = (s0 / s1);
-          const float s3 = a30p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = a17p[i0 * 2 + i1];
+          const float s3 = a29p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = a16p[i0 * 2 + i1];
           const float s5 = (s3 * s4);
-          const float s6 = a25p[i0 * 80 + i1 * 40 + i2];
+          const float s6 = a24p[i0 * 80 + i1 * 40 + i2];
           const float s7 = (s6 + s5);
           const float s8 = (s5 * s2);
-          const float s9 = a25p[i0 * 80 + i1 * 40 + i2];
-          const float s10 = a32p[i0];
+          const float s9 = a24p[i0 * 80 + i1 * 40 + i2];
+          const float s10 = a31p[i0];
           const float s11 = (s9 * s10);
           const float s12 = (s11 + s8);
-          a33p[i0 * 80 + i1 * 40 + i2] = s7;
-          a34p[i0 * 80 + i1 * 40 + i2] = s12;
+          a32p[i0 * 80 + i1 * 40 + i2] = s7;
+          a33p[i0 * 80 + i1 * 40 + i2] = s12;
         }
       }
     }
@@ -631,58 +604,58 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:85:19 einsum -> expert_in
   MESHRT_TRACE("gemm", "moe.mesh:85:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan34(
+  static const meshrt::kernels::EinsumPlan einsumPlan33(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan34.run(a33.data(), a4.data(), a35.data(), 1.0f, 0.0f);
+  einsumPlan33.run(a32.data(), a0.data(), a34.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:21 einsum
   MESHRT_TRACE("gemm", "moe.mesh:86:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan35(
+  static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan35.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  einsumPlan34.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:86:16 relu -> hidden
   MESHRT_TRACE("loop", "moe.mesh:86:16", "forward");
   {
-    float *__restrict a38p = a38.data();
-    const float *__restrict a37p = a37.data();
+    float *__restrict a37p = a37.data();
+    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = a37p[i0];
+      const float s0 = a36p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      a38p[i0] = s1;
+      a37p[i0] = s1;
     }
   }
 
   // moe.mesh:87:20 einsum -> expert_out
   MESHRT_TRACE("gemm", "moe.mesh:87:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan37(
+  static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan37.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+  einsumPlan36.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // moe.mesh:89:10 einsum
   MESHRT_TRACE("gemm", "moe.mesh:89:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan38(
+  static const meshrt::kernels::EinsumPlan einsumPlan37(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan38.run(a34.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+  einsumPlan37.run(a33.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
   // moe.mesh:110:11 all_reduce_sum (resolve the partial sum of %60 over model for add at 110:11)
   MESHRT_TRACE_SITE("moe.mesh:110:11");
-  group_model.allReduce(a41.data(), a41.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:110:11 add -> h
   MESHRT_TRACE("loop", "moe.mesh:110:11", "forward");
   {
-    float *__restrict a42p = a42.data();
+    float *__restrict a41p = a41.data();
     const float *__restrict a1p = a1.data();
-    const float *__restrict a41p = a41.data();
+    const float *__restrict a40p = a40.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
       const float s0 = a1p[i0];
-      const float s1 = a41p[i0];
+      const float s1 = a40p[i0];
       const float s2 = (s0 + s1);
-      a42p[i0] = s2;
+      a41p[i0] = s2;
     }
   }
 }

@@ -270,10 +270,10 @@ void Encode::computeInvariants() {
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "encode");
-  // Arena: 147456 bytes for 1110536 bytes of temporaries (placed by liveness).
+  // Arena: 147456 bytes for 1028616 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  support::View v137 = arena_.view(16384, 4096);
+  support::View v137 = arena_.view(0, 4096);
 
   Outputs outputs;
   outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v137.begin(), v137.end())};
@@ -320,41 +320,15 @@ void Encode::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v16 = arena_.view(0, 4096);
-  static const support::Shape shape3_2 = {1, 128};
-  static const support::Shape shape3_3 = {4096, 32};
-  static const support::Shape shape3_4 = {4096, 32};
-  static const support::Shape shape3_5 = {32};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v16.data(), v12.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   const support::Buffer &v14 = param1_encoder_layer_0_norm_gain;
   const support::Buffer &v15 = param2_encoder_layer_0_norm_bias;
   support::View v18 = arena_.view(114688, 4096);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v14p = v14.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v16p[i0 * 32 + i1];
-        const float s1 = v14p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v15p[i1];
-        const float s4 = (s2 + s3);
-        v18p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::layerNormAffine(v18.data(), v12.data(), 128, 32, v14.data(), v15.data(), 1e-05, 32);
 
-  // 31 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 29 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v19 = param3_encoder_layer_0_heads_in_w;
   support::View v20 = arena_.view(32768, 2048);
@@ -383,25 +357,23 @@ void Encode::runPart0(const Inputs &inputs) {
   const support::Buffer &v58 = param6_encoder_layer_0_heads_out_w;
   support::View v59 = arena_.view(0, 4096);
   support::View v61 = arena_.view(131072, 4096);
-  support::View v64 = arena_.view(0, 4096);
+  support::View v66 = arena_.view(65536, 4096);
   const support::Buffer &v62 = param7_encoder_layer_0_norm_1_gain;
   const support::Buffer &v63 = param8_encoder_layer_0_norm_1_bias;
-  support::View v66 = arena_.view(65536, 4096);
   const support::Buffer &v67 = param9_encoder_layer_0_ffn_w_in;
   support::View v69 = arena_.view(0, 16384);
   support::View v70 = arena_.view(65536, 16384);
   const support::Buffer &v68 = param10_encoder_layer_0_ffn_w_out;
   support::View v71 = arena_.view(0, 4096);
   support::View v72 = arena_.view(98304, 4096);
-  support::View v76 = arena_.view(0, 4096);
   const support::Buffer &v74 = param12_encoder_layer_1_norm_gain;
   const support::Buffer &v75 = param13_encoder_layer_1_norm_bias;
   support::View v78 = arena_.view(114688, 4096);
   repeated0(v18, v19, v20, v13, v23, v24, v25, v28, v29, v34, v35, v36, v39, v40, v41, v44, v45,
-            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v64, v62, v63, v66, v67,
-            v69, v70, v68, v71, v72, v76, v74, v75, v78);
+            v50, v51, v52, v53, v54, v55, v56, v57, v58, v59, v12, v61, v66, v62, v63, v67, v69,
+            v70, v68, v71, v72, v78, v74, v75);
 
-  // 31 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 29 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v79 = param14_encoder_layer_1_heads_in_w;
   support::View v80 = arena_.view(32768, 2048);
@@ -430,23 +402,21 @@ void Encode::runPart0(const Inputs &inputs) {
   const support::Buffer &v118 = param17_encoder_layer_1_heads_out_w;
   support::View v119 = arena_.view(0, 4096);
   support::View v121 = arena_.view(131072, 4096);
-  support::View v124 = arena_.view(0, 4096);
+  support::View v126 = arena_.view(65536, 4096);
   const support::Buffer &v122 = param18_encoder_layer_1_norm_1_gain;
   const support::Buffer &v123 = param19_encoder_layer_1_norm_1_bias;
-  support::View v126 = arena_.view(65536, 4096);
   const support::Buffer &v127 = param20_encoder_layer_1_ffn_w_in;
   support::View v129 = arena_.view(0, 16384);
   support::View v130 = arena_.view(65536, 16384);
   const support::Buffer &v128 = param21_encoder_layer_1_ffn_w_out;
   support::View v131 = arena_.view(0, 4096);
   support::View v132 = arena_.view(16384, 4096);
-  support::View v135 = arena_.view(0, 4096);
   const support::Buffer &v133 = param22_norm_gain;
   const support::Buffer &v134 = param23_norm_bias;
-  support::View v137 = arena_.view(16384, 4096);
+  support::View v137 = arena_.view(0, 4096);
   repeated0(v78, v79, v80, v73, v83, v84, v85, v88, v89, v94, v95, v96, v99, v100, v101, v104, v105,
-            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v124, v122, v123,
-            v126, v127, v129, v130, v128, v131, v132, v135, v133, v134, v137);
+            v110, v111, v112, v113, v114, v115, v116, v117, v118, v119, v72, v121, v126, v122, v123,
+            v127, v129, v130, v128, v131, v132, v137, v133, v134);
 }
 
 void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -458,10 +428,10 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
                        support::View a21, support::View a22, support::View a23, support::View a24,
                        support::ConstView a25, support::View a26, support::ConstView a27,
                        support::View a28, support::View a29, support::ConstView a30,
-                       support::ConstView a31, support::View a32, support::ConstView a33,
-                       support::View a34, support::View a35, support::ConstView a36,
-                       support::View a37, support::View a38, support::View a39,
-                       support::ConstView a40, support::ConstView a41, support::View a42) {
+                       support::ConstView a31, support::ConstView a32, support::View a33,
+                       support::View a34, support::ConstView a35, support::View a36,
+                       support::View a37, support::View a38, support::ConstView a39,
+                       support::ConstView a40) {
   MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
@@ -717,106 +687,56 @@ void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::Vi
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape23_2 = {1, 128};
-  static const support::Shape shape23_3 = {4096, 32};
-  static const support::Shape shape23_4 = {4096, 32};
-  static const support::Shape shape23_5 = {32};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(a29.data(), a28.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a29p = a29.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a31p = a31.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a29p[i0 * 32 + i1];
-        const float s1 = a30p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a31p[i1];
-        const float s4 = (s2 + s3);
-        a32p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::layerNormAffine(a29.data(), a28.data(), 128, 32, a30.data(), a31.data(), 1e-05, 32);
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan25(
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan25.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+  einsumPlan24.run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
   {
-    float *__restrict a35p = a35.data();
-    const float *__restrict a34p = a34.data();
+    float *__restrict a34p = a34.data();
+    const float *__restrict a33p = a33.data();
     for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a34p[i0];
+      const float s0 = a33p[i0];
       const float s1 = support::fgelu(s0);
-      a35p[i0] = s1;
+      a34p[i0] = s1;
     }
   }
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan27(
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan27.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+  einsumPlan26.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // performer.mesh:108:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:108:12", "forward");
   {
-    float *__restrict a38p = a38.data();
+    float *__restrict a37p = a37.data();
     const float *__restrict a28p = a28.data();
-    const float *__restrict a37p = a37.data();
+    const float *__restrict a36p = a36.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = a28p[i0];
-      const float s1 = a37p[i0];
+      const float s1 = a36p[i0];
       const float s2 = (s0 + s1);
-      a38p[i0] = s2;
+      a37p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape29_2 = {1, 128};
-  static const support::Shape shape29_3 = {4096, 32};
-  static const support::Shape shape29_4 = {4096, 32};
-  static const support::Shape shape29_5 = {32};
-  static const support::Shape shape29_6 = {1};
-  static const support::Shape shape29_7 = {1};
-  support::along(a39.data(), a38.data(), shape29_2, shape29_3, shape29_4, shape29_5, shape29_6,
-                 shape29_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a42p = a42.data();
-    const float *__restrict a39p = a39.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a39p[i0 * 32 + i1];
-        const float s1 = a40p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a41p[i1];
-        const float s4 = (s2 + s3);
-        a42p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::layerNormAffine(a38.data(), a37.data(), 128, 32, a39.data(), a40.data(), 1e-05, 32);
 }
 
 Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
@@ -1277,7 +1197,7 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 1130496 bytes for 3313672 bytes of temporaries (placed by liveness).
+  // Arena: 1130496 bytes for 3231752 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
   support::View v143 = arena_.view(0, 8192);
@@ -1336,41 +1256,15 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  support::View v19 = arena_.view(0, 4096);
-  static const support::Shape shape4_2 = {1, 128};
-  static const support::Shape shape4_3 = {4096, 32};
-  static const support::Shape shape4_4 = {4096, 32};
-  static const support::Shape shape4_5 = {32};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v19.data(), v15.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
   const support::Buffer &v17 = param3_causal_lm_decoder_layer_0_norm_gain;
   const support::Buffer &v18 = param4_causal_lm_decoder_layer_0_norm_bias;
   support::View v21 = arena_.view(65536, 4096);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    const float *__restrict v17p = v17.data();
-    const float *__restrict v18p = v18.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v19p[i0 * 32 + i1];
-        const float s1 = v17p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v18p[i1];
-        const float s4 = (s2 + s3);
-        v21p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::layerNormAffine(v21.data(), v15.data(), 128, 32, v17.data(), v18.data(), 1e-05, 32);
 
-  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
+  // 30 statements from performer.mesh:45:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v22 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v23 = arena_.view(32768, 2048);
@@ -1400,25 +1294,23 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v62 = param8_causal_lm_decoder_layer_0_heads_out_w;
   support::View v63 = arena_.view(0, 4096);
   support::View v65 = arena_.view(131072, 4096);
-  support::View v68 = arena_.view(0, 4096);
+  support::View v70 = arena_.view(65536, 4096);
   const support::Buffer &v66 = param9_causal_lm_decoder_layer_0_norm_1_gain;
   const support::Buffer &v67 = param10_causal_lm_decoder_layer_0_norm_1_bias;
-  support::View v70 = arena_.view(65536, 4096);
   const support::Buffer &v71 = param11_causal_lm_decoder_layer_0_ffn_w_in;
   support::View v73 = arena_.view(0, 16384);
   support::View v74 = arena_.view(65536, 16384);
   const support::Buffer &v72 = param12_causal_lm_decoder_layer_0_ffn_w_out;
   support::View v75 = arena_.view(0, 4096);
   support::View v76 = arena_.view(1114112, 4096);
-  support::View v80 = arena_.view(0, 4096);
   const support::Buffer &v78 = param14_causal_lm_decoder_layer_1_norm_gain;
   const support::Buffer &v79 = param15_causal_lm_decoder_layer_1_norm_bias;
   support::View v82 = arena_.view(65536, 4096);
   repeated0(v21, v22, v23, v16, v26, v27, v28, v31, v32, v37, v38, v39, v42, v43, v44, v47, v48,
-            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v68, v66, v67, v70,
-            v71, v73, v74, v72, v75, v76, v80, v78, v79, v82);
+            v53, v54, v55, v56, v57, v58, v59, v60, v61, v62, v63, v15, v65, v70, v66, v67, v71,
+            v73, v74, v72, v75, v76, v82, v78, v79);
 
-  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
+  // 30 statements from performer.mesh:45:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("performer.mesh:45:10");
   const support::Buffer &v83 = param16_causal_lm_decoder_layer_1_heads_in_w;
   support::View v84 = arena_.view(32768, 2048);
@@ -1448,32 +1340,30 @@ void Lm::runPart0(const Inputs &inputs) {
   const support::Buffer &v123 = param19_causal_lm_decoder_layer_1_heads_out_w;
   support::View v124 = arena_.view(0, 4096);
   support::View v126 = arena_.view(131072, 4096);
-  support::View v129 = arena_.view(0, 4096);
+  support::View v131 = arena_.view(65536, 4096);
   const support::Buffer &v127 = param20_causal_lm_decoder_layer_1_norm_1_gain;
   const support::Buffer &v128 = param21_causal_lm_decoder_layer_1_norm_1_bias;
-  support::View v131 = arena_.view(65536, 4096);
   const support::Buffer &v132 = param22_causal_lm_decoder_layer_1_ffn_w_in;
   support::View v134 = arena_.view(0, 16384);
   support::View v135 = arena_.view(65536, 16384);
   const support::Buffer &v133 = param23_causal_lm_decoder_layer_1_ffn_w_out;
   support::View v136 = arena_.view(0, 4096);
   support::View v137 = arena_.view(16384, 4096);
-  support::View v140 = arena_.view(0, 4096);
   const support::Buffer &v138 = param24_causal_lm_norm_gain;
   const support::Buffer &v139 = param25_causal_lm_norm_bias;
   support::View v142 = arena_.view(32768, 4096);
   repeated0(v82, v83, v84, v77, v87, v88, v89, v92, v93, v98, v99, v100, v103, v104, v105, v108,
-            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v129,
-            v127, v128, v131, v132, v134, v135, v133, v136, v137, v140, v138, v139, v142);
+            v109, v114, v115, v116, v117, v118, v119, v120, v121, v122, v123, v124, v76, v126, v131,
+            v127, v128, v132, v134, v135, v133, v136, v137, v142, v138, v139);
 
   // performer.mesh:137:10 einsum -> logits
   MESHRT_TRACE("gemm", "performer.mesh:137:10", "forward");
   const support::Buffer &v2 = param1_causal_lm_unembed;
   support::View v143 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v142.data(), v2.data(), v143.data(), 1.0f, 0.0f);
 }
 
 void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1484,10 +1374,10 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                    support::View a19, support::View a20, support::View a21, support::View a22,
                    support::View a23, support::View a24, support::View a25, support::ConstView a26,
                    support::View a27, support::ConstView a28, support::View a29, support::View a30,
-                   support::ConstView a31, support::ConstView a32, support::View a33,
-                   support::ConstView a34, support::View a35, support::View a36,
-                   support::ConstView a37, support::View a38, support::View a39, support::View a40,
-                   support::ConstView a41, support::ConstView a42, support::View a43) {
+                   support::ConstView a31, support::ConstView a32, support::ConstView a33,
+                   support::View a34, support::View a35, support::ConstView a36, support::View a37,
+                   support::View a38, support::View a39, support::ConstView a40,
+                   support::ConstView a41) {
   MESHRT_TRACE_SPAN(world_);
 
   // performer.mesh:45:10 einsum
@@ -1756,106 +1646,56 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape24_2 = {1, 128};
-  static const support::Shape shape24_3 = {4096, 32};
-  static const support::Shape shape24_4 = {4096, 32};
-  static const support::Shape shape24_5 = {32};
-  static const support::Shape shape24_6 = {1};
-  static const support::Shape shape24_7 = {1};
-  support::along(a30.data(), a29.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
-                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a30p[i0 * 32 + i1];
-        const float s1 = a31p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a32p[i1];
-        const float s4 = (s2 + s3);
-        a33p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::layerNormAffine(a30.data(), a29.data(), 128, 32, a31.data(), a32.data(), 1e-05, 32);
 
   // performer.mesh:96:22 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:22", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan26(
+  static const meshrt::kernels::EinsumPlan einsumPlan25(
       {{1, 128, 32, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan26.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+  einsumPlan25.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
   MESHRT_TRACE("loop", "performer.mesh:96:17", "forward");
   {
-    float *__restrict a36p = a36.data();
-    const float *__restrict a35p = a35.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a34p = a34.data();
     for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = a35p[i0];
+      const float s0 = a34p[i0];
       const float s1 = support::fgelu(s0);
-      a36p[i0] = s1;
+      a35p[i0] = s1;
     }
   }
 
   // performer.mesh:96:10 einsum
   MESHRT_TRACE("gemm", "performer.mesh:96:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan28(
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{1, 128, 128, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan28.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
+  einsumPlan27.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:117:12 add -> h
   MESHRT_TRACE("loop", "performer.mesh:117:12", "forward");
   {
-    float *__restrict a39p = a39.data();
+    float *__restrict a38p = a38.data();
     const float *__restrict a29p = a29.data();
-    const float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
       const float s0 = a29p[i0];
-      const float s1 = a38p[i0];
+      const float s1 = a37p[i0];
       const float s2 = (s0 + s1);
-      a39p[i0] = s2;
+      a38p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
-  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
-  static const support::Shape shape30_2 = {1, 128};
-  static const support::Shape shape30_3 = {4096, 32};
-  static const support::Shape shape30_4 = {4096, 32};
-  static const support::Shape shape30_5 = {32};
-  static const support::Shape shape30_6 = {1};
-  static const support::Shape shape30_7 = {1};
-  support::along(a40.data(), a39.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
-                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  MESHRT_TRACE("loop", "performer.mesh:29:33", "forward");
-  {
-    float *__restrict a43p = a43.data();
-    const float *__restrict a40p = a40.data();
-    const float *__restrict a41p = a41.data();
-    const float *__restrict a42p = a42.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a40p[i0 * 32 + i1];
-        const float s1 = a41p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a42p[i1];
-        const float s4 = (s2 + s3);
-        a43p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "performer.mesh:29:10", "forward");
+  support::layerNormAffine(a39.data(), a38.data(), 128, 32, a40.data(), a41.data(), 1e-05, 32);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 147456;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1110536;
+  static constexpr size_t kTemporaryBytes = 1028616;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 26048;
 
@@ -94,10 +94,10 @@ public:
                  support::View a19, support::View a20, support::View a21, support::View a22,
                  support::View a23, support::View a24, support::ConstView a25, support::View a26,
                  support::ConstView a27, support::View a28, support::View a29,
-                 support::ConstView a30, support::ConstView a31, support::View a32,
-                 support::ConstView a33, support::View a34, support::View a35,
-                 support::ConstView a36, support::View a37, support::View a38, support::View a39,
-                 support::ConstView a40, support::ConstView a41, support::View a42);
+                 support::ConstView a30, support::ConstView a31, support::ConstView a32,
+                 support::View a33, support::View a34, support::ConstView a35, support::View a36,
+                 support::View a37, support::View a38, support::ConstView a39,
+                 support::ConstView a40);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 
@@ -189,7 +189,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 1130496;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 3313672;
+  static constexpr size_t kTemporaryBytes = 3231752;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 26048;
 
@@ -239,10 +239,10 @@ public:
                  support::View a19, support::View a20, support::View a21, support::View a22,
                  support::View a23, support::View a24, support::View a25, support::ConstView a26,
                  support::View a27, support::ConstView a28, support::View a29, support::View a30,
-                 support::ConstView a31, support::ConstView a32, support::View a33,
-                 support::ConstView a34, support::View a35, support::View a36,
-                 support::ConstView a37, support::View a38, support::View a39, support::View a40,
-                 support::ConstView a41, support::ConstView a42, support::View a43);
+                 support::ConstView a31, support::ConstView a32, support::ConstView a33,
+                 support::View a34, support::View a35, support::ConstView a36, support::View a37,
+                 support::View a38, support::View a39, support::ConstView a40,
+                 support::ConstView a41);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 

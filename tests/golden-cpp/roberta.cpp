@@ -218,10 +218,10 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "mlm");
-  // Arena: 16384 bytes for 159744 bytes of temporaries (placed by liveness).
+  // Arena: 16384 bytes for 135168 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
-  support::View v102 = arena_.view(0, 1024);
+  support::View v102 = arena_.view(4096, 1024);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 16, 32}, support::Buffer(v102.begin(), v102.end())};
@@ -266,41 +266,15 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v9 = arena_.view(0, 1024);
-  static const support::Shape shape3_2 = {2, 16};
-  static const support::Shape shape3_3 = {512, 32};
-  static const support::Shape shape3_4 = {512, 32};
-  static const support::Shape shape3_5 = {32};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v9.data(), v6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v7 = param2_roberta_norm_gain;
   const support::Buffer &v8 = param3_roberta_norm_bias;
-  support::View v11 = arena_.view(4096, 1024);
-  {
-    float *__restrict v11p = v11.data();
-    const float *__restrict v9p = v9.data();
-    const float *__restrict v7p = v7.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v9p[i0 * 32 + i1];
-        const float s1 = v7p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v8p[i1];
-        const float s4 = (s2 + s3);
-        v11p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v11 = arena_.view(0, 1024);
+  support::layerNormAffine(v11.data(), v6.data(), 32, 32, v7.data(), v8.data(), 1e-12, 32);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v12 = param4_roberta_encoder_layer_0_self_attention_q;
   support::View v16 = arena_.view(8192, 512);
@@ -308,32 +282,30 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v17 = arena_.view(10240, 512);
   const support::Buffer &v14 = param6_roberta_encoder_layer_0_self_attention_v;
   support::View v19 = arena_.view(12288, 512);
-  support::View v21 = arena_.view(0, 1024);
+  support::View v21 = arena_.view(4096, 1024);
   support::View v24 = arena_.view(8192, 1024);
   support::View v25 = arena_.view(14336, 512);
   const support::Buffer &v15 = param7_roberta_encoder_layer_0_self_attention_o;
-  support::View v26 = arena_.view(0, 1024);
+  support::View v26 = arena_.view(4096, 1024);
   support::View v28 = arena_.view(8192, 1024);
-  support::View v31 = arena_.view(0, 1024);
+  support::View v33 = arena_.view(0, 1024);
   const support::Buffer &v29 = param8_roberta_encoder_layer_0_norm_gain;
   const support::Buffer &v30 = param9_roberta_encoder_layer_0_norm_bias;
-  support::View v33 = arena_.view(4096, 1024);
   const support::Buffer &v34 = param10_roberta_encoder_layer_0_dense_relu_dense_wi;
-  support::View v38 = arena_.view(0, 1024);
+  support::View v38 = arena_.view(4096, 1024);
   const support::Buffer &v35 = param11_roberta_encoder_layer_0_dense_relu_dense_bi;
   support::View v40 = arena_.view(8192, 1024);
   const support::Buffer &v36 = param12_roberta_encoder_layer_0_dense_relu_dense_wo;
-  support::View v41 = arena_.view(0, 1024);
+  support::View v41 = arena_.view(4096, 1024);
   const support::Buffer &v37 = param13_roberta_encoder_layer_0_dense_relu_dense_bo;
   support::View v44 = arena_.view(8192, 1024);
-  support::View v47 = arena_.view(0, 1024);
   const support::Buffer &v45 = param14_roberta_encoder_layer_0_norm_1_gain;
   const support::Buffer &v46 = param15_roberta_encoder_layer_0_norm_1_bias;
-  support::View v49 = arena_.view(4096, 1024);
-  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v31, v29, v30, v33,
-            v34, v38, v35, v40, v36, v41, v37, v44, v47, v45, v46, v49);
+  support::View v49 = arena_.view(0, 1024);
+  repeated0(v11, v12, v16, v13, v17, v14, v19, v21, v24, v25, v15, v26, v28, v33, v29, v30, v34,
+            v38, v35, v40, v36, v41, v37, v44, v49, v45, v46);
 
-  // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
+  // 16 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
   MESHRT_TRACE_SITE("encoder_layers.mesh:28:17");
   const support::Buffer &v50 = param16_roberta_encoder_layer_1_self_attention_q;
   support::View v54 = arena_.view(8192, 512);
@@ -341,34 +313,32 @@ void Mlm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(10240, 512);
   const support::Buffer &v52 = param18_roberta_encoder_layer_1_self_attention_v;
   support::View v57 = arena_.view(12288, 512);
-  support::View v59 = arena_.view(0, 1024);
+  support::View v59 = arena_.view(4096, 1024);
   support::View v62 = arena_.view(8192, 1024);
   support::View v63 = arena_.view(14336, 512);
   const support::Buffer &v53 = param19_roberta_encoder_layer_1_self_attention_o;
-  support::View v64 = arena_.view(0, 1024);
+  support::View v64 = arena_.view(4096, 1024);
   support::View v66 = arena_.view(8192, 1024);
-  support::View v69 = arena_.view(0, 1024);
+  support::View v71 = arena_.view(0, 1024);
   const support::Buffer &v67 = param20_roberta_encoder_layer_1_norm_gain;
   const support::Buffer &v68 = param21_roberta_encoder_layer_1_norm_bias;
-  support::View v71 = arena_.view(4096, 1024);
   const support::Buffer &v72 = param22_roberta_encoder_layer_1_dense_relu_dense_wi;
-  support::View v76 = arena_.view(0, 1024);
+  support::View v76 = arena_.view(4096, 1024);
   const support::Buffer &v73 = param23_roberta_encoder_layer_1_dense_relu_dense_bi;
   support::View v78 = arena_.view(8192, 1024);
   const support::Buffer &v74 = param24_roberta_encoder_layer_1_dense_relu_dense_wo;
-  support::View v79 = arena_.view(0, 1024);
+  support::View v79 = arena_.view(4096, 1024);
   const support::Buffer &v75 = param25_roberta_encoder_layer_1_dense_relu_dense_bo;
   support::View v82 = arena_.view(8192, 1024);
-  support::View v85 = arena_.view(0, 1024);
   const support::Buffer &v83 = param26_roberta_encoder_layer_1_norm_1_gain;
   const support::Buffer &v84 = param27_roberta_encoder_layer_1_norm_1_bias;
-  support::View v87 = arena_.view(4096, 1024);
-  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v69, v67, v68, v71,
-            v72, v76, v73, v78, v74, v79, v75, v82, v85, v83, v84, v87);
+  support::View v87 = arena_.view(0, 1024);
+  repeated0(v49, v50, v54, v51, v55, v52, v57, v59, v62, v63, v53, v64, v66, v71, v67, v68, v72,
+            v76, v73, v78, v74, v79, v75, v82, v87, v83, v84);
 
   // roberta.mesh:43:9 transpose
   MESHRT_TRACE("loop", "roberta.mesh:43:9", "forward");
-  support::View v90 = arena_.view(0, 1024);
+  support::View v90 = arena_.view(4096, 1024);
   {
     float *__restrict v90p = v90.data();
     const float *__restrict v1p = v1.data();
@@ -386,15 +356,15 @@ void Mlm::runPart0(const Inputs &inputs) {
   const support::Buffer &v88 = param28_roberta_lm_head_dense;
   support::View v92 = arena_.view(8192, 1024);
   // dims: batch, length, d_model, d_out
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v87.data(), v88.data(), v92.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
   MESHRT_TRACE("loop", "roberta.mesh:46:64", "forward");
   const support::Buffer &v89 = param29_roberta_lm_head_dense_bias;
-  support::View v94 = arena_.view(4096, 1024);
+  support::View v94 = arena_.view(0, 1024);
   {
     float *__restrict v94p = v94.data();
     const float *__restrict v92p = v92.data();
@@ -411,52 +381,26 @@ void Mlm::runPart0(const Inputs &inputs) {
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  support::View v98 = arena_.view(8192, 1024);
-  static const support::Shape shape10_2 = {2, 16};
-  static const support::Shape shape10_3 = {512, 32};
-  static const support::Shape shape10_4 = {512, 32};
-  static const support::Shape shape10_5 = {32};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v98.data(), v94.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
   const support::Buffer &v96 = param31_roberta_lm_head_norm_gain;
   const support::Buffer &v97 = param32_roberta_lm_head_norm_bias;
-  support::View v100 = arena_.view(4096, 1024);
-  {
-    float *__restrict v100p = v100.data();
-    const float *__restrict v98p = v98.data();
-    const float *__restrict v96p = v96.data();
-    const float *__restrict v97p = v97.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v98p[i0 * 32 + i1];
-        const float s1 = v96p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v97p[i1];
-        const float s4 = (s2 + s3);
-        v100p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v100 = arena_.view(8192, 1024);
+  support::layerNormAffine(v100.data(), v94.data(), 32, 32, v96.data(), v97.data(), 1e-12, 32);
 
   // roberta.mesh:47:10 einsum
   MESHRT_TRACE("gemm", "roberta.mesh:47:10", "forward");
-  support::View v101 = arena_.view(8192, 1024);
+  support::View v101 = arena_.view(0, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v100.data(), v90.data(), v101.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add -> logits
   MESHRT_TRACE("loop", "roberta.mesh:47:57", "forward");
   const support::Buffer &v91 = param30_roberta_lm_head_output_bias;
-  support::View v102 = arena_.view(0, 1024);
+  support::View v102 = arena_.view(4096, 1024);
   {
     float *__restrict v102p = v102.data();
     const float *__restrict v101p = v101.data();
@@ -476,11 +420,11 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
                     support::ConstView a3, support::View a4, support::ConstView a5,
                     support::View a6, support::View a7, support::View a8, support::View a9,
                     support::ConstView a10, support::View a11, support::View a12, support::View a13,
-                    support::ConstView a14, support::ConstView a15, support::View a16,
-                    support::ConstView a17, support::View a18, support::ConstView a19,
-                    support::View a20, support::ConstView a21, support::View a22,
-                    support::ConstView a23, support::View a24, support::View a25,
-                    support::ConstView a26, support::ConstView a27, support::View a28) {
+                    support::ConstView a14, support::ConstView a15, support::ConstView a16,
+                    support::View a17, support::ConstView a18, support::View a19,
+                    support::ConstView a20, support::View a21, support::ConstView a22,
+                    support::View a23, support::View a24, support::ConstView a25,
+                    support::ConstView a26) {
   MESHRT_TRACE_SPAN(world_);
 
   // encoder_layers.mesh:28:17 einsum -> queries
@@ -556,57 +500,32 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a13.data(), a12.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
-                 support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> h
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a16p = a16.data();
-    const float *__restrict a13p = a13.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a15p = a15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a13p[i0 * 32 + i1];
-        const float s1 = a14p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a15p[i1];
-        const float s4 = (s2 + s3);
-        a16p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a13.data(), a12.data(), 32, 32, a14.data(), a15.data(), 1e-12, 32);
 
   // encoder_layers.mesh:45:16 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:45:16", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+  einsumPlan10.run(a13.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:45:53 add
   // encoder_layers.mesh:45:11 gelu -> h
   MESHRT_TRACE("loop", "encoder_layers.mesh:45:53", "forward");
   {
-    float *__restrict a20p = a20.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
     const float *__restrict a18p = a18.data();
-    const float *__restrict a19p = a19.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a18p[i0 * 32 + i1];
-        const float s1 = a19p[i1];
+        const float s0 = a17p[i0 * 32 + i1];
+        const float s1 = a18p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a20p[i0 * 32 + i1] = s3;
+        a19p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -614,65 +533,40 @@ void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View 
   // encoder_layers.mesh:46:10 einsum
   MESHRT_TRACE("gemm", "encoder_layers.mesh:46:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a20.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+  einsumPlan12.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %39 over model for add at
   // 46:50)
   MESHRT_TRACE_SITE("encoder_layers.mesh:46:50");
-  group_model.allReduce(a22.data(), a22.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a21.data(), a21.size(), meshrt::ReduceOp::Sum);
 
   // encoder_layers.mesh:46:50 add
   // roberta.mesh:23:17 add
   MESHRT_TRACE("loop", "encoder_layers.mesh:46:50", "forward");
   {
-    float *__restrict a24p = a24.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a21p = a21.data();
     const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a16p = a16.data();
+    const float *__restrict a13p = a13.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a22p[i0 * 32 + i1];
-        const float s1 = a23p[i1];
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a16p[i0 * 32 + i1];
+        const float s3 = a13p[i0 * 32 + i1];
         const float s4 = (s3 + s2);
-        a24p[i0 * 32 + i1] = s4;
+        a23p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
-  static const support::Shape shape16_2 = {2, 16};
-  static const support::Shape shape16_3 = {512, 32};
-  static const support::Shape shape16_4 = {512, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(a25.data(), a24.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
-
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  MESHRT_TRACE("loop", "encoder_layers.mesh:19:46", "forward");
-  {
-    float *__restrict a28p = a28.data();
-    const float *__restrict a25p = a25.data();
-    const float *__restrict a26p = a26.data();
-    const float *__restrict a27p = a27.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a25p[i0 * 32 + i1];
-        const float s1 = a26p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a27p[i1];
-        const float s4 = (s2 + s3);
-        a28p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "encoder_layers.mesh:19:10", "forward");
+  support::layerNormAffine(a24.data(), a23.data(), 32, 32, a25.data(), a26.data(), 1e-12, 32);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {

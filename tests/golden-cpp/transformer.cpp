@@ -245,10 +245,10 @@ void Lm::computeInvariants() {
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm");
-  // Arena: 90112 bytes for 643072 bytes of temporaries (placed by liveness).
+  // Arena: 90112 bytes for 528384 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
-  support::View v107 = arena_.view(0, 3072);
+  support::View v107 = arena_.view(16384, 3072);
 
   Outputs outputs;
   outputs.logits = support::Tensor{{2, 32, 48}, support::Buffer(v107.begin(), v107.end())};
@@ -294,48 +294,22 @@ void Lm::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  support::View v18 = arena_.view(0, 4096);
-  static const support::Shape shape3_2 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {2048, 64};
-  static const support::Shape shape3_5 = {64};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v18.data(), v7.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
-  support::View v20 = arena_.view(32768, 4096);
-  {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v18p = v18.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v18p[i0 * 64 + i1];
-        const float s1 = v16p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v17p[i1];
-        const float s4 = (s2 + s3);
-        v20p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  support::View v20 = arena_.view(0, 4096);
+  support::layerNormAffine(v20.data(), v7.data(), 64, 64, v16.data(), v17.data(), 1e-05, 64);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
-  support::View v25 = arena_.view(49152, 2048);
+  support::View v25 = arena_.view(32768, 2048);
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
-  support::View v26 = arena_.view(57344, 2048);
+  support::View v26 = arena_.view(40960, 2048);
   const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
-  support::View v28 = arena_.view(65536, 2048);
+  support::View v28 = arena_.view(49152, 2048);
   support::View v30 = arena_.view(0, 4096);
   repeated1(v20, v21, v25, v22, v26, v23, v28, v30);
 
@@ -368,18 +342,16 @@ void Lm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 15 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v36 = arena_.view(32768, 4096);
-  support::View v37 = arena_.view(0, 4096);
-  support::View v38 = arena_.view(32768, 2048);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v37 = arena_.view(32768, 4096);
+  support::View v38 = arena_.view(57344, 2048);
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
   support::View v41 = arena_.view(65536, 4096);
-  support::View v44 = arena_.view(0, 4096);
+  support::View v46 = arena_.view(32768, 4096);
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
-  support::View v46 = arena_.view(32768, 4096);
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
   support::View v51 = arena_.view(0, 8192);
   const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
@@ -388,36 +360,33 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v55 = arena_.view(0, 4096);
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
   support::View v58 = arena_.view(16384, 4096);
-  support::View v61 = arena_.view(0, 4096);
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
-  support::View v63 = arena_.view(32768, 4096);
-  repeated0(v34, v30, v36, v37, v28, v38, v24, v39, v7, v41, v44, v42, v43, v46, v47, v51, v48, v53,
-            v49, v55, v50, v58, v61, v59, v60, v63);
+  support::View v63 = arena_.view(0, 4096);
+  repeated0(v37, v30, v34, v28, v38, v24, v39, v7, v41, v46, v42, v43, v47, v51, v48, v53, v49, v55,
+            v50, v58, v63, v59, v60);
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
   const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
-  support::View v68 = arena_.view(49152, 2048);
+  support::View v68 = arena_.view(32768, 2048);
   const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
-  support::View v69 = arena_.view(57344, 2048);
+  support::View v69 = arena_.view(40960, 2048);
   const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
-  support::View v71 = arena_.view(65536, 2048);
+  support::View v71 = arena_.view(49152, 2048);
   support::View v73 = arena_.view(0, 4096);
   repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // 15 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v79 = arena_.view(32768, 4096);
-  support::View v80 = arena_.view(0, 4096);
-  support::View v81 = arena_.view(32768, 2048);
+  // 12 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
+  support::View v80 = arena_.view(32768, 4096);
+  support::View v81 = arena_.view(57344, 2048);
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
   support::View v82 = arena_.view(0, 4096);
   support::View v84 = arena_.view(65536, 4096);
-  support::View v87 = arena_.view(0, 4096);
+  support::View v89 = arena_.view(32768, 4096);
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
-  support::View v89 = arena_.view(32768, 4096);
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
   const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
@@ -426,148 +395,99 @@ void Lm::runPart0(const Inputs &inputs) {
   support::View v98 = arena_.view(0, 4096);
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
   support::View v101 = arena_.view(16384, 4096);
-  support::View v104 = arena_.view(0, 4096);
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
-  support::View v106 = arena_.view(16384, 4096);
-  repeated0(v34, v73, v79, v80, v71, v81, v67, v82, v58, v84, v87, v85, v86, v89, v90, v94, v91,
-            v96, v92, v98, v93, v101, v104, v102, v103, v106);
+  support::View v106 = arena_.view(0, 4096);
+  repeated0(v80, v73, v34, v71, v81, v67, v82, v58, v84, v89, v85, v86, v90, v94, v91, v96, v92,
+            v98, v93, v101, v106, v102, v103);
 
   // transformer.mesh:43:10 einsum -> logits
   MESHRT_TRACE("gemm", "transformer.mesh:43:10", "forward");
   const support::Buffer &v3 = param2_decoder_unembed;
-  support::View v107 = arena_.view(0, 3072);
+  support::View v107 = arena_.view(16384, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
 
-void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                   support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                   support::ConstView a8, support::View a9, support::View a10,
-                   support::ConstView a11, support::ConstView a12, support::View a13,
-                   support::ConstView a14, support::View a15, support::ConstView a16,
-                   support::View a17, support::ConstView a18, support::View a19,
-                   support::ConstView a20, support::View a21, support::View a22,
-                   support::ConstView a23, support::ConstView a24, support::View a25) {
+void Lm::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                   support::ConstView a7, support::View a8, support::View a9,
+                   support::ConstView a10, support::ConstView a11, support::ConstView a12,
+                   support::View a13, support::ConstView a14, support::View a15,
+                   support::ConstView a16, support::View a17, support::ConstView a18,
+                   support::View a19, support::View a20, support::ConstView a21,
+                   support::ConstView a22) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = a0p[i0 * 1024 + i2];
-          const float s1 = a1p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          a2p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape1_2 = {2, 2, 32};
-  static const support::Shape shape1_3 = {2048, 1024, 32};
-  static const support::Shape shape1_4 = {2048, 1024, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  static const support::Shape shape0_3 = {2, 2, 32};
+  static const support::Shape shape0_4 = {1024, 0, 32};
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
+    float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a7p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a6p[i0];
       const float s2 = (s0 + s1);
-      a9p[i0] = s2;
+      a8p[i0] = s2;
     }
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape6_2 = {2, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {2048, 64};
-  static const support::Shape shape6_5 = {64};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a10p[i0 * 64 + i1];
-        const float s1 = a11p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
-        const float s4 = (s2 + s3);
-        a13p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a9.data(), a8.data(), 64, 64, a10.data(), a11.data(), 1e-05, 64);
 
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  einsumPlan6.run(a9.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
   MESHRT_TRACE("loop", "layers.mesh:54:52", "forward");
   {
-    float *__restrict a17p = a17.data();
-    const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a14p = a14.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = a15p[i0 * 128 + i1];
-        const float s1 = a16p[i1];
+        const float s0 = a13p[i0 * 128 + i1];
+        const float s1 = a14p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a17p[i0 * 128 + i1] = s3;
+        a15p[i0 * 128 + i1] = s3;
       }
     }
   }
@@ -575,64 +495,39 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+  einsumPlan8.run(a15.data(), a16.data(), a17.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a17.data(), a17.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a19p = a19.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a9p = a9.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a8p = a8.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a19p[i0 * 64 + i1];
-        const float s1 = a20p[i1];
+        const float s0 = a17p[i0 * 64 + i1];
+        const float s1 = a18p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a9p[i0 * 64 + i1];
+        const float s3 = a8p[i0 * 64 + i1];
         const float s4 = (s3 + s2);
-        a21p[i0 * 64 + i1] = s4;
+        a19p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 layer_norm
-  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape13_2 = {2, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {2048, 64};
-  static const support::Shape shape13_5 = {64};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(a22.data(), a21.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
-  MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
-  {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a22p = a22.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a22p[i0 * 64 + i1];
-        const float s1 = a23p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a24p[i1];
-        const float s4 = (s2 + s3);
-        a25p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
+  support::layerNormAffine(a20.data(), a19.data(), 64, 64, a21.data(), a22.data(), 1e-05, 64);
 }
 
 void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1250,7 +1145,7 @@ void LmTrain::computeInvariants() {
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "lm_train");
-  // Arena: 536640 bytes for 2124052 bytes of temporaries (placed by liveness).
+  // Arena: 536640 bytes for 2091284 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1403,9 +1298,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 15 statements from layers.mesh:43:25 where (1 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v41 = arena_.view(16384, 4096);
+  // 14 statements from layers.mesh:43:17 softmax -> weights (1 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v42 = arena_.view(245760, 4096);
   support::View v43 = arena_.view(495616, 2048);
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
@@ -1428,9 +1322,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
   support::View v57 = arena_.view(32768, 8192);
   support::View v68 = arena_.view(344064, 4096);
-  repeated3(v39, v35, v41, v42, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53,
-            v57, v59, v54, v60, v55, v63, v66, v64, v65, v68,
-            "decoder/decoder_layer[0]/ffn/dropout#0");
+  repeated3(v42, v35, v39, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53, v57,
+            v59, v54, v60, v55, v63, v66, v64, v65, v68, "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("layers.mesh:36:11");
@@ -1443,9 +1336,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v78 = arena_.view(0, 4096);
   repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
-  // 15 statements from layers.mesh:43:25 where (2 of 2)
-  MESHRT_TRACE_SITE("layers.mesh:43:25");
-  support::View v84 = arena_.view(16384, 4096);
+  // 14 statements from layers.mesh:43:17 softmax -> weights (2 of 2)
+  MESHRT_TRACE_SITE("layers.mesh:43:17");
   support::View v85 = arena_.view(360448, 4096);
   support::View v86 = arena_.view(528384, 2048);
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
@@ -1468,8 +1360,8 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::View v108(param28_decoder_norm_bias); // updated in place
   support::View v100 = arena_.view(98304, 8192);
   support::View v111 = arena_.view(163840, 4096);
-  repeated3(v39, v78, v84, v85, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96,
-            v100, v102, v97, v103, v98, v106, v109, v107, v108, v111,
+  repeated3(v85, v78, v39, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96, v100,
+            v102, v97, v103, v98, v106, v109, v107, v108, v111,
             "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
@@ -4568,108 +4460,84 @@ void LmTrain::repeated2(
                   support::Reduce::Sum, 1.0);
 }
 
-void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
-                        support::View a3, support::ConstView a4, support::View a5,
-                        support::ConstView a6, support::View a7, support::ConstView a8,
-                        support::View a9, support::View a10, support::ConstView a11,
-                        support::ConstView a12, support::View a13, support::ConstView a14,
-                        support::View a15, support::ConstView a16, support::View a17,
-                        support::View a18, support::ConstView a19, support::View a20,
-                        support::ConstView a21, support::View a22, support::View a23,
-                        support::ConstView a24, support::ConstView a25, support::View a26,
-                        const char *t0) {
+void LmTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+                        support::ConstView a3, support::View a4, support::ConstView a5,
+                        support::View a6, support::ConstView a7, support::View a8, support::View a9,
+                        support::ConstView a10, support::ConstView a11, support::View a12,
+                        support::ConstView a13, support::View a14, support::ConstView a15,
+                        support::View a16, support::View a17, support::ConstView a18,
+                        support::View a19, support::ConstView a20, support::View a21,
+                        support::View a22, support::ConstView a23, support::ConstView a24,
+                        support::View a25, const char *t0) {
   MESHRT_TRACE_SPAN(world_);
 
-  // layers.mesh:43:25 where
-  MESHRT_TRACE("loop", "layers.mesh:43:25", "forward");
-  {
-    float *__restrict a2p = a2.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = a0p[i0 * 1024 + i2];
-          const float s1 = a1p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          a2p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
   // layers.mesh:43:17 softmax -> weights
+  // layers.mesh:43:25 where
   MESHRT_TRACE("softmax", "layers.mesh:43:17", "forward");
-  static const support::Shape shape1_2 = {2, 2, 32};
-  static const support::Shape shape1_3 = {2048, 1024, 32};
-  static const support::Shape shape1_4 = {2048, 1024, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
+  static const support::Shape shape0_3 = {2, 2, 32};
+  static const support::Shape shape0_4 = {1024, 0, 32};
+  support::maskedSoftmax(a0.data(), a1.data(), a2.data(), shape0_3, shape0_4, 32, 1, -1000000000.0);
 
   // layers.mesh:44:17 einsum -> context
   MESHRT_TRACE("gemm", "layers.mesh:44:17", "forward");
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:45:10", "forward");
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
   // 21:13)
   MESHRT_TRACE_SITE("transformer.mesh:21:13");
-  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a6.data(), a6.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
   MESHRT_TRACE("loop", "transformer.mesh:21:13", "forward");
   {
-    float *__restrict a9p = a9.data();
-    const float *__restrict a8p = a8.data();
+    float *__restrict a8p = a8.data();
     const float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = a8p[i0];
-      const float s1 = a7p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a6p[i0];
       const float s2 = (s0 + s1);
-      a9p[i0] = s2;
+      a8p[i0] = s2;
     }
   }
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape6_2 = {2, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {2048, 64};
-  static const support::Shape shape6_5 = {64};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+  static const support::Shape shape5_2 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {2048, 64};
+  static const support::Shape shape5_5 = {64};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(a9.data(), a8.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
-    float *__restrict a13p = a13.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a9p = a9.data();
     const float *__restrict a10p = a10.data();
     const float *__restrict a11p = a11.data();
-    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a10p[i0 * 64 + i1];
-        const float s1 = a11p[i1];
+        const float s0 = a9p[i0 * 64 + i1];
+        const float s1 = a10p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a12p[i1];
+        const float s3 = a11p[i1];
         const float s4 = (s2 + s3);
-        a13p[i0 * 64 + i1] = s4;
+        a12p[i0 * 64 + i1] = s4;
       }
     }
   }
@@ -4677,9 +4545,9 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:54:16 einsum
   MESHRT_TRACE("gemm", "layers.mesh:54:16", "forward");
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+  einsumPlan7.run(a12.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
@@ -4689,10 +4557,10 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
     const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
                               support::shardStart(world_, {"model"}, 128) * 1);
+    float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
-    float *__restrict a18p = a18.data();
+    const float *__restrict a14p = a14.data();
     const float *__restrict a15p = a15.data();
-    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t c1 = 0; c1 < 128; c1 += 128) {
         constexpr int64_t n1 = 128;
@@ -4702,14 +4570,14 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
           meshrt::dropoutKeepMasks(inv0, uint64_t(inv1 + i0 * 256 + i1), n1, 838861u, keep4);
         }
         for (int64_t i1 = c1; i1 < c1 + n1; ++i1) {
-          const float s0 = a15p[i0 * 128 + i1];
-          const float s1 = a16p[i1];
+          const float s0 = a14p[i0 * 128 + i1];
+          const float s1 = a15p[i1];
           const float s2 = (s0 + s1);
           const float s3 = support::fgelu(s2);
           const float s4 =
               support::keepOrZero(keep4[i1 - c1], float(double(s3) * 1.1111111111111112));
-          a17p[i0 * 128 + i1] = s2;
-          a18p[i0 * 128 + i1] = s4;
+          a16p[i0 * 128 + i1] = s2;
+          a17p[i0 * 128 + i1] = s4;
         }
       }
     }
@@ -4718,61 +4586,61 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:55:10 einsum
   MESHRT_TRACE("gemm", "layers.mesh:55:10", "forward");
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+  einsumPlan9.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
   MESHRT_TRACE_SITE("layers.mesh:55:71");
-  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   MESHRT_TRACE("loop", "layers.mesh:55:71", "forward");
   {
-    float *__restrict a22p = a22.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a19p = a19.data();
     const float *__restrict a20p = a20.data();
-    const float *__restrict a21p = a21.data();
-    const float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a20p[i0 * 64 + i1];
-        const float s1 = a21p[i1];
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a20p[i1];
         const float s2 = (s0 + s1);
-        const float s3 = a9p[i0 * 64 + i1];
+        const float s3 = a8p[i0 * 64 + i1];
         const float s4 = (s3 + s2);
-        a22p[i0 * 64 + i1] = s4;
+        a21p[i0 * 64 + i1] = s4;
       }
     }
   }
 
   // layers.mesh:24:10 layer_norm
   MESHRT_TRACE("layer_norm", "layers.mesh:24:10", "forward");
-  static const support::Shape shape13_2 = {2, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {2048, 64};
-  static const support::Shape shape13_5 = {64};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(a23.data(), a22.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  static const support::Shape shape12_2 = {2, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {2048, 64};
+  static const support::Shape shape12_5 = {64};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(a22.data(), a21.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> n
   MESHRT_TRACE("loop", "layers.mesh:24:33", "forward");
   {
-    float *__restrict a26p = a26.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a22p = a22.data();
     const float *__restrict a23p = a23.data();
     const float *__restrict a24p = a24.data();
-    const float *__restrict a25p = a25.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a23p[i0 * 64 + i1];
-        const float s1 = a24p[i1];
+        const float s0 = a22p[i0 * 64 + i1];
+        const float s1 = a23p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = a25p[i1];
+        const float s3 = a24p[i1];
         const float s4 = (s2 + s3);
-        a26p[i0 * 64 + i1] = s4;
+        a25p[i0 * 64 + i1] = s4;
       }
     }
   }

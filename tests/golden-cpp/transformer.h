@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 90112;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 643072;
+  static constexpr size_t kTemporaryBytes = 528384;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 8576;
 
@@ -86,14 +86,13 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
-  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::ConstView a8, support::View a9, support::View a10, support::ConstView a11,
-                 support::ConstView a12, support::View a13, support::ConstView a14,
-                 support::View a15, support::ConstView a16, support::View a17,
-                 support::ConstView a18, support::View a19, support::ConstView a20,
-                 support::View a21, support::View a22, support::ConstView a23,
-                 support::ConstView a24, support::View a25);
+  void repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
+                 support::ConstView a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15, support::ConstView a16,
+                 support::View a17, support::ConstView a18, support::View a19, support::View a20,
+                 support::ConstView a21, support::ConstView a22);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::View a7);
@@ -208,7 +207,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 536640;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 2124052;
+  static constexpr size_t kTemporaryBytes = 2091284;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 9792;
 
@@ -305,14 +304,14 @@ public:
                  support::ConstView a29, support::View a30, support::View a31, support::View a32,
                  support::ConstView a33, support::View a34, support::View a35, support::View a36,
                  support::ConstView a37, support::View a38, support::View a39, support::View a40);
-  void repeated3(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
-                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
-                 support::ConstView a8, support::View a9, support::View a10, support::ConstView a11,
-                 support::ConstView a12, support::View a13, support::ConstView a14,
-                 support::View a15, support::ConstView a16, support::View a17, support::View a18,
-                 support::ConstView a19, support::View a20, support::ConstView a21,
-                 support::View a22, support::View a23, support::ConstView a24,
-                 support::ConstView a25, support::View a26, const char *t0);
+  void repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::ConstView a15, support::View a16, support::View a17,
+                 support::ConstView a18, support::View a19, support::ConstView a20,
+                 support::View a21, support::View a22, support::ConstView a23,
+                 support::ConstView a24, support::View a25, const char *t0);
   void repeated4(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::View a4, support::ConstView a5, support::ConstView a6,
                  support::ConstView a7);

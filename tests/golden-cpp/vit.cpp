@@ -237,10 +237,10 @@ void Classify::computeInvariants() {
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "classify");
-  // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
+  // Arena: 43520 bytes for 401968 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  support::View v119 = arena_.view(0, 20);
+  support::View v119 = arena_.view(128, 20);
 
   Outputs outputs;
   outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
@@ -386,45 +386,19 @@ void Classify::runPart0(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  support::View v26 = arena_.view(0, 2176);
-  static const support::Shape shape11_2 = {2, 17};
-  static const support::Shape shape11_3 = {1088, 64};
-  static const support::Shape shape11_4 = {1088, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v26.data(), v21.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
   const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
   const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
-  support::View v28 = arena_.view(17408, 2176);
-  {
-    float *__restrict v28p = v28.data();
-    const float *__restrict v26p = v26.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v26p[i0 * 64 + i1];
-        const float s1 = v24p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v25p[i1];
-        const float s4 = (s2 + s3);
-        v28p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  support::View v28 = arena_.view(0, 2176);
+  support::layerNormAffine(v28.data(), v21.data(), 34, 64, v24.data(), v25.data(), 1e-06, 64);
 
-  // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
+  // 24 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
-  support::View v34 = arena_.view(0, 2176);
+  support::View v34 = arena_.view(17408, 2176);
   const support::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
   support::View v35 = arena_.view(30464, 1088);
   const support::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
@@ -451,19 +425,17 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
   support::View v63 = arena_.view(0, 2176);
   support::View v65 = arena_.view(8704, 2176);
-  support::View v70 = arena_.view(0, 2176);
   const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
   const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
-  support::View v72 = arena_.view(17408, 2176);
+  support::View v72 = arena_.view(0, 2176);
   repeated0(v28, v29, v33, v34, v30, v35, v31, v37, v38, v41, v42, v32, v43, v22, v45, v21, v47,
-            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v70, v68, v69,
-            v72);
+            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v72, v68, v69);
 
-  // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
+  // 24 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   MESHRT_TRACE_SITE("vit.mesh:59:11");
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
-  support::View v78 = arena_.view(0, 2176);
+  support::View v78 = arena_.view(17408, 2176);
   const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
   support::View v79 = arena_.view(30464, 1088);
   const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
@@ -490,46 +462,45 @@ void Classify::runPart0(const Inputs &inputs) {
   const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
   support::View v107 = arena_.view(0, 2176);
   support::View v109 = arena_.view(8704, 2176);
-  support::View v112 = arena_.view(0, 2176);
   const support::Buffer &v110 = param30_vit_norm_gain;
   const support::Buffer &v111 = param31_vit_norm_bias;
-  support::View v114 = arena_.view(8704, 2176);
+  support::View v114 = arena_.view(0, 2176);
   repeated0(v72, v73, v77, v78, v74, v79, v75, v81, v82, v85, v86, v76, v87, v66, v89, v65, v91,
-            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v112, v110,
-            v111, v114);
+            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v114, v110,
+            v111);
 
   // vit.mesh:99:17 slice
   MESHRT_TRACE("slice", "vit.mesh:99:17", "forward");
-  support::View v115 = arena_.slot(0, 128);
-  static const support::Shape shape15_2 = {2, 64};
-  static const support::Shape shape15_3 = {64, 1};
-  static const support::Shape shape15_4 = {1088, 1};
-  support::copyWindow(v115.data(), v114.data(), shape15_2, shape15_3, shape15_4, 64, 64, 1, 17,
+  support::View v115 = arena_.slot(8704, 128);
+  static const support::Shape shape14_2 = {2, 64};
+  static const support::Shape shape14_3 = {64, 1};
+  static const support::Shape shape14_4 = {1088, 1};
+  support::copyWindow(v115.data(), v114.data(), shape14_2, shape14_3, shape14_4, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   MESHRT_TRACE("sum", "vit.mesh:99:13", "forward");
-  support::View v116 = arena_.view(512, 128);
-  static const support::Shape shape16_1 = {2, 64};
-  static const support::Shape shape16_3 = {64, 1};
-  static const support::Shape shape16_4 = {1};
-  static const support::Shape shape16_5 = {64};
-  support::reduce(v116.data(), shape16_1, v115.data(), shape16_3, shape16_4, shape16_5,
+  support::View v116 = arena_.view(0, 128);
+  static const support::Shape shape15_1 = {2, 64};
+  static const support::Shape shape15_3 = {64, 1};
+  static const support::Shape shape15_4 = {1};
+  static const support::Shape shape15_5 = {64};
+  support::reduce(v116.data(), shape15_1, v115.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   MESHRT_TRACE("gemm", "vit.mesh:100:10", "forward");
   const support::Buffer &v3 = param2_vit_w_head;
-  support::View v117 = arena_.view(0, 20);
+  support::View v117 = arena_.view(512, 20);
   // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan17.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add
   MESHRT_TRACE("loop", "vit.mesh:100:48", "forward");
   const support::Buffer &v4 = param3_vit_b_head;
-  support::View v118 = arena_.view(128, 20);
+  support::View v118 = arena_.view(0, 20);
   {
     float *__restrict v118p = v118.data();
     const float *__restrict v117p = v117.data();
@@ -546,15 +517,15 @@ void Classify::runPart0(const Inputs &inputs) {
 
   // vit.mesh:104:11 softmax -> probs
   MESHRT_TRACE("softmax", "vit.mesh:104:11", "forward");
-  support::View v119 = arena_.view(0, 20);
-  static const support::Shape shape19_2 = {2};
-  static const support::Shape shape19_3 = {10};
-  static const support::Shape shape19_4 = {10};
-  static const support::Shape shape19_5 = {10};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v119.data(), v118.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::Softmax, 1e-05, 10, nullptr);
+  support::View v119 = arena_.view(128, 20);
+  static const support::Shape shape18_2 = {2};
+  static const support::Shape shape18_3 = {10};
+  static const support::Shape shape18_4 = {10};
+  static const support::Shape shape18_5 = {10};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v119.data(), v118.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::Softmax, 1e-05, 10, nullptr);
 }
 
 void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -568,7 +539,7 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
                          support::View a24, support::ConstView a25, support::View a26,
                          support::View a27, support::ConstView a28, support::View a29,
                          support::View a30, support::View a31, support::ConstView a32,
-                         support::ConstView a33, support::View a34) {
+                         support::ConstView a33) {
   MESHRT_TRACE_SPAN(world_);
 
   // vit.mesh:59:11 einsum -> q
@@ -811,35 +782,10 @@ void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::
   }
 
   // vit.mesh:36:10 layer_norm
-  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
-  static const support::Shape shape23_2 = {2, 17};
-  static const support::Shape shape23_3 = {1088, 64};
-  static const support::Shape shape23_4 = {1088, 64};
-  static const support::Shape shape23_5 = {64};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(a31.data(), a30.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  MESHRT_TRACE("loop", "vit.mesh:36:45", "forward");
-  {
-    float *__restrict a34p = a34.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a32p = a32.data();
-    const float *__restrict a33p = a33.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = a31p[i0 * 64 + i1];
-        const float s1 = a32p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a33p[i1];
-        const float s4 = (s2 + s3);
-        a34p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "vit.mesh:36:10", "forward");
+  support::layerNormAffine(a31.data(), a30.data(), 34, 64, a32.data(), a33.data(), 1e-06, 64);
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 43520;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 428080;
+  static constexpr size_t kTemporaryBytes = 401968;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 320;
 
@@ -95,7 +95,7 @@ public:
                  support::ConstView a21, support::View a22, support::View a23, support::View a24,
                  support::ConstView a25, support::View a26, support::View a27,
                  support::ConstView a28, support::View a29, support::View a30, support::View a31,
-                 support::ConstView a32, support::ConstView a33, support::View a34);
+                 support::ConstView a32, support::ConstView a33);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 

@@ -341,7 +341,7 @@ void Predict::computeInvariants() {
 
 Predict::Outputs Predict::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "predict");
-  // Arena: 79872 bytes for 352320 bytes of temporaries (placed by liveness).
+  // Arena: 79872 bytes for 315456 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -558,7 +558,7 @@ void Predict::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 23 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 18 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v68 = arena_.view(32768, 1024);
   support::View v69 = arena_.view(40960, 1024);
@@ -569,84 +569,80 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v71 = arena_.view(36864, 1024);
   support::View v73 = arena_.view(40960, 1024);
   support::View v75 = arena_.view(32768, 1024);
-  support::View v78 = arena_.view(36864, 1024);
+  support::View v80 = arena_.view(36864, 1024);
   const support::Buffer &v76 = param10_xlnet_xlnet_layer_0_norm_gain;
   const support::Buffer &v77 = param11_xlnet_xlnet_layer_0_norm_bias;
-  support::View v80 = arena_.view(40960, 1024);
-  support::View v81 = arena_.view(36864, 1024);
-  support::View v83 = arena_.view(32768, 1024);
+  support::View v83 = arena_.view(40960, 1024);
   const support::Buffer &v84 = param12_xlnet_xlnet_layer_0_dense_relu_dense_wi;
-  support::View v88 = arena_.view(36864, 1024);
+  support::View v88 = arena_.view(32768, 1024);
   const support::Buffer &v85 = param13_xlnet_xlnet_layer_0_dense_relu_dense_bi;
   support::View v90 = arena_.view(45056, 1024);
   const support::Buffer &v86 = param14_xlnet_xlnet_layer_0_dense_relu_dense_wo;
-  support::View v91 = arena_.view(36864, 1024);
+  support::View v91 = arena_.view(32768, 1024);
   support::View v94 = arena_.view(45056, 1024);
   support::View v96 = arena_.view(49152, 1024);
   support::View v97 = arena_.view(45056, 1024);
+  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
+            v80, v76, v77, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97);
+
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
   const support::Buffer &v87 = param15_xlnet_xlnet_layer_0_dense_relu_dense_bo;
   support::View v100 = arena_.view(49152, 1024);
-  support::View v101 = arena_.view(36864, 1024);
-  support::View v104 = arena_.view(32768, 1024);
-  repeated0(v54, v56, v66, v68, v69, v64, v41, v70_c0, v35, v70, v71_c0, v71, v24, v73, v28, v75,
-            v78, v76, v77, v80, v81, v83, v84, v88, v85, v90, v86, v91, v94, v96, v97, v87, v100,
-            v101, v104);
+  {
+    float *__restrict v100p = v100.data();
+    const float *__restrict v91p = v91.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v80p = v80.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v91p[i0 * 32 + i1];
+        const float s1 = v87p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v80p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v100p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v101 = arena_.view(32768, 1024);
+  {
+    float *__restrict v101p = v101.data();
+    const float *__restrict v97p = v97.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v83p = v83.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v97p[i0 * 32 + i1];
+        const float s1 = v87p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v83p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v101p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:10 layer_norm
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
   const support::Buffer &v102 = param16_xlnet_xlnet_layer_0_norm_1_gain;
   const support::Buffer &v103 = param17_xlnet_xlnet_layer_0_norm_1_bias;
-  support::View v106 = arena_.view(49152, 1024);
-  {
-    float *__restrict v106p = v106.data();
-    const float *__restrict v104p = v104.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v103p = v103.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v104p[i0 * 32 + i1];
-        const float s1 = v102p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v103p[i1];
-        const float s4 = (s2 + s3);
-        v106p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  support::View v106 = arena_.view(53248, 1024);
+  support::layerNormAffine(v106.data(), v100.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v107 = arena_.view(32768, 1024);
-  static const support::Shape shape15_2 = {2, 16};
-  static const support::Shape shape15_3 = {512, 32};
-  static const support::Shape shape15_4 = {512, 32};
-  static const support::Shape shape15_5 = {32};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v107.data(), v101.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  support::View v109 = arena_.view(53248, 1024);
-  {
-    float *__restrict v109p = v109.data();
-    const float *__restrict v107p = v107.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v103p = v103.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v107p[i0 * 32 + i1];
-        const float s1 = v102p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v103p[i1];
-        const float s4 = (s2 + s3);
-        v109p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v109 = arena_.view(49152, 1024);
+  support::layerNormAffine(v109.data(), v101.data(), 32, 32, v102.data(), v103.data(), 1e-05, 32);
 
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
@@ -700,16 +696,16 @@ void Predict::runPart0(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "forward");
   support::View v144 = arena_.view(0, 1024);
-  static const support::Shape shape19_2 = {2, 2, 16};
-  static const support::Shape shape19_3 = {512, 256, 16};
-  static const support::Shape shape19_4 = {512, 256, 16};
-  static const support::Shape shape19_5 = {16};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v144.data(), v143.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape20_2 = {2, 2, 16};
+  static const support::Shape shape20_3 = {512, 256, 16};
+  static const support::Shape shape20_4 = {512, 256, 16};
+  static const support::Shape shape20_5 = {16};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v144.data(), v143.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 23 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 18 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v148 = arena_.view(4096, 1024);
   support::View v149 = arena_.view(8192, 1024);
@@ -720,80 +716,71 @@ void Predict::runPart0(const Inputs &inputs) {
   support::View v151 = arena_.view(4096, 1024);
   support::View v153 = arena_.view(8192, 1024);
   support::View v155 = arena_.view(0, 1024);
-  support::View v158 = arena_.view(4096, 1024);
+  support::View v160 = arena_.view(4096, 1024);
   const support::Buffer &v156 = param25_xlnet_xlnet_layer_1_norm_gain;
   const support::Buffer &v157 = param26_xlnet_xlnet_layer_1_norm_bias;
-  support::View v160 = arena_.view(8192, 1024);
-  support::View v161 = arena_.view(4096, 1024);
-  support::View v163 = arena_.view(0, 1024);
+  support::View v163 = arena_.view(8192, 1024);
   const support::Buffer &v164 = param27_xlnet_xlnet_layer_1_dense_relu_dense_wi;
-  support::View v168 = arena_.view(4096, 1024);
+  support::View v168 = arena_.view(0, 1024);
   const support::Buffer &v165 = param28_xlnet_xlnet_layer_1_dense_relu_dense_bi;
-  support::View v170 = arena_.view(12288, 1024);
+  support::View v170 = arena_.view(4096, 1024);
   const support::Buffer &v166 = param29_xlnet_xlnet_layer_1_dense_relu_dense_wo;
-  support::View v171 = arena_.view(4096, 1024);
-  support::View v174 = arena_.view(12288, 1024);
-  support::View v176 = arena_.view(16384, 1024);
-  support::View v177 = arena_.view(12288, 1024);
-  const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
-  support::View v180 = arena_.view(16384, 1024);
-  support::View v181 = arena_.view(4096, 1024);
-  support::View v184 = arena_.view(0, 1024);
+  support::View v171 = arena_.view(0, 1024);
+  support::View v174 = arena_.view(4096, 1024);
+  support::View v176 = arena_.view(12288, 1024);
+  support::View v177 = arena_.view(4096, 1024);
   repeated0(v134, v136, v66, v148, v149, v144, v121, v150_c0, v116, v150, v151_c0, v151, v106, v153,
-            v109, v155, v158, v156, v157, v160, v161, v163, v164, v168, v165, v170, v166, v171,
-            v174, v176, v177, v167, v180, v181, v184);
+            v109, v155, v160, v156, v157, v163, v164, v168, v165, v170, v166, v171, v174, v176,
+            v177);
 
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v187 = arena_.view(0, 1024);
-  static const support::Shape shape21_2 = {2, 16};
-  static const support::Shape shape21_3 = {512, 32};
-  static const support::Shape shape21_4 = {512, 32};
-  static const support::Shape shape21_5 = {32};
-  static const support::Shape shape21_6 = {1};
-  static const support::Shape shape21_7 = {1};
-  support::along(v187.data(), v181.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
-                 shape21_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
-  const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
-  support::View v189 = arena_.view(4096, 1024);
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  const support::Buffer &v167 = param30_xlnet_xlnet_layer_1_dense_relu_dense_bo;
+  support::View v181 = arena_.view(0, 1024);
   {
-    float *__restrict v189p = v189.data();
-    const float *__restrict v187p = v187.data();
-    const float *__restrict v182p = v182.data();
-    const float *__restrict v183p = v183.data();
+    float *__restrict v181p = v181.data();
+    const float *__restrict v177p = v177.data();
+    const float *__restrict v167p = v167.data();
+    const float *__restrict v163p = v163.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v187p[i0 * 32 + i1];
-        const float s1 = v182p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v183p[i1];
-        const float s4 = (s2 + s3);
-        v189p[i0 * 32 + i1] = s4;
+        const float s0 = v177p[i0 * 32 + i1];
+        const float s1 = v167p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v163p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v181p[i0 * 32 + i1] = s4;
       }
     }
   }
 
-  // xlnet.mesh:113:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
-  support::View v190 = arena_.view(0, 1024);
-  // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
+  // xlnet.mesh:37:48 layer_norm
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g2
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  const support::Buffer &v182 = param31_xlnet_xlnet_layer_1_norm_1_gain;
+  const support::Buffer &v183 = param32_xlnet_xlnet_layer_1_norm_1_bias;
+  support::View v189 = arena_.view(4096, 1024);
+  support::layerNormAffine(v189.data(), v181.data(), 32, 32, v182.data(), v183.data(), 1e-05, 32);
 }
 
 void Predict::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
+  // xlnet.mesh:113:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "forward");
+  support::View v189 = arena_.view(4096, 1024);
+  const support::Buffer &v2 = param0_xlnet_embedding;
+  support::View v190 = arena_.view(0, 1024);
+  // dims: batch, length, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan0.run(v189.data(), v2.data(), v190.data(), 1.0f, 0.0f);
+
   // xlnet.mesh:113:55 add -> logits
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
-  support::View v190 = arena_.view(0, 1024);
   const support::Buffer &v4 = param2_xlnet_output_bias;
   support::View v191 = arena_.view(4096, 1024);
   {
@@ -817,12 +804,10 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
                         support::View a9, support::View a10, support::View a11,
                         support::ConstView a12, support::View a13, support::ConstView a14,
                         support::View a15, support::View a16, support::ConstView a17,
-                        support::ConstView a18, support::View a19, support::View a20,
+                        support::ConstView a18, support::View a19, support::ConstView a20,
                         support::View a21, support::ConstView a22, support::View a23,
-                        support::ConstView a24, support::View a25, support::ConstView a26,
-                        support::View a27, support::View a28, support::View a29, support::View a30,
-                        support::ConstView a31, support::View a32, support::View a33,
-                        support::View a34) {
+                        support::ConstView a24, support::View a25, support::View a26,
+                        support::View a27, support::View a28) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:68:19 add
@@ -922,88 +907,38 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   }
 
   // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a16.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:33 mul
   // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a17p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
-        const float s4 = (s2 + s3);
-        a19p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  support::layerNormAffine(a16.data(), a13.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
 
   // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  static const support::Shape shape11_2 = {2, 16};
-  static const support::Shape shape11_3 = {512, 32};
-  static const support::Shape shape11_4 = {512, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(a20.data(), a15.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a20p[i0 * 32 + i1];
-        const float s1 = a17p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
-        const float s4 = (s2 + s3);
-        a21p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::layerNormAffine(a19.data(), a15.data(), 32, 32, a17.data(), a18.data(), 1e-05, 32);
 
   // xlnet.mesh:83:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
+  einsumPlan11.run(a16.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "forward");
   {
-    float *__restrict a25p = a25.data();
-    const float *__restrict a23p = a23.data();
-    const float *__restrict a24p = a24.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a22p = a22.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a23p[i0 * 32 + i1];
-        const float s1 = a24p[i1];
+        const float s0 = a21p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a25p[i0 * 32 + i1] = s3;
+        a23p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -1011,31 +946,31 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+  einsumPlan13.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "forward");
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(a21.data(), a22.data(), a28.data(), 1.0f, 0.0f);
+  einsumPlan14.run(a19.data(), a20.data(), a26.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:59 add
   // xlnet.mesh:84:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:84:59", "forward");
   {
-    float *__restrict a29p = a29.data();
-    const float *__restrict a28p = a28.data();
-    const float *__restrict a24p = a24.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a22p = a22.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a28p[i0 * 32 + i1];
-        const float s1 = a24p[i1];
+        const float s0 = a26p[i0 * 32 + i1];
+        const float s1 = a22p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        a29p[i0 * 32 + i1] = s3;
+        a27p[i0 * 32 + i1] = s3;
       }
     }
   }
@@ -1043,65 +978,14 @@ void Predict::repeated0(support::ConstView a0, support::ConstView a1, support::C
   // xlnet.mesh:84:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:10", "forward");
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(a29.data(), a26.data(), a30.data(), 1.0f, 0.0f);
+  einsumPlan16.run(a27.data(), a24.data(), a28.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for add at
   // 83:96; merged with 1 more partial sum over model (%98): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
-  support::allReduceBucket(group_model, {a27, a30});
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  {
-    float *__restrict a32p = a32.data();
-    const float *__restrict a27p = a27.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a19p = a19.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a27p[i0 * 32 + i1];
-        const float s1 = a31p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a19p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a32p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  {
-    float *__restrict a33p = a33.data();
-    const float *__restrict a30p = a30.data();
-    const float *__restrict a31p = a31.data();
-    const float *__restrict a21p = a21.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a30p[i0 * 32 + i1];
-        const float s1 = a31p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a21p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a33p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape22_2 = {2, 16};
-  static const support::Shape shape22_3 = {512, 32};
-  static const support::Shape shape22_4 = {512, 32};
-  static const support::Shape shape22_5 = {32};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(a34.data(), a32.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::allReduceBucket(group_model, {a25, a28});
 }
 
 void Predict::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -1954,7 +1838,7 @@ void XlnetTrain::computeInvariants() {
 
 XlnetTrain::Outputs XlnetTrain::run(const Inputs &inputs) {
   MESHRT_TRACE_RUN(world_, "xlnet_train");
-  // Arena: 225792 bytes for 828572 bytes of temporaries (placed by liveness).
+  // Arena: 225792 bytes for 816284 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
@@ -2242,7 +2126,7 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 14 statements from xlnet.mesh:68:19 add (1 of 2)
+  // 9 statements from xlnet.mesh:68:19 add (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v72 = arena_.view(49152, 1024);
   support::View v73 = arena_.view(69632, 1024);
@@ -2253,16 +2137,26 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
   support::View v75 = arena_.view(53248, 1024);
   support::View v77 = arena_.view(77824, 1024);
   support::View v79 = arena_.view(90112, 1024);
+  repeated5(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79);
+
+  // 4 statements from xlnet.mesh:37:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
   support::View v82 = arena_.view(94208, 1024);
   support::View v80(param10_xlnet_xlnet_layer_0_norm_gain); // updated in place
   support::View v81(param11_xlnet_xlnet_layer_0_norm_bias); // updated in place
-  support::View v84 = arena_.view(98304, 1024);
   support::View v85 = arena_.view(102400, 1024);
-  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
+  support::View v84 = arena_.view(98304, 1024);
   support::View v87 = arena_.view(106496, 1024);
+  repeated9(v82, v77, v80, v81, v84, v85, v79, v87);
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
+  support::View v88(param12_xlnet_xlnet_layer_0_dense_relu_dense_wi); // updated in place
   support::View v92 = arena_.view(49152, 1024);
-  repeated3(v58, v60, v70, v72, v73, v68, v45, v74_c0, v39, v74, v75_c0, v75, v28, v77, v32, v79,
-            v82, v80, v81, v84, v85, v87, v88, v92);
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan21.run(v84.data(), v88.data(), v92.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
@@ -2287,87 +2181,80 @@ void XlnetTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 8 statements from xlnet.mesh:83:10 einsum (1 of 2)
+  // 5 statements from xlnet.mesh:83:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v90(param14_xlnet_xlnet_layer_0_dense_relu_dense_wo); // updated in place
   support::View v95 = arena_.view(49152, 1024);
   support::View v98 = arena_.view(53248, 1024);
   support::View v100 = arena_.view(122880, 1024);
   support::View v101 = arena_.view(53248, 1024);
-  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v104 = arena_.view(126976, 1024);
   support::View v99 = arena_.view(118784, 1024);
-  support::View v105 = arena_.view(131072, 1024);
-  support::View v108 = arena_.view(135168, 1024);
-  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101, v91, v84, v104, v105, v108);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
-  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v110 = arena_.view(139264, 1024);
-  {
-    float *__restrict v110p = v110.data();
-    const float *__restrict v108p = v108.data();
-    const float *__restrict v106p = v106.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v108p[i0 * 32 + i1];
-        const float s1 = v106p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v107p[i1];
-        const float s4 = (s2 + s3);
-        v110p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v111 = arena_.view(143360, 1024);
-  static const support::Shape shape23_2 = {2, 16};
-  static const support::Shape shape23_3 = {512, 32};
-  static const support::Shape shape23_4 = {512, 32};
-  static const support::Shape shape23_5 = {32};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v111.data(), v105.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  repeated7(v94, v90, v95, v87, v88, v98, v89, v99, v100, v101);
 }
 
 void XlnetTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
   MESHRT_TRACE_SPAN(world_);
 
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g2
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  support::View v111 = arena_.view(143360, 1024);
-  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
-  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
-  support::View v113 = arena_.view(147456, 1024);
+  // xlnet.mesh:83:96 add -> f
+  // xlnet.mesh:95:24 add
+  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
+  support::View v95 = arena_.view(49152, 1024);
+  support::View v91(param15_xlnet_xlnet_layer_0_dense_relu_dense_bo); // updated in place
+  support::View v84 = arena_.view(98304, 1024);
+  support::View v104 = arena_.view(126976, 1024);
   {
-    float *__restrict v113p = v113.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v106p = v106.data();
-    const float *__restrict v107p = v107.data();
+    float *__restrict v104p = v104.data();
+    const float *__restrict v95p = v95.data();
+    const float *__restrict v91p = v91.data();
+    const float *__restrict v84p = v84.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v111p[i0 * 32 + i1];
-        const float s1 = v106p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v107p[i1];
-        const float s4 = (s2 + s3);
-        v113p[i0 * 32 + i1] = s4;
+        const float s0 = v95p[i0 * 32 + i1];
+        const float s1 = v91p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v84p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v104p[i0 * 32 + i1] = s4;
       }
     }
   }
 
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
+  support::View v101 = arena_.view(53248, 1024);
+  support::View v87 = arena_.view(106496, 1024);
+  support::View v105 = arena_.view(131072, 1024);
+  {
+    float *__restrict v105p = v105.data();
+    const float *__restrict v101p = v101.data();
+    const float *__restrict v91p = v91.data();
+    const float *__restrict v87p = v87.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v101p[i0 * 32 + i1];
+        const float s1 = v91p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v87p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v105p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // 4 statements from xlnet.mesh:37:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("xlnet.mesh:37:10");
+  support::View v108 = arena_.view(135168, 1024);
+  support::View v106(param16_xlnet_xlnet_layer_0_norm_1_gain); // updated in place
+  support::View v107(param17_xlnet_xlnet_layer_0_norm_1_bias); // updated in place
+  support::View v111 = arena_.view(143360, 1024);
+  support::View v110 = arena_.view(139264, 1024);
+  support::View v113 = arena_.view(147456, 1024);
+  repeated9(v108, v104, v106, v107, v110, v111, v105, v113);
+
   // 13 statements from xlnet.mesh:59:28 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:59:28");
-  support::View v110 = arena_.view(139264, 1024);
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v123 = arena_.view(208896, 512);
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
@@ -2422,16 +2309,16 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:69:19 softmax -> h_weights
   MESHRT_TRACE("softmax", "xlnet.mesh:69:19", "backward");
   support::View v148 = arena_.view(151552, 1024);
-  static const support::Shape shape3_2 = {2, 2, 16};
-  static const support::Shape shape3_3 = {512, 256, 16};
-  static const support::Shape shape3_4 = {512, 256, 16};
-  static const support::Shape shape3_5 = {16};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v148.data(), v147.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
-                 shape3_7, support::Along::Softmax, 1e-05, 16, nullptr);
+  static const support::Shape shape5_2 = {2, 2, 16};
+  static const support::Shape shape5_3 = {512, 256, 16};
+  static const support::Shape shape5_4 = {512, 256, 16};
+  static const support::Shape shape5_5 = {16};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(v148.data(), v147.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6,
+                 shape5_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // 14 statements from xlnet.mesh:68:19 add (2 of 2)
+  // 9 statements from xlnet.mesh:68:19 add (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:68:19");
   support::View v70 = arena_.view(224256, 256);
   support::View v152 = arena_.view(155648, 1024);
@@ -2443,22 +2330,65 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v155 = arena_.view(155648, 1024);
   support::View v157 = arena_.view(163840, 1024);
   support::View v159 = arena_.view(151552, 1024);
-  support::View v162 = arena_.view(155648, 1024);
+  repeated5(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
+            v113, v159);
+
+  // xlnet.mesh:37:10 layer_norm
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "backward");
   support::View v160(param25_xlnet_xlnet_layer_1_norm_gain); // updated in place
   support::View v161(param26_xlnet_xlnet_layer_1_norm_bias); // updated in place
-  support::View v164 = arena_.view(163840, 1024);
-  support::View v165 = arena_.view(155648, 1024);
-  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
+  support::View v164 = arena_.view(155648, 1024);
+  support::layerNormAffine(v164.data(), v157.data(), 32, 32, v160.data(), v161.data(), 1e-05, 32);
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  support::View v165 = arena_.view(163840, 1024);
+  static const support::Shape shape8_2 = {2, 16};
+  static const support::Shape shape8_3 = {512, 32};
+  static const support::Shape shape8_4 = {512, 32};
+  static const support::Shape shape8_5 = {32};
+  static const support::Shape shape8_6 = {1};
+  static const support::Shape shape8_7 = {1};
+  support::along(v165.data(), v159.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
+                 shape8_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v167 = arena_.view(167936, 1024);
+  {
+    float *__restrict v167p = v167.data();
+    const float *__restrict v165p = v165.data();
+    const float *__restrict v160p = v160.data();
+    const float *__restrict v161p = v161.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v165p[i0 * 32 + i1];
+        const float s1 = v160p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v161p[i1];
+        const float s4 = (s2 + s3);
+        v167p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:83:22 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
+  support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
   support::View v172 = arena_.view(172032, 1024);
-  repeated3(v138, v140, v70, v152, v153, v148, v125, v154_c0, v120, v154, v155_c0, v155, v110, v157,
-            v113, v159, v162, v160, v161, v164, v165, v167, v168, v172);
+  // dims: batch, length, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan10.run(v164.data(), v168.data(), v172.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:59 add
   // xlnet.mesh:83:17 gelu
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
   support::View v169(param28_xlnet_xlnet_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v174 = arena_.view(176128, 1024);
+  support::View v174 = arena_.view(155648, 1024);
   {
     float *__restrict v174p = v174.data();
     const float *__restrict v172p = v172.data();
@@ -2474,39 +2404,56 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
     }
   }
 
-  // 8 statements from xlnet.mesh:83:10 einsum (2 of 2)
+  // 5 statements from xlnet.mesh:83:10 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:83:10");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
   support::View v175 = arena_.view(172032, 1024);
-  support::View v178 = arena_.view(176128, 1024);
-  support::View v180 = arena_.view(184320, 1024);
-  support::View v181 = arena_.view(176128, 1024);
+  support::View v178 = arena_.view(155648, 1024);
+  support::View v180 = arena_.view(180224, 1024);
+  support::View v181 = arena_.view(155648, 1024);
+  support::View v179 = arena_.view(176128, 1024);
+  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181);
+
+  // xlnet.mesh:84:96 add -> e
+  // xlnet.mesh:95:32 add
+  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
   support::View v171(param30_xlnet_xlnet_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v184 = arena_.view(188416, 1024);
-  support::View v179 = arena_.view(180224, 1024);
-  support::View v185 = arena_.view(163840, 1024);
-  support::View v188 = arena_.view(172032, 1024);
-  repeated7(v174, v170, v175, v167, v168, v178, v169, v179, v180, v181, v171, v164, v184, v185,
-            v188);
+  support::View v185 = arena_.view(172032, 1024);
+  {
+    float *__restrict v185p = v185.data();
+    const float *__restrict v181p = v181.data();
+    const float *__restrict v171p = v171.data();
+    const float *__restrict v167p = v167.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v181p[i0 * 32 + i1];
+        const float s1 = v171p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v167p[i0 * 32 + i1];
+        const float s4 = (s3 + s2);
+        v185p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // xlnet.mesh:37:48 layer_norm
   MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  support::View v191 = arena_.view(172032, 1024);
-  static const support::Shape shape7_2 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {512, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v191.data(), v185.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
-                 shape7_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v191 = arena_.view(155648, 1024);
+  static const support::Shape shape14_2 = {2, 16};
+  static const support::Shape shape14_3 = {512, 32};
+  static const support::Shape shape14_4 = {512, 32};
+  static const support::Shape shape14_5 = {32};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v191.data(), v185.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // xlnet.mesh:37:71 mul
   // xlnet.mesh:37:78 add -> g2
   MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
   support::View v187(param32_xlnet_xlnet_layer_1_norm_1_bias); // updated in place
-  support::View v193 = arena_.view(176128, 1024);
+  support::View v193 = arena_.view(184320, 1024);
   {
     float *__restrict v193p = v193.data();
     const float *__restrict v191p = v191.data();
@@ -2529,9 +2476,9 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   support::View v6(param0_xlnet_embedding); // updated in place
   support::View v194 = arena_.view(188416, 1024);
   // dims: batch, length, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v193.data(), v6.data(), v194.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:113:55 add
   MESHRT_TRACE("loop", "xlnet.mesh:113:55", "forward");
@@ -2554,14 +2501,14 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:128:14 log_softmax -> logp
   MESHRT_TRACE("log_softmax", "xlnet.mesh:128:14", "forward");
   support::View v196 = arena_.view(188416, 1024);
-  static const support::Shape shape11_2 = {2, 16};
-  static const support::Shape shape11_3 = {512, 32};
-  static const support::Shape shape11_4 = {512, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v196.data(), v195.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  static const support::Shape shape18_2 = {2, 16};
+  static const support::Shape shape18_3 = {512, 32};
+  static const support::Shape shape18_4 = {512, 32};
+  static const support::Shape shape18_5 = {32};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v196.data(), v195.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // xlnet.mesh:129:29 mul
   MESHRT_TRACE("loop", "xlnet.mesh:129:29", "forward");
@@ -2582,11 +2529,11 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:129:20 sum -> token_logp
   MESHRT_TRACE("sum", "xlnet.mesh:129:20", "forward");
   support::View v199 = arena_.view(225536, 32);
-  static const support::Shape shape13_1 = {2, 16};
-  static const support::Shape shape13_3 = {512, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v199.data(), shape13_1, v198.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape20_1 = {2, 16};
+  static const support::Shape shape20_3 = {512, 32};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v199.data(), shape20_1, v198.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:30 mul
@@ -2641,18 +2588,25 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
   support::View v229 = arena_.view(65536, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v227.data(), v6.data(), v229.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v227.data(), v6.data(), v229.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:37:78 bucketed_all_reduce_sum (resolve the partial sum of %219 over model for sum at
   // 37:78; merged with 1 more partial sum over model (token_logp): 4.1 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::allReduceBucket(group_model, {v229, v199});
+}
+
+void XlnetTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:131:28 exp
   // xlnet.mesh:131:44 mul
   MESHRT_TRACE("loop", "xlnet.mesh:131:28", "forward");
+  support::View v199 = arena_.view(225536, 32);
+  support::View v5 = arena_.view(225664, 16);
   support::View v202 = arena_.view(188416, 32);
   {
     float *__restrict v202p = v202.data();
@@ -2672,11 +2626,11 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:131:24 sum
   MESHRT_TRACE("sum", "xlnet.mesh:131:24", "forward");
   support::View v203 = arena_.view(188544, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {2, 16};
-  static const support::Shape shape18_5 = {16, 1};
-  support::reduce(v203.data(), shape18_1, v202.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {2, 16};
+  static const support::Shape shape1_5 = {16, 1};
+  support::reduce(v203.data(), shape1_1, v202.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:131:54 div -> target_probability
@@ -2711,11 +2665,11 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
   // xlnet.mesh:132:15 sum
   MESHRT_TRACE("sum", "xlnet.mesh:132:15", "forward");
   support::View v207 = arena_.view(188544, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {2, 16};
-  static const support::Shape shape21_5 = {16, 1};
-  support::reduce(v207.data(), shape21_1, v206.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {2, 16};
+  static const support::Shape shape4_5 = {16, 1};
+  support::reduce(v207.data(), shape4_1, v206.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:132:14 neg
@@ -2734,64 +2688,59 @@ void XlnetTrain::runPart1(const Inputs &inputs) {
 
   // xlnet.mesh:113:55 sum -> grad/xlnet/output_bias
   MESHRT_TRACE("sum", "xlnet.mesh:113:55", "backward");
+  support::View v227 = arena_.view(192512, 1024);
   support::View v228 = arena_.view(225280, 32);
-  static const support::Shape shape23_1 = {32};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 16};
-  static const support::Shape shape23_5 = {512, 32};
-  support::reduce(v228.data(), shape23_1, v227.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 16};
+  static const support::Shape shape6_5 = {512, 32};
+  support::reduce(v228.data(), shape6_1, v227.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlnetTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:113:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:113:10", "backward");
-  support::View v227 = arena_.view(192512, 1024);
-  support::View v193 = arena_.view(176128, 1024);
+  support::View v193 = arena_.view(184320, 1024);
   support::View v230 = arena_.view(188416, 1024);
   // dims: batch, length, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan0.run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v227.data(), v193.data(), v230.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v229 = arena_.view(65536, 1024);
-  support::View v191 = arena_.view(172032, 1024);
-  support::View v234 = arena_.view(176128, 1024);
+  support::View v191 = arena_.view(155648, 1024);
+  support::View v234 = arena_.view(184320, 1024);
   support::View v236 = arena_.view(192768, 32);
-  support::View v185 = arena_.view(163840, 1024);
-  support::View v238 = arena_.view(176128, 1024);
-  support::View v239 = arena_.view(163840, 32);
+  support::View v185 = arena_.view(172032, 1024);
+  support::View v238 = arena_.view(184320, 1024);
+  support::View v239 = arena_.view(172032, 32);
   support::View v242 = arena_.view(192768, 32);
   support::View v186(param31_xlnet_xlnet_layer_1_norm_1_gain); // updated in place
-  support::View v233 = arena_.view(163840, 1024);
-  support::View v243 = arena_.view(176128, 1024);
+  support::View v233 = arena_.view(172032, 1024);
+  support::View v243 = arena_.view(184320, 1024);
   support::View v244 = arena_.view(192896, 32);
-  support::View v246 = arena_.view(176128, 32);
+  support::View v246 = arena_.view(184320, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
   support::View v249 = arena_.view(65536, 1024);
-  repeated4(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
+  repeated3(v232, v229, v191, v234, v235, v236, v185, v238, v239, v242, v186, v233, v243, v244,
             v246, v249);
 
   // 6 statements from xlnet.mesh:84:96 sum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/bo (1 of
   // 2)
   MESHRT_TRACE_SITE("xlnet.mesh:84:96");
   support::View v170(param29_xlnet_xlnet_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v251 = arena_.view(163840, 1024);
-  support::View v180 = arena_.view(184320, 1024);
-  support::View v179 = arena_.view(180224, 1024);
-  support::View v274 = arena_.view(176128, 1024);
+  support::View v251 = arena_.view(155648, 1024);
+  support::View v180 = arena_.view(180224, 1024);
+  support::View v179 = arena_.view(176128, 1024);
+  support::View v274 = arena_.view(180224, 1024);
   support::View v168(param27_xlnet_xlnet_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v250 = arena_.view(192768, 32);
+  support::View v250 = arena_.view(184320, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184320, 32);
-  support::View v276 = arena_.view(163840, 1024);
-  repeated5(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
+  support::View v275 = arena_.view(184448, 32);
+  support::View v276 = arena_.view(155648, 1024);
+  repeated4(v250, v249, v170, v251, v180, v252, v179, v274, v275, v168, v276);
 
   // xlnet.mesh:84:22 all_reduce_sum (resolve the partial sum of %265 over model for add at 84:22)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
@@ -2799,7 +2748,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v278 = arena_.view(180224, 1024);
+  support::View v278 = arena_.view(176128, 1024);
   {
     float *__restrict v278p = v278.data();
     const float *__restrict v249p = v249.data();
@@ -2815,15 +2764,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:84:22 einsum -> grad/xlnet/xlnet_layer[1]/dense_relu_dense/wi
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
   support::View v167 = arena_.view(167936, 1024);
-  support::View v279 = arena_.view(163840, 1024);
+  support::View v279 = arena_.view(155648, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v274.data(), v167.data(), v279.data(), 1.0f, 0.0f);
 
   // 11 statements from xlnet.mesh:37:78 sum -> grad/xlnet/xlnet_layer[1]/norm#1/bias (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
-  support::View v165 = arena_.view(155648, 1024);
+  support::View v165 = arena_.view(163840, 1024);
   support::View v282 = arena_.view(65536, 1024);
   support::View v284 = arena_.view(167936, 32);
   support::View v159 = arena_.view(151552, 1024);
@@ -2835,16 +2784,16 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v290 = arena_.view(151552, 1024);
   support::View v291 = arena_.view(168064, 32);
   support::View v293 = arena_.view(168192, 32);
-  support::View v280 = arena_.view(184448, 32);
-  support::View v283 = arena_.view(184576, 32);
+  support::View v280 = arena_.view(184576, 32);
+  support::View v283 = arena_.view(184704, 32);
   support::View v296 = arena_.view(151552, 1024);
-  repeated4(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
+  repeated3(v280, v278, v165, v282, v283, v284, v159, v286, v287, v289, v160, v281, v290, v291,
             v293, v296);
 
   // 4 statements from xlnet.mesh:74:10 einsum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:74:10");
   support::View v120(param22_xlnet_xlnet_layer_1_two_stream_attention_o); // updated in place
-  support::View v297_c0 = arena_.view(155648, 512);
+  support::View v297_c0 = arena_.view(163840, 512);
   support::View v125 = arena_.view(210944, 512);
   support::View v153 = arena_.view(159744, 1024);
   support::View v155_c0 = arena_.view(221184, 512);
@@ -2855,7 +2804,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
-  support::View v300 = arena_.view(155648, 1024);
+  support::View v300 = arena_.view(163840, 1024);
   {
     float *__restrict v300p = v300.data();
     const float *__restrict v297p = v297.data();
@@ -2871,17 +2820,17 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v301 = arena_.view(167936, 64);
-  static const support::Shape shape9_1 = {2, 2, 16};
-  static const support::Shape shape9_3 = {512, 256, 16};
-  static const support::Shape shape9_4 = {16};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v301.data(), shape9_1, v300.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape16_1 = {2, 2, 16};
+  static const support::Shape shape16_3 = {512, 256, 16};
+  static const support::Shape shape16_4 = {16};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v301.data(), shape16_1, v300.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // 8 statements from xlnet.mesh:72:19 sub (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
   support::View v70 = arena_.view(224256, 256);
-  support::View v306 = arena_.view(155648, 1024);
+  support::View v306 = arena_.view(163840, 1024);
   support::View v127 = arena_.view(49152, 4096);
   support::View v307 = arena_.view(65536, 512);
   support::View v139 = arena_.view(215040, 512);
@@ -2889,10 +2838,10 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v310 = arena_.view(67584, 512);
   support::View v137 = arena_.view(212992, 512);
   support::View v308 = arena_.view(49152, 4096);
-  support::View v309 = arena_.view(184704, 16);
+  support::View v309 = arena_.view(184832, 16);
   support::View v311 = arena_.view(180224, 512);
   support::View v312 = arena_.view(182272, 512);
-  support::View v313 = arena_.view(184768, 16);
+  support::View v313 = arena_.view(184896, 16);
   repeated6(v297, v301, v153, v70, v306, v127, v307, v139, v308, v309, v123, v310, v137, v311, v312,
             v313);
 
@@ -2902,9 +2851,9 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v118(param20_xlnet_xlnet_layer_1_two_stream_attention_v); // updated in place
   support::View v117(param19_xlnet_xlnet_layer_1_two_stream_attention_k); // updated in place
   support::View v314 = arena_.view(65536, 1024);
-  support::View v320 = arena_.view(155648, 1024);
-  support::View v323 = arena_.view(159744, 1024);
-  repeated9(v312, v116, v314, v298, v118, v320, v311, v117, v323);
+  support::View v320 = arena_.view(159744, 1024);
+  support::View v323 = arena_.view(163840, 1024);
+  repeated10(v312, v116, v314, v298, v118, v320, v311, v117, v323);
 
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:59:28", "backward");
@@ -2928,7 +2877,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
 
   // xlnet.mesh:63:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:63:19", "backward");
-  support::View v316 = arena_.view(155648, 1024);
+  support::View v316 = arena_.view(159744, 1024);
   {
     float *__restrict v316p = v316.data();
     const float *__restrict v296p = v296.data();
@@ -2946,39 +2895,47 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v113 = arena_.view(147456, 1024);
   support::View v317 = arena_.view(151552, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v312.data(), v113.data(), v317.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:61:19 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/r
   MESHRT_TRACE("gemm", "xlnet.mesh:61:19", "backward");
   support::View v26 = arena_.view(0, 8192);
   support::View v318 = arena_.view(147456, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v308.data(), v26.data(), v318.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
+  support::View v298 = arena_.view(176128, 512);
   support::View v110 = arena_.view(139264, 1024);
   support::View v321 = arena_.view(149504, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v298.data(), v110.data(), v321.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[1]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
+  support::View v311 = arena_.view(180224, 512);
   support::View v325 = arena_.view(153600, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v311.data(), v110.data(), v325.data(), 1.0f, 0.0f);
 
   // 24 statements from xlnet.mesh:37:78 sum (1 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:37:78");
   support::View v326 = arena_.view(57344, 32);
+  support::View v316 = arena_.view(159744, 1024);
   support::View v111 = arena_.view(143360, 1024);
   support::View v328 = arena_.view(49152, 1024);
   support::View v329 = arena_.view(57472, 32);
@@ -2993,6 +2950,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v337 = arena_.view(57728, 32);
   support::View v339 = arena_.view(57856, 32);
   support::View v344 = arena_.view(49152, 32);
+  support::View v324 = arena_.view(167936, 1024);
   support::View v108 = arena_.view(135168, 1024);
   support::View v347 = arena_.view(49152, 1024);
   support::View v348 = arena_.view(57344, 32);
@@ -3026,15 +2984,15 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   support::View v365 = arena_.view(61440, 1024);
   support::View v383 = arena_.view(127104, 32);
   support::View v384 = arena_.view(49152, 1024);
-  repeated5(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
+  repeated4(v363, v342, v90, v364, v100, v365, v99, v382, v383, v88, v384);
 
   // xlnet.mesh:83:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:83:10", "backward");
   support::View v390 = arena_.view(118784, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v362.data(), v90.data(), v390.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:17 square
   // xlnet.mesh:83:17 mul
@@ -3099,25 +3057,17 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "backward");
   support::View v412 = arena_.view(110592, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  einsumPlan6.run(v409.data(), v88.data(), v412.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:84:22 bucketed_all_reduce_sum (resolve the partial sum of %370 over model for add at
   // 84:22; merged with 1 more partial sum over model (%413): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:84:22");
-  support::View v384 = arena_.view(49152, 1024);
-  support::View v412 = arena_.view(110592, 1024);
   support::allReduceBucket(group_model, {v384, v412});
 
   // xlnet.mesh:84:22 add
   MESHRT_TRACE("loop", "xlnet.mesh:84:22", "backward");
-  support::View v342 = arena_.view(53248, 1024);
   support::View v386 = arena_.view(118784, 1024);
   {
     float *__restrict v386p = v386.data();
@@ -3133,28 +3083,25 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:84:22 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:84:22", "backward");
-  support::View v382 = arena_.view(65536, 1024);
   support::View v87 = arena_.view(106496, 1024);
   support::View v387 = arena_.view(49152, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v382.data(), v87.data(), v387.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:96 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:96", "backward");
-  support::View v362 = arena_.view(57344, 1024);
   support::View v388 = arena_.view(53248, 32);
-  static const support::Shape shape3_1 = {32};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 16};
-  static const support::Shape shape3_5 = {512, 32};
-  support::reduce(v388.data(), shape3_1, v362.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape10_1 = {32};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 16};
+  static const support::Shape shape10_5 = {512, 32};
+  support::reduce(v388.data(), shape10_1, v362.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:96 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bo
   MESHRT_TRACE("loop", "xlnet.mesh:83:96", "backward");
-  support::View v363 = arena_.view(126976, 32);
   support::View v389 = arena_.view(127232, 32);
   {
     float *__restrict v389p = v389.data();
@@ -3173,13 +3120,12 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v94 = arena_.view(114688, 1024);
   support::View v391 = arena_.view(53248, 1024);
   // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v362.data(), v94.data(), v391.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:10 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wo
   MESHRT_TRACE("loop", "xlnet.mesh:83:10", "backward");
-  support::View v365 = arena_.view(61440, 1024);
   support::View v392 = arena_.view(106496, 1024);
   {
     float *__restrict v392p = v392.data();
@@ -3195,18 +3141,16 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:83:59 sum
   MESHRT_TRACE("sum", "xlnet.mesh:83:59", "backward");
-  support::View v409 = arena_.view(122880, 1024);
   support::View v410 = arena_.view(53248, 32);
-  static const support::Shape shape7_1 = {32};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 16};
-  static const support::Shape shape7_5 = {512, 32};
-  support::reduce(v410.data(), shape7_1, v409.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {2, 16};
+  static const support::Shape shape14_5 = {512, 32};
+  support::reduce(v410.data(), shape14_1, v409.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:83:59 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/bi
   MESHRT_TRACE("loop", "xlnet.mesh:83:59", "backward");
-  support::View v383 = arena_.view(127104, 32);
   support::View v411 = arena_.view(126976, 32);
   {
     float *__restrict v411p = v411.data();
@@ -3240,9 +3184,9 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   support::View v84 = arena_.view(98304, 1024);
   support::View v415 = arena_.view(57344, 1024);
   // dims: batch, length, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan10.run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v409.data(), v84.data(), v415.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:83:22 add -> grad/xlnet/xlnet_layer[0]/dense_relu_dense/wi
   MESHRT_TRACE("loop", "xlnet.mesh:83:22", "backward");
@@ -3313,29 +3257,36 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v456_c0 = arena_.view(59392, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v452.data(), v39.data(), v456_c0.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v456 = arena_.view(65536, 1024);
   // dims: batch, keys, heads, d_kv, length
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 4, 1}, {}}});
-  einsumPlan15.run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v45.data(), v456_c0.data(), v456.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
   support::View v68 = arena_.view(73728, 1024);
   support::View v457 = arena_.view(57344, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan16.run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v68.data(), v456_c0.data(), v457.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:73:10 add
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v454 = arena_.view(53248, 512);
+  support::View v457 = arena_.view(57344, 512);
   support::View v458 = arena_.view(110592, 512);
   {
     float *__restrict v458p = v458.data();
@@ -3351,15 +3302,17 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:73:10 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "backward");
+  support::View v452 = arena_.view(102400, 1024);
   support::View v74_c0 = arena_.view(217088, 512);
   support::View v459 = arena_.view(53248, 512);
   // dims: batch, length, d_model, heads, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{0, 3, 1, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan18.run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v452.data(), v74_c0.data(), v459.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:73:10 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/o
   MESHRT_TRACE("loop", "xlnet.mesh:73:10", "backward");
+  support::View v455 = arena_.view(55296, 512);
   support::View v460 = arena_.view(112640, 512);
   {
     float *__restrict v460p = v460.data();
@@ -3375,6 +3328,8 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
 
   // xlnet.mesh:72:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:72:19", "backward");
+  support::View v453 = arena_.view(49152, 1024);
+  support::View v73 = arena_.view(69632, 1024);
   support::View v461 = arena_.view(53248, 1024);
   {
     float *__restrict v461p = v461.data();
@@ -3391,15 +3346,17 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:72:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:72:19", "backward");
   support::View v462 = arena_.view(57344, 64);
-  static const support::Shape shape21_1 = {2, 2, 16};
-  static const support::Shape shape21_3 = {512, 256, 16};
-  static const support::Shape shape21_4 = {16};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v462.data(), shape21_1, v461.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape4_1 = {2, 2, 16};
+  static const support::Shape shape4_3 = {512, 256, 16};
+  static const support::Shape shape4_4 = {16};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v462.data(), shape4_1, v461.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:69:19 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
+  support::View v456 = arena_.view(65536, 1024);
+  support::View v68 = arena_.view(73728, 1024);
   support::View v466 = arena_.view(53248, 1024);
   {
     float *__restrict v466p = v466.data();
@@ -3416,23 +3373,15 @@ void XlnetTrain::runPart3(const Inputs &inputs) {
   // xlnet.mesh:69:19 sum
   MESHRT_TRACE("sum", "xlnet.mesh:69:19", "backward");
   support::View v467 = arena_.view(118784, 64);
-  static const support::Shape shape23_1 = {2, 2, 16};
-  static const support::Shape shape23_3 = {512, 256, 16};
-  static const support::Shape shape23_4 = {16};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v467.data(), shape23_1, v466.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape6_1 = {2, 2, 16};
+  static const support::Shape shape6_3 = {512, 256, 16};
+  static const support::Shape shape6_4 = {16};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v467.data(), shape6_1, v466.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void XlnetTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
 
   // 8 statements from xlnet.mesh:72:19 sub (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:72:19");
-  support::View v453 = arena_.view(49152, 1024);
-  support::View v462 = arena_.view(57344, 64);
-  support::View v73 = arena_.view(69632, 1024);
   support::View v70 = arena_.view(224256, 256);
   support::View v471 = arena_.view(77824, 1024);
   support::View v47 = arena_.view(32768, 4096);
@@ -3454,9 +3403,6 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:69:27 where
   // xlnet.mesh:66:97 mul
   MESHRT_TRACE("loop", "xlnet.mesh:69:19", "backward");
-  support::View v456 = arena_.view(65536, 1024);
-  support::View v467 = arena_.view(118784, 64);
-  support::View v68 = arena_.view(73728, 1024);
   support::View v65 = arena_.view(223232, 256);
   support::View v479 = arena_.view(94208, 1024);
   {
@@ -3488,18 +3434,18 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v480 = arena_.view(118784, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{2, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v479.data(), v47.data(), v480.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:66:21", "backward");
   support::View v52 = arena_.view(202752, 512);
   support::View v481 = arena_.view(32768, 4096);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{2, 3, 1, 4}, {}}});
-  einsumPlan3.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v479.data(), v52.data(), v481.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:66:21 add
   MESHRT_TRACE("loop", "xlnet.mesh:66:21", "backward");
@@ -3519,11 +3465,11 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:66:38 sum
   MESHRT_TRACE("sum", "xlnet.mesh:66:38", "backward");
   support::View v483 = arena_.view(32768, 16);
-  static const support::Shape shape5_1 = {2, 8};
-  static const support::Shape shape5_3 = {8, 1};
-  static const support::Shape shape5_4 = {2, 16};
-  static const support::Shape shape5_5 = {256, 16};
-  support::reduce(v483.data(), shape5_1, v480.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape12_1 = {2, 8};
+  static const support::Shape shape12_3 = {8, 1};
+  static const support::Shape shape12_4 = {2, 16};
+  static const support::Shape shape12_5 = {256, 16};
+  support::reduce(v483.data(), shape12_1, v480.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:66:38 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/position_bias
@@ -3545,18 +3491,18 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v485 = arena_.view(32768, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v479.data(), v43.data(), v485.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:65:19", "backward");
   support::View v50 = arena_.view(200704, 512);
   support::View v486 = arena_.view(34816, 512);
   // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan8.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v479.data(), v50.data(), v486.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:65:19 add
   MESHRT_TRACE("loop", "xlnet.mesh:65:19", "backward");
@@ -3591,11 +3537,11 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   // xlnet.mesh:65:36 sum
   MESHRT_TRACE("sum", "xlnet.mesh:65:36", "backward");
   support::View v489 = arena_.view(34816, 16);
-  static const support::Shape shape11_1 = {2, 8};
-  static const support::Shape shape11_3 = {8, 1};
-  static const support::Shape shape11_4 = {2, 16};
-  static const support::Shape shape11_5 = {256, 16};
-  support::reduce(v489.data(), shape11_1, v485.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape18_1 = {2, 8};
+  static const support::Shape shape18_3 = {8, 1};
+  static const support::Shape shape18_4 = {2, 16};
+  static const support::Shape shape18_5 = {256, 16};
+  support::reduce(v489.data(), shape18_1, v485.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:65:36 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/content_bias
@@ -3618,19 +3564,18 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v35(param3_xlnet_xlnet_layer_0_two_stream_attention_q); // updated in place
   support::View v491 = arena_.view(32768, 1024);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v477.data(), v35.data(), v491.data(), 1.0f, 0.0f);
 
   // 3 statements from xlnet.mesh:63:19 einsum (2 of 2)
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
-  support::View v458 = arena_.view(110592, 512);
   support::View v37(param5_xlnet_xlnet_layer_0_two_stream_attention_v); // updated in place
   support::View v36(param4_xlnet_xlnet_layer_0_two_stream_attention_k); // updated in place
   support::View v495 = arena_.view(36864, 1024);
   support::View v502 = arena_.view(40960, 1024);
   support::View v507 = arena_.view(45056, 1024);
-  repeated9(v488, v35, v495, v458, v37, v502, v487, v36, v507);
+  repeated10(v488, v35, v495, v458, v37, v502, v487, v36, v507);
 
   // xlnet.mesh:63:19 bucketed_all_reduce_sum (resolve the partial sum of %475 over model for add at
   // 63:19; merged with 3 more partial sums over model (%496, %503, %508): 16.0 KiB in one buffer)
@@ -3643,18 +3588,18 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v32 = arena_.view(86016, 1024);
   support::View v494 = arena_.view(53248, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v477.data(), v32.data(), v494.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 einsum
   MESHRT_TRACE("gemm", "xlnet.mesh:62:19", "backward");
   support::View v28 = arena_.view(81920, 1024);
   support::View v498 = arena_.view(55296, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
+  einsumPlan24.run(v488.data(), v28.data(), v498.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:62:19 add -> grad/xlnet/xlnet_layer[0]/two_stream_attention/q
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
@@ -3676,26 +3621,34 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
   support::View v26 = arena_.view(0, 8192);
   support::View v500 = arena_.view(53248, 512);
   // dims: length, keys, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
       {{16, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
+  einsumPlan26.run(v482.data(), v26.data(), v500.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:60:23 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/v
   MESHRT_TRACE("gemm", "xlnet.mesh:60:23", "backward");
   support::View v505 = arena_.view(8192, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan20.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
+  einsumPlan27.run(v458.data(), v28.data(), v505.data(), 1.0f, 0.0f);
 
   MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
+}
+
+void XlnetTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:62:19 add
   // xlnet.mesh:60:23 add
   // xlnet.mesh:59:28 add
   MESHRT_TRACE("loop", "xlnet.mesh:62:19", "backward");
   support::View v452 = arena_.view(102400, 1024);
+  support::View v495 = arena_.view(36864, 1024);
+  support::View v502 = arena_.view(40960, 1024);
+  support::View v507 = arena_.view(45056, 1024);
   support::View v509 = arena_.view(0, 1024);
   {
     float *__restrict v509p = v509.data();
@@ -3717,16 +3670,13 @@ void XlnetTrain::runPart4(const Inputs &inputs) {
 
   // xlnet.mesh:59:28 einsum -> grad/xlnet/xlnet_layer[0]/two_stream_attention/k
   MESHRT_TRACE("gemm", "xlnet.mesh:59:28", "backward");
+  support::View v487 = arena_.view(49152, 512);
+  support::View v28 = arena_.view(81920, 1024);
   support::View v510 = arena_.view(10240, 512);
   // dims: batch, length, heads, d_kv, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-  MESHRT_TRACE_SPAN(world_);
+  einsumPlan1.run(v487.data(), v28.data(), v510.data(), 1.0f, 0.0f);
 
   // xlnet.mesh:63:19 add
   // xlnet.mesh:109:63 mul
@@ -3755,26 +3705,25 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   // xlnet.mesh:109:63 sum -> grad/xlnet/mask_embedding
   MESHRT_TRACE("sum", "xlnet.mesh:109:63", "backward");
   support::View v512 = arena_.view(12288, 32);
-  static const support::Shape shape1_1 = {32};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 16};
-  static const support::Shape shape1_5 = {512, 32};
-  support::reduce(v512.data(), shape1_1, v511.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape3_1 = {32};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {2, 16};
+  static const support::Shape shape3_5 = {512, 32};
+  support::reduce(v512.data(), shape3_1, v511.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // xlnet.mesh:108:11 einsum
   MESHRT_TRACE("einsum", "xlnet.mesh:108:11", "backward");
-  support::View v509 = arena_.view(0, 1024);
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v513 = arena_.view(4096, 1024);
-  static const support::Shape shape2_1 = {32, 32};
-  static const support::Shape shape2_3 = {0, 1};
-  static const support::Shape shape2_5 = {0, 0};
-  static const support::Shape shape2_6 = {2, 16};
-  static const support::Shape shape2_7 = {512, 32};
-  static const support::Shape shape2_8 = {16, 1};
-  support::scatterAdd(v513.data(), shape2_1, v509.data(), shape2_3, v0.data(), shape2_5, shape2_6,
-                      shape2_7, shape2_8, 0, support::shardStart(world_, {"model"}, 32));
+  static const support::Shape shape4_1 = {32, 32};
+  static const support::Shape shape4_3 = {0, 1};
+  static const support::Shape shape4_5 = {0, 0};
+  static const support::Shape shape4_6 = {2, 16};
+  static const support::Shape shape4_7 = {512, 32};
+  static const support::Shape shape4_8 = {16, 1};
+  support::scatterAdd(v513.data(), shape4_1, v509.data(), shape4_3, v0.data(), shape4_5, shape4_6,
+                      shape4_7, shape4_8, 0, support::shardStart(world_, {"model"}, 32));
 
   // xlnet.mesh:108:11 add -> grad/xlnet/embedding
   MESHRT_TRACE("loop", "xlnet.mesh:108:11", "backward");
@@ -3801,15 +3750,15 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v228 = arena_.view(225280, 32);
   support::View v232 = arena_.view(192512, 32);
   support::View v235 = arena_.view(192640, 32);
-  support::View v250 = arena_.view(192768, 32);
+  support::View v250 = arena_.view(184320, 32);
   support::View v252 = arena_.view(172032, 1024);
-  support::View v275 = arena_.view(184320, 32);
-  support::View v279 = arena_.view(163840, 1024);
-  support::View v280 = arena_.view(184448, 32);
-  support::View v283 = arena_.view(184576, 32);
+  support::View v275 = arena_.view(184448, 32);
+  support::View v279 = arena_.view(155648, 1024);
+  support::View v280 = arena_.view(184576, 32);
+  support::View v283 = arena_.view(184704, 32);
   support::View v299 = arena_.view(178176, 512);
-  support::View v309 = arena_.view(184704, 16);
-  support::View v313 = arena_.view(184768, 16);
+  support::View v309 = arena_.view(184832, 16);
+  support::View v313 = arena_.view(184896, 16);
   support::View v317 = arena_.view(151552, 512);
   support::View v318 = arena_.view(147456, 512);
   support::View v321 = arena_.view(149504, 512);
@@ -3828,7 +3777,6 @@ void XlnetTrain::runPart5(const Inputs &inputs) {
   support::View v499 = arena_.view(51200, 512);
   support::View v500 = arena_.view(53248, 512);
   support::View v505 = arena_.view(8192, 512);
-  support::View v510 = arena_.view(10240, 512);
   auto request2 = support::startAllReduce(
       group_data, {v205, v210, v228, v232, v235, v250, v252, v275, v279, v280, v283, v299,
                    v309, v313, v317, v318, v321, v325, v345, v349, v389, v392, v411, v416,
@@ -5714,185 +5662,7 @@ void XlnetTrain::repeated2(support::ConstView a0, support::ConstView a1, support
   einsumPlan12.run(a20.data(), a7.data(), a21.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                           support::View a3, support::View a4, support::ConstView a5,
-                           support::ConstView a6, support::View a7, support::ConstView a8,
-                           support::View a9, support::View a10, support::View a11,
-                           support::ConstView a12, support::View a13, support::ConstView a14,
-                           support::View a15, support::View a16, support::ConstView a17,
-                           support::ConstView a18, support::View a19, support::View a20,
-                           support::View a21, support::ConstView a22, support::View a23) {
-  MESHRT_TRACE_SPAN(world_);
-
-  // xlnet.mesh:68:19 add
-  // xlnet.mesh:68:97 mul -> g_logits
-  // xlnet.mesh:72:27 where
-  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
-  {
-    float *__restrict a3p = a3.data();
-    const float *__restrict a0p = a0.data();
-    const float *__restrict a1p = a1.data();
-    const float *__restrict a2p = a2.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = a0p[i0 * 256 + i1];
-        const float s1 = a1p[i0 * 256 + i1];
-        const float s2 = (s0 + s1);
-        const float s3 = 0.35355f;
-        const float s4 = (s2 * s3);
-        const float s5 = a2p[i1];
-        const float s6 = -1000000000.0f;
-        const float s7 = (s5 != 0 ? s4 : s6);
-        a3p[i0 * 256 + i1] = s7;
-      }
-    }
-  }
-
-  // xlnet.mesh:72:19 softmax -> g_weights
-  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
-  static const support::Shape shape1_2 = {2, 2, 16};
-  static const support::Shape shape1_3 = {512, 256, 16};
-  static const support::Shape shape1_4 = {512, 256, 16};
-  static const support::Shape shape1_5 = {16};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Softmax, 1e-05, 16, nullptr);
-
-  // xlnet.mesh:73:10 einsum -> a
-  // xlnet.mesh:73:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:73:10 einsum -> a
-  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
-  // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> b
-  // xlnet.mesh:74:10 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: batch, heads, length, keys, d_kv
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:74:10 einsum -> b
-  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
-  // dims: heads, d_kv, d_model, batch, length
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
-
-  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
-  // together, 8.0 KiB in one buffer)
-  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
-  support::allReduceBucket(group_model, {a9, a11});
-
-  // xlnet.mesh:93:23 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a12p = a12.data();
-    const float *__restrict a9p = a9.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a12p[i0];
-      const float s1 = a9p[i0];
-      const float s2 = (s0 + s1);
-      a13p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:93:30 add
-  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
-  {
-    float *__restrict a15p = a15.data();
-    const float *__restrict a14p = a14.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = a14p[i0];
-      const float s1 = a11p[i0];
-      const float s2 = (s0 + s1);
-      a15p[i0] = s2;
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape9_2 = {2, 16};
-  static const support::Shape shape9_3 = {512, 32};
-  static const support::Shape shape9_4 = {512, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(a16.data(), a13.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:33 mul
-  // xlnet.mesh:37:40 add -> h1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
-  {
-    float *__restrict a19p = a19.data();
-    const float *__restrict a16p = a16.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a16p[i0 * 32 + i1];
-        const float s1 = a17p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
-        const float s4 = (s2 + s3);
-        a19p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:48 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
-  static const support::Shape shape11_2 = {2, 16};
-  static const support::Shape shape11_3 = {512, 32};
-  static const support::Shape shape11_4 = {512, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(a20.data(), a15.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // xlnet.mesh:37:71 mul
-  // xlnet.mesh:37:78 add -> g1
-  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
-  {
-    float *__restrict a21p = a21.data();
-    const float *__restrict a20p = a20.data();
-    const float *__restrict a17p = a17.data();
-    const float *__restrict a18p = a18.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a20p[i0 * 32 + i1];
-        const float s1 = a17p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = a18p[i1];
-        const float s4 = (s2 + s3);
-        a21p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:83:22 einsum
-  MESHRT_TRACE("gemm", "xlnet.mesh:83:22", "forward");
-  // dims: batch, length, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(a19.data(), a22.data(), a23.data(), 1.0f, 0.0f);
-}
-
-void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::View a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::View a9, support::ConstView a10, support::View a11,
@@ -6052,7 +5822,7 @@ void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::Con
   }
 }
 
-void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::ConstView a2,
+void XlnetTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
                            support::View a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
                            support::ConstView a9, support::View a10) {
@@ -6153,6 +5923,113 @@ void XlnetTrain::repeated5(support::View a0, support::ConstView a1, support::Con
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+}
+
+void XlnetTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                           support::View a3, support::View a4, support::ConstView a5,
+                           support::ConstView a6, support::View a7, support::ConstView a8,
+                           support::View a9, support::View a10, support::View a11,
+                           support::ConstView a12, support::View a13, support::ConstView a14,
+                           support::View a15) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:68:19 add
+  // xlnet.mesh:68:97 mul -> g_logits
+  // xlnet.mesh:72:27 where
+  MESHRT_TRACE("loop", "xlnet.mesh:68:19", "forward");
+  {
+    float *__restrict a3p = a3.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a0p[i0 * 256 + i1];
+        const float s1 = a1p[i0 * 256 + i1];
+        const float s2 = (s0 + s1);
+        const float s3 = 0.35355f;
+        const float s4 = (s2 * s3);
+        const float s5 = a2p[i1];
+        const float s6 = -1000000000.0f;
+        const float s7 = (s5 != 0 ? s4 : s6);
+        a3p[i0 * 256 + i1] = s7;
+      }
+    }
+  }
+
+  // xlnet.mesh:72:19 softmax -> g_weights
+  MESHRT_TRACE("softmax", "xlnet.mesh:72:19", "forward");
+  static const support::Shape shape1_2 = {2, 2, 16};
+  static const support::Shape shape1_3 = {512, 256, 16};
+  static const support::Shape shape1_4 = {512, 256, 16};
+  static const support::Shape shape1_5 = {16};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a4.data(), a3.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 16, nullptr);
+
+  // xlnet.mesh:73:10 einsum -> a
+  // xlnet.mesh:73:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:73:10 einsum -> a
+  MESHRT_TRACE("gemm", "xlnet.mesh:73:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan3.run(a8.data(), a7.data(), a9.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  // xlnet.mesh:74:10 einsum
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: batch, heads, length, keys, d_kv
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan4.run(a4.data(), a6.data(), a10.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:74:10 einsum -> b
+  MESHRT_TRACE("gemm", "xlnet.mesh:74:10", "forward");
+  // dims: heads, d_kv, d_model, batch, length
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 8, 32, 2, 16}, {{{0, 1, 2}, {}}, {{3, 0, 4, 1}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan5.run(a8.data(), a10.data(), a11.data(), 1.0f, 0.0f);
+
+  // xlnet.mesh:93:30 bucketed_all_reduce_sum -> a (2 partial sums (a, b) over model resolved
+  // together, 8.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("xlnet.mesh:93:30");
+  support::allReduceBucket(group_model, {a9, a11});
+
+  // xlnet.mesh:93:23 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:23", "forward");
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = a9p[i0];
+      const float s2 = (s0 + s1);
+      a13p[i0] = s2;
+    }
+  }
+
+  // xlnet.mesh:93:30 add
+  MESHRT_TRACE("loop", "xlnet.mesh:93:30", "forward");
+  {
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = a14p[i0];
+      const float s1 = a11p[i0];
+      const float s2 = (s0 + s1);
+      a15p[i0] = s2;
+    }
+  }
 }
 
 void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
@@ -6257,8 +6134,7 @@ void XlnetTrain::repeated6(support::ConstView a0, support::ConstView a1, support
 void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                            support::ConstView a3, support::ConstView a4, support::View a5,
                            support::ConstView a6, support::View a7, support::View a8,
-                           support::View a9, support::ConstView a10, support::ConstView a11,
-                           support::View a12, support::View a13, support::View a14) {
+                           support::View a9) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:83:10 einsum
@@ -6306,57 +6182,6 @@ void XlnetTrain::repeated7(support::ConstView a0, support::ConstView a1, support
   // 83:96; merged with 1 more partial sum over model (%102): 8.0 KiB in one buffer)
   MESHRT_TRACE_SITE("xlnet.mesh:83:96");
   support::allReduceBucket(group_model, {a2, a9});
-
-  // xlnet.mesh:83:96 add -> f
-  // xlnet.mesh:95:24 add
-  MESHRT_TRACE("loop", "xlnet.mesh:83:96", "forward");
-  {
-    float *__restrict a12p = a12.data();
-    const float *__restrict a2p = a2.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a11p = a11.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a2p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a11p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a12p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:84:96 add -> e
-  // xlnet.mesh:95:32 add
-  MESHRT_TRACE("loop", "xlnet.mesh:84:96", "forward");
-  {
-    float *__restrict a13p = a13.data();
-    const float *__restrict a9p = a9.data();
-    const float *__restrict a10p = a10.data();
-    const float *__restrict a3p = a3.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = a9p[i0 * 32 + i1];
-        const float s1 = a10p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = a3p[i0 * 32 + i1];
-        const float s4 = (s3 + s2);
-        a13p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // xlnet.mesh:37:10 layer_norm
-  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
-  static const support::Shape shape7_2 = {2, 16};
-  static const support::Shape shape7_3 = {512, 32};
-  static const support::Shape shape7_4 = {512, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(a14.data(), a12.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 }
 
 void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
@@ -6394,9 +6219,77 @@ void XlnetTrain::repeated8(support::ConstView a0, support::ConstView a1, support
   einsumPlan3.run(a0.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 }
 
-void XlnetTrain::repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
-                           support::ConstView a3, support::ConstView a4, support::View a5,
-                           support::ConstView a6, support::ConstView a7, support::View a8) {
+void XlnetTrain::repeated9(support::View a0, support::ConstView a1, support::ConstView a2,
+                           support::ConstView a3, support::View a4, support::View a5,
+                           support::ConstView a6, support::View a7) {
+  MESHRT_TRACE_SPAN(world_);
+
+  // xlnet.mesh:37:10 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:10", "forward");
+  static const support::Shape shape0_2 = {2, 16};
+  static const support::Shape shape0_3 = {512, 32};
+  static const support::Shape shape0_4 = {512, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:33 mul
+  // xlnet.mesh:37:40 add -> h1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:33", "forward");
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a2p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a3p[i1];
+        const float s4 = (s2 + s3);
+        a4p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // xlnet.mesh:37:48 layer_norm
+  MESHRT_TRACE("layer_norm", "xlnet.mesh:37:48", "forward");
+  static const support::Shape shape2_2 = {2, 16};
+  static const support::Shape shape2_3 = {512, 32};
+  static const support::Shape shape2_4 = {512, 32};
+  static const support::Shape shape2_5 = {32};
+  static const support::Shape shape2_6 = {1};
+  static const support::Shape shape2_7 = {1};
+  support::along(a5.data(), a6.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // xlnet.mesh:37:71 mul
+  // xlnet.mesh:37:78 add -> g1
+  MESHRT_TRACE("loop", "xlnet.mesh:37:71", "forward");
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a5p[i0 * 32 + i1];
+        const float s1 = a2p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a3p[i1];
+        const float s4 = (s2 + s3);
+        a7p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+}
+
+void XlnetTrain::repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
+                            support::ConstView a3, support::ConstView a4, support::View a5,
+                            support::ConstView a6, support::ConstView a7, support::View a8) {
   MESHRT_TRACE_SPAN(world_);
 
   // xlnet.mesh:63:19 einsum

@@ -44,7 +44,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 79872;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 352320;
+  static constexpr size_t kTemporaryBytes = 315456;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 51776;
 
@@ -93,10 +93,9 @@ public:
                  support::View a11, support::ConstView a12, support::View a13,
                  support::ConstView a14, support::View a15, support::View a16,
                  support::ConstView a17, support::ConstView a18, support::View a19,
-                 support::View a20, support::View a21, support::ConstView a22, support::View a23,
-                 support::ConstView a24, support::View a25, support::ConstView a26,
-                 support::View a27, support::View a28, support::View a29, support::View a30,
-                 support::ConstView a31, support::View a32, support::View a33, support::View a34);
+                 support::ConstView a20, support::View a21, support::ConstView a22,
+                 support::View a23, support::ConstView a24, support::View a25, support::View a26,
+                 support::View a27, support::View a28);
   void repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5,
                  support::ConstView a6, support::View a7, support::ConstView a8, support::View a9,
@@ -234,7 +233,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 225792;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 828572;
+  static constexpr size_t kTemporaryBytes = 816284;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 53248;
 
@@ -328,20 +327,18 @@ public:
                  support::View a13, support::View a14, support::ConstView a15, support::View a16,
                  support::View a17, support::View a18, support::View a19, support::View a20,
                  support::View a21);
-  void repeated3(support::ConstView a0, support::ConstView a1, support::ConstView a2,
-                 support::View a3, support::View a4, support::ConstView a5, support::ConstView a6,
-                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
-                 support::View a11, support::ConstView a12, support::View a13,
-                 support::ConstView a14, support::View a15, support::View a16,
-                 support::ConstView a17, support::ConstView a18, support::View a19,
-                 support::View a20, support::View a21, support::ConstView a22, support::View a23);
-  void repeated4(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+  void repeated3(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::View a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::View a9, support::ConstView a10, support::View a11,
                  support::View a12, support::View a13, support::View a14, support::View a15);
-  void repeated5(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+  void repeated4(support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
                  support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
                  support::View a8, support::ConstView a9, support::View a10);
+  void repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                 support::View a3, support::View a4, support::ConstView a5, support::ConstView a6,
+                 support::View a7, support::ConstView a8, support::View a9, support::View a10,
+                 support::View a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15);
   void repeated6(support::ConstView a0, support::ConstView a1, support::ConstView a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::ConstView a7, support::View a8, support::View a9, support::ConstView a10,
@@ -349,15 +346,16 @@ public:
                  support::View a15);
   void repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::ConstView a4, support::View a5,
-                 support::ConstView a6, support::View a7, support::View a8, support::View a9,
-                 support::ConstView a10, support::ConstView a11, support::View a12,
-                 support::View a13, support::View a14);
+                 support::ConstView a6, support::View a7, support::View a8, support::View a9);
   void repeated8(support::ConstView a0, support::ConstView a1, support::View a2,
                  support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
                  support::ConstView a7, support::View a8);
-  void repeated9(support::ConstView a0, support::ConstView a1, support::View a2,
-                 support::ConstView a3, support::ConstView a4, support::View a5,
-                 support::ConstView a6, support::ConstView a7, support::View a8);
+  void repeated9(support::View a0, support::ConstView a1, support::ConstView a2,
+                 support::ConstView a3, support::View a4, support::View a5, support::ConstView a6,
+                 support::View a7);
+  void repeated10(support::ConstView a0, support::ConstView a1, support::View a2,
+                  support::ConstView a3, support::ConstView a4, support::View a5,
+                  support::ConstView a6, support::ConstView a7, support::View a8);
   /// Computes the values run() reads that never change (the constructor calls it).
   void computeInvariants();
 

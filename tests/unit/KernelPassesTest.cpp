@@ -6,6 +6,7 @@
 #include "codegen/EliminateDeadCode.h"
 #include "codegen/FoldConstants.h"
 #include "codegen/FuseLoops.h"
+#include "codegen/FuseRowKernels.h"
 #include "codegen/GatherOneHotProducts.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/Lower.h"
@@ -396,6 +397,145 @@ TEST_CASE("gather-one-hot-products turns einsums of a one-hot tensor into gather
   CHECK(std::holds_alternative<Gemm>(b.fn.body[3].node));
   eliminateDeadCode(b.fn); // the one-hot tensor is still read by the GEMM left
   CHECK(std::holds_alternative<Call>(b.fn.body[0].node));
+}
+
+namespace {
+
+Arg intsArg(Shape values) {
+  return Arg{.kind = Arg::Kind::Ints, .ints = std::move(values)};
+}
+
+/// along(out, in) of `kind` over rows [rows] of one lane of `size` (dense), over `group`.
+Stmt alongRows(BufferId out, BufferId in, int64_t rows, int64_t size, const char* kind,
+               std::vector<std::string> group = {}) {
+  return Stmt{.node = Call{.callee = Callee::Along,
+                           .args = {Arg{.kind = Arg::Kind::Data, .buffer = out},
+                                    Arg{.kind = Arg::Kind::Data, .buffer = in}, intsArg({rows}),
+                                    intsArg({size}), intsArg({size}), intsArg({size}), intsArg({1}),
+                                    intsArg({1}), Arg{.kind = Arg::Kind::Enum, .text = kind},
+                                    Arg{.kind = Arg::Kind::Real, .value = 1e-5},
+                                    Arg{.kind = Arg::Kind::Int, .value = double(size)},
+                                    Arg{.kind = Arg::Kind::GroupPointer, .names = group}},
+                           .out = out,
+                           .reads = {in}},
+              .sources = {std::string("t.mesh:1:1 ") +
+                          (std::string(kind) == "Along::Softmax" ? "softmax" : "layer_norm")}};
+}
+
+/// out = in * gain + bias over [rows, size], gain and bias along the row.
+Stmt affineLoop(BufferId out, BufferId in, BufferId gain, BufferId bias, int64_t rows, int64_t size,
+                Shape gainStrides = {0, 1}) {
+  Loop loop{.dims = {"r", "i"}, .extents = {rows, size}};
+  loop.reads = {Access{in, {size, 1}}, Access{gain, gainStrides}, Access{bias, {0, 1}}};
+  loop.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0},
+               Scalar{.kind = Scalar::Kind::Load, .read = 1},
+               Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Mul, .args = {1, 0}},
+               Scalar{.kind = Scalar::Kind::Load, .read = 2},
+               Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {2, 3}}};
+  loop.stores = {Store{Access{out, {size, 1}}, 4}};
+  return Stmt{.node = std::move(loop), .sources = {"t.mesh:2:1 mul"}};
+}
+
+/// out = where(mask, in, fill) over [a, b, size], the mask [a, size] broadcast over b.
+Stmt maskLoop(BufferId out, BufferId in, BufferId mask, int64_t a, int64_t b, int64_t size,
+              bool fillWhenTrue = false) {
+  Loop loop{.dims = {"a", "b", "i"}, .extents = {a, b, size}};
+  loop.reads = {Access{mask, {size, 0, 1}}, Access{in, {b * size, size, 1}}};
+  loop.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = DType::I32},
+               Scalar{.kind = Scalar::Kind::Load, .read = 1},
+               Scalar{.kind = Scalar::Kind::Const, .value = -1e9}};
+  std::vector<int> args = fillWhenTrue ? std::vector<int>{0, 2, 1} : std::vector<int>{0, 1, 2};
+  loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Where, .args = args});
+  loop.stores = {Store{Access{out, {b * size, size, 1}}, 3}};
+  return Stmt{.node = std::move(loop), .sources = {"t.mesh:3:1 where"}};
+}
+
+} // namespace
+
+TEST_CASE("fuse-row-kernels: layer_norm with its gain and bias, a mask with its softmax") {
+  SECTION("layer_norm, then * gain + bias along the row: one layerNormAffine") {
+    Builder b;
+    BufferId x = b.buffer(24, Storage::Input), gain = b.buffer(8, Storage::Param),
+             bias = b.buffer(8, Storage::Param), normalized = b.buffer(24), y = b.buffer(24);
+    b.fn.body.push_back(alongRows(normalized, x, 3, 8, "Along::LayerNorm"));
+    b.fn.body.push_back(affineLoop(y, normalized, gain, bias, 3, 8));
+    b.fn.outputs = {y};
+    REQUIRE(verifyKernels(b.fn).empty());
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Call& call = std::get<Call>(b.fn.body[0].node);
+    CHECK(call.callee == Callee::LayerNormAffine);
+    CHECK(call.out == y);
+    CHECK(call.reads == std::vector<BufferId>{x, gain, bias});
+    CHECK(call.args[1].buffer == x);
+    CHECK(call.args[2].value == 3); // rows
+    CHECK(call.args[3].value == 8); // size
+    CHECK(call.args[4].buffer == gain);
+    CHECK(call.args[5].buffer == bias);
+    CHECK(call.args[6].value == 1e-5);
+    CHECK(call.args[7].value == 8); // the lane's global count
+    CHECK(b.fn.body[0].sources ==
+          std::vector<std::string>{"t.mesh:1:1 layer_norm", "t.mesh:2:1 mul"});
+  }
+  SECTION("where(mask, x, fill), then softmax along the row: one maskedSoftmax") {
+    Builder b;
+    BufferId mask = b.buffer(16, Storage::Input), scores = b.buffer(48, Storage::Input),
+             masked = b.buffer(48), weights = b.buffer(48);
+    b.fn.body.push_back(maskLoop(masked, scores, mask, 2, 3, 8));
+    b.fn.body.push_back(alongRows(weights, masked, 6, 8, "Along::Softmax"));
+    // The rows of the along as [a, b]: the loop's outer dims.
+    Call& along = std::get<Call>(b.fn.body[1].node);
+    along.args[2] = intsArg({2, 3});
+    along.args[3] = along.args[4] = intsArg({24, 8});
+    b.fn.outputs = {weights};
+    REQUIRE(verifyKernels(b.fn).empty());
+    fuseRowKernels(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Call& call = std::get<Call>(b.fn.body[0].node);
+    CHECK(call.callee == Callee::MaskedSoftmax);
+    CHECK(call.out == weights);
+    CHECK(call.reads == std::vector<BufferId>{scores, mask});
+    CHECK(call.args[0].buffer == weights);
+    CHECK(call.args[1].buffer == scores);
+    CHECK(call.args[2].buffer == mask);
+    CHECK(call.args[3].ints == Shape{2, 3}); // outer
+    CHECK(call.args[4].ints == Shape{8, 0}); // the mask over the outer dims
+    CHECK(call.args[5].value == 8);          // size
+    CHECK(call.args[6].value == 1);          // the mask along the row
+    CHECK(call.args[7].value == -1e9);       // fill
+    CHECK(b.fn.body[0].sources.front() == "t.mesh:1:1 softmax");
+  }
+  SECTION("not fused: the value between them read again, a gain across rows, a split lane, "
+          "the fill where the mask holds") {
+    Builder b;
+    BufferId x = b.buffer(24, Storage::Input), gain = b.buffer(24, Storage::Param),
+             bias = b.buffer(8, Storage::Param), normalized = b.buffer(24), y = b.buffer(24),
+             normalized2 = b.buffer(24), y2 = b.buffer(24), normalized3 = b.buffer(24),
+             y3 = b.buffer(24);
+    BufferId mask = b.buffer(8, Storage::Input), scores = b.buffer(24, Storage::Input),
+             masked = b.buffer(24), weights = b.buffer(24);
+    // normalized is also an output.
+    b.fn.body.push_back(alongRows(normalized, x, 3, 8, "Along::LayerNorm"));
+    b.fn.body.push_back(affineLoop(y, normalized, gain, bias, 3, 8));
+    // A gain that differs per row.
+    b.fn.body.push_back(alongRows(normalized2, x, 3, 8, "Along::LayerNorm"));
+    b.fn.body.push_back(affineLoop(y2, normalized2, gain, bias, 3, 8, {8, 1}));
+    // The lane split over `model`: the kernel's moments are a collective.
+    b.fn.body.push_back(alongRows(normalized3, x, 3, 8, "Along::LayerNorm", {"model"}));
+    b.fn.body.push_back(affineLoop(y3, normalized3, gain, bias, 3, 8));
+    // where(mask, fill, x): the fill where the mask holds.
+    b.fn.body.push_back(maskLoop(masked, scores, mask, 1, 3, 8, /*fillWhenTrue=*/true));
+    b.fn.body.push_back(alongRows(weights, masked, 3, 8, "Along::Softmax"));
+    b.fn.outputs = {y, normalized, y2, y3, weights};
+    REQUIRE(verifyKernels(b.fn).empty());
+    std::vector<Stmt> before = b.fn.body;
+    fuseRowKernels(b.fn);
+    REQUIRE(b.fn.body.size() == before.size());
+    for (size_t k = 0; k < before.size(); ++k)
+      CHECK(b.fn.body[k].node == before[k].node);
+  }
 }
 
 TEST_CASE("every kernel pass has a name and a description, in one list") {

@@ -655,6 +655,48 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
   meshrt::cuda::along(out, in, lanes, alongKind, eps, globalLaneCount, group);
 }
 
+#ifdef __CUDACC__
+/// along(LayerNorm) over dense rows, then `y * gain + bias` along the row (meshc::gen's
+/// layerNormAffine; here the row kernel and one elementwise launch).
+inline void layerNormAffine(float* out, const float* in, int64_t rows, int64_t size,
+                            const float* gain, const float* bias, double eps,
+                            int64_t globalLaneCount) {
+  meshc::cuda::along(out, in, {rows}, {size}, {size}, {size}, {1}, {1}, Along::LayerNorm, eps,
+                     globalLaneCount, nullptr);
+  forEachIndex(size_t(rows * size), [=] __device__(int64_t i) {
+    float scaled = out[i] * gain[i % size];
+    out[i] = scaled + bias[i % size];
+  });
+}
+
+/// where(mask != 0, in, fill) into a scratch buffer, then softmax over its dense rows into `out`
+/// (meshc::gen's maskedSoftmax; here one elementwise launch and the row kernel).
+inline void maskedSoftmax(float* out, const float* in, const float* mask, const Shape& outer,
+                          const Shape& maskOuter, int64_t size, int64_t maskLane, float fill) {
+  constexpr size_t kMaxDims = 8;
+  if (outer.size() > kMaxDims) throw std::logic_error("maskedSoftmax: more than 8 outer dims");
+  std::array<int64_t, kMaxDims> sizes{}, strides{};
+  for (size_t d = 0; d < outer.size(); ++d) {
+    sizes[d] = outer[d];
+    strides[d] = maskOuter[d];
+  }
+  int dims = int(outer.size());
+  int64_t rows = product(outer);
+  meshrt::cuda::Scratch masked(size_t(rows * size) * sizeof(float));
+  float* where = masked.as<float>();
+  forEachIndex(size_t(rows * size), [=] __device__(int64_t i) {
+    int64_t rest = i / size, maskAt = (i % size) * maskLane;
+    for (int d = dims; d-- > 0;) {
+      maskAt += (rest % sizes[size_t(d)]) * strides[size_t(d)];
+      rest /= sizes[size_t(d)];
+    }
+    where[i] = mask[maskAt] != 0 ? in[i] : fill;
+  });
+  meshc::cuda::along(out, where, {rows}, {size}, {size}, {size}, {1}, {1}, Along::Softmax, 0.0,
+                     size, nullptr);
+}
+#endif // __CUDACC__
+
 //===------------------------------------------------------------------------------------------===//
 // Collectives over a dim (device buffers; packing as meshc::gen's)
 //===------------------------------------------------------------------------------------------===//

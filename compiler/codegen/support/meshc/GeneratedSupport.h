@@ -1137,6 +1137,55 @@ inline void alongContiguous(float* out, const float* in, int64_t rows, const Row
   throw std::logic_error("alongContiguous: not a row kernel");
 }
 
+/// layer_norm of `rows` rows of `size` contiguous elements, one row apart, times `gain` plus
+/// `bias` along the row: along(LayerNorm) and the `y * gain + bias` loop after it
+/// (fuse-row-kernels), each row finished while it is in L1 instead of a second pass over memory.
+/// Not inlined (nor maskedSoftmax): with the generated call's literal sizes propagated into the
+/// row kernels' tail loops GCC 12 warns of impossible iterations (-Waggressive-loop-optimizations).
+[[gnu::noinline]] inline void layerNormAffine(float* out, const float* in, int64_t rows,
+                                              int64_t size, const float* gain, const float* bias,
+                                              double eps, int64_t globalLaneCount) {
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    float* y = out + r * size;
+    layerNormRow(y, in + r * size, size, double(globalLaneCount), eps);
+    for (int64_t i = 0; i < size; ++i) {
+      float scaled = y[i] * gain[i];
+      y[i] = scaled + bias[i];
+    }
+  }
+}
+
+/// softmax of where(mask != 0, in, fill) over rows of `size` contiguous elements, one row apart
+/// (`in` and `out`), the rows indexed by `outer`: the mask loop and along(Softmax) after it
+/// (fuse-row-kernels). Mask row r starts at r's index over `outer` times `maskOuter`, its
+/// elements `maskLane` apart (0: one value for the row).
+[[gnu::noinline]] inline void maskedSoftmax(float* out, const float* in, const float* mask,
+                                            const Shape& outer, const Shape& maskOuter,
+                                            int64_t size, int64_t maskLane, float fill) {
+  int64_t rows = product(outer);
+  [[maybe_unused]] bool parallel = rows > 1 && rows * size >= detail::kParallelPoints;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t maskBase = 0;
+    for (size_t d = outer.size(), rest = size_t(r); d-- > 0;) {
+      maskBase += int64_t(rest % size_t(outer[d])) * maskOuter[d];
+      rest /= size_t(outer[d]);
+    }
+    const float* x = in + r * size;
+    const float* m = mask + maskBase;
+    float* y = out + r * size;
+    for (int64_t i = 0; i < size; ++i)
+      y[i] = m[i * maskLane] != 0 ? x[i] : fill;
+    softmaxRow(y, y, size);
+  }
+}
+
 /// Lanes: `outer` sizes with strides `inOuter`/`outOuter`; lane points `lane` with strides
 /// `inLane`/`outLane`. `globalLaneCount`: the lane's global element count (layer_norm).
 inline void along(float* out, const float* in, const Shape& outer, const Shape& inOuter,

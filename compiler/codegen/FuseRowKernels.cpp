@@ -1,0 +1,178 @@
+// Pass fuse-row-kernels (FuseRowKernels.h).
+#include "codegen/FuseRowKernels.h"
+
+#include <llvm/ADT/STLExtras.h>
+
+#include <optional>
+
+namespace meshc::kir {
+namespace {
+
+Arg data(BufferId id) {
+  return Arg{.kind = Arg::Kind::Data, .buffer = id};
+}
+Arg integer(int64_t value) {
+  return Arg{.kind = Arg::Kind::Int, .value = double(value)};
+}
+
+/// An `along` call's rows when they are dense: one whole lane of stride 1 in `in` and `out`, the
+/// rows one lane apart in both (along's arguments: out, in, outer, inOuter, outOuter, lane,
+/// inLane, outLane, kind, eps, global lane count, group). Returns the loop extents that walk the
+/// same elements (outer, then the lane).
+std::optional<Shape> denseRows(const Call& along, const char* kind) {
+  if (along.callee != Callee::Along || along.args.size() != 12) return std::nullopt;
+  const Shape &outer = along.args[2].ints, &lane = along.args[5].ints;
+  if (along.args[8].text != kind || !along.args[11].names.empty() || lane.size() != 1 ||
+      along.args[6].ints != Shape{1} || along.args[7].ints != Shape{1})
+    return std::nullopt;
+  Shape extents = outer;
+  extents.push_back(lane[0]);
+  Shape strides = rowMajorStrides(extents);
+  strides.pop_back();
+  if (along.args[3].ints != strides || along.args[4].ints != strides) return std::nullopt;
+  return extents;
+}
+
+const Scalar* loadOf(const Loop& loop, int index) {
+  const Scalar& scalar = loop.body[size_t(index)];
+  return scalar.kind == Scalar::Kind::Load ? &scalar : nullptr;
+}
+
+/// The read of a load scalar `index` of `loop`.
+const Access& readOf(const Loop& loop, int index) {
+  return loop.reads[size_t(loop.body[size_t(index)].read)];
+}
+
+bool allF32(const KernelFunction& fn, const Loop& loop) {
+  for (const Scalar& scalar : loop.body)
+    if (scalar.dtype != DType::F32) return false;
+  return fn.buffers[size_t(loop.stores[0].at.buffer)].dtype == DType::F32;
+}
+
+/// Along the row only: stride 1 on the last loop dim, 0 on the others (a gain or a bias).
+bool alongRow(const Access& access) {
+  for (size_t d = 0; d + 1 < access.strides.size(); ++d)
+    if (access.strides[d] != 0) return false;
+  return !access.strides.empty() && access.strides.back() == 1;
+}
+
+/// layer_norm into `normalized`, then `loop` = normalized * gain + bias along the row, storing
+/// only that: one layerNormAffine call.
+std::optional<Call> layerNormAffine(const KernelFunction& fn, const Call& along, const Loop& loop) {
+  std::optional<Shape> extents = denseRows(along, "Along::LayerNorm");
+  if (!extents || loop.extents != *extents || loop.stores.size() != 1 || loop.body.size() != 5 ||
+      !allF32(fn, loop))
+    return std::nullopt;
+  const Store& store = loop.stores[0];
+  Shape dense = rowMajorStrides(*extents);
+  const Scalar& add = loop.body[size_t(store.value)];
+  if (store.at.strides != dense || add.kind != Scalar::Kind::Compute || add.op != ir::OpKind::Add)
+    return std::nullopt;
+  // add(mul(x, gain), bias), the operands of each in either order.
+  for (int product : add.args) {
+    int bias = add.args[0] == product ? add.args[1] : add.args[0];
+    const Scalar& mul = loop.body[size_t(product)];
+    if (mul.kind != Scalar::Kind::Compute || mul.op != ir::OpKind::Mul || !loadOf(loop, bias) ||
+        !alongRow(readOf(loop, bias)))
+      continue;
+    for (int x : mul.args) {
+      int gain = mul.args[0] == x ? mul.args[1] : mul.args[0];
+      if (!loadOf(loop, x) || !loadOf(loop, gain) || !alongRow(readOf(loop, gain))) continue;
+      const Access& normalized = readOf(loop, x);
+      if (normalized.buffer != along.out || normalized.strides != dense) continue;
+      BufferId out = store.at.buffer;
+      BufferId gainBuffer = readOf(loop, gain).buffer, biasBuffer = readOf(loop, bias).buffer;
+      int64_t size = extents->back();
+      return Call{.callee = Callee::LayerNormAffine,
+                  .args = {data(out), along.args[1],
+                           integer(fn.buffers[size_t(out)].elements / size), integer(size),
+                           data(gainBuffer), data(biasBuffer), along.args[9], along.args[10]},
+                  .out = out,
+                  .reads = {along.args[1].buffer, gainBuffer, biasBuffer}};
+    }
+  }
+  return std::nullopt;
+}
+
+/// `loop` = where(mask, x, fill) into the buffer `along` then takes the softmax of: one
+/// maskedSoftmax call.
+std::optional<Call> maskedSoftmax(const KernelFunction& fn, const Loop& loop, const Call& along) {
+  std::optional<Shape> extents = denseRows(along, "Along::Softmax");
+  if (!extents || loop.extents != *extents || loop.stores.size() != 1 || loop.body.size() != 4 ||
+      fn.buffers[size_t(loop.stores[0].at.buffer)].dtype != DType::F32)
+    return std::nullopt;
+  const Store& store = loop.stores[0];
+  Shape dense = rowMajorStrides(*extents);
+  const Scalar& where = loop.body[size_t(store.value)];
+  if (store.at.buffer != along.args[1].buffer || store.at.strides != dense ||
+      where.kind != Scalar::Kind::Compute || where.op != ir::OpKind::Where ||
+      where.dtype != DType::F32 || where.args.size() != 3)
+    return std::nullopt;
+  const Scalar& fill = loop.body[size_t(where.args[2])];
+  if (!loadOf(loop, where.args[0]) || !loadOf(loop, where.args[1]) ||
+      fill.kind != Scalar::Kind::Const || loop.body[size_t(where.args[1])].dtype != DType::F32)
+    return std::nullopt;
+  const Access &mask = readOf(loop, where.args[0]), &x = readOf(loop, where.args[1]);
+  if (x.strides != dense) return std::nullopt;
+  Shape maskOuter = mask.strides;
+  maskOuter.pop_back();
+  Shape outer = *extents;
+  outer.pop_back();
+  return Call{.callee = Callee::MaskedSoftmax,
+              .args = {along.args[0], data(x.buffer), data(mask.buffer),
+                       Arg{.kind = Arg::Kind::Ints, .ints = outer},
+                       Arg{.kind = Arg::Kind::Ints, .ints = maskOuter}, integer(extents->back()),
+                       integer(mask.strides.back()),
+                       Arg{.kind = Arg::Kind::Real, .value = fill.value}},
+              .out = along.out,
+              .reads = {x.buffer, mask.buffer}};
+}
+
+/// Whether the two statements run in the same place (microbatch loop, stage, recomputation).
+bool samePlace(const Stmt& a, const Stmt& b) {
+  return a.perMicrobatch == b.perMicrobatch && a.recomputed == b.recomputed && a.stage == b.stage &&
+         a.stageMask == b.stageMask && a.microbatchLoop == b.microbatchLoop;
+}
+
+} // namespace
+
+void fuseRowKernels(KernelFunction& fn) {
+  std::vector<std::vector<size_t>> readers = readerLists(fn.body, fn.buffers.size());
+  std::vector<int> writers = fn.writerCounts();
+  // The value passed between the two dies there: read by the second statement alone, written
+  // by the first alone, and not a result.
+  auto passedOnly = [&](BufferId id, size_t reader) {
+    return readers[size_t(id)] == std::vector<size_t>{reader} && writers[size_t(id)] == 1 &&
+           !fn.isResult(id) && fn.buffers[size_t(id)].storage == Storage::Arena;
+  };
+  std::vector<Stmt> body;
+  for (size_t k = 0; k < fn.body.size(); ++k) {
+    Stmt& stmt = fn.body[k];
+    if (k + 1 < fn.body.size() && samePlace(stmt, fn.body[k + 1])) {
+      Stmt& next = fn.body[k + 1];
+      const Call* call = std::get_if<Call>(&stmt.node);
+      const Loop* loop = std::get_if<Loop>(&stmt.node);
+      const Call* nextCall = std::get_if<Call>(&next.node);
+      const Loop* nextLoop = std::get_if<Loop>(&next.node);
+      std::optional<Call> fused;
+      if (call && nextLoop && passedOnly(call->out, k + 1))
+        fused = layerNormAffine(fn, *call, *nextLoop);
+      else if (loop && nextCall && loop->stores.size() == 1 &&
+               passedOnly(loop->stores[0].at.buffer, k + 1))
+        fused = maskedSoftmax(fn, *loop, *nextCall);
+      if (fused) {
+        // The row kernel's sources first: traces name the statement by its op.
+        if (loop) std::swap(stmt.sources, next.sources);
+        stmt.node = std::move(*fused);
+        llvm::append_range(stmt.sources, next.sources);
+        body.push_back(std::move(stmt));
+        ++k;
+        continue;
+      }
+    }
+    body.push_back(std::move(stmt));
+  }
+  fn.body = std::move(body);
+}
+
+} // namespace meshc::kir

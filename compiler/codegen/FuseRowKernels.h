@@ -1,0 +1,14 @@
+// Pass fuse-row-kernels: a row kernel and the elementwise loop next to it become one kernel that
+// finishes each row while it is in L1: layer_norm followed by its gain and bias (`y * gain +
+// bias` along the row) becomes layerNormAffine, and a mask loop (`where(mask, x, fill)`) followed
+// by a softmax of its result becomes maskedSoftmax. Only for dense rows of one unsplit lane, when
+// nothing else reads the value between the two.
+#pragma once
+
+#include "codegen/KernelIR.h"
+
+namespace meshc::kir {
+
+void fuseRowKernels(KernelFunction& function);
+
+} // namespace meshc::kir
