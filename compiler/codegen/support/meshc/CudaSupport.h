@@ -48,7 +48,6 @@ using gen::DType;
 using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
-using gen::paramFill;
 using gen::ParamInit;
 using gen::paramShardsOf;
 using gen::ParamSpec;
@@ -562,16 +561,8 @@ inline void fillParam(float* device, const meshrt::kernels::Shard& shard, uint64
 template <size_t N>
 void initParams(meshrt::Communicator& world, uint64_t seed, int stage, const ParamSpec (&specs)[N],
                 const ParamInit (&inits)[N], Buffer* const (&data)[N]) {
-  for (size_t k = 0; k < N; ++k) {
-    std::optional<gen::ParamFill> fill = paramFill(world, stage, specs[k], inits[k]);
-    if (!fill) continue;
-    if (fill->constant) {
-      data[k]->assign(fill->count, roundValue(inits[k].dtype, fill->value));
-    } else {
-      data[k]->resize(fill->count);
-      fillParam(data[k]->data(), fill->shard, seed, specs[k].path, fill->init, fill->type);
-    }
-  }
+  gen::initParamsWith([](auto&&... args) { meshc::cuda::fillParam(args...); }, world, seed, stage,
+                      specs, inits, data);
 }
 
 inline void fillRandomNormal(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,

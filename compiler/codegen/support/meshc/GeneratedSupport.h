@@ -623,20 +623,29 @@ inline std::optional<ParamFill> paramFill(meshrt::Communicator& world, int stage
 
 /// The generated constructor's param initialization: every param of the class's table this
 /// rank holds sized to its local shard and filled by its initializer (one loop over constant
-/// tables, which compilers build in no time, instead of a block of code per param).
+/// tables, which compilers build in no time, instead of a block of code per param), random ones
+/// through `fill` (meshrt::kernels::fillParam's signature; the CUDA support's uploads).
+template <class Storage, size_t N, class Fill>
+void initParamsWith(const Fill& fill, meshrt::Communicator& world, uint64_t seed, int stage,
+                    const ParamSpec (&specs)[N], const ParamInit (&inits)[N],
+                    Storage* const (&data)[N]) {
+  for (size_t k = 0; k < N; ++k) {
+    std::optional<ParamFill> param = paramFill(world, stage, specs[k], inits[k]);
+    if (!param) continue;
+    if (param->constant) {
+      data[k]->assign(param->count, roundValue(inits[k].dtype, param->value));
+    } else {
+      data[k]->resize(param->count);
+      fill(data[k]->data(), param->shard, seed, specs[k].path, param->init, param->type);
+    }
+  }
+}
+
 template <size_t N>
 void initParams(meshrt::Communicator& world, uint64_t seed, int stage, const ParamSpec (&specs)[N],
                 const ParamInit (&inits)[N], Buffer* const (&data)[N]) {
-  for (size_t k = 0; k < N; ++k) {
-    std::optional<ParamFill> fill = paramFill(world, stage, specs[k], inits[k]);
-    if (!fill) continue;
-    if (fill->constant) {
-      data[k]->assign(fill->count, roundValue(inits[k].dtype, fill->value));
-    } else {
-      data[k]->resize(fill->count);
-      fillParam(data[k]->data(), fill->shard, seed, specs[k].path, fill->init, fill->type);
-    }
-  }
+  initParamsWith([](auto&&... args) { meshrt::kernels::fillParam(args...); }, world, seed, stage,
+                 specs, inits, data);
 }
 
 /// The global starts of `rank`'s shard of `shard`.
