@@ -82,7 +82,8 @@ def main():
     print(f"{'example':14} {'layout':6} {'lines':>7} " + " ".join(f"{c:>17}" for c in columns))
     with tempfile.TemporaryDirectory() as work:
         before = checkout_before(args.before, work) if args.before else None
-        old_includes = [d.replace(ROOT, before) if d.startswith(ROOT) else d for d in includes]
+        old_includes = [d.replace(ROOT, before) if before and d.startswith(ROOT) else d
+                        for d in includes]
         for example in args.examples.split(","):
             source = os.path.join(ROOT, "dsl-examples", example + ".mesh")
             base = os.path.join(work, example)
